@@ -1,0 +1,125 @@
+"""The canonical dataset's specification and the named profiles."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+ENCODINGS = ("raw", "png", "jpeg")
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """Everything that determines the bytes of every sample."""
+
+    num_samples: int
+    height: int
+    width: int
+    channels: int = 3
+    num_classes: int = 10
+    encoding: str = "raw"
+    jpeg_quality: int = 90
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.encoding not in ENCODINGS:
+            raise ValueError(f"encoding must be one of {ENCODINGS}, got {self.encoding!r}")
+        if self.channels not in (1, 3):
+            raise ValueError(f"channels must be 1 or 3, got {self.channels}")
+        for name in ("num_samples", "height", "width", "num_classes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        if not 1 <= self.jpeg_quality <= 100:
+            raise ValueError(f"jpeg_quality must be in 1..100, got {self.jpeg_quality}")
+
+    @property
+    def image_shape(self) -> tuple[int, int, int]:
+        return (self.height, self.width, self.channels)
+
+    @property
+    def raw_sample_bytes(self) -> int:
+        return self.height * self.width * self.channels
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> DatasetSpec:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown DatasetSpec fields: {sorted(unknown)}")
+        return cls(**data)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named set of datasets, one spec per encoding, sized for a purpose."""
+
+    name: str
+    specs: tuple[DatasetSpec, ...]
+    description: str = ""
+
+    def spec_for(self, encoding: str) -> DatasetSpec:
+        for spec in self.specs:
+            if spec.encoding == encoding:
+                return spec
+        raise KeyError(
+            f"profile {self.name!r} has no {encoding!r} dataset; it has "
+            f"{[s.encoding for s in self.specs]}"
+        )
+
+    @property
+    def raw_bytes(self) -> int:
+        return sum(s.num_samples * s.raw_sample_bytes for s in self.specs)
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p
+    for p in (
+        Profile(
+            "ci",
+            (
+                DatasetSpec(512, 32, 32, encoding="raw", seed=1),
+                DatasetSpec(256, 32, 32, encoding="png", seed=2),
+                DatasetSpec(256, 64, 64, encoding="jpeg", seed=3),
+            ),
+            "seconds to build every format; for tests and CI",
+        ),
+        Profile(
+            "small",
+            (
+                DatasetSpec(20_000, 64, 64, encoding="raw", seed=1),
+                DatasetSpec(4_000, 64, 64, encoding="png", seed=2),
+                DatasetSpec(4_000, 256, 256, encoding="jpeg", seed=3),
+            ),
+            "the default: 20k 64x64 raw (246 MB), PNG and a 256x256 JPEG set",
+        ),
+        Profile(
+            "medium",
+            (
+                DatasetSpec(200_000, 64, 64, encoding="raw", seed=1),
+                DatasetSpec(20_000, 64, 64, encoding="png", seed=2),
+                DatasetSpec(40_000, 256, 256, encoding="jpeg", seed=3),
+            ),
+            "a few GB: 200k 64x64 raw (2.5 GB) and 40k 256x256 JPEG",
+        ),
+        Profile(
+            "large",
+            (
+                DatasetSpec(500_000, 128, 128, encoding="raw", seed=1),
+                DatasetSpec(400_000, 256, 256, encoding="jpeg", seed=3),
+            ),
+            "opt-in, larger than a 24 GiB machine's RAM (25 GB raw)",
+        ),
+    )
+}
+
+DEFAULT_PROFILE = "small"
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise KeyError(f"unknown profile {name!r}; known profiles: {sorted(PROFILES)}") from None

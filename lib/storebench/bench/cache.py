@@ -1,0 +1,187 @@
+"""Page-cache control and measurement: evict, pre-warm, and ask the kernel what is resident.
+
+Cold means every data page of the dataset has been dropped from the page cache with
+``posix_fadvise(POSIX_FADV_DONTNEED)`` (no root needed, but only clean pages go, hence the
+fsync first); warm means every byte has just been read. Neither is assumed: ``mincore(2)``
+on a read-only mapping of each file reports which pages are really resident.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import enum
+import mmap
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+DROP_CACHES_PATH = Path("/proc/sys/vm/drop_caches")
+_READ_CHUNK = 8 << 20
+
+
+class CacheState(str, enum.Enum):
+    """The page-cache state a case starts each timed repeat in."""
+
+    COLD = "cold"
+    WARM = "warm"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def data_files(paths: Iterable[Path | str]) -> list[Path]:
+    """The regular files named by ``paths``, directories expanded recursively, sorted."""
+    files: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            files.extend(p for p in sorted(path.rglob("*")) if p.is_file())
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise FileNotFoundError(f"{path}: no such file or directory to control caching of")
+    return files
+
+
+def evict(paths: Iterable[Path | str]) -> None:
+    """Drop the files' pages from the page cache.
+
+    Dirty pages are not dropped by DONTNEED, so each file is fsynced first (cheap when the
+    file is already clean).
+    """
+    for path in data_files(paths):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def drop_caches() -> None:
+    """Drop the whole page cache (and dentries/inodes are left alone): root only.
+
+    Raises PermissionError for other users; callers that merely prefer it should check
+    ``can_drop_caches()`` first.
+    """
+    os.sync()
+    try:
+        DROP_CACHES_PATH.write_text("1\n")
+    except OSError as err:
+        raise PermissionError(
+            f"{DROP_CACHES_PATH}: cannot write ({err.strerror}); dropping the whole page cache "
+            "needs root; per-file eviction with posix_fadvise works without it"
+        ) from err
+
+
+# The keyword ``drop_caches`` of ``prepare`` shadows the function inside it.
+_drop_whole_page_cache = drop_caches
+
+
+def can_drop_caches() -> bool:
+    return os.geteuid() == 0 and os.access(DROP_CACHES_PATH, os.W_OK)
+
+
+def prewarm(paths: Iterable[Path | str]) -> int:
+    """Read every byte of the files so that they are resident; returns the bytes read."""
+    buffer = bytearray(_READ_CHUNK)
+    view = memoryview(buffer)
+    total = 0
+    for path in data_files(paths):
+        with open(path, "rb", buffering=0) as f:
+            while True:
+                got = f.readinto(view)
+                if not got:
+                    break
+                total += got
+    return total
+
+
+class _Libc:
+    """mmap/mincore/munmap through ctypes: Python's mmap object does not expose its address
+    for a read-only map, and touching pages to get one would make them resident."""
+
+    def __init__(self) -> None:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        self.mmap = libc.mmap
+        self.mmap.restype = ctypes.c_void_p
+        self.mmap.argtypes = (
+            ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+            ctypes.c_long,
+        )
+        self.munmap = libc.munmap
+        self.munmap.restype = ctypes.c_int
+        self.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+        self.mincore = libc.mincore
+        self.mincore.restype = ctypes.c_int
+        self.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+
+
+_MAP_FAILED = ctypes.c_void_p(-1).value
+
+
+def resident_bytes(path: Path | str, *, libc: _Libc | None = None) -> tuple[int, int]:
+    """(bytes resident in the page cache, file size) for one file, from ``mincore(2)``."""
+    path = Path(path)
+    libc = libc or _Libc()
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return 0, 0
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        if address in (None, _MAP_FAILED):
+            err = ctypes.get_errno()
+            raise OSError(err, f"{path}: mmap for mincore failed: {os.strerror(err)}")
+        try:
+            pages = (size + PAGE_SIZE - 1) // PAGE_SIZE
+            vector = np.zeros(pages, dtype=np.uint8)
+            if libc.mincore(address, size, vector.ctypes.data) != 0:
+                err = ctypes.get_errno()
+                raise OSError(err, f"{path}: mincore failed: {os.strerror(err)}")
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+    resident = vector & 1
+    count = int(resident.sum())
+    # The last page is only partly the file's: count the bytes it really holds.
+    tail = pages * PAGE_SIZE - size
+    return count * PAGE_SIZE - (tail if resident[-1] else 0), size
+
+
+def resident_fraction(paths: Iterable[Path | str]) -> float:
+    """Fraction of the files' bytes resident in the page cache, weighted by file size.
+
+    Files of zero bytes carry no weight; a set with no bytes at all is fully resident (1.0):
+    reading it needs no I/O.
+    """
+    libc = _Libc()
+    resident = total = 0
+    for path in data_files(paths):
+        got, size = resident_bytes(path, libc=libc)
+        resident += got
+        total += size
+    return resident / total if total else 1.0
+
+
+def prepare(
+    paths: Iterable[Path | str], state: CacheState | str, *, drop_caches: bool = False
+) -> float:
+    """Put the files into ``state`` and return the resident fraction measured afterwards.
+
+    ``drop_caches=True`` also drops the whole page cache for cold runs (root only; it evicts
+    library code too, so callers should have done an untimed pass first).
+    """
+    state = CacheState(state)
+    files = data_files(paths)
+    if state is CacheState.COLD:
+        evict(files)
+        if drop_caches:
+            _drop_whole_page_cache()
+    else:
+        prewarm(files)
+    return resident_fraction(files)

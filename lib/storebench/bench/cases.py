@@ -1,0 +1,347 @@
+"""Case functions: ``fn(case, trial) -> {metric: (value, unit)}``, run inside the worker.
+
+Each opens what it needs itself (handles never cross a process boundary), wraps exactly the
+part to be timed in ``with trial.measure():`` and checks after timing that what it read is
+the dataset's real bytes, so a fast wrong answer cannot pass as a result. Heavy imports
+(torch, tensorflow) belong inside the case functions that need them.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .runner import Case, Trial
+
+MB = 1e6
+
+
+def build_cost_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """What building the dataset cost and how big it is, from its manifest (no timing here:
+    the build was timed when it ran, with ``os.sync`` included)."""
+    from storebench.formats import read_manifest
+
+    manifest = read_manifest(case.dataset)
+    write_seconds = float(manifest["write_seconds"])
+    raw = int(manifest["raw_bytes"])
+    return {
+        "write_seconds": (write_seconds, "s"),
+        "write_MBps": (raw / write_seconds / MB, "MB/s"),
+        "bytes_apparent": (manifest["bytes_apparent"], "bytes"),
+        "bytes_allocated": (manifest["bytes_allocated"], "bytes"),
+        "raw_bytes": (raw, "bytes"),
+        "size_ratio": (manifest["bytes_apparent"] / raw, "ratio"),
+        "file_count": (manifest["file_count"], "count"),
+    }
+
+
+def _check_batch(reader, indices: np.ndarray, images, labels) -> None:
+    """Compare a batch with the manifest's per-sample checksums (outside the timed region)."""
+    from storebench.formats import CorruptSampleError, sample_checksum
+    from storebench.formats.manifest import load_checksums
+
+    expected = load_checksums(reader.root, len(reader))
+    for k, index in enumerate(indices):
+        if sample_checksum(images[k], int(labels[k])) != int(expected[index]):
+            raise CorruptSampleError(
+                reader.root, int(index), "benchmark read returned bytes that differ from the build"
+            )
+
+
+def sequential_read_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """Every sample in index order through ``Reader.read_many`` in batches of
+    ``case.batch_size`` (raw batches into one reused buffer), without per-sample checksum
+    verification, which the last batch gets afterwards instead.
+
+    Params named ``open_<option>`` are passed to ``open_dataset`` as ``<option>`` (e.g.
+    ``open_madvise_random=True``).
+    """
+    from storebench.formats import open_dataset, read_manifest
+
+    open_options = _open_options(case)
+    batch_size = case.batch_size or 256
+    file_bytes = read_manifest(case.dataset)["bytes_apparent"]
+    with open_dataset(case.dataset, verify=False, **open_options) as reader:
+        count = len(reader)
+        out = (
+            np.empty((min(batch_size, count), *reader.spec.image_shape), dtype=np.uint8)
+            if reader.is_raw else None
+        )
+        samples = returned_bytes = 0
+        first_batch_seconds = float("nan")
+        with trial.measure() as measurement:
+            started = time.perf_counter()
+            for start in range(0, count, batch_size):
+                indices = np.arange(start, min(start + batch_size, count))
+                full = out is not None and len(indices) == len(out)
+                images, labels = reader.read_many(indices, out=out if full else None)
+                if samples == 0:
+                    first_batch_seconds = time.perf_counter() - started
+                samples += len(indices)
+                returned_bytes += (
+                    images.nbytes if reader.is_raw else sum(len(image) for image in images)
+                )
+        _check_batch(reader, indices, images, labels)
+    if samples != count:
+        raise RuntimeError(f"{case.dataset}: read {samples} samples, the dataset has {count}")
+    seconds = measurement.wall_seconds
+    return {
+        "samples": (samples, "count"),
+        "samples_per_s": (samples / seconds, "samples/s"),
+        "read_MBps": (returned_bytes / seconds / MB, "MB/s"),
+        "file_MBps": (file_bytes / seconds / MB, "MB/s"),
+        "time_to_first_batch_s": (first_batch_seconds, "s"),
+        "cpu_utilisation": (measurement.cpu_seconds / seconds, "ratio"),
+    }
+
+
+def dataset_files(dataset: Path | str) -> tuple[str, ...]:
+    """The data files of a built dataset, from its manifest (what cache control acts on)."""
+    from storebench.formats import read_manifest
+
+    root = Path(dataset)
+    return tuple(str(root / name) for name in read_manifest(root)["files"])
+
+
+# -- loader cases ----------------------------------------------------------------------
+# Grid vocabulary of the loader studies (the Case fields' values):
+#   loader:     "lazy" (LazyDataset, reads per access) | "preloaded" (PreloadedDataset)
+#   access:     "sequential" | "shuffle" | "block_shuffle"
+#   prefetcher: "none" (this thread) | "thread" | "process" | "torch" | "pickled_baseline"
+# params: "decode" (None | "simplejpeg" | "pil"), "start_method", "seed", "max_batches",
+#         "open_<option>" (format open options).
+LOADER_KINDS = ("lazy", "preloaded")
+ACCESS_ORDERS = ("sequential", "shuffle", "block_shuffle")
+PREFETCHERS = ("none", "thread", "process", "torch", "pickled_baseline")
+
+
+def _open_options(case: Case) -> dict:
+    return {
+        name.removeprefix("open_"): value
+        for name, value in case.params
+        if name.startswith("open_") and name != "open_verify"
+    }
+
+
+def _sampler(case: Case, reader):
+    from storebench.loaders import BlockShuffleSampler, SequentialSampler, ShuffleSampler
+
+    seed = int(case.param("seed", 0))
+    if case.access == "sequential":
+        return SequentialSampler(len(reader))
+    if case.access == "shuffle":
+        return ShuffleSampler(len(reader), seed=seed)
+    if case.access == "block_shuffle":
+        return BlockShuffleSampler.from_reader(reader, seed=seed)
+    raise ValueError(f"case {case.case_id}: access must be one of {ACCESS_ORDERS}")
+
+
+def _dataset(case: Case, reader):
+    from storebench.loaders import LazyDataset, PreloadedDataset
+
+    decode = case.param("decode")
+    if case.loader == "lazy":
+        return LazyDataset(reader, decode=decode)
+    if case.loader == "preloaded":
+        return PreloadedDataset(reader, decode=decode, progress=False)
+    raise ValueError(f"case {case.case_id}: loader must be one of {LOADER_KINDS}")
+
+
+def _batches(case: Case, dataset, sampler):
+    """An iterable of batches for the case's prefetcher, and how to close it."""
+    from storebench.loaders import (
+        BaselinePickledQueuePrefetcher,
+        BatchSampler,
+        ProcessPrefetcher,
+        ThreadPrefetcher,
+        batch_buffer,
+    )
+
+    batch_size = case.batch_size or 256
+    workers = case.workers or 0
+    start_method = case.param("start_method")
+    order = BatchSampler(sampler, batch_size)
+    if case.prefetcher == "none":
+        shape = dataset.sample_shape
+        out = batch_buffer(batch_size, shape, dataset.sample_dtype) if shape else None
+        return (dataset.get_batch(idx, out=out) for idx in order), None
+    if case.prefetcher == "thread":
+        loader = ThreadPrefetcher(dataset, order, workers=workers)
+        return loader, loader.close
+    if case.prefetcher == "process":
+        loader = ProcessPrefetcher(dataset, order, workers=workers, start_method=start_method)
+        return loader, loader.close
+    if case.prefetcher == "pickled_baseline":
+        loader = BaselinePickledQueuePrefetcher(dataset, order, workers=workers,
+                                                start_method=start_method)
+        return loader, loader.close
+    if case.prefetcher == "torch":
+        from storebench.loaders.torch_adapter import torch_dataloader
+
+        loader = torch_dataloader(dataset, batch_size=batch_size, sampler=sampler,
+                                  num_workers=workers, multiprocessing_context=start_method,
+                                  seed=int(case.param("seed", 0)))
+        return loader, None
+    raise ValueError(f"case {case.case_id}: prefetcher must be one of {PREFETCHERS}")
+
+
+def _batch_size_bytes(batch) -> tuple[int, int, np.ndarray | None]:
+    """(samples, image bytes, indices or None) of a Batch or an (images, labels) pair."""
+    from storebench.loaders import Batch
+
+    if isinstance(batch, Batch):
+        return len(batch), batch.nbytes, batch.indices
+    images, labels = batch
+    n = int(labels.shape[0])
+    if hasattr(images, "element_size"):  # a torch tensor
+        return n, int(images.numel() * images.element_size()), None
+    if isinstance(images, np.ndarray):
+        return n, int(images.nbytes), None
+    return n, int(sum(len(x) for x in images)), None
+
+
+def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """One epoch (or ``max_batches`` batches) through reader -> dataset -> sampler ->
+    prefetcher, timed from before the dataset is made: a preload counts in
+    ``time_to_first_batch_s`` and is also reported alone as ``preload_seconds``; an epoch's
+    own time is ``epoch_seconds`` and the throughput figures use it."""
+    from storebench.formats import open_dataset
+
+    max_batches = case.param("max_batches")
+    reader = open_dataset(case.dataset, verify=False, **_open_options(case))
+    close = dataset = None
+    samples = delivered = batches = 0
+    seen: list[np.ndarray] = []
+    try:
+        with trial.measure() as measurement:
+            started = time.perf_counter()
+            dataset = _dataset(case, reader)
+            ready = time.perf_counter()
+            loader, close = _batches(case, dataset, _sampler(case, reader))
+            first = float("nan")
+            for batch in loader:
+                n, nbytes, indices = _batch_size_bytes(batch)
+                if batches == 0:
+                    first = time.perf_counter() - started
+                samples, delivered, batches = samples + n, delivered + nbytes, batches + 1
+                if indices is not None:
+                    seen.append(np.array(indices))
+                if max_batches is not None and batches >= max_batches:
+                    break
+            ended = time.perf_counter()
+    finally:
+        if close is not None:
+            close()
+        if dataset is not None:
+            dataset.close()
+        reader.close()
+    if max_batches is None:
+        if samples != len(reader):
+            raise RuntimeError(f"{case.dataset}: an epoch delivered {samples} samples, "
+                               f"the dataset has {len(reader)}")
+        if seen and not np.array_equal(np.sort(np.concatenate(seen)), np.arange(len(reader))):
+            raise RuntimeError(f"{case.dataset}: an epoch did not deliver every sample once")
+    epoch = ended - ready
+    return {
+        "samples": (samples, "count"),
+        "samples_per_s": (samples / epoch, "samples/s"),
+        "read_MBps": (delivered / epoch / MB, "MB/s"),
+        "time_to_first_batch_s": (first, "s"),
+        "epoch_seconds": (epoch, "s"),
+        "preload_seconds": (ready - started, "s"),
+        "cpu_utilisation": (measurement.cpu_seconds / measurement.wall_seconds, "ratio"),
+    }
+
+
+def gpu_feed_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """The case's loader feeding an accelerator through ``GpuFeeder`` (CUDA when present,
+    else the CPU device), driven by an ``EmulatedAccelerator`` taking ``compute_ms`` per
+    batch: accelerator utilisation, stall fraction and host-to-device GB/s."""
+    from storebench.formats import open_dataset
+    from storebench.loaders import EmulatedAccelerator, GpuFeeder, run_feed
+
+    reader = open_dataset(case.dataset, verify=False, **_open_options(case))
+    accelerator = EmulatedAccelerator(float(case.param("compute_ms", 0.0)) / 1000.0)
+    close = dataset = None
+    try:
+        dataset = _dataset(case, reader)
+        loader, close = _batches(case, dataset, _sampler(case, reader))
+        feeder = GpuFeeder(loader, pinned=bool(case.param("pinned", False)),
+                           non_blocking=bool(case.param("non_blocking", False)))
+        with trial.measure():
+            result = run_feed(feeder, accelerator, warmup_batches=int(case.param("warmup", 2)),
+                              max_batches=case.param("max_batches"),
+                              device=str(feeder.device))
+        stats = feeder.stats()
+    finally:
+        if close is not None:
+            close()
+        if dataset is not None:
+            dataset.close()
+        reader.close()
+    copy = stats["copy_seconds"]
+    return {
+        "samples": (result.samples, "count"),
+        "samples_per_s": (result.samples_per_second, "samples/s"),
+        "accelerator_utilisation": (result.au, "ratio"),
+        "stall_fraction": (result.stall_fraction, "ratio"),
+        "h2d_GBps": (stats["bytes"] / copy / 1e9 if copy > 0 else 0.0, "GB/s"),
+        "epoch_seconds": (result.wall_seconds, "s"),
+    }
+
+
+def _measurement_metrics(results: dict) -> dict[str, tuple[float, str]]:
+    metrics = {}
+    for path, m in results.items():
+        metrics[f"{path}.samples_per_s"] = (m.samples_per_second, "samples/s")
+        metrics[f"{path}.read_MBps"] = (m.bytes_per_second / MB, "MB/s")
+    return metrics
+
+
+def target_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """One of the loaders issue's performance targets (``case.param("target")``): every
+    path it compares is measured in this one call, so their ratios are fair."""
+    from storebench.formats import open_dataset
+    from storebench.loaders import LazyDataset, PreloadedDataset, throughput
+
+    target = case.param("target")
+    workers = case.workers or 2
+    batch_size = case.batch_size or 256
+    start_method = case.param("start_method")
+    max_batches = case.param("max_batches")
+    with open_dataset(case.dataset, verify=False) as reader, trial.measure():
+        if target == "batch_assembly":
+            results = throughput.target_batch_assembly(reader, batch_size=batch_size,
+                                                       num_batches=max_batches)
+            dram = throughput.dram_read_bandwidth(nbytes=int(case.param("dram_bytes", 1 << 28)),
+                                                  repeats=3)
+            extra = {"dram_read_GBps": (dram / 1e9, "GB/s")}
+            for path, m in results.items():
+                extra[f"{path}.fraction_of_dram_read"] = (m.bytes_per_second / dram, "ratio")
+        elif target == "process_prefetch":
+            results = throughput.target_process_prefetch(
+                LazyDataset(reader), workers=workers, batch_size=batch_size,
+                start_method=start_method, max_batches=max_batches)
+            extra = {}
+        elif target == "thread_decode":
+            decode = "simplejpeg" if reader.spec.encoding == "jpeg" else "pil"
+            dataset = PreloadedDataset(reader, decode=decode, progress=False)
+            results = throughput.target_thread_decode(dataset, workers=workers,
+                                                      batch_size=batch_size,
+                                                      max_batches=max_batches)
+            extra = {}
+        elif target == "block_shuffle":
+            results = throughput.target_block_shuffle(
+                reader, batch_size=batch_size,
+                random_samples=int(case.param("random_samples", 200)))
+            extra = {}
+        elif target == "tfrecord":
+            results = throughput.target_tfrecord(case.dataset, batch_size=batch_size,
+                                                 workers=workers, start_method=start_method,
+                                                 max_batches=max_batches)
+            extra = {}
+        else:
+            raise ValueError(f"case {case.case_id}: unknown target {target!r}")
+    return {**_measurement_metrics(results), **extra}

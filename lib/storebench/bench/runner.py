@@ -1,0 +1,366 @@
+"""Cases and the runner: every case in a fresh subprocess, its rows appended as it finishes.
+
+A study is a list of frozen ``Case`` objects. Each names its case function by an importable
+path (``"storebench.bench.cases:sequential_read_case"``), so that a fresh interpreter
+(``python -m storebench.bench.worker``) can run it with nothing inherited from the parent:
+no imported TensorFlow, no warm allocator, no open handles. The worker puts the dataset
+into the case's cache state before every repeat and measures its residency, runs an untimed
+warm-up where the case asks for one, then the timed repeats (see ``worker.py``).
+
+A case function has the signature ``fn(case: Case, trial: Trial) -> {metric: (value, unit)}``
+and wraps the part to be timed in ``with trial.measure():``; wall time, CPU time and peak
+PSS/USS of that region are added to its metrics.
+
+Failures do not stop a run: a case that raises, crashes, or outlives its timeout becomes one
+row with ``status`` ``failed`` or ``timeout`` and the error text. Ctrl-C kills the running
+case's whole process group, keeps every finished case on disk and re-raises; running the
+same study again skips the cases already in the results file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from .cache import CacheState
+from .schema import CASE_REPEAT, ResultsWriter, SchemaError, finished_case_ids
+
+DEFAULT_REPEATS = 5
+DEFAULT_TIMEOUT_S = 600.0
+_ERROR_TAIL_CHARS = 4000
+_SCALARS = (str, int, float, bool, type(None))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One cell of a study's grid. Fields that do not apply stay empty (``""`` / ``None``).
+
+    ``params`` holds case-specific knobs as sorted ``(name, value)`` pairs of JSON scalars;
+    a dict is accepted and converted. ``cache_files`` are the files whose page-cache state
+    ``cache`` controls and whose residency every row records.
+    """
+
+    study: str
+    function: str
+    format: str = ""
+    encoding: str = ""
+    dataset: str = ""
+    loader: str = ""
+    prefetcher: str = ""
+    workers: int | None = None
+    batch_size: int | None = None
+    access: str = ""
+    cache: str = ""
+    cache_files: tuple[str, ...] = ()
+    repeats: int = DEFAULT_REPEATS
+    warmup: bool = True
+    timeout_s: float | None = None
+    params: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self) -> None:
+        if ":" not in self.function:
+            raise ValueError(
+                f"case function must be 'module.path:function', got {self.function!r}"
+            )
+        params = self.params
+        if isinstance(params, Mapping):
+            params = params.items()
+        params = tuple(sorted((str(k), v) for k, v in params))
+        for name, value in params:
+            if not isinstance(value, _SCALARS):
+                raise TypeError(
+                    f"case param {name!r} must be a JSON scalar (str, int, float, bool, None), "
+                    f"got {type(value).__name__}"
+                )
+        object.__setattr__(self, "params", params)
+        object.__setattr__(self, "cache_files", tuple(str(p) for p in self.cache_files))
+        if self.cache:
+            CacheState(self.cache)  # raises ValueError for anything but cold/warm
+            if not self.cache_files:
+                raise ValueError(f"case {self.case_id}: cache={self.cache!r} needs cache_files")
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {self.repeats}")
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+
+    @property
+    def case_id(self) -> str:
+        """Readable and unique within a study: what is measured (the case function's name),
+        then the non-empty grid coordinates and the params."""
+        measured = self.function.rpartition(":")[2].removesuffix("_case")
+        dataset = "-".join(p for p in (self.format, self.encoding) if p)
+        parts = [
+            dataset,
+            self.loader,
+            self.prefetcher,
+            "" if self.workers is None else f"w{self.workers}",
+            "" if self.batch_size is None else f"b{self.batch_size}",
+            self.access,
+            self.cache,
+            *(f"{name}={value}" for name, value in self.params),
+        ]
+        return ":".join([measured, "/".join(p for p in parts if p)]).rstrip(":")
+
+    def param(self, name: str, default=None):
+        return dict(self.params).get(name, default)
+
+    def to_dict(self) -> dict:
+        data = dataclasses.asdict(self)
+        data["params"] = dict(self.params)
+        data["cache_files"] = list(self.cache_files)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> Case:
+        data = dict(data)
+        data["cache_files"] = tuple(data.get("cache_files", ()))
+        return cls(**data)
+
+
+class Trial:
+    """What a case function gets for one call: which repeat it is, and ``measure()``.
+
+    ``repeat`` is -1 for the untimed warm-up. ``resident_fraction`` is the dataset's residency
+    measured just before this call (NaN without cache control).
+    """
+
+    def __init__(self, case: Case, repeat: int, *, resident_fraction: float = math.nan) -> None:
+        self.case = case
+        self.repeat = repeat
+        self.resident_fraction = resident_fraction
+        self._measurement = None
+
+    @property
+    def warmup(self) -> bool:
+        return self.repeat == CASE_REPEAT
+
+    def measure(self, *, interval: float = 0.05):
+        """Context manager timing the region it wraps (once per trial)."""
+        from .metrics import Measurement
+
+        if self._measurement is not None:
+            raise RuntimeError(f"case {self.case.case_id}: trial.measure() used twice")
+        self._measurement = Measurement(interval=interval)
+        return self._measurement
+
+    def harness_metrics(self) -> dict[str, tuple[float, str]]:
+        if self._measurement is None:
+            return {}
+        return self._measurement.metrics()
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    """What the worker reported: per-repeat metric records, or why there are none."""
+
+    status: str
+    seconds: float
+    records: tuple[dict, ...] = ()
+    error: str = ""
+
+
+@dataclass
+class StudyRun:
+    """Summary of one ``run_study`` call."""
+
+    results_path: Path
+    run_id: str
+    ran: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def new_run_id() -> str:
+    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+
+
+def case_rows(case: Case, outcome: CaseOutcome, *, run_id: str, profile: str) -> list[dict]:
+    """The outcome as result rows: the worker's records, then one whole-case row."""
+    common = {
+        "run_id": run_id,
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "profile": profile,
+        "study": case.study,
+        "case_id": case.case_id,
+        "format": case.format,
+        "encoding": case.encoding,
+        "loader": case.loader,
+        "prefetcher": case.prefetcher,
+        "workers": case.workers,
+        "batch_size": case.batch_size,
+        "access": case.access,
+        "cache": case.cache,
+        "params": json.dumps(dict(case.params), sort_keys=True),
+    }
+    rows = [
+        {**common, **record, "status": "ok", "error": ""} for record in outcome.records
+    ]
+    rows.append({
+        **common,
+        "repeat": CASE_REPEAT,
+        "metric": "case_seconds",
+        "value": outcome.seconds,
+        "unit": "s",
+        "status": outcome.status,
+        "error": outcome.error,
+    })
+    return rows
+
+
+def _tail(path: Path) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return text[-_ERROR_TAIL_CHARS:]
+
+
+def _kill_group(pgid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def run_case(
+    case: Case,
+    *,
+    drop_caches: bool = False,
+    timeout_s: float | None = None,
+    python_path: Sequence[Path | str] = (),
+) -> CaseOutcome:
+    """Run one case in a fresh ``python -m storebench.bench.worker`` process group.
+
+    The group is killed when the case ends (so no worker process of the case outlives it),
+    when it times out, and on KeyboardInterrupt (which is re-raised).
+    """
+    timeout_s = case.timeout_s or timeout_s or DEFAULT_TIMEOUT_S
+    with tempfile.TemporaryDirectory(prefix="storebench-case-") as tmp:
+        tmp = Path(tmp)
+        job = tmp / "job.json"
+        result = tmp / "result.json"
+        phase = tmp / "phase.txt"
+        log = tmp / "worker.log"
+        job.write_text(json.dumps({
+            "case": case.to_dict(),
+            "drop_caches": drop_caches,
+            "result_path": str(result),
+            "phase_path": str(phase),
+        }))
+        env = dict(os.environ)
+        extra = [str(Path(p).resolve()) for p in python_path]
+        if extra:
+            env["PYTHONPATH"] = os.pathsep.join([*extra, env.get("PYTHONPATH", "")]).rstrip(
+                os.pathsep
+            )
+        started = time.perf_counter()
+        with open(log, "wb") as log_file:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "storebench.bench.worker", str(job)],
+                stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+                env=env, start_new_session=True,
+            )
+            try:
+                returncode = process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(process.pid)
+                process.wait()
+                where = phase.read_text() if phase.exists() else "start-up"
+                return CaseOutcome(
+                    "timeout", time.perf_counter() - started,
+                    error=f"timed out after {timeout_s:g} s during {where}\n{_tail(log)}".strip(),
+                )
+            except BaseException:
+                _kill_group(process.pid)
+                process.wait()
+                raise
+            finally:
+                # Whatever the case started (loader workers, pools) dies with it.
+                _kill_group(process.pid)
+        seconds = time.perf_counter() - started
+        if result.exists():
+            report = json.loads(result.read_text())
+            if report["status"] == "ok":
+                return CaseOutcome("ok", seconds, tuple(report["records"]))
+            return CaseOutcome("failed", seconds, error=report["error"])
+        where = phase.read_text() if phase.exists() else "start-up"
+        if returncode < 0:
+            how = f"was killed by {signal.Signals(-returncode).name}"
+        else:
+            how = f"exited with code {returncode}"
+        return CaseOutcome(
+            "failed", seconds,
+            error=f"worker {how} during {where} without reporting\n{_tail(log)}".strip(),
+        )
+
+
+def run_study(
+    cases: Sequence[Case],
+    results_path: Path | str,
+    *,
+    profile: str = "",
+    run_id: str | None = None,
+    resume: bool = True,
+    drop_caches: bool = False,
+    timeout_s: float | None = None,
+    python_path: Sequence[Path | str] = (),
+    progress: bool = True,
+) -> StudyRun:
+    """Run every case not already in ``results_path`` and append its rows there.
+
+    ``resume=False`` refuses to append to an existing file instead of skipping its cases.
+    """
+    ids = [case.case_id for case in cases]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ValueError(f"case ids must be unique within a study; repeated: {duplicates}")
+    results_path = Path(results_path)
+    if not resume and results_path.exists() and results_path.stat().st_size:
+        raise FileExistsError(f"{results_path}: exists; remove it or resume")
+    summary = StudyRun(results_path, run_id or new_run_id())
+    started = time.perf_counter()
+    with ResultsWriter(results_path) as writer:
+        done = finished_case_ids(results_path)
+        todo = [case for case in cases if case.case_id not in done]
+        summary.skipped = [case.case_id for case in cases if case.case_id in done]
+        study = cases[0].study if cases else results_path.stem
+        bar = tqdm(total=len(cases), initial=len(summary.skipped), desc=study, unit="case",
+                   disable=not progress, dynamic_ncols=True)
+        try:
+            for case in todo:
+                bar.set_postfix_str(case.case_id, refresh=True)
+                outcome = run_case(case, drop_caches=drop_caches, timeout_s=timeout_s,
+                                   python_path=python_path)
+                rows = case_rows(case, outcome, run_id=summary.run_id, profile=profile)
+                try:
+                    writer.write_rows(rows)
+                except SchemaError as err:
+                    # The case itself broke the schema: keep that as its failure.
+                    outcome = CaseOutcome("failed", outcome.seconds,
+                                          error=f"results rejected: {err}")
+                    writer.write_rows(case_rows(case, outcome, run_id=summary.run_id,
+                                                profile=profile))
+                summary.ran.append(case.case_id)
+                if outcome.status != "ok":
+                    summary.failed.append(case.case_id)
+                    first_line = outcome.error.splitlines()[0] if outcome.error else ""
+                    bar.write(f"{case.case_id}: {outcome.status}: {first_line}")
+                bar.update(1)
+        finally:
+            bar.close()
+            summary.seconds = time.perf_counter() - started
+    return summary

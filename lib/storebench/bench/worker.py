@@ -1,0 +1,129 @@
+"""Runs one case in this fresh interpreter: ``python -m storebench.bench.worker JOB.json``.
+
+For each timed repeat the dataset is first put into the case's cache state and its resident
+fraction measured, so every row records what the cache really held. The warm-up call (when the
+case has one) is untimed and its metrics are discarded. The report goes to the job's
+``result_path`` (written atomically); the current phase goes to ``phase_path`` so that the
+parent can say where a crashed or timed-out case was.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from .cache import prepare
+from .runner import CASE_REPEAT, Case, Trial
+from .schema import METRIC_UNITS, UNITS
+
+
+def resolve_function(path: str):
+    module_name, _, name = path.partition(":")
+    module = importlib.import_module(module_name)
+    try:
+        return getattr(module, name)
+    except AttributeError:
+        raise AttributeError(f"module {module_name!r} has no case function {name!r}") from None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _check_metrics(case: Case, metrics, harness: dict) -> dict:
+    if not isinstance(metrics, dict):
+        raise TypeError(
+            f"case function {case.function} returned {type(metrics).__name__}, expected a dict "
+            "of metric -> (value, unit)"
+        )
+    clash = set(metrics) & set(harness)
+    if clash:
+        raise ValueError(
+            f"case function {case.function} returned {sorted(clash)}, which trial.measure() "
+            "already provides"
+        )
+    checked = {}
+    for name, pair in metrics.items():
+        try:
+            value, unit = pair
+            value, unit = float(value), str(unit)
+        except (TypeError, ValueError):
+            raise TypeError(
+                f"case function {case.function}: metric {name!r} must be (value, unit), got "
+                f"{pair!r}"
+            ) from None
+        if not math.isfinite(value):
+            raise ValueError(f"case function {case.function}: metric {name!r} is {value}")
+        if unit not in UNITS or METRIC_UNITS.get(name, unit) != unit:
+            expected = METRIC_UNITS.get(name, f"one of {UNITS}")
+            raise ValueError(
+                f"case function {case.function}: metric {name!r} has unit {unit!r}, "
+                f"expected {expected}"
+            )
+        checked[name] = (value, unit)
+    return {**harness, **checked}
+
+
+def run_job(job: dict) -> list[dict]:
+    case = Case.from_dict(job["case"])
+    phase_path = Path(job["phase_path"])
+    function = resolve_function(case.function)
+    records = []
+
+    def trial_for(repeat: int, label: str) -> Trial:
+        _write_atomic(phase_path, f"{label} (preparing cache)")
+        resident = math.nan
+        if case.cache:
+            resident = prepare(case.cache_files, case.cache, drop_caches=job["drop_caches"])
+        _write_atomic(phase_path, label)
+        return Trial(case, repeat, resident_fraction=resident)
+
+    if case.warmup:
+        function(case, trial_for(CASE_REPEAT, "warm-up"))
+    for repeat in range(case.repeats):
+        trial = trial_for(repeat, f"repeat {repeat + 1} of {case.repeats}")
+        metrics = _check_metrics(case, function(case, trial), trial.harness_metrics())
+        for name, (value, unit) in metrics.items():
+            records.append({
+                "repeat": repeat,
+                "metric": name,
+                "value": value,
+                "unit": unit,
+                "resident_fraction": trial.resident_fraction,
+            })
+    return records
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m storebench.bench.worker JOB.json", file=sys.stderr)
+        return 2
+    job = json.loads(Path(argv[0]).read_text())
+    result_path = Path(job["result_path"])
+    try:
+        records = run_job(job)
+    except Exception:
+        phase = Path(job["phase_path"])
+        where = phase.read_text() if phase.exists() else "start-up"
+        _write_atomic(result_path, json.dumps(
+            {"status": "failed", "error": f"during {where}:\n{traceback.format_exc()}"}
+        ))
+        return 1
+    # NaN residency (no cache control) is not JSON: send it as null.
+    for record in records:
+        if math.isnan(record["resident_fraction"]):
+            record["resident_fraction"] = None
+    _write_atomic(result_path, json.dumps({"status": "ok", "records": records}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

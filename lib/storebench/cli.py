@@ -1,0 +1,159 @@
+"""Command line: ``storebench build | verify | run | study | plot``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import data_gen
+
+DEFAULT_DATA_ROOT = Path("data")
+DEFAULT_RESULTS_ROOT = Path("results")
+
+
+def _build(args: argparse.Namespace) -> int:
+    from .formats import FORMATS, build_dataset, get_format
+
+    profile = data_gen.get_profile(args.profile)
+    out = Path(args.out) if args.out else DEFAULT_DATA_ROOT / profile.name
+    formats = args.formats or list(FORMATS)
+    for name in formats:
+        get_format(name)
+    encodings = args.encodings or [spec.encoding for spec in profile.specs]
+    for encoding in encodings:
+        profile.spec_for(encoding)
+    for encoding in encodings:
+        spec = profile.spec_for(encoding)
+        for name in formats:
+            if encoding not in get_format(name).ENCODINGS:
+                print(f"skip   {name}-{encoding}: {name} stores {get_format(name).ENCODINGS} only")
+                continue
+            result = build_dataset(
+                spec, name, out, workers=args.workers, progress=not args.quiet, force=args.force
+            )
+            m = result.manifest
+            state = "exists" if result.skipped else "built "
+            print(
+                f"{state} {result.path}  {m['num_samples']} samples  "
+                f"{m['bytes_apparent'] / 1e6:.1f} MB apparent, {m['bytes_allocated'] / 1e6:.1f} MB "
+                f"allocated, {m['file_count']} files, written in {m['write_seconds']:.2f} s"
+            )
+    return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .formats import find_datasets
+    from .verify import verify_dataset
+
+    root = Path(args.path)
+    if not root.exists():
+        print(f"storebench verify: {root}: no such directory", file=sys.stderr)
+        return 2
+    datasets = find_datasets(root)
+    if not datasets:
+        print(f"storebench verify: no dataset (manifest.json) under {root}", file=sys.stderr)
+        return 2
+    failures = 0
+    for path in datasets:
+        result = verify_dataset(path, workers=args.workers, progress=not args.quiet)
+        status = "OK  " if result.ok else "FAIL"
+        print(f"{status} {path}  {result.samples_checked} samples  {result.message}", flush=True)
+        failures += not result.ok
+    return 1 if failures else 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .bench.study import run_study
+
+    run_study(
+        args.study, profile=args.profile, data_root=args.data, results_root=args.results,
+        repeats=args.repeats, resume=not args.fresh, drop_caches=args.drop_caches,
+        progress=not args.quiet,
+    )
+    return 0
+
+
+def _study(args: argparse.Namespace) -> int:
+    from .bench.study import run_full_study
+
+    run_full_study(
+        profile=args.profile, data_root=args.data, results_root=args.results,
+        repeats=args.repeats, resume=not args.fresh, drop_caches=args.drop_caches,
+        notebooks=not args.no_notebooks, progress=not args.quiet,
+    )
+    return 0
+
+
+def _plot(args: argparse.Namespace) -> int:
+    from .plots import plot_all
+
+    written = plot_all(Path(args.results_dir))
+    for path in written:
+        print(path)
+    if not written:
+        print(f"storebench plot: no results under {args.results_dir}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="storebench", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    b = sub.add_parser("build", help="write the profile's datasets in every format")
+    b.add_argument("--profile", default=data_gen.DEFAULT_PROFILE, choices=sorted(data_gen.PROFILES))
+    b.add_argument("--out", help="output directory (default: data/<profile>)")
+    b.add_argument("--formats", nargs="+", help="formats to build (default: all)")
+    b.add_argument("--encodings", nargs="+", choices=data_gen.ENCODINGS)
+    b.add_argument("--workers", type=int, default=None, help="generator processes (default: cores)")
+    b.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
+    b.add_argument("--quiet", action="store_true", help="no progress bars")
+    b.set_defaults(func=_build)
+
+    v = sub.add_parser("verify", help="re-read every sample and compare with data_gen")
+    v.add_argument("path", help="a dataset directory or a directory of datasets")
+    v.add_argument("--workers", type=int, default=None)
+    v.add_argument("--quiet", action="store_true")
+    v.set_defaults(func=_verify)
+
+    for name, func, text in (
+        ("run", _run, "run one study and write results/<profile>/<study>.csv"),
+        ("study", _study, "build, run every study, plot, execute the notebooks"),
+    ):
+        s = sub.add_parser(name, help=text)
+        if name == "run":
+            s.add_argument("--study", required=True)
+        s.add_argument("--profile", default=data_gen.DEFAULT_PROFILE, choices=sorted(data_gen.PROFILES))
+        s.add_argument("--data", type=Path, default=DEFAULT_DATA_ROOT, help="dataset root")
+        s.add_argument("--results", type=Path, default=DEFAULT_RESULTS_ROOT, help="results root")
+        s.add_argument("--repeats", type=int, default=None, help="timed repeats per case")
+        s.add_argument("--fresh", action="store_true", help="discard earlier rows, rerun every case")
+        s.add_argument("--drop-caches", action="store_true",
+                       help="also write /proc/sys/vm/drop_caches for cold cases (root only)")
+        s.add_argument("--quiet", action="store_true")
+        if name == "study":
+            s.add_argument("--no-notebooks", action="store_true", help="skip executing notebooks")
+        s.set_defaults(func=func)
+
+    pl = sub.add_parser("plot", help="regenerate every figure from a results directory")
+    pl.add_argument("results_dir")
+    pl.set_defaults(func=_plot)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        print("storebench: interrupted; finished work is kept", file=sys.stderr)
+        return 130
+    except (KeyError, ValueError, TypeError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"storebench {args.command}: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Storage formats: one module per format behind the plain registry ``FORMATS``.
+
+A format module has ``NAME``, ``ENCODINGS``, ``DEFAULT_KNOBS``, ``OPEN_OPTIONS``,
+``write(samples, root, spec, **knobs)`` and ``open(root, manifest, **options) -> Reader``.
+Adding a format is one module plus one line below; the contract tests cover it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+from . import hdf5, lmdb, memmap, rawfiles  # TEMPORARY until parquet/tfrecord land
+from .base import CorruptSampleError, DatasetError, ManifestError, Reader, sample_checksum
+from .build import BuildResult, build_dataset, dataset_dirname
+from .manifest import MANIFEST_NAME, check_files, read_manifest
+
+FORMATS: dict[str, ModuleType] = {
+    module.NAME: module for module in (rawfiles, hdf5, lmdb, memmap)
+}
+
+
+def get_format(name: str) -> ModuleType:
+    try:
+        return FORMATS[name]
+    except KeyError:
+        raise KeyError(f"unknown format {name!r}; known formats: {sorted(FORMATS)}") from None
+
+
+def open_dataset(path: Path | str, **options) -> Reader:
+    """Open any built dataset from its manifest. ``options`` are the format's open options
+    (``verify`` for all; e.g. ``madvise_random`` for memmap, ``readahead`` for lmdb)."""
+    root = Path(path)
+    manifest = read_manifest(root)
+    module = get_format(manifest["format"])
+    unknown = set(options) - {"verify", *module.OPEN_OPTIONS}
+    if unknown:
+        raise TypeError(
+            f"format {module.NAME!r} has no open option(s) {sorted(unknown)}; "
+            f"its options are {sorted({'verify', *module.OPEN_OPTIONS})}"
+        )
+    check_files(root, manifest)
+    return module.open(root, manifest, **options)
+
+
+def find_datasets(root: Path | str) -> list[Path]:
+    """Every built dataset (a directory with a manifest) under ``root``, sorted."""
+    root = Path(root)
+    if (root / MANIFEST_NAME).is_file():
+        return [root]
+    return sorted(p.parent for p in root.rglob(MANIFEST_NAME) if ".tmp-" not in str(p))
+
+
+__all__ = [
+    "FORMATS",
+    "BuildResult",
+    "CorruptSampleError",
+    "DatasetError",
+    "ManifestError",
+    "Reader",
+    "build_dataset",
+    "dataset_dirname",
+    "find_datasets",
+    "get_format",
+    "open_dataset",
+    "read_manifest",
+    "sample_checksum",
+]

@@ -1,0 +1,250 @@
+"""One Parquet file, ``data.parquet``, with columns ``image`` (binary) and ``label`` (int64).
+
+``image`` holds encoded PNG/JPEG bytes, or the raw (H, W, C) uint8 pixels as ``tobytes()``;
+rows are in sample index order, ``row_group_size`` samples per row group. The dataset's spec
+is also in the file's key-value metadata under ``storebench.spec`` (JSON), so
+``pyarrow.parquet.read_table(root / "data.parquet")`` alone describes what it read. Pages
+carry CRC checksums, and every read verifies them.
+
+Row groups are Parquet's unit of reading: fetching one sample decodes its whole row group.
+The reader keeps only the most recent row group, so sequential access costs one decode per
+group while random per-sample access pays the full group each time (the pathology the study
+measures); ``blocks()`` gives the row-group boundaries a block-shuffle sampler needs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from data_gen import DatasetSpec
+
+from .base import CorruptSampleError, DatasetError, Reader
+
+NAME = "parquet"
+ENCODINGS = ("raw", "png", "jpeg")
+# 256 samples per row group: a few MB per group at the small/medium profiles' sample sizes,
+# small enough that per-sample random access is not hopeless, large enough to amortise a
+# group's fixed costs. No compression by default: PNG/JPEG bytes are already entropy-coded
+# and the noisy raw pixels barely shrink, so a codec would add decode time for little space.
+DEFAULT_KNOBS: dict = {"row_group_size": 256, "compression": "none"}
+OPEN_OPTIONS: tuple = ()
+COMPRESSIONS = ("none", "snappy", "zstd", "gzip", "lz4", "brotli")
+
+FILENAME = "data.parquet"
+SPEC_METADATA_KEY = b"storebench.spec"
+COLUMNS = ("image", "label")
+
+
+def schema(spec: DatasetSpec) -> pa.Schema:
+    """The file's Arrow schema, with the spec in its key-value metadata."""
+    return pa.schema(
+        [
+            pa.field("image", pa.binary(), nullable=False),
+            pa.field("label", pa.int64(), nullable=False),
+        ],
+        metadata={SPEC_METADATA_KEY: json.dumps(spec.to_dict(), sort_keys=True).encode()},
+    )
+
+
+def write(samples: Iterable, root: Path, spec: DatasetSpec, *, row_group_size: int,
+          compression: str) -> None:
+    if row_group_size < 1:
+        raise ValueError(f"row_group_size must be positive, got {row_group_size}")
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {COMPRESSIONS}, got {compression!r}")
+    path = root / FILENAME
+    file_schema = schema(spec)
+    count = 0
+    images: list[bytes] = []
+    labels: list[int] = []
+    # Dictionary encoding and min/max statistics are pointless for unique image blobs (and
+    # statistics would copy image bytes into the footer); the labels keep both.
+    with pq.ParquetWriter(
+        path,
+        file_schema,
+        compression=compression.upper(),
+        use_dictionary=["label"],
+        write_statistics=["label"],
+        write_page_checksum=True,
+    ) as writer:
+
+        def flush() -> None:
+            table = pa.table(
+                [pa.array(images, type=pa.binary()), pa.array(labels, type=pa.int64())],
+                schema=file_schema,
+            )
+            writer.write_table(table, row_group_size=row_group_size)
+            images.clear()
+            labels.clear()
+
+        for image, label in samples:
+            images.append(image.tobytes() if isinstance(image, np.ndarray) else bytes(image))
+            labels.append(int(label))
+            count += 1
+            if len(images) == row_group_size:
+                flush()
+        if images:
+            flush()
+    if count != spec.num_samples:
+        raise DatasetError(f"{root}: got {count} samples, the spec says {spec.num_samples}")
+
+
+class _RowGroup:
+    """One decoded row group as flat NumPy views: image bytes ``data[offsets[j]:offsets[j+1]]``."""
+
+    __slots__ = ("group", "offsets", "data", "labels")
+
+    def __init__(self, group: int, offsets: np.ndarray, data: np.ndarray, labels: np.ndarray):
+        self.group, self.offsets, self.data, self.labels = group, offsets, data, labels
+
+
+class ParquetReader(Reader):
+    """Row-group reads through ``pyarrow.parquet.ParquetFile`` with page checksums verified.
+
+    ``read_many`` reads each row group a batch touches once and scatters its rows into the
+    requested order (into ``out`` for raw data). Reads are single-threaded: parallelism
+    belongs to the loader's workers.
+    """
+
+    def __init__(self, root: Path, manifest: dict, *, verify: bool = True) -> None:
+        super().__init__(root, manifest, verify=verify)
+        self.path = self.root / FILENAME
+        self._h_file: pq.ParquetFile | None = None
+        self._h_bounds: np.ndarray | None = None
+        self._h_cached: _RowGroup | None = None
+
+    def _open(self) -> None:
+        try:
+            parquet_file = pq.ParquetFile(self.path, page_checksum_verification=True)
+        except FileNotFoundError:
+            raise DatasetError(f"{self.path}: missing") from None
+        except (OSError, pa.ArrowException) as err:
+            raise DatasetError(f"{self.path}: cannot open as Parquet: {err}") from err
+        try:
+            self._check_file(parquet_file)
+        except BaseException:
+            parquet_file.close()
+            raise
+        sizes = [parquet_file.metadata.row_group(g).num_rows
+                 for g in range(parquet_file.metadata.num_row_groups)]
+        self._h_bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self._h_file = parquet_file
+        self._h_cached = None
+
+    def _check_file(self, parquet_file: pq.ParquetFile) -> None:
+        arrow_schema = parquet_file.schema_arrow
+        for name, kind in (("image", pa.binary()), ("label", pa.int64())):
+            if arrow_schema.get_field_index(name) < 0 or arrow_schema.field(name).type != kind:
+                raise DatasetError(f"{self.path}: no {kind} column {name!r} in {arrow_schema}")
+        rows = parquet_file.metadata.num_rows
+        if rows != len(self):
+            raise DatasetError(f"{self.path}: holds {rows} rows, the spec says {len(self)}")
+        stored = (arrow_schema.metadata or {}).get(SPEC_METADATA_KEY)
+        if stored is not None and json.loads(stored) != self.spec.to_dict():
+            raise DatasetError(
+                f"{self.path}: the spec in the file's metadata differs from the manifest's"
+            )
+
+    def _close(self) -> None:
+        if self._h_file is not None:
+            self._h_file.close()
+        self._h_file = self._h_bounds = self._h_cached = None
+
+    def _locate(self, index: int) -> Path:
+        return self.path
+
+    def blocks(self) -> np.ndarray:
+        self._ensure_open()
+        return self._h_bounds.copy()
+
+    def _group_of(self, indices: np.ndarray | int) -> np.ndarray | int:
+        return np.searchsorted(self._h_bounds, indices, side="right") - 1
+
+    def _row_group(self, group: int) -> _RowGroup:
+        cached = self._h_cached
+        if cached is not None and cached.group == group:
+            return cached
+        first, last = int(self._h_bounds[group]), int(self._h_bounds[group + 1]) - 1
+        try:
+            table = self._h_file.read_row_group(group, columns=list(COLUMNS), use_threads=False)
+            images = table.column("image").combine_chunks()
+            labels = table.column("label").to_numpy()
+        except (OSError, pa.ArrowException) as err:
+            raise CorruptSampleError(
+                self.path, first, f"row group {group} (samples {first}..{last}) unreadable: {err}"
+            ) from err
+        if len(images) != last - first + 1 or images.null_count:
+            raise CorruptSampleError(
+                self.path, first,
+                f"row group {group} has {len(images)} images ({images.null_count} null), "
+                f"expected {last - first + 1}",
+            )
+        _, offset_buffer, data_buffer = images.buffers()
+        offsets = np.frombuffer(offset_buffer, dtype=np.int32)[
+            images.offset : images.offset + len(images) + 1
+        ]
+        data = (np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None
+                else np.empty(0, dtype=np.uint8))
+        self._h_cached = _RowGroup(group, offsets, data, labels)
+        return self._h_cached
+
+    def _read_one(self, index: int) -> tuple[np.ndarray | bytes, int]:
+        rows = self._row_group(int(self._group_of(index)))
+        j = index - int(self._h_bounds[rows.group])
+        image = rows.data[rows.offsets[j] : rows.offsets[j + 1]]
+        if self.is_raw:
+            return self._decode_raw(image, index).copy(), int(rows.labels[j])
+        return image.tobytes(), int(rows.labels[j])
+
+    def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
+        labels = np.empty(len(indices), dtype=np.int64)
+        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
+        groups = self._group_of(indices)
+        order = np.argsort(groups, kind="stable")
+        # The cached group first: it costs nothing, and reading another would evict it.
+        sorted_groups = groups[order]
+        splits = np.flatnonzero(np.diff(sorted_groups)) + 1
+        runs = np.split(order, splits)
+        cached = self._h_cached.group if self._h_cached is not None else None
+        runs.sort(key=lambda run: groups[run[0]] != cached)
+        for positions in runs:
+            rows = self._row_group(int(groups[positions[0]]))
+            local = indices[positions] - self._h_bounds[rows.group]
+            labels[positions] = rows.labels[local]
+            if self.is_raw:
+                images[positions] = self._raw_rows(rows, indices, positions, local)
+            else:
+                for k, j in zip(positions.tolist(), local.tolist(), strict=True):
+                    images[k] = rows.data[rows.offsets[j] : rows.offsets[j + 1]].tobytes()
+        return images, labels
+
+    def _raw_rows(self, rows: _RowGroup, indices: np.ndarray, positions: np.ndarray,
+                  local: np.ndarray) -> np.ndarray:
+        """The group's rows ``local`` as (B, H, W, C) pixels, refusing wrong-sized images."""
+        expected = self.spec.raw_sample_bytes
+        sizes = np.diff(rows.offsets)
+        wrong = np.flatnonzero(sizes[local] != expected)
+        if wrong.size:
+            k = int(wrong[0])
+            raise CorruptSampleError(
+                self.path, int(indices[positions[k]]),
+                f"raw sample has {int(sizes[local[k]])} bytes, expected {expected}",
+            )
+        if np.all(sizes == expected):
+            # Equal sizes: the group's data is one (rows, H, W, C) block; gather from it.
+            block = rows.data[rows.offsets[0] : rows.offsets[-1]]
+            return block.reshape(-1, *self.spec.image_shape)[local]
+        return np.stack([
+            rows.data[rows.offsets[j] : rows.offsets[j + 1]].reshape(self.spec.image_shape)
+            for j in local.tolist()
+        ])
+
+
+def open(root: Path, manifest: dict, **options) -> ParquetReader:  # noqa: A001 - registry verb
+    return ParquetReader(root, manifest, **options)

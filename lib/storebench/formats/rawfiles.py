@@ -1,0 +1,114 @@
+"""Raw files in the ImageFolder layout: ``root/<label>/<index>.<ext>``.
+
+``.npy`` (one (H, W, C) uint8 array per file) for raw samples, ``.png`` / ``.jpg`` for encoded
+ones; ``<index>`` is zero-padded so that a directory listing sorts in index order. The layout
+is what ``torchvision.datasets.ImageFolder`` reads.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from data_gen import DatasetSpec
+
+from .base import CorruptSampleError, DatasetError, Reader
+
+NAME = "rawfiles"
+ENCODINGS = ("raw", "png", "jpeg")
+DEFAULT_KNOBS: dict = {}
+OPEN_OPTIONS: tuple = ()
+EXTENSIONS = {"raw": ".npy", "png": ".png", "jpeg": ".jpg"}
+
+
+def index_width(num_samples: int) -> int:
+    return max(6, len(str(num_samples - 1)))
+
+
+def npy_header(spec: DatasetSpec) -> bytes:
+    """The exact .npy header np.save writes for one sample of ``spec``."""
+    buffer = io.BytesIO()
+    np.save(buffer, np.zeros(spec.image_shape, dtype=np.uint8))
+    return buffer.getvalue()[: -spec.raw_sample_bytes]
+
+
+def sample_path(root: Path, spec: DatasetSpec, index: int, label: int) -> Path:
+    return root / str(label) / f"{index:0{index_width(spec.num_samples)}d}{EXTENSIONS[spec.encoding]}"
+
+
+def write(samples: Iterable, root: Path, spec: DatasetSpec) -> None:
+    for label in range(spec.num_classes):
+        (root / str(label)).mkdir()
+    header = npy_header(spec) if spec.encoding == "raw" else b""
+    count = 0
+    for i, (image, label) in enumerate(samples):
+        payload = header + image.tobytes() if spec.encoding == "raw" else image
+        with io.open(sample_path(root, spec, i, label), "wb") as f:
+            f.write(payload)
+        count += 1
+    if count != spec.num_samples:
+        raise DatasetError(f"{root}: got {count} samples, the spec says {spec.num_samples}")
+
+
+class RawFilesReader(Reader):
+    """One file read per sample. Labels come from the directory names, found at open time."""
+
+    def __init__(self, root: Path, manifest: dict, *, verify: bool = True) -> None:
+        super().__init__(root, manifest, verify=verify)
+        self._h_labels: np.ndarray | None = None
+
+    def _open(self) -> None:
+        labels = np.full(len(self), -1, dtype=np.int64)
+        ext = EXTENSIONS[self.spec.encoding]
+        for label in range(self.spec.num_classes):
+            folder = self.root / str(label)
+            if not folder.is_dir():
+                continue
+            for entry in os.scandir(folder):
+                stem, dot, suffix = entry.name.partition(".")
+                if "." + suffix != ext or not stem.isdigit() or int(stem) >= len(self):
+                    raise DatasetError(f"{entry.path}: unexpected file in the ImageFolder layout")
+                labels[int(stem)] = label
+        missing = np.flatnonzero(labels < 0)
+        if missing.size:
+            raise CorruptSampleError(
+                self.root, int(missing[0]), f"no file for this sample ({missing.size} missing)"
+            )
+        self._h_labels = labels
+        self._npy_header = npy_header(self.spec) if self.is_raw else b""
+
+    def _close(self) -> None:
+        self._h_labels = None
+
+    def _locate(self, index: int) -> Path:
+        label = int(self._h_labels[index]) if self._h_labels is not None else 0
+        return sample_path(self.root, self.spec, index, label)
+
+    def _read_bytes(self, index: int) -> bytes:
+        path = self._locate(index)
+        try:
+            with io.open(path, "rb", buffering=0) as f:
+                return f.read()
+        except OSError as err:
+            raise CorruptSampleError(path, index, f"cannot read: {err}") from err
+
+    def _read_one(self, index: int) -> tuple[np.ndarray | bytes, int]:
+        data = self._read_bytes(index)
+        label = int(self._h_labels[index])
+        if not self.is_raw:
+            return data, label
+        header = self._npy_header
+        if not data.startswith(header):
+            raise CorruptSampleError(self._locate(index), index, "not the expected .npy header")
+        return self._decode_raw(memoryview(data)[len(header):], index).copy(), label
+
+    def blocks(self) -> np.ndarray:
+        return np.array([0, len(self)], dtype=np.int64)
+
+
+def open(root: Path, manifest: dict, **options) -> RawFilesReader:  # noqa: A001 - registry verb
+    return RawFilesReader(root, manifest, **options)

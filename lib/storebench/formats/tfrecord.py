@@ -1,0 +1,355 @@
+"""TFRecord shards of ``tf.train.Example`` records, with an offset index beside each shard.
+
+Layout under the dataset root, for ``num_shards`` = S::
+
+    data-00000-of-0000S.tfrecord   records of samples [0, n/S), in index order
+    data-00000-of-0000S.index      .npy int64 (records, 2): (offset, framed length) per record
+    ...
+
+Shard ``k`` holds the contiguous index range ``[k * n // S, (k + 1) * n // S)``, so index order
+is file order and the shards are the natural blocks. Each record is a serialized
+``tf.train.Example`` with features ``image`` (bytes: encoded PNG/JPEG, or the raw (H, W, C)
+uint8 pixels as ``tobytes()``), ``label``, ``height``, ``width`` and ``channels`` (int64);
+``tf_feature_spec()`` is the matching description for ``tf.io.parse_single_example``, and
+``tf.data.TFRecordDataset(shard_paths(root))`` reads the shards as they are.
+
+Framing follows TensorFlow's TFRecord format: ``uint64 length``, ``uint32 masked CRC32C of
+length``, ``data[length]``, ``uint32 masked CRC32C of data``, all little-endian. The index
+stores, per record, the offset of its length field and the length of the whole frame
+(``16 + len(data)``), the same (offset, size) pair as DALI's ``tfrecord2idx``: it gives random
+access with one ``pread`` per record and no TensorFlow import. Every read checks both CRCs.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import struct
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import crc32c
+import numpy as np
+from google.protobuf.message import DecodeError
+
+from data_gen import DatasetSpec
+
+from . import example_proto
+from .base import CorruptSampleError, DatasetError, Reader
+
+NAME = "tfrecord"
+ENCODINGS = ("raw", "png", "jpeg")
+# Four shards keep ci-sized data in several blocks and give the small/medium profiles shards of
+# tens to hundreds of MB, the range TensorFlow's input-pipeline guide recommends.
+DEFAULT_KNOBS: dict = {"num_shards": 4}
+OPEN_OPTIONS: tuple = ()
+
+SHARD_PATTERN = "data-{shard:05d}-of-{count:05d}.tfrecord"
+INDEX_SUFFIX = ".index"
+_SHARD_RE = re.compile(r"^data-(\d{5})-of-(\d{5})\.tfrecord$")
+
+HEADER = struct.Struct("<QI")  # length, masked CRC32C of the 8 length bytes
+FOOTER = struct.Struct("<I")  # masked CRC32C of the data
+FRAME_OVERHEAD = HEADER.size + FOOTER.size
+_LENGTH = struct.Struct("<Q")
+_MASK_DELTA = 0xA282EAD8
+# A run of adjacent records is fetched with one pread, up to this many bytes.
+_MAX_RUN_BYTES = 16 << 20
+
+
+def masked_crc32c(data: bytes | memoryview) -> int:
+    """TFRecord's masked CRC32C: rotate right by 15 bits, add a constant (mod 2**32)."""
+    crc = crc32c.crc32c(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame_record(data: bytes) -> bytes:
+    """One TFRecord frame around ``data``."""
+    length = _LENGTH.pack(len(data))
+    return b"".join(
+        (length, FOOTER.pack(masked_crc32c(length)), data, FOOTER.pack(masked_crc32c(data)))
+    )
+
+
+def shard_name(shard: int, num_shards: int) -> str:
+    return SHARD_PATTERN.format(shard=shard, count=num_shards)
+
+
+def index_path(shard_path: Path | str) -> Path:
+    """The offset index beside a shard: ``data-00000-of-00004.index`` for ``...tfrecord``."""
+    shard_path = Path(shard_path)
+    return shard_path.with_suffix(INDEX_SUFFIX)
+
+
+def shard_paths(root: Path | str) -> list[Path]:
+    """Every shard of the dataset at ``root``, in shard (and so sample index) order."""
+    root = Path(root)
+    shards = sorted(p for p in root.iterdir() if _SHARD_RE.match(p.name))
+    if not shards:
+        raise DatasetError(f"{root}: no TFRecord shards (data-NNNNN-of-NNNNN.tfrecord)")
+    counts = {int(_SHARD_RE.match(p.name).group(2)) for p in shards}
+    if len(counts) != 1 or len(shards) != counts.pop():
+        names = [p.name for p in shards]
+        raise DatasetError(f"{root}: shards {names} do not form one complete set")
+    return shards
+
+
+def shard_bounds(num_samples: int, num_shards: int) -> np.ndarray:
+    """``[0, b1, ..., num_samples]``: shard ``k`` holds samples ``[bounds[k], bounds[k+1])``."""
+    return np.arange(num_shards + 1, dtype=np.int64) * num_samples // num_shards
+
+
+def read_index(path: Path | str) -> np.ndarray:
+    """One shard's (offset, framed length) int64 array, checked for shape and dtype."""
+    path = Path(path)
+    try:
+        index = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: offset index missing") from None
+    except (OSError, ValueError) as err:
+        raise DatasetError(f"{path}: unreadable offset index: {err}") from err
+    if index.ndim != 2 or index.shape[1] != 2 or index.dtype != np.int64:
+        raise DatasetError(
+            f"{path}: offset index is {index.dtype} {index.shape}, expected int64 (n, 2)"
+        )
+    return index
+
+
+def scan_records(path: Path | str) -> Iterator[tuple[int, bytes]]:
+    """(offset, data) of every record in a TFRecord file, checking framing and both CRCs.
+
+    Works on any TFRecord file (uncompressed), so it can index shards written elsewhere.
+    """
+    path = Path(path)
+    with io.FileIO(path, "r") as raw, io.BufferedReader(raw, 1 << 20) as f:
+        offset = record = 0
+        while True:
+            header = f.read(HEADER.size)
+            if not header:
+                return
+            data = _unframe(path, record, header, f)
+            yield offset, data
+            offset += FRAME_OVERHEAD + len(data)
+            record += 1
+
+
+def _unframe(path: Path, record: int, header: bytes, f) -> bytes:
+    if len(header) < HEADER.size:
+        raise DatasetError(f"{path}: record {record}: file ends inside the record header")
+    length, length_crc = HEADER.unpack(header)
+    if masked_crc32c(header[:8]) != length_crc:
+        raise DatasetError(f"{path}: record {record}: length CRC mismatch")
+    body = f.read(length + FOOTER.size)
+    if len(body) < length + FOOTER.size:
+        raise DatasetError(f"{path}: record {record}: file ends inside the record (cut off)")
+    data = body[:length]
+    if masked_crc32c(data) != FOOTER.unpack_from(body, length)[0]:
+        raise DatasetError(f"{path}: record {record}: data CRC mismatch")
+    return data
+
+
+def build_index(path: Path | str) -> np.ndarray:
+    """Scan a shard and return its (offset, framed length) index."""
+    rows = [(offset, FRAME_OVERHEAD + len(data)) for offset, data in scan_records(path)]
+    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+
+def tf_feature_spec() -> dict:
+    """The feature description for ``tf.io.parse_single_example`` (imports TensorFlow)."""
+    import tensorflow as tf
+
+    return {
+        "image": tf.io.FixedLenFeature([], tf.string),
+        "label": tf.io.FixedLenFeature([], tf.int64),
+        "height": tf.io.FixedLenFeature([], tf.int64),
+        "width": tf.io.FixedLenFeature([], tf.int64),
+        "channels": tf.io.FixedLenFeature([], tf.int64),
+    }
+
+
+def write(samples: Iterable, root: Path, spec: DatasetSpec, *, num_shards: int) -> None:
+    if not 1 <= num_shards <= spec.num_samples:
+        raise ValueError(f"num_shards must be in 1..{spec.num_samples}, got {num_shards}")
+    bounds = shard_bounds(spec.num_samples, num_shards)
+    shape = {"height": spec.height, "width": spec.width, "channels": spec.channels}
+    samples = iter(samples)
+    for shard in range(num_shards):
+        path = root / shard_name(shard, num_shards)
+        count = int(bounds[shard + 1] - bounds[shard])
+        index = np.empty((count, 2), dtype=np.int64)
+        offset = 0
+        with io.FileIO(path, "w") as raw, io.BufferedWriter(raw, 1 << 20) as f:
+            for row in range(count):
+                try:
+                    image, label = next(samples)
+                except StopIteration:
+                    raise DatasetError(
+                        f"{root}: got {bounds[shard] + row} samples, the spec says "
+                        f"{spec.num_samples}"
+                    ) from None
+                data = image.tobytes() if isinstance(image, np.ndarray) else bytes(image)
+                frame = frame_record(
+                    example_proto.make_example({"image": data}, {"label": label, **shape})
+                )
+                f.write(frame)
+                index[row] = offset, len(frame)
+                offset += len(frame)
+        with io.FileIO(index_path(path), "w") as f:
+            np.save(f, index, allow_pickle=False)
+    if next(samples, None) is not None:
+        raise DatasetError(f"{root}: got more samples than the spec's {spec.num_samples}")
+
+
+class TFRecordReader(Reader):
+    """Random access to TFRecord shards through the offset index, with ``os.pread``.
+
+    ``read_many`` sorts a batch by position, fetches each run of adjacent records in one
+    ``pread`` (a sequential batch is one read per shard), checks every frame's CRCs and
+    returns the samples in the requested order. TensorFlow is never imported.
+    """
+
+    def __init__(self, root: Path, manifest: dict, *, verify: bool = True) -> None:
+        super().__init__(root, manifest, verify=verify)
+        self.num_shards = int(manifest["knobs"]["num_shards"])
+        self.shards = [self.root / shard_name(k, self.num_shards) for k in range(self.num_shards)]
+        self.bounds = shard_bounds(len(self), self.num_shards)
+        self._h_files: list[io.FileIO] | None = None
+        self._h_offsets: np.ndarray | None = None
+        self._h_lengths: np.ndarray | None = None
+
+    def _open(self) -> None:
+        offsets = np.empty(len(self), dtype=np.int64)
+        lengths = np.empty(len(self), dtype=np.int64)
+        for shard, path in enumerate(self.shards):
+            index = read_index(index_path(path))
+            start, stop = int(self.bounds[shard]), int(self.bounds[shard + 1])
+            if len(index) != stop - start:
+                raise DatasetError(
+                    f"{index_path(path)}: indexes {len(index)} records, shard {path.name} "
+                    f"should hold samples {start}..{stop - 1} ({stop - start} records)"
+                )
+            offsets[start:stop], lengths[start:stop] = index[:, 0], index[:, 1]
+        files = []
+        try:
+            for path in self.shards:
+                files.append(io.FileIO(path, "r"))
+        except OSError as err:
+            for f in files:
+                f.close()
+            raise DatasetError(f"{path}: cannot open shard: {err}") from err
+        self._h_files, self._h_offsets, self._h_lengths = files, offsets, lengths
+
+    def _close(self) -> None:
+        for f in self._h_files or ():
+            f.close()
+        self._h_files = self._h_offsets = self._h_lengths = None
+
+    def _shard_of(self, index: int) -> int:
+        return int(np.searchsorted(self.bounds, index, side="right")) - 1
+
+    def _locate(self, index: int) -> Path:
+        return self.shards[self._shard_of(index)]
+
+    def blocks(self) -> np.ndarray:
+        return self.bounds.copy()
+
+    def _read_one(self, index: int) -> tuple[np.ndarray | bytes, int]:
+        shard = self._shard_of(index)
+        offset, length = int(self._h_offsets[index]), int(self._h_lengths[index])
+        frame = self._pread(shard, offset, length, index)
+        return self._decode(shard, index, memoryview(frame))
+
+    def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
+        labels = np.empty(len(indices), dtype=np.int64)
+        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
+        # Sample order is (shard, offset) order, so a stable argsort groups by shard and
+        # sorts by offset.
+        order = np.argsort(indices, kind="stable")
+        sorted_idx = indices[order]
+        offsets = self._h_offsets[sorted_idx]
+        ends = offsets + self._h_lengths[sorted_idx]
+        shards = np.searchsorted(self.bounds, sorted_idx, side="right") - 1
+        # Records that follow each other directly in one shard are fetched by one pread (up to
+        # _MAX_RUN_BYTES); a shard change, a gap or a repeated index starts a new read.
+        follows = np.zeros(len(sorted_idx), dtype=bool)
+        follows[1:] = (shards[1:] == shards[:-1]) & (offsets[1:] == ends[:-1])
+        # Python lists: the loop below touches them per record, where NumPy scalars are slow.
+        sorted_idx, order, shards = sorted_idx.tolist(), order.tolist(), shards.tolist()
+        offsets, ends, follows = offsets.tolist(), ends.tolist(), follows.tolist()
+        a = 0
+        while a < len(sorted_idx):
+            stop = a + 1
+            while stop < len(sorted_idx) and follows[stop] and (
+                ends[stop] - offsets[a] <= _MAX_RUN_BYTES
+            ):
+                stop += 1
+            shard, base = shards[a], offsets[a]
+            buffer = memoryview(
+                self._pread(shard, base, ends[stop - 1] - base, sorted_idx[a], allow_short=True)
+            )
+            for j in range(a, stop):
+                index, k = sorted_idx[j], order[j]
+                lo, hi = offsets[j] - base, ends[j] - base
+                if hi > len(buffer):
+                    raise self._cut_off(shard, index, base + len(buffer), ends[j])
+                images[k], labels[k] = self._decode(shard, index, buffer[lo:hi])
+            a = stop
+        return images, labels
+
+    # -- helpers --------------------------------------------------------------------------
+    def _pread(self, shard: int, offset: int, length: int, index: int, *,
+               allow_short: bool = False) -> bytes:
+        """``length`` bytes at ``offset``; fewer only with ``allow_short`` (the caller then
+        finds which record the end of the file cuts)."""
+        try:
+            data = os.pread(self._h_files[shard].fileno(), length, offset)
+        except OSError as err:
+            raise CorruptSampleError(self.shards[shard], index, f"read failed: {err}") from err
+        if len(data) < length and not allow_short:
+            raise self._cut_off(shard, index, offset + len(data), offset + length)
+        return data
+
+    def _cut_off(self, shard: int, index: int, file_end: int, record_end: int):
+        return CorruptSampleError(
+            self.shards[shard], index,
+            f"shard is cut off: it ends at byte {file_end}, the offset index places this "
+            f"record's end at byte {record_end}",
+        )
+
+    def _decode(self, shard: int, index: int, frame: memoryview) -> tuple[np.ndarray | bytes, int]:
+        path = self.shards[shard]
+        length, length_crc = HEADER.unpack_from(frame)
+        if masked_crc32c(frame[:8]) != length_crc:
+            raise CorruptSampleError(path, index, "TFRecord length CRC mismatch")
+        if length + FRAME_OVERHEAD != len(frame):
+            raise CorruptSampleError(
+                path, index,
+                f"record header says {length} bytes of data, the offset index "
+                f"{len(frame) - FRAME_OVERHEAD}",
+            )
+        data = frame[HEADER.size : HEADER.size + length]
+        if masked_crc32c(data) != FOOTER.unpack_from(frame, HEADER.size + length)[0]:
+            raise CorruptSampleError(path, index, "TFRecord data CRC mismatch")
+        try:
+            feature = example_proto.parse_example(data).features.feature
+            image = feature["image"].bytes_list.value[0]
+            label = feature["label"].int64_list.value[0]
+            shape = tuple(feature[name].int64_list.value[0]
+                          for name in ("height", "width", "channels"))
+        except (DecodeError, IndexError) as err:
+            raise CorruptSampleError(
+                path, index, f"not a tf.train.Example with image/label/height/width/channels: "
+                f"{err or type(err).__name__}"
+            ) from err
+        if shape != self.spec.image_shape:
+            raise CorruptSampleError(
+                path, index, f"record shape {shape}, the spec says {self.spec.image_shape}"
+            )
+        if self.is_raw:
+            return self._decode_raw(image, index), int(label)
+        return image, int(label)
+
+
+def open(root: Path, manifest: dict, **options) -> TFRecordReader:  # noqa: A001 - registry verb
+    return TFRecordReader(root, manifest, **options)

@@ -1,0 +1,45 @@
+"""Loaders: datasets over a Reader, samplers, batching, prefetchers, framework paths, feeders.
+
+Compose them: ``reader -> LazyDataset / PreloadedDataset -> BatchSampler(sampler) ->
+ThreadPrefetcher / ProcessPrefetcher -> GpuFeeder``. Torch and TensorFlow are imported only
+inside the functions that use them (``storebench.loaders.torch_adapter``, ``.tf_adapter``).
+"""
+
+from .baselines import BaselineLockedListPrefetcher, BaselinePickledQueuePrefetcher
+from .batching import Batch, batch_buffer, collate_padded, stack_into
+from .datasets import DECODERS, InsufficientMemoryError, LazyDataset, PreloadedDataset
+from .gpu import (
+    AcceleratorUnavailableError,
+    EmulatedAccelerator,
+    FeedResult,
+    GpuFeeder,
+    run_feed,
+)
+from .prefetch import ProcessPrefetcher, ThreadPrefetcher, WorkerDiedError, WorkerError
+from .samplers import BatchSampler, BlockShuffleSampler, SequentialSampler, ShuffleSampler
+
+__all__ = [
+    "DECODERS",
+    "AcceleratorUnavailableError",
+    "BaselineLockedListPrefetcher",
+    "BaselinePickledQueuePrefetcher",
+    "Batch",
+    "BatchSampler",
+    "BlockShuffleSampler",
+    "EmulatedAccelerator",
+    "FeedResult",
+    "GpuFeeder",
+    "InsufficientMemoryError",
+    "LazyDataset",
+    "PreloadedDataset",
+    "ProcessPrefetcher",
+    "SequentialSampler",
+    "ShuffleSampler",
+    "ThreadPrefetcher",
+    "WorkerDiedError",
+    "WorkerError",
+    "batch_buffer",
+    "collate_padded",
+    "run_feed",
+    "stack_into",
+]

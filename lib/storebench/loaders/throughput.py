@@ -1,0 +1,326 @@
+"""Measurement functions for loader paths: run a pipeline, count samples and bytes, time it.
+
+These only measure (no files are written); the benchmark harness turns the returned
+``Measurement`` objects into result rows. Every function excludes start-up (worker launch,
+imports, first-touch page faults) by discarding ``warmup_batches`` batches before the clock
+starts. Open readers with ``verify=False`` to time the loader rather than CRC32C checks.
+
+The ``target_*`` functions measure the figures the ``targets`` study compares; each returns
+a dict of named measurements taken in the same run, so ratios between them are fair.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from .batching import Batch, batch_buffer
+from .datasets import LazyDataset, PreloadedDataset
+from .samplers import BatchSampler, BlockShuffleSampler, ShuffleSampler
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one timed run delivered: ``samples`` and image ``bytes`` in ``seconds``."""
+
+    name: str
+    samples: int
+    bytes: int
+    seconds: float
+    batches: int
+
+    @property
+    def samples_per_second(self) -> float:
+        return self.samples / self.seconds if self.seconds > 0 else float("nan")
+
+    @property
+    def bytes_per_second(self) -> float:
+        return self.bytes / self.seconds if self.seconds > 0 else float("nan")
+
+
+def _sizes(batch) -> tuple[int, int]:
+    """(samples, image bytes) of a Batch, an (images, labels) pair of arrays or tensors, or
+    a TensorFlow batch."""
+    if isinstance(batch, Batch):
+        return len(batch), batch.nbytes
+    images, labels = batch
+    n = int(labels.shape[0])
+    if hasattr(images, "nbytes"):
+        return n, int(images.nbytes)
+    if hasattr(images, "element_size"):  # torch tensor
+        return n, int(images.numel() * images.element_size())
+    if hasattr(images, "numpy"):  # tf.Tensor
+        return n, int(images.numpy().nbytes)
+    return n, int(sum(len(x) for x in images))
+
+
+def measure(
+    batches: Iterable,
+    *,
+    name: str,
+    warmup_batches: int = 1,
+    max_batches: int | None = None,
+) -> Measurement:
+    """Iterate ``batches`` and time everything after the first ``warmup_batches``."""
+    source = iter(batches)
+    for _ in range(warmup_batches):
+        if next(source, None) is None:
+            raise ValueError(f"{name}: fewer batches than warmup_batches={warmup_batches}")
+    samples = nbytes = count = 0
+    started = time.perf_counter()
+    for batch in source:
+        n, b = _sizes(batch)
+        samples, nbytes, count = samples + n, nbytes + b, count + 1
+        if max_batches is not None and count >= max_batches:
+            break
+    seconds = time.perf_counter() - started
+    return Measurement(name, samples, nbytes, seconds, count)
+
+
+def dram_read_bandwidth(*, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Bytes/s of a sequential read of ``nbytes`` of pre-faulted RAM (``np.sum`` over a
+    uint64 view; one thread), the median of ``repeats`` runs after one warm-up."""
+    buffer = np.ones(max(nbytes // 8, 1), dtype=np.uint64)  # written once: pre-faulted
+    buffer.sum()
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        buffer.sum()
+        seconds.append(time.perf_counter() - started)
+    return buffer.nbytes / float(np.median(seconds))
+
+
+def shuffled_batch_assembly(
+    dataset,
+    *,
+    batch_size: int = 256,
+    num_batches: int | None = None,
+    seed: int = 0,
+    warmup_batches: int = 2,
+    name: str = "shuffled batch assembly",
+) -> Measurement:
+    """Gather shuffled batches into one preallocated (B, H, W, C) buffer, in this thread."""
+    shape = dataset.sample_shape
+    if shape is None:
+        raise ValueError("batch assembly needs fixed-size samples (raw, or decode=...)")
+    out = batch_buffer(batch_size, shape, dataset.sample_dtype)
+    batches = BatchSampler(ShuffleSampler(len(dataset), seed=seed), batch_size, drop_last=True)
+    if len(batches) == 0:
+        raise ValueError(f"{len(dataset)} samples make no batch of {batch_size}")
+    wanted = (num_batches if num_batches is not None else len(batches)) + warmup_batches
+
+    def assembled():
+        # Epoch after epoch (reshuffled) until enough batches: a short dataset would
+        # otherwise give a run too short to time.
+        done, epoch = 0, 0
+        while done < wanted:
+            batches.set_epoch(epoch)
+            for idx in batches:
+                yield dataset.get_batch(idx, out=out)
+                done += 1
+                if done == wanted:
+                    return
+            epoch += 1
+
+    return measure(assembled(), name=name, warmup_batches=warmup_batches, max_batches=num_batches)
+
+
+def target_batch_assembly(
+    raw_memmap_reader, *, batch_size: int = 256, num_batches: int | None = None, seed: int = 0
+) -> dict[str, Measurement]:
+    """Shuffled batch assembly from a ``PreloadedDataset`` and straight from the memmap
+    (warm page cache), to compare with ``dram_read_bandwidth()`` taken in the same run."""
+    preloaded = PreloadedDataset(raw_memmap_reader, progress=False)
+    return {
+        "preloaded": shuffled_batch_assembly(
+            preloaded, batch_size=batch_size, seed=seed, num_batches=num_batches, name="preloaded"
+        ),
+        "memmap": shuffled_batch_assembly(
+            LazyDataset(raw_memmap_reader),
+            batch_size=batch_size,
+            seed=seed,
+            num_batches=num_batches,
+            name="memmap",
+        ),
+    }
+
+
+def _timed_loader(
+    make: Callable, *, name: str, warmup_batches: int, max_batches: int | None
+) -> Measurement:
+    loader = make()
+    try:
+        return measure(loader, name=name, warmup_batches=warmup_batches, max_batches=max_batches)
+    finally:
+        close = getattr(loader, "close", None)
+        if close is not None:
+            close()
+
+
+def target_process_prefetch(
+    dataset,
+    *,
+    workers: int = 2,
+    batch_size: int = 256,
+    start_method: str | None = None,
+    seed: int = 0,
+    warmup_batches: int = 2,
+    max_batches: int | None = None,
+) -> dict[str, Measurement]:
+    """Decoded arrays delivered by ``ProcessPrefetcher``, by a torch DataLoader with the same
+    worker count, start method and order, and by the pickling-queue baseline."""
+    from .baselines import BaselinePickledQueuePrefetcher
+    from .prefetch import ProcessPrefetcher
+
+    def order() -> BatchSampler:
+        return BatchSampler(ShuffleSampler(len(dataset), seed=seed), batch_size)
+
+    def torch_loader():
+        from .torch_adapter import torch_dataloader
+
+        return iter(
+            torch_dataloader(
+                dataset,
+                batch_size=batch_size,
+                sampler=ShuffleSampler(len(dataset), seed=seed),
+                num_workers=workers,
+                multiprocessing_context=start_method,
+                seed=seed,
+            )
+        )
+
+    common = {"warmup_batches": warmup_batches, "max_batches": max_batches}
+    return {
+        "process_prefetcher": _timed_loader(
+            lambda: ProcessPrefetcher(dataset, order(), workers=workers, start_method=start_method),
+            name="ProcessPrefetcher",
+            **common,
+        ),
+        "torch_dataloader": _timed_loader(torch_loader, name="torch DataLoader", **common),
+        "pickled_baseline": _timed_loader(
+            lambda: BaselinePickledQueuePrefetcher(
+                dataset, order(), workers=workers, start_method=start_method
+            ),
+            name="pickled-queue baseline",
+            **common,
+        ),
+    }
+
+
+def target_thread_decode(
+    dataset,
+    *,
+    workers: int = 2,
+    batch_size: int = 64,
+    seed: int = 0,
+    warmup_batches: int = 2,
+    max_batches: int | None = None,
+) -> dict[str, Measurement]:
+    """Decoding (``dataset`` built with ``decode="simplejpeg"``; a ``PreloadedDataset``
+    isolates decode from I/O) serially in this thread vs through ``ThreadPrefetcher``."""
+    from .prefetch import ThreadPrefetcher
+
+    if dataset.decode is None:
+        raise ValueError("target_thread_decode needs a dataset with decode=...")
+    order = BatchSampler(ShuffleSampler(len(dataset), seed=seed), batch_size)
+    out = batch_buffer(batch_size, dataset.sample_shape, dataset.sample_dtype)
+    serial = measure(
+        (dataset.get_batch(idx, out=out) for idx in order),
+        name="serial decode",
+        warmup_batches=warmup_batches,
+        max_batches=max_batches,
+    )
+    threaded = _timed_loader(
+        lambda: ThreadPrefetcher(dataset, order, workers=workers),
+        name=f"ThreadPrefetcher x{workers}",
+        warmup_batches=warmup_batches,
+        max_batches=max_batches,
+    )
+    return {"serial": serial, "thread_prefetcher": threaded}
+
+
+def target_block_shuffle(
+    reader,
+    *,
+    batch_size: int = 256,
+    random_samples: int = 200,
+    seed: int = 0,
+) -> dict[str, Measurement]:
+    """One block-shuffled epoch (``read_many`` per batch) vs ``random_samples`` per-sample
+    reads at random indices (``reader[i]``), e.g. for a Parquet dataset."""
+    dataset = LazyDataset(reader)
+    order = BatchSampler(BlockShuffleSampler.from_reader(reader, seed=seed), batch_size)
+    # One untimed block pass first would warm the page cache for both; none is done, so
+    # both measurements see the same (caller-controlled) cache state.
+    epoch = measure(
+        (dataset.get_batch(idx) for idx in order), name="block-shuffled epoch", warmup_batches=0
+    )
+    picks = np.random.default_rng(seed).integers(0, len(reader), size=random_samples)
+    started = time.perf_counter()
+    nbytes = 0
+    for i in picks:
+        image, _ = reader[int(i)]
+        nbytes += len(image) if isinstance(image, bytes) else image.nbytes
+    random_access = Measurement(
+        "per-sample random access", len(picks), nbytes, time.perf_counter() - started, len(picks)
+    )
+    return {"block_shuffled_epoch": epoch, "random_row_access": random_access}
+
+
+def target_tfrecord(
+    root,
+    *,
+    batch_size: int = 256,
+    workers: int = 2,
+    start_method: str | None = None,
+    shuffle_buffer: int = 4096,
+    seed: int = 0,
+    warmup_batches: int = 2,
+    max_batches: int | None = None,
+) -> dict[str, Measurement]:
+    """TFRecord shards through tf.data (AUTOTUNE, parallel interleave and parse) vs our
+    PyTorch paths over the same shards: ``ProcessPrefetcher`` and a DataLoader, both with
+    ``workers`` processes and the simplejpeg decoder for JPEG. The caller compares the best
+    PyTorch path with tf.data."""
+    from storebench.formats import open_dataset
+
+    from .prefetch import ProcessPrefetcher
+    from .tf_adapter import tfrecord_pipeline
+
+    reader = open_dataset(root, verify=False)
+    decode = {"raw": None, "jpeg": "simplejpeg", "png": "pil"}[reader.spec.encoding]
+    dataset = LazyDataset(reader, decode=decode)
+    common = {"warmup_batches": warmup_batches, "max_batches": max_batches}
+
+    def order() -> BatchSampler:
+        return BatchSampler(BlockShuffleSampler.from_reader(reader, seed=seed), batch_size)
+
+    def torch_loader():
+        from .torch_adapter import torch_dataloader
+
+        return iter(
+            torch_dataloader(
+                dataset,
+                batch_size=batch_size,
+                sampler=BlockShuffleSampler.from_reader(reader, seed=seed),
+                num_workers=workers,
+                multiprocessing_context=start_method,
+                seed=seed,
+            )
+        )
+
+    tf_data = tfrecord_pipeline(
+        root, batch_size=batch_size, shuffle_buffer=shuffle_buffer, seed=seed, deterministic=False
+    )
+    return {
+        "tf_data_autotune": measure(iter(tf_data), name="tf.data AUTOTUNE", **common),
+        "torch_process_prefetcher": _timed_loader(
+            lambda: ProcessPrefetcher(dataset, order(), workers=workers, start_method=start_method),
+            name="ProcessPrefetcher",
+            **common,
+        ),
+        "torch_dataloader": _timed_loader(torch_loader, name="torch DataLoader", **common),
+    }

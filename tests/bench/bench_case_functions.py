@@ -1,0 +1,48 @@
+"""Case functions for the runner tests, importable by the worker through ``python_path``.
+
+Each does real work or really fails: raises, exits, is killed, or hangs past its timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+
+def checksum_file_case(case, trial):
+    """Read the case's files and return how many bytes it read (a real, checkable number)."""
+    with trial.measure():
+        total = 0
+        for path in case.cache_files:
+            total += int(np.fromfile(path, dtype=np.uint8).size)
+    return {"samples": (total, "count")}
+
+
+def raising_case(case, trial):
+    raise ValueError(f"boom in repeat {trial.repeat}")
+
+
+def exiting_case(case, trial):
+    sys.stdout.flush()
+    os._exit(3)
+
+
+def self_killing_case(case, trial):
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def wrong_unit_case(case, trial):
+    return {"samples_per_s": (1.0, "MB/s")}
+
+
+def hanging_case(case, trial):
+    """Start a grandchild (as a loader would start workers), record its pid, then hang."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    Path(case.param("pid_file")).write_text(f"{os.getpid()} {child.pid}")
+    time.sleep(600)

@@ -1,0 +1,92 @@
+"""Cache control against the kernel's own account (real files, fadvise and mincore)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import numpy as np
+import pytest
+from storebench.bench import cache
+
+PAGE = cache.PAGE_SIZE
+
+
+def write_synced(path, nbytes: int, seed: int = 0) -> None:
+    data = np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8).tobytes()
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def test_cold_then_warm_is_measured_by_mincore(tmp_path):
+    files = [tmp_path / "a.bin", tmp_path / "b.bin"]
+    write_synced(files[0], 3 << 20)
+    write_synced(files[1], 1 << 20, seed=1)
+    assert cache.prepare(files, "cold") < 0.01
+    assert cache.prepare(files, cache.CacheState.WARM) > 0.99
+    assert cache.prepare(files, cache.CacheState.COLD) < 0.01
+
+
+def test_resident_fraction_counts_exactly_the_pages_read(tmp_path):
+    path = tmp_path / "pages.bin"
+    write_synced(path, 64 * PAGE)
+    cache.evict([path])
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no readahead beyond what we read
+        for page in (0, 10, 11, 40):
+            os.pread(fd, PAGE, page * PAGE)
+    finally:
+        os.close(fd)
+    resident, size = cache.resident_bytes(path)
+    assert size == 64 * PAGE
+    assert resident == 4 * PAGE
+    assert cache.resident_fraction([path]) == pytest.approx(4 / 64)
+
+
+def test_resident_fraction_is_weighted_by_bytes_and_agrees_with_fincore(tmp_path):
+    big, small = tmp_path / "big.bin", tmp_path / "small.bin"
+    write_synced(big, 3 << 20)
+    write_synced(small, 1 << 20, seed=1)
+    cache.evict([big])
+    cache.prewarm([small])
+    assert cache.resident_fraction([big, small]) == pytest.approx(0.25, abs=0.01)
+    fincore = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES",
+                              str(small)], capture_output=True, text=True)
+    if fincore.returncode == 0:
+        assert int(fincore.stdout.split()[0]) == cache.resident_bytes(small)[0]
+
+
+def test_partial_last_page_counts_only_the_file_bytes(tmp_path):
+    path = tmp_path / "odd.bin"
+    write_synced(path, PAGE + 100)
+    cache.prewarm([path])
+    assert cache.resident_bytes(path) == (PAGE + 100, PAGE + 100)
+
+
+def test_empty_files_and_directories(tmp_path):
+    (tmp_path / "empty").write_bytes(b"")
+    assert cache.resident_bytes(tmp_path / "empty") == (0, 0)
+    assert cache.resident_fraction([tmp_path / "empty"]) == 1.0
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    write_synced(sub / "data.bin", 1 << 20)
+    assert cache.data_files([tmp_path]) == [tmp_path / "empty", sub / "data.bin"]
+    assert cache.prepare([tmp_path], "cold") < 0.01
+    assert cache.prewarm([tmp_path]) == 1 << 20
+
+
+def test_bad_state_and_missing_file(tmp_path):
+    with pytest.raises(ValueError, match="tepid"):
+        cache.prepare([], "tepid")
+    with pytest.raises(FileNotFoundError, match="nowhere.bin"):
+        cache.evict([tmp_path / "nowhere.bin"])
+
+
+def test_drop_caches_refused_without_root(tmp_path, monkeypatch):
+    if os.geteuid() == 0:
+        pytest.skip("as root drop_caches would work; not dropping the whole cache in a test")
+    with pytest.raises(PermissionError, match="needs root"):
+        cache.drop_caches()

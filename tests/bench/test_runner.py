@@ -1,0 +1,185 @@
+"""The runner: fresh subprocess per case, cache state recorded, failures kept, resumable."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from bench_support import wait_gone
+from storebench.bench.runner import Case, run_case, run_study
+from storebench.bench.schema import COLUMNS, read_results
+from storebench.formats import open_dataset, read_manifest
+
+HERE = Path(__file__).resolve().parent
+FNS = "bench_case_functions"
+
+
+def test_real_study_rows_follow_the_schema(formats_results, ci_data_dir):
+    df = read_results(formats_results / "formats.csv")
+    assert list(df.columns) == list(COLUMNS)
+    assert set(df["status"]) == {"ok"}
+    assert set(df["study"]) == {"formats"} and set(df["profile"]) == {"ci"}
+    assert df["run_id"].nunique() == 1
+    reads = df[df["loader"] == "reader"]
+    assert set(reads["cache"]) == {"cold", "warm"}
+    # Every timed metric exists for both repeats of every read case.
+    for _, case in reads[reads["repeat"] >= 0].groupby("case_id"):
+        per_metric = case.groupby("metric")["repeat"].apply(sorted)
+        assert all(r == [0, 1] for r in per_metric)
+        assert {"samples_per_s", "wall_seconds", "peak_pss_bytes", "peak_uss_bytes",
+                "cpu_seconds", "time_to_first_batch_s"} <= set(per_metric.index)
+    samples = reads.loc[(reads["metric"] == "samples"), "value"]
+    assert (samples == 512).all()
+    build = df[df["metric"] == "bytes_apparent"]
+    manifest = read_manifest(ci_data_dir / "memmap-raw")
+    assert build["value"].tolist() == [manifest["bytes_apparent"]]
+    assert (df.groupby("case_id")["metric"].apply(lambda m: (m == "case_seconds").sum()) == 1).all()
+
+
+def test_cold_rows_were_cold_and_warm_rows_warm(formats_results):
+    df = read_results(formats_results / "formats.csv")
+    timed = df[(df["repeat"] >= 0) & (df["cache"] != "")]
+    cold = timed.loc[timed["cache"] == "cold", "resident_fraction"]
+    warm = timed.loc[timed["cache"] == "warm", "resident_fraction"]
+    assert len(cold) and len(warm)
+    assert cold.max() < 0.05
+    assert warm.min() > 0.95
+
+
+def _file_case(tmp_path, name, **fields):
+    data = tmp_path / f"{name}.bin"
+    if not data.exists():
+        data.write_bytes(np.arange(4096, dtype=np.uint8).tobytes())
+    return Case(study="failures", function=f"{FNS}:{name}", format=name, cache="cold",
+                cache_files=(str(data),), repeats=1, warmup=False, **fields)
+
+
+@pytest.mark.timeout(120)
+def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
+    pid_file = tmp_path / "pids.txt"
+    cases = [
+        _file_case(tmp_path, "raising_case"),
+        _file_case(tmp_path, "exiting_case"),
+        _file_case(tmp_path, "self_killing_case"),
+        _file_case(tmp_path, "wrong_unit_case"),
+        _file_case(tmp_path, "hanging_case", timeout_s=5, params={"pid_file": str(pid_file)}),
+        _file_case(tmp_path, "checksum_file_case"),
+    ]
+    results = tmp_path / "failures.csv"
+    summary = run_study(cases, results, python_path=[HERE], progress=False)
+    assert summary.ran == [c.case_id for c in cases]
+    assert summary.failed == [c.case_id for c in cases[:5]]
+
+    df = read_results(results)
+    last = df[df["metric"] == "case_seconds"].set_index("format")
+    assert last.loc["raising_case", "status"] == "failed"
+    assert "ValueError: boom in repeat 0" in last.loc["raising_case", "error"]
+    assert "during repeat 1 of 1" in last.loc["raising_case", "error"]
+    assert "exited with code 3 during repeat 1 of 1" in last.loc["exiting_case", "error"]
+    assert "killed by SIGKILL" in last.loc["self_killing_case", "error"]
+    assert "'samples_per_s' has unit 'MB/s', expected samples/s" in (
+        last.loc["wrong_unit_case", "error"])
+    assert last.loc["hanging_case", "status"] == "timeout"
+    assert "timed out after 5 s during repeat 1 of 1" in last.loc["hanging_case", "error"]
+    assert last.loc["hanging_case", "value"] >= 5
+    # The worker and the process it started were killed with their process group.
+    worker_pid, grandchild_pid = map(int, pid_file.read_text().split())
+    assert wait_gone(worker_pid) and wait_gone(grandchild_pid)
+    # The case after the failures ran normally and read the whole file.
+    ok = df[df["format"] == "checksum_file_case"]
+    assert set(ok["status"]) == {"ok"}
+    assert ok.loc[ok["metric"] == "samples", "value"].tolist() == [4096]
+    residency = ok["resident_fraction"].dropna()
+    assert len(residency) and (residency == 0).all()
+    failed_rows = df[df["status"] != "ok"]
+    assert (failed_rows["metric"] == "case_seconds").all()  # no partial measurements kept
+
+    rerun = run_study(cases, results, python_path=[HERE], progress=False)
+    assert rerun.ran == [] and rerun.skipped == [c.case_id for c in cases]
+    assert len(read_results(results)) == len(df)
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_keeps_finished_cases_and_kills_the_running_one(tmp_path):
+    pid_file = tmp_path / "pids.txt"
+    results = tmp_path / "interrupted.csv"
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(HERE)!r})
+        from storebench.bench.runner import Case, run_study
+        data = {str(tmp_path / "data.bin")!r}
+        open(data, "wb").write(bytes(range(256)) * 16)
+        cases = [
+            Case(study="i", function="{FNS}:checksum_file_case", format="first",
+                 cache="warm", cache_files=(data,), repeats=2),
+            Case(study="i", function="{FNS}:hanging_case", format="second",
+                 repeats=1, warmup=False, params={{"pid_file": {str(pid_file)!r}}}),
+            Case(study="i", function="{FNS}:checksum_file_case", format="third",
+                 cache="warm", cache_files=(data,), repeats=1),
+        ]
+        run_study(cases, {str(results)!r}, python_path=[{str(HERE)!r}], progress=False)
+    """)
+    process = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid_file.exists(), "the hanging case never started"
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode != 0
+    assert b"KeyboardInterrupt" in stderr
+    df = read_results(results)
+    assert set(df["format"]) == {"first"}
+    assert set(df["status"]) == {"ok"}
+    worker_pid, grandchild_pid = map(int, pid_file.read_text().split())
+    assert wait_gone(worker_pid) and wait_gone(grandchild_pid)
+
+
+def test_case_checks_and_round_trip(tmp_path):
+    with pytest.raises(ValueError, match="module.path:function"):
+        Case(study="s", function="no_colon")
+    with pytest.raises(ValueError, match="needs cache_files"):
+        Case(study="s", function="m:f", cache="cold")
+    with pytest.raises(ValueError, match="tepid"):
+        Case(study="s", function="m:f", cache="tepid", cache_files=("x",))
+    with pytest.raises(TypeError, match="JSON scalar"):
+        Case(study="s", function="m:f", params={"sizes": [1, 2]})
+    case = Case(study="s", function="m:read_case", format="memmap", encoding="raw",
+                loader="lazy", workers=2, batch_size=64, access="random", cache="cold",
+                cache_files=(str(tmp_path / "a"),), params={"z": 1, "a": "x"})
+    assert case.params == (("a", "x"), ("z", 1))
+    assert case.case_id == "read:memmap-raw/lazy/w2/b64/random/cold/a=x/z=1"
+    assert Case.from_dict(case.to_dict()) == case
+    assert case.param("z") == 1 and case.param("missing", 7) == 7
+    with pytest.raises(ValueError, match="unique"):
+        run_study([case, case], tmp_path / "dup.csv", progress=False)
+
+
+def test_run_case_reports_an_unknown_function_as_a_failure(tmp_path):
+    outcome = run_case(Case(study="s", function=f"{FNS}:no_such_case", repeats=1),
+                       python_path=[HERE])
+    assert outcome.status == "failed"
+    assert "has no case function 'no_such_case'" in outcome.error
+
+
+def test_sequential_read_case_reads_the_real_dataset(ci_data_dir):
+    """The case function a study uses returns the dataset's real sample count and bytes."""
+    from storebench.bench.cases import dataset_files, sequential_read_case
+    from storebench.bench.runner import Trial
+
+    path = ci_data_dir / "memmap-raw"
+    case = Case(study="s", function="storebench.bench.cases:sequential_read_case",
+                format="memmap", encoding="raw", dataset=str(path), loader="reader",
+                batch_size=100, cache="warm", cache_files=dataset_files(path), repeats=1)
+    metrics = sequential_read_case(case, Trial(case, 0))
+    with open_dataset(path) as reader:
+        assert metrics["samples"] == (len(reader), "count")
+        raw = len(reader) * reader.spec.raw_sample_bytes
+    seconds = raw / (metrics["read_MBps"][0] * 1e6)
+    assert metrics["samples_per_s"][0] == pytest.approx(len(reader) / seconds)

@@ -1,0 +1,130 @@
+"""The Reader contract, for every registered format and every encoding it stores.
+
+A format added to ``FORMATS`` is covered here with no new test code.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+from concurrent.futures import ProcessPoolExecutor
+
+import numpy as np
+import pytest
+
+import data_gen
+from storebench.formats import FORMATS, open_dataset, read_manifest
+
+CASES = [
+    (name, encoding)
+    for name, module in FORMATS.items()
+    for encoding in data_gen.ENCODINGS
+    if encoding in module.ENCODINGS
+]
+IDS = [f"{name}-{encoding}" for name, encoding in CASES]
+
+
+def same_image(got, want) -> bool:
+    if isinstance(want, bytes):
+        return isinstance(got, bytes) and got == want
+    return isinstance(got, np.ndarray) and got.dtype == np.uint8 and np.array_equal(got, want)
+
+
+def read_in_worker(reader, indices):
+    images, labels = reader.read_many(indices)
+    single = [reader[int(i)] for i in indices]
+    return [bytes(im) if isinstance(im, bytes) else np.asarray(im) for im in images], list(
+        labels
+    ), single
+
+
+@pytest.fixture(scope="module")
+def spawn_pool():
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        yield pool
+
+
+@pytest.mark.parametrize(("format_name", "encoding"), CASES, ids=IDS)
+class TestReaderContract:
+    def test_random_access_is_bit_identical(self, ci_dataset, ci_profile, format_name, encoding):
+        spec = ci_profile.spec_for(encoding)
+        with open_dataset(ci_dataset(format_name, encoding)) as reader:
+            assert len(reader) == spec.num_samples
+            for i in np.random.default_rng(7).choice(spec.num_samples, 25, replace=False):
+                image, label = reader[int(i)]
+                want_image, want_label = data_gen.sample(spec, int(i))
+                assert same_image(image, want_image), f"sample {i}"
+                assert label == want_label and isinstance(label, int)
+            assert same_image(reader[-1][0], data_gen.sample(spec, spec.num_samples - 1)[0])
+
+    def test_read_many_keeps_request_order(self, ci_dataset, ci_profile, format_name, encoding):
+        spec = ci_profile.spec_for(encoding)
+        indices = np.random.default_rng(3).permutation(spec.num_samples)[:40]
+        indices = np.concatenate([indices, indices[:3], [0, spec.num_samples - 1]])
+        with open_dataset(ci_dataset(format_name, encoding)) as reader:
+            images, labels = reader.read_many(indices)
+            assert labels.dtype == np.int64 and labels.shape == (len(indices),)
+            assert len(images) == len(indices)
+            for k, i in enumerate(indices):
+                want_image, want_label = data_gen.sample(spec, int(i))
+                assert same_image(images[k], want_image), f"position {k} (sample {i})"
+                assert labels[k] == want_label
+            if encoding == "raw":
+                out = np.zeros((len(indices), *spec.image_shape), dtype=np.uint8)
+                got, _ = reader.read_many(indices, out=out)
+                assert got is out and np.array_equal(out, images)
+            assert reader.read_many([])[1].shape == (0,)
+
+    def test_sequential_iteration_covers_everything_in_order(
+        self, ci_dataset, ci_profile, format_name, encoding
+    ):
+        spec = ci_profile.spec_for(encoding)
+        with open_dataset(ci_dataset(format_name, encoding)) as reader:
+            count = 0
+            for i, (image, label) in enumerate(reader.iter_sequential(batch_size=100)):
+                want_image, want_label = data_gen.sample(spec, i)
+                assert same_image(image, want_image) and label == want_label, f"sample {i}"
+                count += 1
+            assert count == spec.num_samples
+
+    def test_out_of_range_index_raises(self, ci_dataset, format_name, encoding):
+        with open_dataset(ci_dataset(format_name, encoding)) as reader:
+            with pytest.raises(IndexError, match="out of range"):
+                reader[len(reader)]
+            with pytest.raises(IndexError, match="out of range"):
+                reader.read_many([0, len(reader) + 5])
+
+    def test_blocks_partition_the_dataset(self, ci_dataset, format_name, encoding):
+        with open_dataset(ci_dataset(format_name, encoding)) as reader:
+            blocks = reader.blocks()
+            assert blocks[0] == 0 and blocks[-1] == len(reader)
+            assert np.all(np.diff(blocks) > 0)
+
+    def test_manifest_records_build(self, ci_dataset, ci_profile, format_name, encoding):
+        path = ci_dataset(format_name, encoding)
+        manifest = read_manifest(path)
+        assert manifest["format"] == format_name
+        assert manifest["spec"] == ci_profile.spec_for(encoding).to_dict()
+        assert manifest["file_count"] == len(manifest["files"]) >= 1
+        assert manifest["bytes_apparent"] == sum(manifest["files"].values())
+        assert manifest["bytes_allocated"] > 0 and manifest["write_seconds"] >= 0
+        assert manifest["versions"]["numpy"] == np.__version__
+        with open_dataset(path) as reader:
+            assert all(p.is_file() for p in reader.files())
+            assert {p.relative_to(path).as_posix() for p in reader.files()} == set(manifest["files"])
+
+    def test_pickled_reader_reads_the_same_in_a_spawned_worker(
+        self, ci_dataset, ci_profile, format_name, encoding, spawn_pool
+    ):
+        spec = ci_profile.spec_for(encoding)
+        indices = [5, 1, spec.num_samples - 1, 5]
+        with open_dataset(ci_dataset(format_name, encoding)) as reader:
+            reader.read_many([0])  # open handles in the parent: they must not travel
+            images, labels, single = spawn_pool.submit(read_in_worker, reader, indices).result(
+                timeout=120
+            )
+            pickle.loads(pickle.dumps(reader)).close()
+        for k, i in enumerate(indices):
+            want_image, want_label = data_gen.sample(spec, i)
+            assert same_image(images[k], want_image) and labels[k] == want_label
+            assert same_image(single[k][0], want_image) and single[k][1] == want_label

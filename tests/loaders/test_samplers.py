@@ -1,0 +1,118 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from storebench.loaders import BatchSampler, BlockShuffleSampler, SequentialSampler, ShuffleSampler
+
+BOUNDS = np.array([0, 10, 25, 26, 40, 57], dtype=np.int64)  # uneven blocks, one of size 1
+
+
+def make(kind: str, **kwargs):
+    if kind == "sequential":
+        return SequentialSampler(57, **kwargs)
+    if kind == "shuffle":
+        return ShuffleSampler(57, seed=5, **kwargs)
+    return BlockShuffleSampler(BOUNDS, seed=5, **kwargs)
+
+
+KINDS = ["sequential", "shuffle", "block"]
+
+
+def test_sequential_is_storage_order():
+    assert list(SequentialSampler(7)) == list(range(7))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_epoch_is_a_permutation(kind):
+    sampler = make(kind)
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        assert sorted(sampler) == list(range(57))
+
+
+@pytest.mark.parametrize("kind", ["shuffle", "block"])
+def test_shuffles_are_seeded_and_change_per_epoch(kind):
+    a, b = make(kind), make(kind)
+    assert list(a) == list(b)  # same seed, same epoch: same order in a fresh object
+    a.set_epoch(1)
+    assert list(a) != list(b)
+    b.set_epoch(1)
+    assert list(a) == list(b)
+    assert list(a) != list(range(57))
+    other_seed = (
+        ShuffleSampler(57, seed=6) if kind == "shuffle" else BlockShuffleSampler(BOUNDS, seed=6)
+    )
+    other_seed.set_epoch(1)
+    assert list(other_seed) != list(a)
+
+
+def test_block_shuffle_keeps_blocks_together_and_shuffles_their_order():
+    sampler = BlockShuffleSampler(BOUNDS, seed=1)
+    block_of = np.searchsorted(BOUNDS, np.arange(57), side="right") - 1
+    seen_orders = set()
+    for epoch in range(6):
+        sampler.set_epoch(epoch)
+        blocks = block_of[sampler.indices()]
+        runs = blocks[np.r_[True, np.diff(blocks) != 0]]
+        assert sorted(runs.tolist()) == list(range(5)), "each block must be one contiguous run"
+        seen_orders.add(tuple(runs.tolist()))
+    assert len(seen_orders) > 1
+
+
+def test_block_shuffle_within_block_order_is_optional():
+    sampler = BlockShuffleSampler(BOUNDS, seed=1, shuffle_within=False)
+    order = sampler.indices()
+    for start, stop in zip(BOUNDS[:-1], BOUNDS[1:], strict=True):
+        at = int(np.flatnonzero(order == start)[0])
+        assert order[at : at + stop - start].tolist() == list(range(start, stop))
+
+
+@pytest.mark.parametrize("bad", [[0], [1, 5], [0, 5, 5], [0, 7, 3]])
+def test_block_shuffle_refuses_bad_boundaries(bad):
+    with pytest.raises(ValueError, match="boundaries"):
+        BlockShuffleSampler(bad)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4])
+def test_ranks_partition_the_epoch_without_drop_last(kind, world_size):
+    shards = [make(kind, rank=r, world_size=world_size) for r in range(world_size)]
+    for s in shards:
+        s.set_epoch(2)
+    lists = [s.indices().tolist() for s in shards]
+    per_rank = -(-57 // world_size)
+    assert all(len(x) == per_rank == len(s) for x, s in zip(lists, shards, strict=True))
+    combined = sum(lists, [])
+    assert set(combined) == set(range(57))
+    # Padding repeats only as many samples as needed to even out the ranks.
+    assert len(combined) - 57 == per_rank * world_size - 57
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_ranks_are_disjoint_with_drop_last(kind, world_size):
+    shards = [make(kind, rank=r, world_size=world_size, drop_last=True) for r in range(world_size)]
+    lists = [s.indices().tolist() for s in shards]
+    combined = sum(lists, [])
+    assert len(combined) == len(set(combined)) == 57 // world_size * world_size
+    assert all(len(x) == 57 // world_size for x in lists)
+
+
+def test_rank_arguments_are_checked():
+    with pytest.raises(ValueError, match="rank"):
+        SequentialSampler(10, rank=2, world_size=2)
+    with pytest.raises(ValueError, match="world_size"):
+        SequentialSampler(10, world_size=0)
+
+
+def test_batch_sampler_groups_the_order():
+    sampler = ShuffleSampler(10, seed=0)
+    batches = list(BatchSampler(sampler, 4))
+    assert [len(b) for b in batches] == [4, 4, 2]
+    assert np.concatenate(batches).tolist() == list(sampler)
+    assert len(BatchSampler(sampler, 4)) == 3
+    assert [len(b) for b in BatchSampler(sampler, 4, drop_last=True)] == [4, 4]
+    assert len(BatchSampler(sampler, 4, drop_last=True)) == 2
+    batch_sampler = BatchSampler(sampler, 4)
+    batch_sampler.set_epoch(3)
+    assert sampler.epoch == 3
