@@ -140,8 +140,7 @@ def generate(
     with tqdm(total=total, desc=desc, unit="img", disable=not progress, leave=False) as bar:
         if workers <= 1 or total <= chunk_size:
             for chunk in chunks:
-                for item in _sample_chunk(chunk):
-                    yield item
+                yield from _sample_chunk(chunk)
                 bar.update(chunk[2] - chunk[1])
             return
         with multiprocessing.get_context("spawn").Pool(workers) as pool:

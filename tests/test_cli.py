@@ -13,8 +13,11 @@ from storebench.formats import FORMATS
 
 def storebench(*args, check=False):
     return subprocess.run(
-        [sys.executable, "-m", "storebench.cli", *args], capture_output=True, text=True,
-        check=check, timeout=600,
+        [sys.executable, "-m", "storebench.cli", *args],
+        capture_output=True,
+        text=True,
+        check=check,
+        timeout=600,
     )
 
 
@@ -29,7 +32,9 @@ def built(tmp_path_factory):
 def test_build_writes_every_format_and_encoding(built):
     out, stdout = built
     expected = {
-        f"{name}-{enc}" for name, m in FORMATS.items() for enc in ("raw", "png", "jpeg")
+        f"{name}-{enc}"
+        for name, m in FORMATS.items()
+        for enc in ("raw", "png", "jpeg")
         if enc in m.ENCODINGS
     }
     assert {p.name for p in out.iterdir()} == expected
@@ -41,8 +46,18 @@ def test_build_writes_every_format_and_encoding(built):
 
 def test_rebuild_is_skipped_and_verify_passes(built):
     out, _ = built
-    again = storebench("build", "--profile", "ci", "--out", str(out), "--quiet",
-                       "--formats", "hdf5", "--encodings", "raw")
+    again = storebench(
+        "build",
+        "--profile",
+        "ci",
+        "--out",
+        str(out),
+        "--quiet",
+        "--formats",
+        "hdf5",
+        "--encodings",
+        "raw",
+    )
     assert again.returncode == 0 and again.stdout.startswith("exists ")
     result = storebench("verify", str(out), "--quiet")
     assert result.returncode == 0, result.stdout + result.stderr

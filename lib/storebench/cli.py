@@ -64,23 +64,33 @@ def _verify(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .bench.study import run_study
+    from .study import run_study
 
     run_study(
-        args.study, profile=args.profile, data_root=args.data, results_root=args.results,
-        repeats=args.repeats, resume=not args.fresh, drop_caches=args.drop_caches,
+        args.study,
+        profile=args.profile,
+        data_root=args.data,
+        results_root=args.results,
+        repeats=args.repeats,
+        resume=not args.fresh,
+        drop_caches=args.drop_caches,
         progress=not args.quiet,
     )
     return 0
 
 
 def _study(args: argparse.Namespace) -> int:
-    from .bench.study import run_full_study
+    from .study import run_full_study
 
     run_full_study(
-        profile=args.profile, data_root=args.data, results_root=args.results,
-        repeats=args.repeats, resume=not args.fresh, drop_caches=args.drop_caches,
-        notebooks=not args.no_notebooks, progress=not args.quiet,
+        profile=args.profile,
+        data_root=args.data,
+        results_root=args.results,
+        repeats=args.repeats,
+        resume=not args.fresh,
+        drop_caches=args.drop_caches,
+        notebooks=not args.no_notebooks,
+        progress=not args.quiet,
     )
     return 0
 
@@ -124,13 +134,20 @@ def parser() -> argparse.ArgumentParser:
         s = sub.add_parser(name, help=text)
         if name == "run":
             s.add_argument("--study", required=True)
-        s.add_argument("--profile", default=data_gen.DEFAULT_PROFILE, choices=sorted(data_gen.PROFILES))
+        s.add_argument(
+            "--profile", default=data_gen.DEFAULT_PROFILE, choices=sorted(data_gen.PROFILES)
+        )
         s.add_argument("--data", type=Path, default=DEFAULT_DATA_ROOT, help="dataset root")
         s.add_argument("--results", type=Path, default=DEFAULT_RESULTS_ROOT, help="results root")
         s.add_argument("--repeats", type=int, default=None, help="timed repeats per case")
-        s.add_argument("--fresh", action="store_true", help="discard earlier rows, rerun every case")
-        s.add_argument("--drop-caches", action="store_true",
-                       help="also write /proc/sys/vm/drop_caches for cold cases (root only)")
+        s.add_argument(
+            "--fresh", action="store_true", help="discard earlier rows, rerun every case"
+        )
+        s.add_argument(
+            "--drop-caches",
+            action="store_true",
+            help="also write /proc/sys/vm/drop_caches for cold cases (root only)",
+        )
         s.add_argument("--quiet", action="store_true")
         if name == "study":
             s.add_argument("--no-notebooks", action="store_true", help="skip executing notebooks")

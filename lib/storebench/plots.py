@@ -259,6 +259,139 @@ def plot_metric_lines(
     return fig
 
 
+def with_params(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` plus one ``param_<name>`` column per key of the ``params`` JSON objects."""
+    parsed = df["params"].map(json.loads)
+    names = sorted({name for params in parsed for name in params})
+    out = df.copy()
+    for name in names:
+        out[f"param_{name}"] = parsed.map(lambda p, name=name: p.get(name))
+    return out
+
+
+def plot_by_format(
+    df: pd.DataFrame,
+    *,
+    metric: str,
+    series: Sequence[str],
+    title: str = "",
+    format_order: Sequence[str] | None = None,
+) -> Figure:
+    """``metric`` per format (one panel per encoding, log axis), one mark per combination
+    of the ``series`` columns (e.g. loader and cache); medians with min-max bars."""
+    rows = df[df["metric"] == metric].copy()
+    if rows.empty:
+        return _empty_figure(f"no rows with {metric}")
+    rows["series"] = rows[list(series)].astype(str).agg("/".join, axis=1)
+    order = list(format_order) if format_order is not None else default_format_order()
+    colours = format_colours(rows["format"].unique(), format_order)
+    encodings = ordered(rows["encoding"], ENCODING_ORDER)
+    fig = Figure(figsize=(4.5 * len(encodings), 4), layout="constrained")
+    axes = fig.subplots(1, len(encodings), squeeze=False)[0]
+    markers = "osD^vP*X"
+    for ax, encoding in zip(axes, encodings, strict=True):
+        part = rows[rows["encoding"] == encoding]
+        formats = ordered(part["format"], order)
+        summary = summarise(part, metric, ["format", "series"])
+        names = sorted(summary["series"].unique())
+        width = 0.8 / max(len(names), 1)
+        for s, name in enumerate(names):
+            marker = markers[s % len(markers)]
+            for f, fmt in enumerate(formats):
+                row = summary[(summary["format"] == fmt) & (summary["series"] == name)]
+                if row.empty:
+                    continue
+                median, low, high = (float(row[c].iloc[0]) for c in ("median", "low", "high"))
+                x = f + (s - (len(names) - 1) / 2) * width
+                ax.errorbar(x, median, yerr=[[median - low], [high - median]], fmt=marker,
+                            color=colours[fmt], ecolor="black", capsize=2, markersize=6)
+            ax.plot([], [], marker, color="grey", label=name)
+        ax.set_xticks(range(len(formats)), formats, rotation=30, ha="right")
+        ax.set_yscale("log")
+        ax.set_title(f"{encoding} samples")
+        ax.legend(fontsize="x-small")
+    axes[0].set_ylabel(f"{metric} ({_unit(rows, metric)})")
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_prefetch_scaling(df: pd.DataFrame, *, metric: str = "samples_per_s") -> Figure:
+    """Throughput against worker count, one line per prefetcher (and start method), one
+    panel per dataset."""
+    rows = with_params(df)
+    method = rows.get("param_start_method")
+    rows["variant"] = rows["prefetcher"]
+    if method is not None:
+        spawned = method.isin(["spawn", "forkserver"])
+        rows.loc[spawned, "variant"] = rows["prefetcher"] + " (" + method[spawned] + ")"
+    rows["dataset"] = rows["format"] + "-" + rows["encoding"]
+    return plot_metric_lines(rows, metric=metric, x="workers", series="variant",
+                             panels="dataset", title="Prefetchers: throughput vs workers",
+                             log_y=True)
+
+
+def plot_feed(df: pd.DataFrame) -> Figure:
+    """Accelerator utilisation and stall fraction against the emulated compute time per
+    batch, one line per prefetcher (and copy mode)."""
+    rows = with_params(df)
+    if "param_compute_ms" not in rows or rows.empty:
+        return _empty_figure("no feed rows")
+    rows["compute_ms"] = rows["param_compute_ms"].astype(float)
+    def flag(name: str) -> pd.Series:
+        column = rows.get(f"param_{name}")
+        if column is None:
+            return pd.Series(False, index=rows.index)
+        return column.map(lambda value: value is True)
+
+    copy_mode = np.where(flag("non_blocking"), " async", np.where(flag("pinned"), " pinned", ""))
+    rows["variant"] = rows["prefetcher"] + "/w" + rows["workers"].astype(str) + copy_mode
+    fig = Figure(figsize=(9, 3.5), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, metric in zip(axes, ("accelerator_utilisation", "stall_fraction"), strict=True):
+        summary = summarise(rows, metric, ["variant", "compute_ms"])
+        for name in sorted(summary["variant"].unique()):
+            line = summary[summary["variant"] == name].sort_values("compute_ms")
+            median = line["median"].to_numpy()
+            ax.errorbar(line["compute_ms"], median,
+                        yerr=[median - line["low"], line["high"] - median],
+                        marker="o", capsize=2, label=name)
+        ax.set_xlabel("emulated compute per batch (ms)")
+        ax.set_ylabel(metric.replace("_", " "))
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend(fontsize="small")
+    fig.suptitle("Feeding the accelerator")
+    return fig
+
+
+def plot_targets(df: pd.DataFrame) -> Figure:
+    """Each target's compared paths side by side (samples/s, medians with min-max)."""
+    rows = df[df["metric"].str.endswith(".samples_per_s")].copy()
+    if rows.empty:
+        return _empty_figure("no target rows")
+    rows["path"] = rows["metric"].str.removesuffix(".samples_per_s")
+    targets = list(dict.fromkeys(rows["loader"]))
+    fig = Figure(figsize=(3.5 * len(targets), 3.8), layout="constrained")
+    axes = fig.subplots(1, len(targets), squeeze=False)[0]
+    for ax, target in zip(axes, targets, strict=True):
+        summary = pd.concat([
+            summarise(rows[(rows["loader"] == target) & (rows["path"] == path)],
+                      f"{path}.samples_per_s", ["path"])
+            for path in dict.fromkeys(rows.loc[rows["loader"] == target, "path"])
+        ])
+        x = np.arange(len(summary))
+        median = summary["median"].to_numpy()
+        ax.bar(x, median, color=[_PALETTE[i % len(_PALETTE)] for i in x], edgecolor="black",
+               linewidth=0.5)
+        ax.errorbar(x, median, yerr=[median - summary["low"], summary["high"] - median],
+                    fmt="none", ecolor="black", capsize=2)
+        ax.set_xticks(x, summary["path"], rotation=30, ha="right", fontsize="small")
+        ax.set_title(target)
+    axes[0].set_ylabel("samples/s")
+    fig.suptitle("Performance targets: paths compared in the same run")
+    return fig
+
+
 def save_figure(fig: Figure, path_stem: Path | str) -> list[Path]:
     """Write ``<path_stem>.png`` and ``<path_stem>.svg``; returns both paths."""
     stem = Path(path_stem)
@@ -283,6 +416,31 @@ FIGURES: dict[str, tuple[tuple[str, FigureFunction], ...]] = {
         ("formats_resident_fraction",
          lambda df, limits: plot_resident_fraction(df, study="formats")),
         ("formats_peak_memory", lambda df, limits: plot_peak_memory(df, study="formats")),
+    ),
+    "lazy_vs_preloaded": (
+        ("lazy_vs_preloaded_throughput",
+         lambda df, limits: plot_by_format(df, metric="samples_per_s", series=["loader", "cache"],
+                                           title="Lazy vs preloaded: epoch throughput")),
+        ("lazy_vs_preloaded_first_batch",
+         lambda df, limits: plot_by_format(df, metric="time_to_first_batch_s",
+                                           series=["loader", "cache"],
+                                           title="Lazy vs preloaded: time to first batch")),
+        ("lazy_vs_preloaded_peak_memory",
+         lambda df, limits: plot_by_format(df, metric="peak_pss_bytes",
+                                           series=["loader", "cache"],
+                                           title="Lazy vs preloaded: peak PSS of the tree")),
+        ("lazy_vs_preloaded_resident_fraction",
+         lambda df, limits: plot_resident_fraction(df, study="lazy_vs_preloaded")),
+    ),
+    "prefetch": (
+        ("prefetch_scaling", lambda df, limits: plot_prefetch_scaling(df)),
+        ("prefetch_peak_memory", lambda df, limits: plot_peak_memory(df, study="prefetch")),
+    ),
+    "gpu_feed": (
+        ("gpu_feed_utilisation", lambda df, limits: plot_feed(df)),
+    ),
+    "targets": (
+        ("targets_paths", lambda df, limits: plot_targets(df)),
     ),
 }
 

@@ -47,13 +47,16 @@ def verify_dataset(
                     want_image, want_label = next(expected)
                     image, label = images[k], int(labels[k])
                     same = (
-                        np.array_equal(image, want_image) if spec.encoding == "raw"
+                        np.array_equal(image, want_image)
+                        if spec.encoding == "raw"
                         else bytes(image) == want_image
                     )
                     if not same or label != want_label:
                         what = "image bytes" if not same else f"label {label} != {want_label}"
                         return VerifyResult(
-                            path, False, checked,
+                            path,
+                            False,
+                            checked,
                             f"{reader._locate(int(i))}: sample {i}: {what} differ from data_gen",
                         )
                     checksums[i] = sample_checksum(image, label)

@@ -35,7 +35,8 @@ def test_order_and_process_count_do_not_change_bytes(spec):
 
 def test_same_bytes_in_a_fresh_interpreter():
     code = (
-        "import hashlib, data_gen; spec = data_gen.DatasetSpec(16, 32, 32, encoding='jpeg', seed=5);"
+        "import hashlib, data_gen;"
+        "spec = data_gen.DatasetSpec(16, 32, 32, encoding='jpeg', seed=5);"
         "h = hashlib.sha256();"
         "[h.update(data_gen.sample(spec, i)[0]) for i in range(16)]; print(h.hexdigest())"
     )
@@ -61,7 +62,9 @@ def test_types_shapes_and_decodability():
     jpeg, _ = data_gen.sample(JPEG, 3)
     assert jpeg[:2] == b"\xff\xd8"
     decoded = np.asarray(Image.open(io.BytesIO(jpeg)), dtype=np.int16)
-    assert np.abs(decoded - data_gen.render(JPEG, 3)[0]).mean() < 12  # lossy (noise, 4:2:0 chroma), but close; another image is ~50 off
+    assert (
+        np.abs(decoded - data_gen.render(JPEG, 3)[0]).mean() < 12
+    )  # lossy (noise, 4:2:0 chroma), but close; another image is ~50 off
 
 
 def test_seed_changes_the_data_and_images_are_not_noise():

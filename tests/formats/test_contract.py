@@ -33,9 +33,11 @@ def same_image(got, want) -> bool:
 def read_in_worker(reader, indices):
     images, labels = reader.read_many(indices)
     single = [reader[int(i)] for i in indices]
-    return [bytes(im) if isinstance(im, bytes) else np.asarray(im) for im in images], list(
-        labels
-    ), single
+    return (
+        [bytes(im) if isinstance(im, bytes) else np.asarray(im) for im in images],
+        list(labels),
+        single,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +113,9 @@ class TestReaderContract:
         assert manifest["versions"]["numpy"] == np.__version__
         with open_dataset(path) as reader:
             assert all(p.is_file() for p in reader.files())
-            assert {p.relative_to(path).as_posix() for p in reader.files()} == set(manifest["files"])
+            assert {p.relative_to(path).as_posix() for p in reader.files()} == set(
+                manifest["files"]
+            )
 
     def test_pickled_reader_reads_the_same_in_a_spawned_worker(
         self, ci_dataset, ci_profile, format_name, encoding, spawn_pool

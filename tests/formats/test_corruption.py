@@ -113,7 +113,9 @@ def test_garbage_in_the_middle_of_the_largest_file_never_yields_a_wrong_sample(
         with open_dataset(root) as reader:
             for i, (image, label) in enumerate(reader.iter_sequential()):
                 want_image, want_label = data_gen.sample(spec, i)
-                assert np.array_equal(np.asarray(image), np.asarray(want_image)) or image == want_image
+                assert (
+                    np.array_equal(np.asarray(image), np.asarray(want_image)) or image == want_image
+                )
                 assert label == want_label
     except DatasetError as err:
         assert str(root) in str(err)

@@ -86,8 +86,9 @@ def our_children() -> set[int]:
     return pids
 
 
-def shm_segments() -> set[str]:
-    return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith("psm_")}
+def segment_exists(name: str) -> bool:
+    # Only our own segments are checked: other processes on the machine create theirs.
+    return (Path("/dev/shm") / name).exists()
 
 
 def wait_gone(pids, timeout=10.0):
@@ -108,15 +109,15 @@ def batches(memmap_raw):
 @pytest.mark.parametrize("start_method", START_METHODS)
 def test_process_prefetcher_is_ordered_and_deterministic(memmap_raw, batches, start_method):
     dataset = LazyDataset(memmap_raw)
-    before = shm_segments()
     with ProcessPrefetcher(dataset, batches, workers=2, depth=3, start_method=start_method) as pf:
         assert pf.start_method == start_method
+        assert segment_exists(pf.shm_name)
         for epoch in (0, 1, 0):
             pf.set_epoch(epoch)
             assert_same(collected(pf), serial(dataset, batches))
         pids = pf.pids
     assert wait_gone(pids) == []
-    assert shm_segments() == before
+    assert not segment_exists(pf.shm_name)
 
 
 @pytest.mark.timeout(60)
@@ -207,7 +208,6 @@ def test_worker_exceptions_reach_the_consumer_with_traceback(memmap_raw, batches
 @pytest.mark.timeout(60)
 def test_a_sigkilled_worker_makes_the_consumer_raise(memmap_raw, batches):
     dataset = SlowDataset(memmap_raw, delay=0.3)
-    before = shm_segments()
     pf = ProcessPrefetcher(dataset, batches, workers=2, start_method="fork")
     pids = pf.pids
     with pytest.raises(WorkerDiedError, match=r"prefetch worker 0 .*signal SIGKILL"):
@@ -216,7 +216,7 @@ def test_a_sigkilled_worker_makes_the_consumer_raise(memmap_raw, batches):
                 os.kill(pids[0], signal.SIGKILL)
     assert pf.closed
     assert wait_gone(pids) == []
-    assert shm_segments() == before
+    assert not segment_exists(pf.shm_name)
 
 
 @pytest.mark.timeout(120)
@@ -224,15 +224,17 @@ def test_repeated_open_close_and_gc_leave_nothing_behind(memmap_raw, batches):
     dataset = LazyDataset(memmap_raw)
     with ProcessPrefetcher(dataset, batches, start_method="fork") as pf:
         next(iter(pf))  # starts the resource tracker, which lives as long as we do
-    children, segments, threads = our_children(), shm_segments(), threading.active_count()
+    children, threads = our_children(), threading.active_count()
+    names = []
     for start_method in ("fork", "fork", "spawn"):
         with ProcessPrefetcher(dataset, batches, start_method=start_method) as pf:
+            names.append(pf.shm_name)
             for k, _ in enumerate(pf):
                 if k == 2:
                     break
     abandoned = ProcessPrefetcher(dataset, batches, start_method="fork")
     next(iter(abandoned))
-    pids = abandoned.pids
+    pids, names = abandoned.pids, [*names, abandoned.shm_name]
     del abandoned
     gc.collect()
     assert wait_gone(pids) == []
@@ -244,7 +246,7 @@ def test_repeated_open_close_and_gc_leave_nothing_behind(memmap_raw, batches):
     del unclosed
     gc.collect()
     assert wait_gone(our_children() - children) == []
-    assert shm_segments() == segments
+    assert not any(segment_exists(name) for name in names)
     assert threading.active_count() == threads
 
 
@@ -252,8 +254,7 @@ def test_repeated_open_close_and_gc_leave_nothing_behind(memmap_raw, batches):
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_keyboard_interrupt_while_waiting_cleans_up(memmap_raw, batches, kind):
     dataset = SlowDataset(memmap_raw, delay=2.0)
-    segments, threads = shm_segments(), threading.active_count()
-    children = our_children()
+    threads, children = threading.active_count(), our_children()
     loader = (
         ThreadPrefetcher(dataset, batches, workers=1)
         if kind == "thread"
@@ -266,7 +267,8 @@ def test_keyboard_interrupt_while_waiting_cleans_up(memmap_raw, batches, kind):
     timer.join()
     assert loader.closed
     assert wait_gone(our_children() - children) == []
-    assert shm_segments() == segments
+    if kind == "process":
+        assert not segment_exists(loader.shm_name)
     assert threading.active_count() == threads
 
 

@@ -220,8 +220,9 @@ def targets_study(
         path, manifest = picked
         if target in required_format and manifest["format"] != required_format[target]:
             continue
+        uses_workers = target in ("process_prefetch", "thread_decode", "tfrecord")
         cases.append(Case(
-            function=f"{CASES}:target_case", loader=target, workers=2,
+            function=f"{CASES}:target_case", loader=target, workers=2 if uses_workers else None,
             batch_size=batch_size_for(manifest["num_samples"], preferred_batch),
             access="shuffle", cache="warm", repeats=repeats,
             params={"target": target, **params},

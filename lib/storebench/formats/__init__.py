@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
-from . import hdf5, lmdb, memmap, rawfiles  # TEMPORARY until parquet/tfrecord land
+from . import hdf5, lmdb, memmap, parquet, rawfiles, tfrecord
 from .base import CorruptSampleError, DatasetError, ManifestError, Reader, sample_checksum
 from .build import BuildResult, build_dataset, dataset_dirname
 from .manifest import MANIFEST_NAME, check_files, read_manifest
 
 FORMATS: dict[str, ModuleType] = {
-    module.NAME: module for module in (rawfiles, hdf5, lmdb, memmap)
+    module.NAME: module for module in (rawfiles, hdf5, lmdb, memmap, tfrecord, parquet)
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -157,10 +158,8 @@ class Reader(abc.ABC):
         self.close()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if not k.startswith("_h_")}
@@ -214,6 +213,8 @@ class Reader(abc.ABC):
         expected = self.spec.raw_sample_bytes
         if len(buffer) != expected:
             raise CorruptSampleError(
-                self._locate(index), index, f"raw sample has {len(buffer)} bytes, expected {expected}"
+                self._locate(index),
+                index,
+                f"raw sample has {len(buffer)} bytes, expected {expected}",
             )
         return np.frombuffer(buffer, dtype=np.uint8).reshape(self.spec.image_shape)

@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -186,7 +186,7 @@ def build_dataset(
             "write_seconds": write_seconds,
             "generate_seconds": source.source_seconds,
             "versions": package_versions(),
-            "created_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         write_json_atomic(tmp / MANIFEST_NAME, manifest)
         if target.exists():

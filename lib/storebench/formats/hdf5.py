@@ -26,8 +26,9 @@ OPEN_OPTIONS = ("chunk_cache_bytes",)
 FILENAME = "data.h5"
 
 
-def write(samples: Iterable, root: Path, spec: DatasetSpec, *, chunk_samples: int,
-          compression: str | None) -> None:
+def write(
+    samples: Iterable, root: Path, spec: DatasetSpec, *, chunk_samples: int, compression: str | None
+) -> None:
     import h5py
 
     if chunk_samples < 1:
@@ -38,12 +39,18 @@ def write(samples: Iterable, root: Path, spec: DatasetSpec, *, chunk_samples: in
     with h5py.File(root / FILENAME, "w", libver="latest") as f:
         if spec.encoding == "raw":
             images = f.create_dataset(
-                "images", shape=(n, *spec.image_shape), dtype=np.uint8,
-                chunks=(chunk, *spec.image_shape), compression=compression,
+                "images",
+                shape=(n, *spec.image_shape),
+                dtype=np.uint8,
+                chunks=(chunk, *spec.image_shape),
+                compression=compression,
             )
         else:
             images = f.create_dataset(
-                "images", shape=(n,), dtype=h5py.vlen_dtype(np.uint8), chunks=(chunk,),
+                "images",
+                shape=(n,),
+                dtype=h5py.vlen_dtype(np.uint8),
+                chunks=(chunk,),
                 compression=compression,
             )
         # Whole chunks at a time: one write per chunk instead of one per sample.
@@ -78,8 +85,9 @@ def _flush(images, start: int, pending: list, spec: DatasetSpec) -> None:
 class Hdf5Reader(Reader):
     """Batched reads go chunk by chunk in sorted order, then scatter back to request order."""
 
-    def __init__(self, root: Path, manifest: dict, *, verify: bool = True,
-                 chunk_cache_bytes: int = 4 << 20) -> None:
+    def __init__(
+        self, root: Path, manifest: dict, *, verify: bool = True, chunk_cache_bytes: int = 4 << 20
+    ) -> None:
         super().__init__(root, manifest, verify=verify)
         self.chunk_cache_bytes = chunk_cache_bytes
         self.chunk_samples = min(manifest["knobs"]["chunk_samples"], len(self))
@@ -97,7 +105,9 @@ class Hdf5Reader(Reader):
             self._h_file = None
             raise DatasetError(f"{path}: cannot open as a storebench HDF5 dataset: {err}") from err
         if self._h_images.shape[0] != len(self) or self._h_labels.shape != (len(self),):
-            raise DatasetError(f"{path}: holds {self._h_images.shape[0]} samples, expected {len(self)}")
+            raise DatasetError(
+                f"{path}: holds {self._h_images.shape[0]} samples, expected {len(self)}"
+            )
 
     def _close(self) -> None:
         if self._h_file is not None:

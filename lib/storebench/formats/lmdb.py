@@ -51,15 +51,25 @@ def write(samples: Iterable, root: Path, spec: DatasetSpec, *, batch_samples: in
     width = key_width(spec.num_samples)
     # The map grows by what each batch needs, computed from the values' sizes and the pages
     # already used, so the final map size follows the data rather than a guess.
-    env = lmdb.open(str(root), map_size=64 * page_size, subdir=True, lock=False,
-                    sync=False, metasync=False, readahead=False, meminit=False)
+    env = lmdb.open(
+        str(root),
+        map_size=64 * page_size,
+        subdir=True,
+        lock=False,
+        sync=False,
+        metasync=False,
+        readahead=False,
+        meminit=False,
+    )
     labels = np.empty(spec.num_samples, dtype="<i8")
     try:
         batch: list[tuple[bytes, bytes]] = []
         count = 0
         for i, (image, label) in enumerate(samples):
             labels[i] = label
-            batch.append((encode_key(i, width), image if isinstance(image, bytes) else image.tobytes()))
+            batch.append(
+                (encode_key(i, width), image if isinstance(image, bytes) else image.tobytes())
+            )
             count += 1
             if len(batch) == batch_samples:
                 _put_batch(env, batch, page_size)
@@ -96,8 +106,9 @@ class LmdbReader(Reader):
     for cold reads (see FACTS.md), so it is a knob and the default is the library's (True).
     """
 
-    def __init__(self, root: Path, manifest: dict, *, verify: bool = True,
-                 readahead: bool = True) -> None:
+    def __init__(
+        self, root: Path, manifest: dict, *, verify: bool = True, readahead: bool = True
+    ) -> None:
         super().__init__(root, manifest, verify=verify)
         self.readahead = readahead
         self._width = key_width(len(self))
@@ -118,8 +129,14 @@ class LmdbReader(Reader):
         if file_size < 2 * page_size:
             raise DatasetError(f"{path}: {file_size} bytes, too short for an LMDB environment")
         try:
-            self._h_env = lmdb.open(str(self.root), readonly=True, lock=False, subdir=True,
-                                    readahead=self.readahead, max_readers=512)
+            self._h_env = lmdb.open(
+                str(self.root),
+                readonly=True,
+                lock=False,
+                subdir=True,
+                readahead=self.readahead,
+                max_readers=512,
+            )
             info = self._h_env.info()
             if (info["last_pgno"] + 1) * page_size > file_size:
                 self._h_env.close()
@@ -151,7 +168,9 @@ class LmdbReader(Reader):
         try:
             value = txn.get(encode_key(index, self._width))
         except lmdb.Error as err:
-            raise CorruptSampleError(self.root / DATA_FILE, index, f"LMDB read failed: {err}") from err
+            raise CorruptSampleError(
+                self.root / DATA_FILE, index, f"LMDB read failed: {err}"
+            ) from err
         if value is None:
             raise CorruptSampleError(self.root / DATA_FILE, index, "key missing")
         return value

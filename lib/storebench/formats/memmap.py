@@ -47,8 +47,9 @@ class MemmapReader(Reader):
     wrong for sequential scans).
     """
 
-    def __init__(self, root: Path, manifest: dict, *, verify: bool = True,
-                 madvise_random: bool = False) -> None:
+    def __init__(
+        self, root: Path, manifest: dict, *, verify: bool = True, madvise_random: bool = False
+    ) -> None:
         super().__init__(root, manifest, verify=verify)
         self.madvise_random = madvise_random
         self._h_images = None
@@ -65,7 +66,9 @@ class MemmapReader(Reader):
         if images.shape != expected or images.dtype != np.uint8:
             raise DatasetError(f"{path}: holds {images.dtype} {images.shape}, expected {expected}")
         if labels.shape != (len(self),):
-            raise DatasetError(f"{self.root / LABELS}: {labels.shape[0]} labels, expected {len(self)}")
+            raise DatasetError(
+                f"{self.root / LABELS}: {labels.shape[0]} labels, expected {len(self)}"
+            )
         if self.madvise_random:
             images._mmap.madvise(mmap.MADV_RANDOM)
         self._h_images, self._h_labels = images, labels

@@ -7,6 +7,7 @@ is what ``torchvision.datasets.ImageFolder`` reads.
 
 from __future__ import annotations
 
+import builtins
 import io
 import os
 from collections.abc import Iterable
@@ -37,7 +38,9 @@ def npy_header(spec: DatasetSpec) -> bytes:
 
 
 def sample_path(root: Path, spec: DatasetSpec, index: int, label: int) -> Path:
-    return root / str(label) / f"{index:0{index_width(spec.num_samples)}d}{EXTENSIONS[spec.encoding]}"
+    return (
+        root / str(label) / f"{index:0{index_width(spec.num_samples)}d}{EXTENSIONS[spec.encoding]}"
+    )
 
 
 def write(samples: Iterable, root: Path, spec: DatasetSpec) -> None:
@@ -47,7 +50,7 @@ def write(samples: Iterable, root: Path, spec: DatasetSpec) -> None:
     count = 0
     for i, (image, label) in enumerate(samples):
         payload = header + image.tobytes() if spec.encoding == "raw" else image
-        with io.open(sample_path(root, spec, i, label), "wb") as f:
+        with builtins.open(sample_path(root, spec, i, label), "wb") as f:
             f.write(payload)
         count += 1
     if count != spec.num_samples:
@@ -91,7 +94,7 @@ class RawFilesReader(Reader):
     def _read_bytes(self, index: int) -> bytes:
         path = self._locate(index)
         try:
-            with io.open(path, "rb", buffering=0) as f:
+            with builtins.open(path, "rb", buffering=0) as f:
                 return f.read()
         except OSError as err:
             raise CorruptSampleError(path, index, f"cannot read: {err}") from err
@@ -104,7 +107,7 @@ class RawFilesReader(Reader):
         header = self._npy_header
         if not data.startswith(header):
             raise CorruptSampleError(self._locate(index), index, "not the expected .npy header")
-        return self._decode_raw(memoryview(data)[len(header):], index).copy(), label
+        return self._decode_raw(memoryview(data)[len(header) :], index).copy(), label
 
     def blocks(self) -> np.ndarray:
         return np.array([0, len(self)], dtype=np.int64)

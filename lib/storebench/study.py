@@ -1,0 +1,245 @@
+"""The whole study: build a profile's datasets, run studies, record the machine, plot, and
+execute the notebooks. ``storebench run`` and ``storebench study`` call these."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import data_gen
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+# The order a full study runs in (cheap and foundational first).
+STUDY_ORDER = ("formats", "lazy_vs_preloaded", "prefetch", "gpu_feed", "targets")
+TIMING_FILE = "timing.json"
+
+
+@dataclass
+class StudyTimes:
+    """Wall seconds of each stage of a full study, written to ``timing.json``."""
+
+    profile: str
+    run_id: str
+    stages: dict[str, float] = field(default_factory=dict)
+    failed_cases: dict[str, list[str]] = field(default_factory=dict)
+
+    def write(self, results_dir: Path) -> Path:
+        path = results_dir / TIMING_FILE
+        data = {
+            "profile": self.profile,
+            "run_id": self.run_id,
+            "utc_time": datetime.now(UTC).isoformat(timespec="seconds"),
+            "stage_seconds": self.stages,
+            "total_seconds": sum(self.stages.values()),
+            "failed_cases": self.failed_cases,
+        }
+        path.write_text(json.dumps(data, indent=2) + "\n")
+        return path
+
+
+def data_dir_for(profile: str, data_root: Path | str) -> Path:
+    return Path(data_root) / profile
+
+
+def results_dir_for(profile: str, results_root: Path | str) -> Path:
+    return Path(results_root) / profile
+
+
+def build_profile(
+    profile: str, data_dir: Path | str, *, workers: int | None = None, progress: bool = True
+) -> list:
+    """Build (or find already built) every format x encoding of ``profile``."""
+    from .formats import FORMATS, build_dataset
+
+    results = []
+    for spec in data_gen.get_profile(profile).specs:
+        for name, module in FORMATS.items():
+            if spec.encoding in module.ENCODINGS:
+                results.append(
+                    build_dataset(spec, name, data_dir, workers=workers, progress=progress)
+                )
+    return results
+
+
+def record_environment(
+    profile: str, data_dir: Path, results_dir: Path, *, run_id: str, drop_caches: bool = False
+) -> dict:
+    """Measure the machine's limits now and write ``env.json`` (an earlier run's env.json is
+    kept as ``env-<run_id>.json`` beside it, since its rows stay in the results)."""
+    from .bench.envinfo import collect_env, write_env
+    from .bench.limits import limit_sizes_for, measure_limits
+
+    results_dir.mkdir(parents=True, exist_ok=True)
+    env_path = results_dir / "env.json"
+    if env_path.exists():
+        previous = json.loads(env_path.read_text())
+        if previous.get("run_id") and previous["run_id"] != run_id:
+            shutil.move(env_path, results_dir / f"env-{previous['run_id']}.json")
+    limits = measure_limits(data_dir, sizes=limit_sizes_for(profile), drop_caches=drop_caches)
+    env = collect_env(data_dir, profile=profile, limits=limits, repo_dir=REPO_ROOT)
+    env["run_id"] = run_id
+    write_env(env_path, env)
+    return env
+
+
+def run_study(
+    name: str,
+    *,
+    profile: str = data_gen.DEFAULT_PROFILE,
+    data_root: Path | str = "data",
+    results_root: Path | str = "results",
+    repeats: int | None = None,
+    resume: bool = True,
+    drop_caches: bool = False,
+    progress: bool = True,
+    run_id: str | None = None,
+    record_env: bool = True,
+):
+    """Run one study into ``<results_root>/<profile>/<name>.csv``; builds what is missing.
+
+    With ``resume`` (the default) cases already in the file are skipped, so an interrupted
+    run picks up where it stopped; ``resume=False`` discards the earlier rows first.
+    """
+    from .bench import runner
+    from .bench.studies import get_study
+
+    study_function = get_study(name)
+    data_dir = data_dir_for(profile, data_root)
+    results_dir = results_dir_for(profile, results_root)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    build_profile(profile, data_dir, progress=progress)
+    run_id = run_id or runner.new_run_id()
+    if record_env:
+        record_environment(profile, data_dir, results_dir, run_id=run_id, drop_caches=drop_caches)
+    kwargs = {"profile": profile, "data_dir": data_dir}
+    if repeats is not None:
+        kwargs["repeats"] = repeats
+    cases = study_function(**kwargs)
+    results_path = results_dir / f"{name}.csv"
+    if not resume and results_path.exists():
+        results_path.unlink()
+    return runner.run_study(
+        cases,
+        results_path,
+        profile=profile,
+        run_id=run_id,
+        resume=True,
+        drop_caches=drop_caches,
+        progress=progress,
+    )
+
+
+def execute_notebooks(
+    results_dir: Path | str,
+    *,
+    profile: str,
+    data_root: Path | str = "data",
+    measure: bool = False,
+    notebooks_dir: Path = NOTEBOOKS_DIR,
+    progress: bool = True,
+) -> list[Path]:
+    """Execute every notebook with papermill into ``<results_dir>/notebooks/``.
+
+    The notebooks read ``results_dir`` (and re-measure first only if ``measure``)."""
+    import papermill
+
+    results_dir = Path(results_dir).resolve()
+    out_dir = results_dir / "notebooks"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for notebook in sorted(notebooks_dir.glob("[0-9]*.ipynb")):
+        target = out_dir / notebook.name
+        papermill.execute_notebook(
+            str(notebook),
+            str(target),
+            parameters={
+                "profile": profile,
+                "results_dir": str(results_dir),
+                "data_root": str(Path(data_root).resolve()),
+                "measure": measure,
+            },
+            cwd=str(notebooks_dir),
+            kernel_name="python3",
+            progress_bar=progress,
+        )
+        written.append(target)
+    return written
+
+
+def run_full_study(
+    *,
+    profile: str = data_gen.DEFAULT_PROFILE,
+    data_root: Path | str = "data",
+    results_root: Path | str = "results",
+    repeats: int | None = None,
+    resume: bool = True,
+    drop_caches: bool = False,
+    notebooks: bool = True,
+    progress: bool = True,
+    studies: tuple[str, ...] = STUDY_ORDER,
+) -> StudyTimes:
+    """Build, run every study (one run id, one env.json), plot, execute the notebooks."""
+    from .bench import runner
+    from .plots import plot_all
+
+    data_dir = data_dir_for(profile, data_root)
+    results_dir = results_dir_for(profile, results_root)
+    results_dir.mkdir(parents=True, exist_ok=True)
+    times = StudyTimes(profile, runner.new_run_id())
+
+    def stage(name, fn, *args, **kwargs):
+        started = time.perf_counter()
+        print(f"storebench study: {name}", file=sys.stderr, flush=True)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            times.stages[name] = time.perf_counter() - started
+            times.write(results_dir)
+
+    stage("build", build_profile, profile, data_dir, progress=progress)
+    stage(
+        "environment",
+        record_environment,
+        profile,
+        data_dir,
+        results_dir,
+        run_id=times.run_id,
+        drop_caches=drop_caches,
+    )
+    for name in studies:
+        summary = stage(
+            f"study:{name}",
+            run_study,
+            name,
+            profile=profile,
+            data_root=data_root,
+            results_root=results_root,
+            repeats=repeats,
+            resume=resume,
+            drop_caches=drop_caches,
+            progress=progress,
+            run_id=times.run_id,
+            record_env=False,
+        )
+        if summary.failed:
+            times.failed_cases[name] = list(summary.failed)
+    stage("plots", plot_all, results_dir)
+    if notebooks:
+        stage(
+            "notebooks",
+            execute_notebooks,
+            results_dir,
+            profile=profile,
+            data_root=data_root,
+            progress=progress,
+        )
+    times.write(results_dir)
+    os.sync()
+    return times

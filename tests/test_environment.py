@@ -1,0 +1,45 @@
+"""environment.yml and pyproject.toml describe the same environment."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def name_of(requirement: str) -> str:
+    return re.split(r"[<>=!~\[ ]", requirement.strip(), maxsplit=1)[0].lower().replace("_", "-")
+
+
+def pyproject_requirements() -> dict[str, str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    requirements = project["dependencies"] + project["optional-dependencies"]["dev"]
+    return {name_of(r): r.replace(" ", "") for r in requirements}
+
+
+def environment_requirements() -> dict[str, str]:
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    found: dict[str, str] = {}
+    for item in env["dependencies"]:
+        if isinstance(item, dict):
+            for requirement in item["pip"]:
+                if not requirement.startswith("-e"):
+                    found[name_of(requirement)] = requirement.replace(" ", "")
+        elif name_of(item) not in ("python", "pip"):
+            found[name_of(item)] = item.replace(" ", "")
+    return found
+
+
+def test_same_packages_in_both():
+    assert sorted(environment_requirements()) == sorted(pyproject_requirements())
+
+
+def test_same_version_constraints_in_both():
+    env, project = environment_requirements(), pyproject_requirements()
+    assert {k: env[k] for k in project} == project
+    assert project["torch"] == "torch==2.13.0"
+    assert project["h5py"].endswith("<3.15")  # TensorFlow 2.21's cap
