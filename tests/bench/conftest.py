@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 from bench_support import TINY_LIMITS
+
+from data_gen import PROFILES
 from storebench.bench.envinfo import collect_env, write_env
 from storebench.bench.limits import measure_limits
 from storebench.bench.runner import run_study
 from storebench.bench.studies import formats_study
 from storebench.formats import build_dataset
-
-from data_gen import PROFILES
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ import subprocess
 
 import numpy as np
 import pytest
+
 from storebench.bench import cache
 
 PAGE = cache.PAGE_SIZE

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from storebench.bench import envinfo
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 from bench_support import TINY_LIMITS
+
 from storebench.bench.limits import LIMIT_SIZES, LIMIT_UNITS, LimitSizes, measure_limits
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
+
 from storebench import plots
 from storebench.bench.schema import make_row, validate
 from storebench.formats import FORMATS

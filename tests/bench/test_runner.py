@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bench_support import wait_gone
+
 from storebench.bench.runner import Case, run_case, run_study
 from storebench.bench.schema import COLUMNS, read_results
 from storebench.formats import open_dataset, read_manifest

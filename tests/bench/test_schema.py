@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 import pytest
+
 from storebench.bench.schema import (
     COLUMNS,
     ResultsWriter,

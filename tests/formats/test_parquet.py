@@ -11,6 +11,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+import data_gen
 from storebench.formats import (
     CorruptSampleError,
     DatasetError,
@@ -20,8 +22,6 @@ from storebench.formats import (
     parquet,
     read_manifest,
 )
-
-import data_gen
 
 pytestmark = pytest.mark.timeout(120)
 CI = data_gen.PROFILES["ci"]
@@ -139,28 +139,50 @@ def test_reader_pickles_without_handles(datasets):
         assert clone.blocks().tolist() == [0, 100, 200, 300, 400, 500, 512]
 
 
-@pytest.mark.parametrize("verify", [False, True])
-def test_flipped_byte_in_a_page_names_file_and_row_group(damaged_copy, verify):
-    path = damaged_copy / parquet.FILENAME
-    spec = CI.spec_for("raw")
-    victim = 250  # row group 2: samples 200..299
+def flip_inside_sample(path, spec, index: int) -> None:
     content = path.read_bytes()
-    at = content.find(stored_bytes(spec, victim)[0])
+    at = content.find(stored_bytes(spec, index)[0])
     assert at > 0
     with open(path, "r+b") as f:
         f.seek(at + 1000)
         f.write(bytes([content[at + 1000] ^ 0xFF]))
+
+
+def test_flipped_byte_without_manifest_checks_refuses_the_row_group(damaged_copy):
+    path = damaged_copy / parquet.FILENAME
+    spec = CI.spec_for("raw")
+    flip_inside_sample(path, spec, 250)  # row group 2: samples 200..299
     # verify=False: the page checksum alone must catch it (uncompressed bytes would not fail).
-    with open_dataset(damaged_copy, verify=verify) as reader:
-        with pytest.raises(CorruptSampleError, match="row group 2 .samples 200..299.") as caught:
-            reader[victim]
+    with open_dataset(damaged_copy, verify=False) as reader:
+        with pytest.raises(CorruptSampleError, match="row group 2 .samples 200..299. unreadable"
+                           ".*CRC checksum") as caught:
+            reader[260]
         assert caught.value.path == path and caught.value.index == 200
         assert str(path) in str(caught.value)
         with pytest.raises(CorruptSampleError) as caught:
-            reader.read_many([10, 420, victim])
+            reader.read_many([10, 420, 250])
         assert caught.value.path == path and caught.value.index == 200
         np.testing.assert_array_equal(reader[199][0], data_gen.sample(spec, 199)[0])
         np.testing.assert_array_equal(reader[300][0], data_gen.sample(spec, 300)[0])
+
+
+def test_flipped_byte_with_manifest_checks_names_the_sample(damaged_copy):
+    path = damaged_copy / parquet.FILENAME
+    spec = CI.spec_for("raw")
+    victim = 250
+    flip_inside_sample(path, spec, victim)
+    with open_dataset(damaged_copy) as reader:
+        with pytest.raises(CorruptSampleError, match="fails its page checksum") as caught:
+            reader[victim]
+        assert caught.value.path == path and caught.value.index == victim
+        with pytest.raises(CorruptSampleError, match=f"sample {victim}: row group 2"):
+            reader.read_many([10, 420, 251, victim])
+        # The damaged page's other samples are checked one by one against the manifest.
+        images, labels = reader.read_many([251, 249, 10])
+        for image, label, i in zip(images, labels, (251, 249, 10), strict=True):
+            want_image, want_label = data_gen.sample(spec, i)
+            np.testing.assert_array_equal(image, want_image)
+            assert label == want_label
 
 
 def test_truncated_file_is_caught_by_manifest_and_reader(damaged_copy):

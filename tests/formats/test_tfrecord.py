@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+import data_gen
 from storebench.formats import (
     CorruptSampleError,
     DatasetError,
@@ -22,8 +24,6 @@ from storebench.formats import (
     tfrecord,
 )
 from storebench.formats import example_proto as ep
-
-import data_gen
 
 pytestmark = pytest.mark.timeout(120)
 CI = data_gen.PROFILES["ci"]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from storebench.formats import FORMATS, build_dataset, open_dataset
 
 from data_gen import PROFILES
+from storebench.formats import FORMATS, build_dataset, open_dataset
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 import simplejpeg
 from PIL import Image
+
+import data_gen
 from storebench.formats import CorruptSampleError, open_dataset
 from storebench.loaders import (
     Batch,
@@ -15,8 +17,6 @@ from storebench.loaders import (
     PreloadedDataset,
     collate_padded,
 )
-
-import data_gen
 
 
 def expected_raw(spec, indices):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from storebench.formats import open_dataset
 from storebench.loaders import (
     AcceleratorUnavailableError,
@@ -29,6 +30,7 @@ def assert_same(got, want):
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_torch_dataloader_yields_the_sampler_order(memmap_raw, num_workers):
     import torch
+
     from storebench.loaders.torch_adapter import torch_dataloader
 
     dataset = LazyDataset(memmap_raw)
@@ -51,6 +53,7 @@ def test_torch_dataloader_yields_the_sampler_order(memmap_raw, num_workers):
 
 def test_torch_dataloader_refuses_pinning_without_cuda(memmap_raw):
     import torch
+
     from storebench.loaders.torch_adapter import torch_dataloader
 
     if torch.cuda.is_available():
@@ -61,6 +64,7 @@ def test_torch_dataloader_refuses_pinning_without_cuda(memmap_raw):
 
 def test_tfrecord_pipeline_in_file_order_matches_the_reader(build_ci):
     import tensorflow as tf
+
     from storebench.loaders.tf_adapter import tfrecord_pipeline
 
     root = build_ci("tfrecord", "raw")

@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 import torch
+
 from storebench.loaders import (
     AcceleratorUnavailableError,
     Batch,

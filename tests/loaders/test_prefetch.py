@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+
 from storebench.formats import open_dataset
 from storebench.loaders import (
     BaselineLockedListPrefetcher,

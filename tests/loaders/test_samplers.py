@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from storebench.loaders import BatchSampler, BlockShuffleSampler, SequentialSampler, ShuffleSampler
 
 BOUNDS = np.array([0, 10, 25, 26, 40, 57], dtype=np.int64)  # uneven blocks, one of size 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from storebench.formats import open_dataset
 from storebench.loaders import Batch, LazyDataset, PreloadedDataset
 from storebench.loaders import throughput as T

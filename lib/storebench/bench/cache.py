@@ -23,14 +23,11 @@ DROP_CACHES_PATH = Path("/proc/sys/vm/drop_caches")
 _READ_CHUNK = 8 << 20
 
 
-class CacheState(str, enum.Enum):
+class CacheState(enum.StrEnum):
     """The page-cache state a case starts each timed repeat in."""
 
     COLD = "cold"
     WARM = "warm"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def data_files(paths: Iterable[Path | str]) -> list[Path]:

@@ -14,7 +14,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -178,7 +178,7 @@ def collect_env(data_dir: Path | str, *, profile: str | None = None,
     uname = platform.uname()
     return {
         "env_version": ENV_VERSION,
-        "utc_time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "utc_time": datetime.now(UTC).isoformat(timespec="seconds"),
         "profile": profile,
         "cpu_model": cpu_model(),
         "cpu_count": os.cpu_count(),
@@ -213,4 +213,23 @@ def read_env(path: Path | str) -> dict:
     missing = [key for key in ENV_KEYS if key not in env]
     if missing:
         raise ValueError(f"{path}: env.json lacks {missing}")
+    return env
+
+
+def record_environment(
+    results_dir: Path | str,
+    *,
+    data_dir: Path | str,
+    profile: str,
+    drop_caches: bool = False,
+    limit_sizes=None,
+) -> dict:
+    """Measure the machine limits (sized for ``profile``) next to the data and write
+    ``<results_dir>/env.json``; returns what was written."""
+    from .limits import limit_sizes_for, measure_limits
+
+    sizes = limit_sizes or limit_sizes_for(profile)
+    limits = measure_limits(data_dir, sizes=sizes, drop_caches=drop_caches)
+    env = collect_env(data_dir, profile=profile, limits=limits)
+    write_env(Path(results_dir) / "env.json", env)
     return env

@@ -32,7 +32,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -187,14 +187,14 @@ class StudyRun:
 
 
 def new_run_id() -> str:
-    return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ-") + uuid.uuid4().hex[:6]
 
 
 def case_rows(case: Case, outcome: CaseOutcome, *, run_id: str, profile: str) -> list[dict]:
     """The outcome as result rows: the worker's records, then one whole-case row."""
     common = {
         "run_id": run_id,
-        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
         "profile": profile,
         "study": case.study,
         "case_id": case.case_id,

@@ -24,7 +24,8 @@ import pyarrow.parquet as pq
 
 from data_gen import DatasetSpec
 
-from .base import CorruptSampleError, DatasetError, Reader
+from .base import CorruptSampleError, DatasetError, Reader, sample_checksum
+from .manifest import load_checksums
 
 NAME = "parquet"
 ENCODINGS = ("raw", "png", "jpeg")
@@ -96,12 +97,39 @@ def write(samples: Iterable, root: Path, spec: DatasetSpec, *, row_group_size: i
 
 
 class _RowGroup:
-    """One decoded row group as flat NumPy views: image bytes ``data[offsets[j]:offsets[j+1]]``."""
+    """One decoded row group as flat NumPy views: image bytes ``data[offsets[j]:offsets[j+1]]``.
 
-    __slots__ = ("group", "offsets", "data", "labels")
+    ``damaged`` holds the sample indices known to be bad (see ``ParquetReader._salvage``) and
+    ``damage`` says why.
+    """
+
+    __slots__ = ("group", "offsets", "data", "labels", "damaged", "damage")
 
     def __init__(self, group: int, offsets: np.ndarray, data: np.ndarray, labels: np.ndarray):
         self.group, self.offsets, self.data, self.labels = group, offsets, data, labels
+        self.damaged: frozenset[int] = frozenset()
+        self.damage = ""
+
+    def image(self, j: int) -> np.ndarray:
+        return self.data[self.offsets[j] : self.offsets[j + 1]]
+
+
+def _load_row_group(parquet_file: pq.ParquetFile, group: int, rows: int) -> _RowGroup:
+    """Read and unpack one row group. pyarrow's errors pass through; a wrong row count or a
+    null raises ``ArrowInvalid`` too."""
+    table = parquet_file.read_row_group(group, columns=list(COLUMNS), use_threads=False)
+    images = table.column("image").combine_chunks()
+    labels = table.column("label").to_numpy()
+    if len(images) != rows or len(labels) != rows or images.null_count:
+        raise pa.ArrowInvalid(
+            f"{len(images)} images ({images.null_count} null) and {len(labels)} labels, "
+            f"expected {rows}"
+        )
+    _, offset_buffer, data_buffer = images.buffers()
+    offsets = np.frombuffer(offset_buffer, dtype=np.int32)[images.offset : images.offset + rows + 1]
+    data = (np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None
+            else np.empty(0, dtype=np.uint8))
+    return _RowGroup(group, offsets, data, labels)
 
 
 class ParquetReader(Reader):
@@ -110,6 +138,11 @@ class ParquetReader(Reader):
     ``read_many`` reads each row group a batch touches once and scatters its rows into the
     requested order (into ``out`` for raw data). Reads are single-threaded: parallelism
     belongs to the loader's workers.
+
+    A row group whose pages fail their checksums raises ``CorruptSampleError``: with
+    ``verify=True`` for exactly the samples whose bytes disagree with the manifest (the rest
+    of the group stays readable), with ``verify=False`` for the whole group, naming its
+    first sample.
     """
 
     def __init__(self, root: Path, manifest: dict, *, verify: bool = True) -> None:
@@ -170,34 +203,59 @@ class ParquetReader(Reader):
         cached = self._h_cached
         if cached is not None and cached.group == group:
             return cached
-        first, last = int(self._h_bounds[group]), int(self._h_bounds[group + 1]) - 1
+        first, stop = int(self._h_bounds[group]), int(self._h_bounds[group + 1])
         try:
-            table = self._h_file.read_row_group(group, columns=list(COLUMNS), use_threads=False)
-            images = table.column("image").combine_chunks()
-            labels = table.column("label").to_numpy()
+            rows = _load_row_group(self._h_file, group, stop - first)
         except (OSError, pa.ArrowException) as err:
-            raise CorruptSampleError(
-                self.path, first, f"row group {group} (samples {first}..{last}) unreadable: {err}"
-            ) from err
-        if len(images) != last - first + 1 or images.null_count:
-            raise CorruptSampleError(
-                self.path, first,
-                f"row group {group} has {len(images)} images ({images.null_count} null), "
-                f"expected {last - first + 1}",
-            )
-        _, offset_buffer, data_buffer = images.buffers()
-        offsets = np.frombuffer(offset_buffer, dtype=np.int32)[
-            images.offset : images.offset + len(images) + 1
-        ]
-        data = (np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None
-                else np.empty(0, dtype=np.uint8))
-        self._h_cached = _RowGroup(group, offsets, data, labels)
-        return self._h_cached
+            rows = self._salvage(group, first, stop, err)
+        self._h_cached = rows
+        return rows
+
+    def _salvage(self, group: int, first: int, stop: int, err: Exception) -> _RowGroup:
+        """A row group that fails its page checksums: with the manifest's per-sample checksums
+        (``verify=True``) re-read it unchecked and mark exactly the samples that disagree, so
+        the error names the damaged sample and its neighbours stay readable. Without them, or
+        if even the unchecked read fails, the whole group is refused."""
+        unreadable = CorruptSampleError(
+            self.path, first, f"row group {group} (samples {first}..{stop - 1}) unreadable: {err}"
+        )
+        if not self.verify:
+            raise unreadable from err
+        unchecked = None
+        try:
+            unchecked = pq.ParquetFile(self.path)
+            rows = _load_row_group(unchecked, group, stop - first)
+        except (OSError, pa.ArrowException):
+            raise unreadable from err
+        finally:
+            if unchecked is not None:
+                unchecked.close()
+        checksums = self._manifest_checksums()
+        rows.damaged = frozenset(
+            i for i in range(first, stop)
+            if sample_checksum(rows.image(i - first), int(rows.labels[i - first])) != checksums[i]
+        )
+        rows.damage = (
+            f"row group {group} (samples {first}..{stop - 1}) fails its page checksum ({err}) "
+            "and this sample disagrees with the manifest's checksum"
+        )
+        return rows
+
+    def _manifest_checksums(self) -> np.ndarray:
+        if self._checksums is None:
+            self._checksums = load_checksums(self.root, len(self))
+        return self._checksums
+
+    def _refuse_damaged(self, rows: _RowGroup, requested) -> None:
+        for index in requested:
+            if index in rows.damaged:
+                raise CorruptSampleError(self.path, index, rows.damage)
 
     def _read_one(self, index: int) -> tuple[np.ndarray | bytes, int]:
         rows = self._row_group(int(self._group_of(index)))
+        self._refuse_damaged(rows, (index,))
         j = index - int(self._h_bounds[rows.group])
-        image = rows.data[rows.offsets[j] : rows.offsets[j + 1]]
+        image = rows.image(j)
         if self.is_raw:
             return self._decode_raw(image, index).copy(), int(rows.labels[j])
         return image.tobytes(), int(rows.labels[j])
@@ -215,13 +273,15 @@ class ParquetReader(Reader):
         runs.sort(key=lambda run: groups[run[0]] != cached)
         for positions in runs:
             rows = self._row_group(int(groups[positions[0]]))
+            if rows.damaged:
+                self._refuse_damaged(rows, indices[positions].tolist())
             local = indices[positions] - self._h_bounds[rows.group]
             labels[positions] = rows.labels[local]
             if self.is_raw:
                 images[positions] = self._raw_rows(rows, indices, positions, local)
             else:
                 for k, j in zip(positions.tolist(), local.tolist(), strict=True):
-                    images[k] = rows.data[rows.offsets[j] : rows.offsets[j + 1]].tobytes()
+                    images[k] = rows.image(j).tobytes()
         return images, labels
 
     def _raw_rows(self, rows: _RowGroup, indices: np.ndarray, positions: np.ndarray,
@@ -241,7 +301,7 @@ class ParquetReader(Reader):
             block = rows.data[rows.offsets[0] : rows.offsets[-1]]
             return block.reshape(-1, *self.spec.image_shape)[local]
         return np.stack([
-            rows.data[rows.offsets[j] : rows.offsets[j + 1]].reshape(self.spec.image_shape)
+            rows.image(j).reshape(self.spec.image_shape)
             for j in local.tolist()
         ])
 
