@@ -132,3 +132,41 @@ class TestReaderContract:
             want_image, want_label = data_gen.sample(spec, i)
             assert same_image(images[k], want_image) and labels[k] == want_label
             assert same_image(single[k][0], want_image) and single[k][1] == want_label
+
+
+@pytest.mark.parametrize(("format_name", "encoding"), CASES, ids=IDS)
+def test_threads_sharing_an_unopened_reader(ci_dataset, ci_profile, format_name, encoding):
+    """Several threads hitting a fresh reader at once open it once and all read right."""
+    import threading
+    import time
+
+    spec = ci_profile.spec_for(encoding)
+    barrier = threading.Barrier(4)
+    results, errors = {}, []
+
+    def work(k: int) -> None:
+        barrier.wait()
+        try:
+            indices = np.arange(k, spec.num_samples, 37)
+            results[k] = (indices, reader.read_many(indices))
+        except Exception as err:  # reported below, in the test's thread
+            errors.append(err)
+
+    with open_dataset(ci_dataset(format_name, encoding)) as reader:
+        real_open = reader._open
+
+        def slow_open():  # widen the window in which a second thread could open again
+            time.sleep(0.05)
+            real_open()
+
+        reader._open = slow_open
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+    assert not errors, errors
+    for indices, (images, labels) in results.values():
+        for k, i in enumerate(indices):
+            want_image, want_label = data_gen.sample(spec, int(i))
+            assert same_image(images[k], want_image) and labels[k] == want_label

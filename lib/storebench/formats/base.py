@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -58,6 +59,8 @@ class Reader(abc.ABC):
         self.verify = verify
         self._checksums: np.ndarray | None = None
         self._open_pid: int | None = None
+        self._open_lock = threading.Lock()
+        self._lock_pid = os.getpid()
 
     # -- subclass hooks -------------------------------------------------------------------
     @abc.abstractmethod
@@ -164,23 +167,35 @@ class Reader(abc.ABC):
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if not k.startswith("_h_")}
         state["_open_pid"] = None
+        del state["_open_lock"]
         state["_checksums"] = None
         return state
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self._open_lock = threading.Lock()
+        self._lock_pid = os.getpid()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.root)!r}, n={len(self)}, {self.spec.encoding})"
 
     # -- helpers --------------------------------------------------------------------------
     def _ensure_open(self) -> None:
-        # Handles live in attributes named _h_*; a forked child re-opens its own.
-        if self._open_pid != os.getpid():
+        # Handles live in attributes named _h_*; a forked child re-opens its own. Threads
+        # sharing a reader open it once (LMDB refuses a second open in one process).
+        pid = os.getpid()
+        if self._open_pid == pid:
+            return
+        if self._lock_pid != pid:  # a forked child: the parent's lock may be held
+            self._open_lock = threading.Lock()
+            self._lock_pid = pid
+        with self._open_lock:
+            if self._open_pid == pid:
+                return
             for name in [k for k in self.__dict__ if k.startswith("_h_")]:
                 setattr(self, name, None)
             self._open()
-            self._open_pid = os.getpid()
+            self._open_pid = pid
 
     def _check_index(self, index: int) -> int:
         i = int(index)

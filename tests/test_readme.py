@@ -1,0 +1,65 @@
+"""The README's code runs, and its findings block is what the reference results say."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import data_gen
+from storebench.formats import build_dataset
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+SNIPPETS = [
+    block for block in re.findall(r"```python\n(.*?)```", README, flags=re.S) if "data/ci/" in block
+]
+
+
+@pytest.fixture(scope="module")
+def ci_workdir(tmp_path_factory):
+    """A working directory with the datasets the snippets open under data/ci/."""
+    workdir = tmp_path_factory.mktemp("readme")
+    for snippet in SNIPPETS:
+        for name, encoding in re.findall(r"data/ci/(\w+)-(\w+)", snippet):
+            spec = data_gen.PROFILES["ci"].spec_for(encoding)
+            build_dataset(spec, name, workdir / "data" / "ci", workers=1)
+    return workdir
+
+
+def test_readme_has_the_three_loader_snippets():
+    assert len(SNIPPETS) == 3
+    assert any("torch_dataloader" in s for s in SNIPPETS)
+    assert any("ProcessPrefetcher" in s for s in SNIPPETS)
+    assert any("tfrecord_pipeline" in s for s in SNIPPETS)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("index", range(3))
+def test_snippet_runs(ci_workdir, index):
+    script = ci_workdir / f"snippet_{index}.py"
+    body = "\n".join("    " + line for line in SNIPPETS[index].splitlines())
+    script.write_text(f"def main():\n{body}\n\n\nif __name__ == '__main__':\n    main()\n")
+    result = subprocess.run(
+        [sys.executable, str(script)],
+        cwd=ci_workdir,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_findings_block_matches_the_reference_results():
+    reference = ROOT / "results" / "reference"
+    if not (reference / "env.json").exists():
+        pytest.fail("results/reference is missing: the README's findings have no source")
+    from storebench.readme import render_findings_block
+
+    block = re.search(
+        r"<!-- findings:start -->\n(.*?)<!-- findings:end -->", README, flags=re.S
+    ).group(1)
+    assert block == render_findings_block(reference)
