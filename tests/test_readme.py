@@ -62,4 +62,4 @@ def test_findings_block_matches_the_reference_results():
     block = re.search(
         r"<!-- findings:start -->\n(.*?)<!-- findings:end -->", README, flags=re.S
     ).group(1)
-    assert block == render_findings_block(reference)
+    assert block == render_findings_block(reference, relative_to=ROOT)

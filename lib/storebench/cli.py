@@ -107,6 +107,14 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _readme(args: argparse.Namespace) -> int:
+    from .readme import update_readme
+
+    changed = update_readme(Path(args.readme), Path(args.results_dir))
+    print(f"{args.readme}: findings {'updated' if changed else 'already current'}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="storebench", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -156,6 +164,11 @@ def parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="regenerate every figure from a results directory")
     pl.add_argument("results_dir")
     pl.set_defaults(func=_plot)
+
+    r = sub.add_parser("readme", help="rewrite the README's findings block from results")
+    r.add_argument("results_dir", help="e.g. results/reference")
+    r.add_argument("--readme", default="README.md")
+    r.set_defaults(func=_readme)
     return p
 
 

@@ -5,6 +5,9 @@ self-describing and plots need nothing but the file. Columns that do not apply t
 empty (strings) or missing (numbers). Failures are rows too: ``status`` says ``failed`` or
 ``timeout`` and ``error`` says why.
 
+pandas is imported where it is used: the case worker needs only the column and unit
+constants, and starts faster without it.
+
 Writing is append-only, one whole case at a time with a single write followed by fsync, so a
 Ctrl-C or a crash keeps every finished case and never leaves half of one.
 """
@@ -18,9 +21,12 @@ import math
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # (name, kind): kind is "str", "int" (nullable), "float".
 SCHEMA: tuple[tuple[str, str], ...] = (
@@ -110,6 +116,8 @@ def make_row(**fields) -> dict:
 
 
 def _is_blank(value) -> bool:
+    import pandas as pd
+
     if value is None or value is pd.NA or (isinstance(value, str) and value == ""):
         return True
     return isinstance(value, float) and math.isnan(value)
@@ -118,6 +126,8 @@ def _is_blank(value) -> bool:
 def normalise(df: pd.DataFrame) -> pd.DataFrame:
     """Columns in schema order with their types: strings (empty, not NaN, when missing),
     nullable integers, floats. Raises SchemaError for missing or extra columns."""
+    import pandas as pd
+
     missing = [c for c in COLUMNS if c not in df.columns]
     extra = [c for c in df.columns if c not in COLUMNS]
     if missing or extra:
@@ -165,6 +175,7 @@ def _fail(message: str, df: pd.DataFrame, mask: pd.Series, column: str) -> None:
 def validate(df: pd.DataFrame) -> pd.DataFrame:
     """Check every rule of the schema; returns the normalised frame, raises SchemaError
     naming the column, the first offending rows and their values."""
+
     df = normalise(df)
     for name in ("run_id", "study", "case_id", "metric"):
         _fail("must not be empty", df, df[name] == "", name)
@@ -206,6 +217,8 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
 
 def read_results(path: Path | str) -> pd.DataFrame:
     """A results CSV, normalised and validated (SchemaError names the file)."""
+    import pandas as pd
+
     path = Path(path)
     raw = pd.read_csv(path, dtype=str, keep_default_na=False)
     try:
@@ -216,6 +229,8 @@ def read_results(path: Path | str) -> pd.DataFrame:
 
 def read_all_results(results_dir: Path | str) -> pd.DataFrame:
     """Every ``*.csv`` results file in ``results_dir``, concatenated."""
+    import pandas as pd
+
     paths = sorted(Path(results_dir).glob("*.csv"))
     frames = [read_results(p) for p in paths]
     if not frames:
@@ -275,6 +290,8 @@ class ResultsWriter:
             self._write(header)
 
     def write_rows(self, rows: Iterable[Mapping]) -> int:
+        import pandas as pd
+
         rows = [make_row(**row) for row in rows]
         if not rows:
             return 0

@@ -1,0 +1,52 @@
+"""The README's findings block, generated from a results directory (never typed by hand)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+START, END = "<!-- findings:start -->", "<!-- findings:end -->"
+# The figures the README shows, in order, with what each one answers.
+KEY_FIGURES = (
+    ("formats_build_cost", "Build cost and bytes on disk per format"),
+    ("formats_sequential_read", "Sequential read, cold vs warm, against the machine's limits"),
+    ("lazy_vs_preloaded_throughput", "Lazy vs preloaded loading"),
+    ("prefetch_scaling", "Thread vs process prefetch, baselines, torch DataLoader"),
+    ("gpu_feed_utilisation", "Accelerator utilisation against per-batch compute time"),
+    ("targets_paths", "The performance targets"),
+)
+
+
+def render_findings_block(results_dir: Path | str, *, relative_to: Path | None = None) -> str:
+    """Machine line, decision guide, targets and key figures, as README markdown."""
+    from .bench.schema import read_all_results
+    from .findings import readme_findings_table, targets_markdown
+
+    results_dir = Path(results_dir)
+    base = relative_to or results_dir.resolve().parents[1]
+    parts = [readme_findings_table(results_dir).rstrip("\n"), "", "**Performance targets**", ""]
+    parts.append(targets_markdown(read_all_results(results_dir)).rstrip("\n"))
+    for stem, caption in KEY_FIGURES:
+        png = results_dir / "figures" / f"{stem}.png"
+        if png.exists():
+            rel = png.resolve().relative_to(base.resolve()).as_posix()
+            parts += ["", f"![{caption}]({rel})"]
+    return "\n".join(parts) + "\n"
+
+
+def update_readme(readme: Path | str, results_dir: Path | str) -> bool:
+    """Rewrite the block between the findings markers; True when the text changed."""
+    readme = Path(readme)
+    text = readme.read_text()
+    if START not in text or END not in text:
+        raise ValueError(f"{readme}: no {START} ... {END} block to fill")
+    block = render_findings_block(results_dir, relative_to=readme.resolve().parent)
+    new = re.sub(
+        re.escape(START) + r"\n.*?" + re.escape(END),
+        lambda _: f"{START}\n{block}{END}",
+        text,
+        flags=re.S,
+    )
+    if new != text:
+        readme.write_text(new)
+    return new != text

@@ -1,0 +1,147 @@
+"""The study notebooks: committed clean, parametrised for papermill, executed end to end on
+the ci profile, and every figure regenerated from the committed reference results."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from storebench.bench.envinfo import read_env
+from storebench.bench.schema import read_results
+from storebench.plots import FIGURES
+from storebench.study import NOTEBOOKS_DIR, REPO_ROOT, STUDY_ORDER
+
+NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
+PARAMETERS = {"profile": "small", "results_dir": "../results/reference",
+              "data_root": "../data", "measure": False}
+REFERENCE = REPO_ROOT / "results" / "reference"
+STOREBENCH = Path(sys.executable).with_name("storebench")
+
+
+def test_the_five_notebooks_are_there():
+    assert [p.stem for p in NOTEBOOKS] == [
+        "01_storage_formats", "02_lazy_vs_preloaded", "03_thread_vs_process_prefetch",
+        "04_gpu_feed", "05_findings"]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_is_committed_without_outputs(path):
+    notebook = nbformat.read(path, as_version=4)
+    nbformat.validate(notebook)
+    assert notebook.metadata["kernelspec"]["name"] == "python3"
+    for number, cell in enumerate(notebook.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"{path.name} cell {number} has outputs"
+            assert cell.execution_count is None, f"{path.name} cell {number} was executed"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_has_one_parameters_cell_with_the_four_defaults(path):
+    notebook = nbformat.read(path, as_version=4)
+    tagged = [cell for cell in notebook.cells if "parameters" in cell.metadata.get("tags", [])]
+    assert len(tagged) == 1, f"{path.name}: {len(tagged)} cells tagged 'parameters'"
+    first_code = next(cell for cell in notebook.cells if cell.cell_type == "code")
+    assert first_code is tagged[0], f"{path.name}: the parameters cell is not the first code cell"
+    assigned = {}
+    for statement in ast.parse(tagged[0].source).body:
+        assert isinstance(statement, ast.Assign), f"{path.name}: parameters cell does more " \
+                                                  "than assign"
+        (target,) = statement.targets
+        assigned[target.id] = ast.literal_eval(statement.value)
+    assert assigned == PARAMETERS
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_asks_its_question_and_ends_with_computed_findings(path):
+    notebook = nbformat.read(path, as_version=4)
+    opening = notebook.cells[0]
+    assert opening.cell_type == "markdown" and opening.source.startswith("# ")
+    assert "**Question:**" in opening.source
+    last = notebook.cells[-1]
+    assert last.cell_type == "code"
+    assert "Markdown(" in last.source and "findings." in last.source
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_prose_types_no_numbers(path):
+    # Numbers belong in text formatted from the results; the prose may only name things
+    # (HDF5, notebook titles), so a bare number in a markdown cell is a typed-in figure.
+    notebook = nbformat.read(path, as_version=4)
+    for number, cell in enumerate(notebook.cells):
+        if cell.cell_type != "markdown":
+            continue
+        body = cell.source.split("\n", 1)[1] if cell.source.startswith("# ") else cell.source
+        typed = re.findall(r"\b\d[\d.,]*\b", body)
+        assert typed == [], f"{path.name} markdown cell {number} types numbers: {typed}"
+
+
+def _errors(notebook) -> list[str]:
+    return [f"cell {number}: {output.get('ename')}: {output.get('evalue')}"
+            for number, cell in enumerate(notebook.cells) if cell.cell_type == "code"
+            for output in cell.outputs if output.output_type == "error"]
+
+
+@pytest.mark.timeout(900)
+def test_study_on_the_ci_profile_end_to_end(tmp_path):
+    """Build, every study, plots and every notebook, as ``make study`` runs them."""
+    data, results = tmp_path / "data", tmp_path / "results"
+    completed = subprocess.run(
+        [str(STOREBENCH), "study", "--profile", "ci", "--data", str(data), "--results",
+         str(results), "--quiet"],
+        capture_output=True, text=True, timeout=880, cwd=REPO_ROOT,
+        env={**os.environ, "MPLBACKEND": "Agg"},
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    profile_dir = results / "ci"
+
+    env = read_env(profile_dir / "env.json")
+    assert env["profile"] == "ci"
+    for study in STUDY_ORDER:
+        df = read_results(profile_dir / f"{study}.csv")
+        assert set(df["study"]) == {study}
+        assert (df["status"] == "ok").any(), f"{study}: no case succeeded"
+
+    figures = {p.name for p in (profile_dir / "figures").iterdir()}
+    expected = {f"{name}{suffix}" for study in STUDY_ORDER for name, _ in FIGURES[study]
+                for suffix in (".png", ".svg")}
+    assert expected <= figures, f"figures missing: {sorted(expected - figures)}"
+
+    executed = sorted((profile_dir / "notebooks").glob("*.ipynb"))
+    assert [p.name for p in executed] == [p.name for p in NOTEBOOKS]
+    for path in executed:
+        notebook = nbformat.read(path, as_version=4)
+        assert _errors(notebook) == [], f"{path.name}: {_errors(notebook)}"
+        injected = [cell for cell in notebook.cells
+                    if "injected-parameters" in cell.metadata.get("tags", [])]
+        assert len(injected) == 1 and "profile = \"ci\"" in injected[0].source
+        images = [output for cell in notebook.cells if cell.cell_type == "code"
+                  for output in cell.outputs if "image/png" in output.get("data", {})]
+        assert images, f"{path.name}: no figure was drawn"
+        last = notebook.cells[-1].outputs
+        assert any("text/markdown" in output.get("data", {}) for output in last), \
+            f"{path.name}: the findings cell produced no markdown"
+    timing = json.loads((profile_dir / "timing.json").read_text())
+    assert "notebooks" in timing["stage_seconds"]
+
+
+@pytest.mark.timeout(300)
+def test_figures_regenerate_from_the_committed_reference_results(tmp_path):
+    if not REFERENCE.is_dir():
+        pytest.skip(f"{REFERENCE.relative_to(REPO_ROOT)} is not committed yet")
+    committed = {p.name for p in (REFERENCE / "figures").iterdir()}
+    assert committed, "the reference results have no figures"
+    copy = tmp_path / "reference"
+    shutil.copytree(REFERENCE, copy, ignore=shutil.ignore_patterns("figures", "notebooks"))
+    completed = subprocess.run([str(STOREBENCH), "plot", str(copy)], capture_output=True,
+                               text=True, timeout=280, env={**os.environ, "MPLBACKEND": "Agg"})
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert {p.name for p in (copy / "figures").iterdir()} == committed
