@@ -179,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("storebench: interrupted; finished work is kept", file=sys.stderr)
         return 130
-    except (KeyError, ValueError, TypeError) as err:
+    except (KeyError, ValueError, TypeError, FileNotFoundError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"storebench {args.command}: {message}", file=sys.stderr)
         return 2

@@ -170,3 +170,17 @@ def test_threads_sharing_an_unopened_reader(ci_dataset, ci_profile, format_name,
         for k, i in enumerate(indices):
             want_image, want_label = data_gen.sample(spec, int(i))
             assert same_image(images[k], want_image) and labels[k] == want_label
+
+
+def test_memmap_populate_maps_every_page(ci_dataset, ci_profile):
+    """populate=True leaves the whole images.npy resident and mapped, and reads stay right."""
+    from storebench.bench.cache import evict, resident_fraction
+
+    path = ci_dataset("memmap", "raw")
+    evict([path / "images.npy"])
+    assert resident_fraction([path / "images.npy"]) < 0.05
+    with open_dataset(path, populate=True) as reader:
+        reader.read_many([0])
+        assert resident_fraction([path / "images.npy"]) > 0.95
+        spec = ci_profile.spec_for("raw")
+        assert np.array_equal(reader[3][0], data_gen.sample(spec, 3)[0])

@@ -36,8 +36,12 @@ def datasets(tmp_path_factory) -> dict[str, object]:
         enc: build_dataset(CI.spec_for(enc), "parquet", out, workers=1).path for enc in ENCODINGS
     }
     built["raw-groups"] = build_dataset(
-        CI.spec_for("raw"), "parquet", out, knobs={"row_group_size": ROW_GROUP},
-        workers=1, name="parquet-raw-groups",
+        CI.spec_for("raw"),
+        "parquet",
+        out,
+        knobs={"row_group_size": ROW_GROUP},
+        workers=1,
+        name="parquet-raw-groups",
     ).path
     return built
 
@@ -79,8 +83,9 @@ def test_row_groups_follow_the_knob(datasets):
         assert reader.blocks().tolist() == [0, 256, 512]
 
 
-@pytest.mark.parametrize(("knob", "codec"), [("none", "UNCOMPRESSED"), ("zstd", "ZSTD"),
-                                            ("snappy", "SNAPPY")])
+@pytest.mark.parametrize(
+    ("knob", "codec"), [("none", "UNCOMPRESSED"), ("zstd", "ZSTD"), ("snappy", "SNAPPY")]
+)
 def test_compression_knob_is_honoured(tmp_path, knob, codec):
     spec = CI.spec_for("png")
     root = build_dataset(spec, "parquet", tmp_path, knobs={"compression": knob}, workers=1).path
@@ -97,8 +102,9 @@ def test_compression_knob_is_honoured(tmp_path, knob, codec):
 
 def test_unknown_compression_is_refused(tmp_path):
     with pytest.raises(ValueError, match="compression must be one of"):
-        build_dataset(CI.spec_for("png"), "parquet", tmp_path, knobs={"compression": "lzma"},
-                      workers=1)
+        build_dataset(
+            CI.spec_for("png"), "parquet", tmp_path, knobs={"compression": "lzma"}, workers=1
+        )
 
 
 @pytest.mark.parametrize("key", ["raw-groups", "png", "jpeg"])
@@ -148,22 +154,17 @@ def flip_inside_sample(path, spec, index: int) -> None:
         f.write(bytes([content[at + 1000] ^ 0xFF]))
 
 
-def test_flipped_byte_without_manifest_checks_refuses_the_row_group(damaged_copy):
+def test_verify_false_skips_page_checksums_too(damaged_copy):
+    """verify=False trusts the bytes, as for every format: the page checksum is not checked
+    either (it costs ~40% of a row group's read), so the damage comes through unnoticed."""
     path = damaged_copy / parquet.FILENAME
     spec = CI.spec_for("raw")
     flip_inside_sample(path, spec, 250)  # row group 2: samples 200..299
-    # verify=False: the page checksum alone must catch it (uncompressed bytes would not fail).
     with open_dataset(damaged_copy, verify=False) as reader:
-        with pytest.raises(CorruptSampleError, match="row group 2 .samples 200..299. unreadable"
-                           ".*CRC checksum") as caught:
-            reader[260]
-        assert caught.value.path == path and caught.value.index == 200
-        assert str(path) in str(caught.value)
-        with pytest.raises(CorruptSampleError) as caught:
-            reader.read_many([10, 420, 250])
-        assert caught.value.path == path and caught.value.index == 200
-        np.testing.assert_array_equal(reader[199][0], data_gen.sample(spec, 199)[0])
-        np.testing.assert_array_equal(reader[300][0], data_gen.sample(spec, 300)[0])
+        assert not np.array_equal(reader[250][0], data_gen.sample(spec, 250)[0])
+        np.testing.assert_array_equal(reader[260][0], data_gen.sample(spec, 260)[0])
+    with open_dataset(damaged_copy) as reader, pytest.raises(CorruptSampleError):
+        reader[250]
 
 
 def test_flipped_byte_with_manifest_checks_names_the_sample(damaged_copy):
@@ -217,5 +218,6 @@ def test_file_cut_inside_the_data_names_file_and_sample(damaged_copy):
 
 def test_bad_row_group_size_is_refused(tmp_path):
     with pytest.raises(ValueError, match="row_group_size"):
-        build_dataset(CI.spec_for("png"), "parquet", tmp_path, knobs={"row_group_size": 0},
-                      workers=1)
+        build_dataset(
+            CI.spec_for("png"), "parquet", tmp_path, knobs={"row_group_size": 0}, workers=1
+        )

@@ -18,7 +18,9 @@ from .base import CorruptSampleError, DatasetError, Reader
 NAME = "memmap"
 ENCODINGS = ("raw",)
 DEFAULT_KNOBS: dict = {}
-OPEN_OPTIONS = ("madvise_random",)
+OPEN_OPTIONS = ("madvise_random", "populate")
+# MADV_POPULATE_READ (Linux 5.14): fill the page tables from the page cache in one call.
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 IMAGES, LABELS = "images.npy", "labels.npy"
 
 
@@ -45,13 +47,24 @@ class MemmapReader(Reader):
     ``madvise_random=True`` sets MADV_RANDOM on the map: a cold random access then reads one
     page instead of the kernel's multi-megabyte read-around (right for data larger than RAM,
     wrong for sequential scans).
+
+    ``populate=True`` fills the map's page tables at open (``populate()``): on warm data it
+    removes one minor page fault per 4 KiB page from the first epoch (a 2x difference for
+    shuffled 12 KiB samples); on cold data it reads the whole file first.
     """
 
     def __init__(
-        self, root: Path, manifest: dict, *, verify: bool = True, madvise_random: bool = False
+        self,
+        root: Path,
+        manifest: dict,
+        *,
+        verify: bool = True,
+        madvise_random: bool = False,
+        populate: bool = False,
     ) -> None:
         super().__init__(root, manifest, verify=verify)
         self.madvise_random = madvise_random
+        self.populate_on_open = populate
         self._h_images = None
         self._h_labels = None
 
@@ -72,6 +85,22 @@ class MemmapReader(Reader):
         if self.madvise_random:
             images._mmap.madvise(mmap.MADV_RANDOM)
         self._h_images, self._h_labels = images, labels
+        if self.populate_on_open:
+            self._populate(images)
+
+    def populate(self) -> None:
+        """Map every page of ``images.npy`` now (reading it if it is not cached)."""
+        self._ensure_open()
+        self._populate(self._h_images)
+
+    @staticmethod
+    def _populate(images: np.ndarray) -> None:
+        try:
+            images._mmap.madvise(MADV_POPULATE_READ)
+        except OSError:  # kernels before 5.14: touch one byte per page instead
+            page = mmap.PAGESIZE
+            flat = images.reshape(-1)
+            int(flat[::page].sum())
 
     def _close(self) -> None:
         # Dropping the last reference unmaps; mmap.close() would fail while views exist.
