@@ -32,6 +32,89 @@ from .manifest import (
 TMP_PREFIX = ".tmp-"
 
 
+class SampleCache:
+    """A spec's samples generated once into a scratch directory, then replayed for every
+    format built from them (generation costs far more than writing, e.g. 256x256 JPEG).
+
+    Raw samples go to one ``.npy`` memmap; encoded ones to one bytes file with offsets.
+    Use as a context manager: the scratch files are removed on exit.
+    """
+
+    def __init__(
+        self,
+        spec: DatasetSpec,
+        scratch_dir: Path | str,
+        *,
+        workers: int | None = None,
+        progress: bool = False,
+    ) -> None:
+        self.spec = spec
+        self.dir = Path(scratch_dir) / f"{TMP_PREFIX}samples-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.workers = workers
+        self.progress = progress
+        self._labels: np.ndarray | None = None
+        self._images: np.ndarray | None = None
+        self._offsets: np.ndarray | None = None
+        self.generate_seconds = 0.0
+
+    def __enter__(self) -> SampleCache:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._images = self._offsets = self._labels = None
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _fill(self) -> None:
+        spec = self.spec
+        self.dir.mkdir(parents=True, exist_ok=True)
+        labels = np.empty(spec.num_samples, dtype=np.int64)
+        samples = data_gen.generate(
+            spec,
+            workers=self.workers,
+            progress=f"generate {spec.encoding}" if self.progress else False,
+        )
+        started = time.perf_counter()
+        if spec.encoding == "raw":
+            images = np.lib.format.open_memmap(
+                self.dir / "images.npy",
+                mode="w+",
+                dtype=np.uint8,
+                shape=(spec.num_samples, *spec.image_shape),
+            )
+            for i, (image, label) in enumerate(samples):
+                images[i], labels[i] = image, label
+            images.flush()
+            self._images = np.load(self.dir / "images.npy", mmap_mode="r")
+        else:
+            offsets = np.zeros(spec.num_samples + 1, dtype=np.int64)
+            with open(self.dir / "encoded.bin", "wb") as f:
+                for i, (image, label) in enumerate(samples):
+                    f.write(image)
+                    offsets[i + 1] = offsets[i] + len(image)
+                    labels[i] = label
+            self._offsets = offsets
+            self._images = (
+                np.memmap(self.dir / "encoded.bin", dtype=np.uint8, mode="r")
+                if offsets[-1]
+                else np.empty(0, dtype=np.uint8)
+            )
+        self.generate_seconds = time.perf_counter() - started
+        self._labels = labels
+
+    def __iter__(self) -> Iterator[tuple[np.ndarray | bytes, int]]:
+        if self._labels is None:
+            self._fill()
+        images, labels, offsets = self._images, self._labels, self._offsets
+        for i in range(self.spec.num_samples):
+            if offsets is None:
+                yield images[i], int(labels[i])
+            else:
+                yield images[offsets[i] : offsets[i + 1]].tobytes(), int(labels[i])
+
+
 @dataclass(frozen=True)
 class BuildResult:
     path: Path
@@ -134,12 +217,13 @@ def build_dataset(
     progress: bool = False,
     force: bool = False,
     name: str | None = None,
+    source: SampleCache | None = None,
 ) -> BuildResult:
     """Write ``spec``'s samples as ``format_name`` under ``out_dir/<format>-<encoding>``.
 
     Skipped when a manifest with the same spec, format and knobs is already there (unless
-    ``force``). A killed build leaves only a ``.tmp-*`` directory, never a directory with a
-    manifest.
+    ``force``). ``source`` replays samples generated once for several builds. A killed
+    build leaves only a ``.tmp-*`` directory, never a directory with a manifest.
     """
     from . import get_format
 
@@ -159,14 +243,22 @@ def build_dataset(
     tmp.mkdir()
     try:
         checksums = np.zeros(spec.num_samples, dtype=np.uint32)
-        samples = data_gen.generate(
-            spec, workers=workers, progress=f"{format_name}-{spec.encoding}" if progress else False
+        if source is not None and source.spec != spec:
+            raise ValueError("the sample cache holds another spec than the one being built")
+        samples = (
+            source
+            if source is not None
+            else data_gen.generate(
+                spec,
+                workers=workers,
+                progress=f"{format_name}-{spec.encoding}" if progress else False,
+            )
         )
-        source = _ChecksummedSamples(samples, checksums)
+        stream = _ChecksummedSamples(samples, checksums)
         started = time.perf_counter()
-        module.write(source, tmp, spec, **knobs)
+        module.write(stream, tmp, spec, **knobs)
         os.sync()  # clean pages: posix_fadvise(DONTNEED) can then evict them for cold reads
-        write_seconds = time.perf_counter() - started - source.source_seconds
+        write_seconds = time.perf_counter() - started - stream.source_seconds
         files = data_files(tmp)
         apparent, allocated = disk_usage(tmp, files)
         save_checksums(tmp, checksums)
@@ -184,7 +276,7 @@ def build_dataset(
             "bytes_allocated": allocated,
             "raw_bytes": spec.num_samples * spec.raw_sample_bytes,
             "write_seconds": write_seconds,
-            "generate_seconds": source.source_seconds,
+            "generate_seconds": stream.source_seconds,
             "versions": package_versions(),
             "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
         }
