@@ -101,6 +101,10 @@ class SampleCache:
                 if offsets[-1]
                 else np.empty(0, dtype=np.uint8)
             )
+        # Clean pages: the builds' os.sync() then flushes their own files, not this cache.
+        for path in self.dir.iterdir():
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
         self.generate_seconds = time.perf_counter() - started
         self._labels = labels
 
