@@ -224,20 +224,35 @@ def test_prefetch_table_and_findings():
     assert any("8.0\u00d7 faster than pickled-queue baseline x2" in s for s in sentences)
 
 
-def test_targets_table_pairs_repeats_and_checks_thresholds():
+def target_case(key, ratios, *, threshold, extra=None):
+    """A target case's rows as the runner writes them: per-repeat ``target_ratio`` (and the
+    path metrics), then the whole-case value, threshold and met rows."""
+    rows = case_rows("targets", f"target:{key}", {"target_ratio": ratios, **(extra or {})},
+                     loader=key, params={"target": key})
+    median = sorted(ratios)[len(ratios) // 2]
+    for metric, value, unit in (("target_value", median, "ratio"),
+                                ("target_threshold", threshold, "ratio"),
+                                ("target_met", float(median >= threshold), "count")):
+        rows.append(make_row(run_id=RUN, study="targets", case_id=f"target:{key}", repeat=-1,
+                             metric=metric, value=value, unit=unit, status="ok", loader=key,
+                             params=json.dumps({"target": key}), profile="ci"))
+    return rows
+
+
+def test_targets_table_reads_the_rows_written_by_each_target_case():
     df = frame(
-        case_rows("targets", "t:pp", {
-            "process_prefetcher.samples_per_s": [300.0, 200.0, 100.0],
-            "torch_dataloader.samples_per_s": [100.0, 100.0, 100.0],
-            "pickled_baseline.samples_per_s": [100.0, 100.0, 100.0],
-        }, loader="process_prefetch"),
-        case_rows("targets", "t:ba", {"memmap.fraction_of_dram_read": [0.25, 0.25]},
-                  loader="batch_assembly"),
+        target_case("process_vs_torch", [3.0, 2.0, 1.0], threshold=1.0,
+                    extra={"process_prefetcher.samples_per_s": [300.0, 200.0, 100.0]}),
+        target_case("process_vs_pickled", [3.0, 2.0, 1.0], threshold=3.0),
+        target_case("memmap_gather_vs_dram", [0.25, 0.25], threshold=0.5),
     )
     table = findings.targets_table(df).set_index("target")
+    assert list(table.index) == ["memmap gather vs DRAM read",
+                                 "ProcessPrefetcher vs torch DataLoader",
+                                 "ProcessPrefetcher vs pickled baseline"]  # TARGETS order
     versus_torch = table.loc["ProcessPrefetcher vs torch DataLoader"]
     assert (versus_torch["value"], versus_torch["low"], versus_torch["high"]) == (2.0, 1.0, 3.0)
-    assert versus_torch["met"]
+    assert versus_torch["met"] and versus_torch["repeats"] == 3
     versus_pickled = table.loc["ProcessPrefetcher vs pickled baseline"]
     assert not versus_pickled["met"]
     assert versus_pickled["shortfall"] == pytest.approx(1 - 2.0 / 3.0)
@@ -249,21 +264,47 @@ def test_targets_table_pairs_repeats_and_checks_thresholds():
            "short) |" in markdown
 
 
+def test_the_thresholds_live_in_one_place():
+    from storebench.bench.targets import TARGETS
+
+    assert not hasattr(findings, "TARGETS")
+    assert len({t.key for t in TARGETS}) == len(TARGETS)
+    df = frame(target_case("thread_vs_serial_decode", [2.0], threshold=1.8))
+    (row,) = findings.targets_table(df).itertuples()
+    assert row.threshold == 1.8 and row.what == TARGETS[4].description
+
+
 # -- feed --------------------------------------------------------------------------------------
-def feed_case(prefetcher, workers, compute_ms, au):
+CPU = {"device": "cpu", "emulated": True, "device_name": "cpu"}
+
+
+def feed_case(prefetcher, workers, compute_ms, au, device=CPU):
     return case_rows("gpu_feed", f"feed:{prefetcher}/{compute_ms}",
                      {"accelerator_utilisation": [au] * 3, "stall_fraction": [1 - au] * 3,
                       "h2d_GBps": [1.0] * 3, "samples_per_s": [100.0] * 3},
                      format="memmap", encoding="raw", loader="lazy", prefetcher=prefetcher,
                      workers=workers, access="shuffle", cache="warm",
-                     params={"compute_ms": compute_ms})
+                     params={"compute_ms": compute_ms, **device})
+
+
+def test_the_feed_device_is_read_from_the_rows_not_the_machine():
+    emulated = frame(feed_case("none", 0, 2.0, 0.5))
+    assert "No CUDA device took part" in findings.feed_device_text(emulated)
+    real = frame(feed_case("none", 0, 2.0, 0.5, device={
+        "device": "cuda", "emulated": False, "device_name": "NVIDIA H100"}))
+    assert findings.feed_device_text(real).startswith("Copies went to NVIDIA H100 (a real")
+    assert findings.feed_devices(real).to_dict("records") == [
+        {"device": "cuda", "device_name": "NVIDIA H100", "emulated": False}]
+    guide = findings.decision_guide(real)
+    assert "emulated" not in guide.set_index("situation").loc[
+        "Keeping an accelerator busy with short steps", "evidence"]
 
 
 def test_feed_findings_name_the_compute_time_that_reaches_the_threshold():
     df = frame(feed_case("process", 2, 2.0, 0.5), feed_case("process", 2, 10.0, 0.95),
                feed_case("none", 0, 2.0, 0.2), feed_case("none", 0, 10.0, 0.6))
-    sentences = findings.feed_findings(df, {"cuda": {"torch_cuda_available": False}})
-    assert "no CUDA device" in sentences[0]
+    sentences = findings.feed_findings(df)
+    assert "No CUDA device" in sentences[0]
     assert ("ProcessPrefetcher x2 (pageable, sync) keeps AU at or above 90% from 10 ms of "
             "compute per batch.") in sentences
     assert ("this thread (pageable, sync) stays below 90% AU up to 10 ms per batch (at best "
@@ -323,3 +364,67 @@ def test_format_table_formats_by_column_meaning():
                      "resident_fraction": "100%", "cpu_utilisation": "1.50",
                      "compute_ms": "2", "write_seconds": "15.5 ms",
                      "median": "1.23k samples/s"}
+
+
+# -- knobs, access orders, readahead ---------------------------------------------------------
+def variant_read(fmt, knob, value, cache, access, values):
+    params = {} if knob is None else {"dataset_name": f"{fmt}-raw-{knob}={value}",
+                                      f"knob_{knob}": value}
+    name = params.get("dataset_name", f"{fmt}-raw")
+    return case_rows("formats", f"read:{name}/{access}/{cache}", {"samples_per_s": values},
+                     format=fmt, encoding="raw", loader="reader", access=access, cache=cache,
+                     params=params, resident=0.0 if cache == "cold" else 1.0)
+
+
+def test_knob_table_puts_each_variant_beside_the_default_build():
+    df = frame(
+        variant_read("hdf5", None, None, "cold", "shuffle", [100.0] * 3),
+        variant_read("hdf5", "chunk_samples", 1, "cold", "shuffle", [50.0] * 3),
+        variant_read("hdf5", "chunk_samples", 1024, "cold", "shuffle", [400.0] * 3),
+        variant_read("hdf5", None, None, "warm", "sequential", [1000.0] * 3),
+        variant_read("hdf5", "chunk_samples", 1024, "warm", "sequential", [3000.0] * 3),
+    )
+    table = findings.knob_table(df)
+    assert list(table["setting"]) == ["1", "64 (default)", "1024"]
+    assert list(table["random_cold"]) == [50.0, 100.0, 400.0]
+    (sentence,) = findings.knob_findings(df)
+    assert sentence == ("hdf5 (raw arrays) chunk_samples, random batches, cold: 1: 50.0 "
+                        "samples/s; 64 (default): 100 samples/s; 1024: 400 samples/s; "
+                        "sequential warm reads are fastest with 1024, 3.0\u00d7 those with "
+                        "64 (default).")
+    # The variants stay out of the per-format comparisons.
+    assert findings.cold_warm_table(findings.default_builds(df))["dataset"].tolist() == [
+        "hdf5-raw"]
+
+
+def lazy_epoch(fmt, access, cache, value, params=None):
+    return case_rows("lazy_vs_preloaded", f"epoch:{fmt}/{access}/{cache}/{params}",
+                     {"samples_per_s": [value] * 3, "time_to_first_batch_s": [0.01] * 3},
+                     format=fmt, encoding="raw", loader="lazy", prefetcher="none", workers=0,
+                     access=access, cache=cache, params=params or {},
+                     resident=0.0 if cache == "cold" else 1.0)
+
+
+def test_access_orders_and_readahead_knobs():
+    df = frame(
+        lazy_epoch("parquet", "sequential", "warm", 1000.0),
+        lazy_epoch("parquet", "block_shuffle", "warm", 900.0),
+        lazy_epoch("parquet", "shuffle", "warm", 100.0),
+        lazy_epoch("memmap", "sequential", "warm", 2000.0),
+        lazy_epoch("memmap", "block_shuffle", "warm", 2000.0),
+        lazy_epoch("memmap", "shuffle", "warm", 1800.0),
+        lazy_epoch("memmap", "shuffle", "cold", 500.0, {"open_madvise_random": True}),
+        lazy_epoch("memmap", "shuffle", "cold", 250.0, {"open_madvise_random": False}),
+    )
+    orders = findings.access_order_table(df).set_index("format")
+    assert orders.loc["parquet", "shuffle_vs_sequential"] == pytest.approx(0.1)
+    (sentence,) = findings.access_order_findings(df)
+    assert sentence == ("Raw arrays, warm, read lazily by one thread: a full shuffle runs at "
+                        "0.10\u00d7 of sequential throughput on parquet (the worst) and "
+                        "0.90\u00d7 on memmap; block shuffle brings parquet to 0.90\u00d7 of "
+                        "sequential.")
+    # The knob cases are not mistaken for the default memmap epochs.
+    assert "cold" not in set(findings.loader_table(df)["cache"])
+    assert findings.readahead_findings(df) == [
+        "memmap, cold, shuffled: madvise_random=True runs 2.0\u00d7 faster than "
+        "madvise_random=False (500 samples/s vs 250 samples/s)."]

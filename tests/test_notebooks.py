@@ -17,6 +17,8 @@ import pytest
 
 from storebench.bench.envinfo import read_env
 from storebench.bench.schema import read_results
+from storebench.bench.studies import KNOB_VARIANTS
+from storebench.bench.targets import TARGETS
 from storebench.plots import FIGURES
 from storebench.study import NOTEBOOKS_DIR, REPO_ROOT, STUDY_ORDER
 
@@ -105,10 +107,23 @@ def test_study_on_the_ci_profile_end_to_end(tmp_path):
 
     env = read_env(profile_dir / "env.json")
     assert env["profile"] == "ci"
+    frames = {}
     for study in STUDY_ORDER:
-        df = read_results(profile_dir / f"{study}.csv")
+        df = frames[study] = read_results(profile_dir / f"{study}.csv")
         assert set(df["study"]) == {study}
         assert (df["status"] == "ok").any(), f"{study}: no case succeeded"
+    timing = json.loads((profile_dir / "timing.json").read_text())
+    assert timing["failed_cases"] == {}, timing["failed_cases"]
+    # The knob variants were built and measured, and the results alone say what was met
+    # and whether the accelerator was real.
+    names = {json.loads(p).get("dataset_name") for p in frames["formats"]["params"]}
+    assert {v.name for v in KNOB_VARIANTS} <= names
+    targets = frames["targets"]
+    whole = targets[targets["repeat"] == -1]
+    for metric in ("target_value", "target_threshold", "target_met"):
+        assert set(whole.loc[whole["metric"] == metric, "loader"]) == {t.key for t in TARGETS}
+    feed_params = [json.loads(p) for p in frames["gpu_feed"]["params"]]
+    assert all(isinstance(p["emulated"], bool) and p["device"] for p in feed_params)
 
     figures = {p.name for p in (profile_dir / "figures").iterdir()}
     expected = {f"{name}{suffix}" for study in STUDY_ORDER for name, _ in FIGURES[study]
@@ -131,6 +146,7 @@ def test_study_on_the_ci_profile_end_to_end(tmp_path):
             f"{path.name}: the findings cell produced no markdown"
     timing = json.loads((profile_dir / "timing.json").read_text())
     assert "notebooks" in timing["stage_seconds"]
+    assert timing["failed_cases"] == {}
 
 
 @pytest.mark.timeout(300)

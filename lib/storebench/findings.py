@@ -307,6 +307,13 @@ def _dataset_names(df: pd.DataFrame) -> pd.Series:
     return named.where(named.notna(), default).astype(str)
 
 
+def default_builds(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows about default builds only (no knob variant's ``dataset_name`` in params)."""
+    if df.empty:
+        return df
+    return df[df["params"].map(lambda text: "dataset_name" not in json.loads(text))]
+
+
 def build_cost_table(df: pd.DataFrame) -> pd.DataFrame:
     """One row per built dataset: write time and rate, bytes apparent and allocated, bytes
     on disk relative to the raw pixels, and file count."""
@@ -325,12 +332,15 @@ def build_cost_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def cold_warm_table(df: pd.DataFrame, *, metric: str = "samples_per_s",
-                    study: str = "formats", loader: str | None = "reader") -> pd.DataFrame:
-    """Per dataset: ``metric`` cold and warm (medians), warm/cold, the resident fraction each
-    started with, and the repeats."""
+                    study: str = "formats", loader: str | None = "reader",
+                    access: str | None = "sequential") -> pd.DataFrame:
+    """Per dataset (knob variants included, by name): ``metric`` cold and warm (medians),
+    warm/cold, the resident fraction each started with, and the repeats."""
     rows = df[df["study"] == study]
     if loader is not None:
         rows = rows[rows["loader"] == loader]
+    if access is not None:
+        rows = rows[rows["access"] == access]
     rows = rows.assign(dataset=_dataset_names(rows))
     summary = summary_table(rows, metric, ["encoding", "format", "dataset", "cache"])
     columns = ["encoding", "format", "dataset", "cold", "warm", "warm_over_cold",
@@ -354,6 +364,8 @@ def cold_warm_table(df: pd.DataFrame, *, metric: str = "samples_per_s",
 def formats_findings(df: pd.DataFrame) -> list[str]:
     """Sentences on build cost and sequential reads, per encoding, from the formats study."""
     sentences = []
+    # Formats are compared as built by default; the knob variants have their own findings.
+    df = default_builds(df)
     build = build_cost_table(df)
     reads = cold_warm_table(df)
     raw_size = {}
@@ -441,6 +453,111 @@ def knobs_table(formats: Mapping[str, object]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def knob_settings(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (formats rows) plus ``dataset``, ``knob`` and ``setting`` columns: for a variant
+    its knob and value from params; for a default build of a format that has variants, each
+    varied knob at its default (from the formats registry), so both sides of a knob compare.
+    A default build appears once per knob varied."""
+    from storebench.formats import get_format
+
+    rows = df[df["study"] == "formats"]
+    if rows.empty:
+        return rows.assign(dataset=[], knob=[], setting=[])
+    params = rows["params"].map(json.loads)
+    rows = rows.assign(dataset=_dataset_names(rows))
+    knobs = params.map(lambda p: [(k.removeprefix("knob_"), v) for k, v in p.items()
+                                  if k.startswith("knob_")])
+    variants = rows[knobs.map(bool)]
+    varied = {(f, e, k) for f, e, ks in zip(variants["format"], variants["encoding"],
+                                            knobs[variants.index]) for k, _ in ks}
+    parts = [variants.assign(knob=knobs[variants.index].map(lambda ks: ks[0][0]),
+                             setting=knobs[variants.index].map(lambda ks: str(ks[0][1])))]
+    defaults = rows[~knobs.map(bool)]
+    for fmt, encoding, knob in sorted(varied):
+        base = defaults[(defaults["format"] == fmt) & (defaults["encoding"] == encoding)]
+        value = get_format(fmt).DEFAULT_KNOBS.get(knob)
+        parts.append(base.assign(knob=knob, setting=f"{value} (default)"))
+    return pd.concat(parts, ignore_index=True)
+
+
+def setting_rank(setting: str) -> tuple:
+    """Numeric knob settings in numeric order (``"64 (default)"`` between 1 and 1024), then
+    the rest with the default first."""
+    head = str(setting).split(" ")[0]
+    try:
+        return (0, float(head), "")
+    except ValueError:
+        return (1, 0.0 if "(default)" in str(setting) else 1.0, str(setting))
+
+
+KNOB_METRICS = (("size_ratio", None, None), ("write_seconds", None, None),
+                ("samples_per_s", "sequential", "warm"), ("samples_per_s", "sequential", "cold"),
+                ("samples_per_s", "shuffle", "cold"), ("samples_per_s", "shuffle", "warm"))
+
+
+def knob_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per format, encoding, knob and setting: bytes on disk over raw, write time, and
+    samples/s of sequential reads (warm, cold) and random batches (cold, and warm when
+    measured): medians."""
+    rows = knob_settings(select(df))
+    keys = ["format", "encoding", "knob", "setting"]
+    names = {("samples_per_s", "sequential", "warm"): "sequential_warm",
+             ("samples_per_s", "sequential", "cold"): "sequential_cold",
+             ("samples_per_s", "shuffle", "cold"): "random_cold",
+             ("samples_per_s", "shuffle", "warm"): "random_warm"}
+    columns = [*keys, "size_ratio", "write_seconds", *names.values()]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    table = pd.DataFrame(index=pd.MultiIndex.from_frame(rows[keys].drop_duplicates()))
+    for metric, access, cache in KNOB_METRICS:
+        part = rows[rows["metric"] == metric]
+        if access is not None:
+            part = part[(part["access"] == access) & (part["cache"] == cache)]
+        column = names.get((metric, access, cache), metric)
+        table[column] = part.groupby(keys)["value"].median()
+    table = table.reset_index()
+    for column in columns:
+        if column not in table:
+            table[column] = np.nan
+    table = table.sort_values("setting", key=lambda c: c.map(setting_rank), kind="stable")
+    return _sort(table.sort_values(["format", "encoding", "knob"], kind="stable"))[columns]
+
+
+KNOB_EFFECTS = {
+    "chunk_samples": ("random_cold", "random batches, cold"),
+    "row_group_size": ("random_cold", "random batches, cold"),
+    "compression": ("size_ratio", "bytes on disk / raw bytes"),
+    "num_shards": ("sequential_cold", "a cold sequential read"),
+}
+
+
+def knob_findings(df: pd.DataFrame) -> list[str]:
+    """Per varied knob: its settings on the figure that knob is about (``KNOB_EFFECTS``),
+    plus sequential warm reads, all from the formats study."""
+    table = knob_table(df)
+    sentences = []
+    for (fmt, encoding, knob), part in table.groupby(["format", "encoding", "knob"],
+                                                     sort=False):
+        column, what = KNOB_EFFECTS.get(knob, ("sequential_warm", "sequential reads, warm"))
+        unit = "ratio" if column == "size_ratio" else "samples/s"
+        shown = part.dropna(subset=[column])
+        if len(shown) < 2:
+            continue
+        values = "; ".join(
+            f"{row['setting']}: {format_value(row[column], unit)}"
+            + (f"{MULTIPLY}" if unit == "ratio" else "") for _, row in shown.iterrows())
+        text = f"{fmt} ({ENCODING_NAMES.get(encoding, encoding)}) {knob}, {what}: {values}"
+        warm = part.dropna(subset=["sequential_warm"])
+        if column != "sequential_warm" and len(warm) >= 2:
+            fast, slow = _best(warm, "sequential_warm"), _best(warm, "sequential_warm",
+                                                               lowest=True)
+            text += (f"; sequential warm reads are fastest with {fast['setting']}, "
+                     f"{format_ratio(fast['sequential_warm'] / slow['sequential_warm'])} "
+                     f"those with {slow['setting']}")
+        sentences.append(text + ".")
+    return sentences
+
+
 # -- 02: lazy vs preloaded -------------------------------------------------------------------
 LOADER_METRICS = ("samples_per_s", "time_to_first_batch_s", "preload_seconds",
                   "peak_pss_bytes", "peak_uss_bytes")
@@ -449,7 +566,7 @@ LOADER_METRICS = ("samples_per_s", "time_to_first_batch_s", "preload_seconds",
 def loader_table(df: pd.DataFrame, *, study: str = "lazy_vs_preloaded") -> pd.DataFrame:
     """Per dataset, loader, access order and cache state: medians of throughput, time to
     first batch, preload time, peak PSS and USS; the resident fraction at start; repeats."""
-    rows = df[df["study"] == study]
+    rows = default_open(df[df["study"] == study])
     keys = ["encoding", "format", "loader", "access", "cache"]
     tables = []
     for metric in LOADER_METRICS:
@@ -464,6 +581,19 @@ def loader_table(df: pd.DataFrame, *, study: str = "lazy_vs_preloaded") -> pd.Da
     table["resident_fraction"] = basis["resident_fraction"]
     table["repeats"] = basis["repeats"]
     return _sort(table.reset_index())
+
+
+def open_options(params: str) -> dict:
+    """The ``open_<option>`` params of a row (format open options a case chose)."""
+    return {k.removeprefix("open_"): v for k, v in json.loads(params).items()
+            if k.startswith("open_")}
+
+
+def default_open(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of cases that opened their dataset with the format's default options."""
+    if df.empty:
+        return df
+    return df[df["params"].map(lambda text: not open_options(text))]
 
 
 def failed_cases(df: pd.DataFrame, *, study: str | None = None) -> pd.DataFrame:
@@ -483,6 +613,8 @@ def lazy_vs_preloaded_findings(df: pd.DataFrame, env: Mapping | None = None, *,
     datasets came to RAM (``env["ram_bytes"]``; ``profile_bytes``: raw bytes of profiles the
     results did not measure, e.g. the opt-in large one)."""
     table = loader_table(df)
+    # Every dataset was read block-shuffled by both loaders: compare loaders in that order.
+    table = table[table["access"] == "block_shuffle"]
     sentences = []
     for encoding in [e for e in ENCODING_ORDER if e in set(table["encoding"])]:
         name = ENCODING_NAMES.get(encoding, encoding)
@@ -543,6 +675,8 @@ def lazy_vs_preloaded_findings(df: pd.DataFrame, env: Mapping | None = None, *,
                     f"of the files resident, warm ones with at least "
                     f"{format_percent(lazy[('resident_fraction', 'warm')].min())}."
                 )
+    sentences += access_order_findings(df)
+    sentences += readahead_findings(df)
     sentences += ram_findings(df, env, profile_bytes=profile_bytes)
     failures = failed_cases(df, study="lazy_vs_preloaded")
     if not failures.empty:
@@ -581,38 +715,90 @@ def ram_findings(df: pd.DataFrame, env: Mapping | None, *,
     return sentences
 
 
-def access_order_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Single-threaded warm throughput of each raw-array dataset in every access order the
-    results hold (sequential reads of the formats study, block-shuffled epochs of
-    lazy_vs_preloaded, shuffled epochs of prefetch), with the study and batch size each comes
-    from: they differ between orders, so compare orders of magnitude, not decimals."""
-    single = single_thread_warm_rows(df)
-    columns = ["encoding", "format", "access", "study", "batch_size", "median", "low", "high",
-               "repeats"]
-    if single.empty:
+ACCESS_ORDER = ("sequential", "block_shuffle", "shuffle")
+ACCESS_NAMES = {"sequential": "sequential", "block_shuffle": "block-shuffled",
+                "shuffle": "shuffled"}
+
+
+def access_order_table(df: pd.DataFrame, *, loader: str = "lazy") -> pd.DataFrame:
+    """Per raw-array dataset and cache state: one-thread epoch throughput of ``loader`` in
+    each access order of the lazy_vs_preloaded study (medians), and each order against
+    sequential."""
+    table = loader_table(df)
+    table = table[(table["encoding"] == "raw") & (table["loader"] == loader)]
+    columns = ["format", "cache", *ACCESS_ORDER, "block_shuffle_vs_sequential",
+               "shuffle_vs_sequential", "resident_fraction"]
+    if table.empty:
         return pd.DataFrame(columns=columns)
-    single = single.assign(batch_size=single["batch_size"].astype("float"))
-    table = summary_table(single, "samples_per_s",
-                          ["encoding", "format", "access", "study", "batch_size"])
-    order = {"sequential": 0, "block_shuffle": 1, "shuffle": 2}
-    table = table.assign(_order=table["access"].map(lambda a: order.get(a, 3)))
-    table = _sort(table.sort_values("_order", kind="stable")).drop(columns="_order")
-    return table[columns]
+    wide = table.pivot_table(index=["format", "cache"], columns="access",
+                             values="samples_per_s")
+    resident = table.groupby(["format", "cache"])["resident_fraction"].median()
+    out = pd.DataFrame({order: wide.get(order) for order in ACCESS_ORDER})
+    out["resident_fraction"] = resident
+    out = out.reset_index()
+    for order in ("block_shuffle", "shuffle"):
+        out[f"{order}_vs_sequential"] = out[order] / out["sequential"]
+    out = out.sort_values("cache", key=lambda c: c.map({"cold": 0, "warm": 1}),
+                          kind="stable")
+    return _sort(out)[columns]
 
 
-ACCESS_ORDER_STUDIES = ("formats", "lazy_vs_preloaded", "prefetch")
+def access_order_findings(df: pd.DataFrame) -> list[str]:
+    """Per cache state: which format loses most and least by shuffling (lazy, raw arrays)
+    and what block shuffle wins back."""
+    table = access_order_table(df).dropna(subset=["sequential", "shuffle"])
+    sentences = []
+    for cache, part in table.groupby("cache", sort=False):
+        loss = part.set_index("format")["shuffle_vs_sequential"]
+        worst, best = loss.idxmin(), loss.idxmax()
+        text = (f"Raw arrays, {cache}, read lazily by one thread: a full shuffle runs at "
+                f"{format_ratio(loss[worst])} of sequential throughput on {worst} "
+                f"(the worst) and {format_ratio(loss[best])} on {best}")
+        block = part.set_index("format")["block_shuffle_vs_sequential"].dropna()
+        if worst in block:
+            text += (f"; block shuffle brings {worst} to {format_ratio(block[worst])} of "
+                     "sequential")
+        sentences.append(text + ".")
+    return sentences
 
 
-def single_thread_warm_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The rows ``access_order_table`` summarises: warm samples/s of raw-array datasets read
-    by one thread with no prefetcher (the Reader itself, or a lazy dataset) in the studies
-    of ``ACCESS_ORDER_STUDIES``. Encoded sets are left out: the formats study reads their
-    bytes undecoded, the loader studies decode them, so their orders are not comparable."""
-    rows = select(df, "samples_per_s", cache="warm", encoding="raw")
-    rows = rows[rows["study"].isin(ACCESS_ORDER_STUDIES)]
-    single = rows[(rows["loader"] == "reader")
-                  | ((rows["loader"] == "lazy") & (rows["prefetcher"].isin(["none", ""])))]
-    return single[single["access"] != ""]
+READAHEAD_OPTIONS = {"memmap": "madvise_random", "lmdb": "readahead"}
+
+
+def readahead_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The readahead knobs of the memory-mapped formats (lazy, cold, shuffled epoch): per
+    setting, throughput (median, spread) and time to first batch."""
+    rows = select(df[df["study"] == "lazy_vs_preloaded"])
+    rows = rows[rows["params"].map(lambda text: bool(open_options(text)))]
+    columns = ["format", "option", "setting", "samples_per_s", "low", "high", "repeats",
+               "time_to_first_batch_s", "resident_fraction"]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    options = rows["params"].map(open_options)
+    rows = rows.assign(option=options.map(lambda o: next(iter(o))),
+                       setting=options.map(lambda o: str(next(iter(o.values())))))
+    keys = ["format", "option", "setting"]
+    table = summary_table(rows, "samples_per_s", keys).rename(
+        columns={"median": "samples_per_s"})
+    first = summary_table(rows, "time_to_first_batch_s", keys).set_index(keys)["median"]
+    table = table.set_index(keys)
+    table["time_to_first_batch_s"] = first
+    return _sort(table.reset_index())[columns]
+
+
+def readahead_findings(df: pd.DataFrame) -> list[str]:
+    """Each readahead knob on against off, cold and shuffled, from the same study."""
+    table = readahead_table(df)
+    sentences = []
+    for (fmt, option), part in table.groupby(["format", "option"], sort=False):
+        by = part.set_index("setting")["samples_per_s"]
+        if {"True", "False"} <= set(by.index):
+            sentences.append(
+                f"{fmt}, cold, shuffled: {option}=True runs "
+                f"{relative_text(by['True'] / by['False'])} {option}=False "
+                f"({format_value(by['True'], 'samples/s')} vs "
+                f"{format_value(by['False'], 'samples/s')}).")
+    return sentences
 
 
 # -- 03: prefetchers ---------------------------------------------------------------------------
@@ -621,9 +807,10 @@ PREFETCHER_NAMES = {
     "thread": "ThreadPrefetcher",
     "process": "ProcessPrefetcher",
     "pickled_baseline": "pickled-queue baseline",
-    "lock_polling_baseline": "lock-polling baseline",
+    "locked_list_baseline": "locked-list baseline",
     "torch": "torch DataLoader",
-    "tf_data": "tf.data",
+    "tf_data": "tf.data TFRecord AUTOTUNE",
+    "tf_generator": "tf.data from_generator (GIL-bound)",
 }
 
 
@@ -697,8 +884,10 @@ def prefetch_findings(df: pd.DataFrame) -> list[str]:
         by_variant = part.set_index("variant")["samples_per_s"]
         pairs = (("ProcessPrefetcher x2", "torch DataLoader x2"),
                  ("ProcessPrefetcher x2", "pickled-queue baseline x2"),
+                 ("ThreadPrefetcher x1", "locked-list baseline x1"),
                  ("ThreadPrefetcher x2", "ProcessPrefetcher x2"),
                  ("ThreadPrefetcher x2", "ThreadPrefetcher x1"),
+                 ("ThreadPrefetcher x2", "tf.data from_generator (GIL-bound)"),
                  ("ProcessPrefetcher x2 (spawn)", "ProcessPrefetcher x2"))
         for ours, theirs in pairs:
             if ours in by_variant and theirs in by_variant:
@@ -707,6 +896,7 @@ def prefetch_findings(df: pd.DataFrame) -> list[str]:
                     f" {theirs} ({format_value(by_variant[ours], 'samples/s')}"
                     f" vs {format_value(by_variant[theirs], 'samples/s')})."
                 )
+    sentences += worker_sweep_findings(table)
     decoders = table[table["decode"].isin(["pil", "simplejpeg"])]
     for dataset, part in decoders.groupby("dataset", sort=False):
         threads = part[part["variant"] == "ThreadPrefetcher x2"].set_index("decode")["speedup"]
@@ -719,11 +909,47 @@ def prefetch_findings(df: pd.DataFrame) -> list[str]:
     return sentences
 
 
+def worker_sweep_findings(table: pd.DataFrame) -> list[str]:
+    """From ``prefetch_table``: for thread and process prefetchers swept over worker counts,
+    where throughput peaks and what the largest count (oversubscribing the cores, on a
+    small machine) does against the peak."""
+    sentences = []
+    swept = table[table["prefetcher"].isin(["thread", "process"])
+                  & ~table["variant"].str.contains("(", regex=False)]
+    for (dataset, decode, prefetcher), part in swept.groupby(
+            ["dataset", "decode", "prefetcher"], sort=False):
+        if part["workers"].nunique() < 3:
+            continue
+        peak = _best(part, "samples_per_s")
+        most = part.loc[part["workers"].idxmax()]
+        label = dataset + ("" if decode == "none" else f", {decode}")
+        sentences.append(
+            f"{label}: {PREFETCHER_NAMES[prefetcher]} peaks at {int(peak['workers'])} "
+            f"worker(s) ({format_value(peak['samples_per_s'], 'samples/s')}); "
+            f"{int(most['workers'])} workers reach "
+            f"{format_ratio(most['samples_per_s'] / peak['samples_per_s'])} of that peak.")
+    return sentences
+
+
+def decoder_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The JPEG set's serial, thread and process throughput with each decoder (2 workers),
+    and each prefetcher's speedup over serial decoding with the same decoder."""
+    table = prefetch_table(df)
+    table = table[table["decode"].isin(["pil", "simplejpeg"])]
+    chosen = {"this thread": "serial", "ThreadPrefetcher x2": "thread x2",
+              "ProcessPrefetcher x2": "process x2"}
+    table = table[table["variant"].isin(chosen)]
+    columns = ["dataset", "decode", "path", "samples_per_s", "low", "high", "speedup"]
+    if table.empty:
+        return pd.DataFrame(columns=columns)
+    return table.assign(path=table["variant"].map(chosen))[columns].reset_index(drop=True)
+
+
 def decoder_findings(df: pd.DataFrame) -> list[str]:
     """Which decoders the prefetch study ran, how threads scaled each, and the thread-decode
     target (threads over a GIL-releasing decoder vs serial decode, same case)."""
     table = prefetch_table(df)
-    decoders = sorted(set(table["decode"]) - {"none"})
+    decoders = sorted(set(table["decode"]) - {"none", "tf"})
     sentences = []
     if decoders:
         missing = sorted({"pil", "simplejpeg"} - set(decoders))
@@ -734,7 +960,8 @@ def decoder_findings(df: pd.DataFrame) -> list[str]:
                if missing else "") + ".")
         for decode in decoders:
             part = table[table["decode"] == decode].set_index("variant")["speedup"]
-            threads = [v for v in ("ThreadPrefetcher x1", "ThreadPrefetcher x2") if v in part]
+            threads = [v for v in ("ThreadPrefetcher x1", "ThreadPrefetcher x2",
+                                   "ProcessPrefetcher x2") if v in part]
             if threads:
                 sentences.append(f"With {decode}: " + ", ".join(
                     f"{v} runs at {format_ratio(part[v])} one thread" for v in threads) + ".")
@@ -751,86 +978,39 @@ def decoder_findings(df: pd.DataFrame) -> list[str]:
 
 
 # -- targets (the loaders issue's performance figures) --------------------------------------
-@dataclass(frozen=True)
-class Target:
-    """A performance target: ``numerator / denominator`` (paths of one ``targets`` case,
-    taken repeat by repeat) must reach ``threshold``. ``denominator=None``: the numerator
-    metric itself is the figure (e.g. a fraction of DRAM bandwidth)."""
-
-    target: str
-    name: str
-    numerator: str
-    denominator: str | None
-    threshold: float
-    description: str
-
-
-TARGETS: tuple[Target, ...] = (
-    Target("batch_assembly", "preloaded gather vs DRAM read", "preloaded.fraction_of_dram_read",
-           None, 0.5, "shuffled batch assembly from PreloadedDataset / same-run DRAM read"),
-    Target("batch_assembly", "memmap gather vs DRAM read", "memmap.fraction_of_dram_read",
-           None, 0.5, "shuffled batch assembly from memmap / same-run DRAM read"),
-    Target("process_prefetch", "ProcessPrefetcher vs torch DataLoader",
-           "process_prefetcher.samples_per_s", "torch_dataloader.samples_per_s", 1.0,
-           "decoded arrays, same worker count"),
-    Target("process_prefetch", "ProcessPrefetcher vs pickled baseline",
-           "process_prefetcher.samples_per_s", "pickled_baseline.samples_per_s", 3.0,
-           "shared memory vs pickled batches through a multiprocessing.Queue"),
-    Target("thread_decode", "ThreadPrefetcher vs serial decode",
-           "thread_prefetcher.samples_per_s", "serial.samples_per_s", 1.8,
-           "GIL-releasing JPEG decoder, 2 threads on 2 cores"),
-    Target("block_shuffle", "block-shuffled vs random Parquet rows",
-           "block_shuffled_epoch.samples_per_s", "random_row_access.samples_per_s", 200.0,
-           "row groups shuffled as blocks vs per-sample random row access"),
-    Target("tfrecord", "our best PyTorch path vs tf.data over TFRecord",
-           "best_torch.samples_per_s", "tf_data_autotune.samples_per_s", 1.0,
-           "ProcessPrefetcher or torch DataLoader vs tf.data AUTOTUNE"),
-)
-
-
-def _paired_ratio(rows: pd.DataFrame, numerator: str, denominator: str | None) -> pd.Series:
-    """Per repeat: ``numerator / denominator`` (``best_torch`` = the faster PyTorch path)."""
-    wide = rows.pivot_table(index=["run_id", "repeat"], columns="metric", values="value")
-    if numerator == "best_torch.samples_per_s":
-        torch_paths = [c for c in ("torch_process_prefetcher.samples_per_s",
-                                   "torch_dataloader.samples_per_s") if c in wide]
-        if not torch_paths:
-            return pd.Series(dtype=float)
-        top = wide[torch_paths].max(axis=1)
-    elif numerator in wide:
-        top = wide[numerator]
-    else:
-        return pd.Series(dtype=float)
-    if denominator is None:
-        return top.dropna()
-    if denominator not in wide:
-        return pd.Series(dtype=float)
-    return (top / wide[denominator]).dropna()
-
-
 def targets_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per target measured: the median of the per-repeat ratios, its min and max,
-    the threshold and whether the median meets it; by how much it is missed."""
-    rows = select(df[df["study"] == "targets"])
+    """One row per target measured, from the rows its case wrote: the whole-case
+    ``target_value`` (median of the per-repeat ratios), ``target_threshold`` and
+    ``target_met``; min and max of the per-repeat ``target_ratio``; by how much it is
+    missed. Targets are listed in ``bench.targets.TARGETS`` order."""
+    from storebench.bench.targets import TARGETS
+
+    columns = ["target", "value", "low", "high", "threshold", "met", "shortfall", "repeats",
+               "what"]
+    rows = latest_runs(df[df["study"] == "targets"])
+    rows = rows[rows["status"] == "ok"]
     out = []
     for target in TARGETS:
-        ratios = _paired_ratio(rows[rows["loader"] == target.target], target.numerator,
-                               target.denominator)
-        if ratios.empty:
+        mine = rows[rows["loader"] == target.key]
+        whole = mine[mine["repeat"] == -1].set_index("metric")["value"]
+        if "target_value" not in whole:
             continue
-        median = float(ratios.median())
+        ratios = mine.loc[(mine["repeat"] >= 0) & (mine["metric"] == "target_ratio"), "value"]
+        value, threshold = float(whole["target_value"]), float(whole["target_threshold"])
         out.append({
-            "target": target.name, "value": median, "low": float(ratios.min()),
-            "high": float(ratios.max()), "threshold": target.threshold,
-            "met": bool(median >= target.threshold),
-            "shortfall": max(0.0, 1 - median / target.threshold),
-            "repeats": int(ratios.size), "what": target.description,
+            "target": target.name, "value": value,
+            "low": float(ratios.min()) if len(ratios) else value,
+            "high": float(ratios.max()) if len(ratios) else value,
+            "threshold": threshold, "met": bool(whole["target_met"] >= 1),
+            "shortfall": max(0.0, 1 - value / threshold), "repeats": int(ratios.size),
+            "what": target.description,
         })
-    return pd.DataFrame(out, columns=["target", "value", "low", "high", "threshold", "met",
-                                      "shortfall", "repeats", "what"])
+    return pd.DataFrame(out, columns=columns)
 
 
 def targets_markdown(df: pd.DataFrame) -> str:
+    from storebench.bench.targets import TARGETS
+
     table = targets_table(df)
     if table.empty:
         return "No target was measured."
@@ -851,7 +1031,7 @@ def targets_markdown(df: pd.DataFrame) -> str:
 
 def tf_data_findings(df: pd.DataFrame) -> list[str]:
     """tf.data against our loaders over the same TFRecord shards (the tfrecord target)."""
-    rows = select(df[(df["study"] == "targets") & (df["loader"] == "tfrecord")])
+    rows = select(df[(df["study"] == "targets") & (df["loader"] == "torch_vs_tf_data")])
     names = {"tf_data_autotune": "tf.data AUTOTUNE",
              "torch_process_prefetcher": "our ProcessPrefetcher (torch tensors)",
              "torch_dataloader": "torch DataLoader"}
@@ -861,12 +1041,32 @@ def tf_data_findings(df: pd.DataFrame) -> list[str]:
             stats[name] = stat(rows, f"{path}.samples_per_s")
         except MissingResultError:
             continue
-    if len(stats) < 2:
-        return []
-    parts = [f"{name} {value} ({value.spread})" for name, value in stats.items()]
-    dataset = rows["format"].iloc[0] + "-" + rows["encoding"].iloc[0]
-    return [f"Over the {dataset} shards, with 2 workers ({repeats_text(*stats.values())}): "
-            + "; ".join(parts) + "."]
+    sentences = []
+    if len(stats) >= 2:
+        parts = [f"{name} {value} ({value.spread})" for name, value in stats.items()]
+        dataset = rows["format"].iloc[0] + "-" + rows["encoding"].iloc[0]
+        sentences.append(f"Over the {dataset} shards, with 2 workers "
+                         f"({repeats_text(*stats.values())}): " + "; ".join(parts) + ".")
+    table = prefetch_table(df)
+    native = table[table["prefetcher"] == "tf_data"]
+    ours = table[(table["decode"] == "simplejpeg")
+                 & table["prefetcher"].isin(["thread", "process"])]
+    if not native.empty and not ours.empty:
+        tf_row, best = native.iloc[0], _best(ours, "samples_per_s")
+        sentences.append(
+            f"The same JPEG samples: {tf_row['variant']} over {tf_row['dataset']} (TensorFlow "
+            f"decodes) delivers {format_value(tf_row['samples_per_s'], 'samples/s')}; our "
+            f"best, {best['variant']} over {best['dataset']} with simplejpeg, "
+            f"{format_value(best['samples_per_s'], 'samples/s')} "
+            f"({format_ratio(best['samples_per_s'] / tf_row['samples_per_s'])} tf.data).")
+    generator = table[table["prefetcher"] == "tf_generator"]
+    for _, row in generator.iterrows():
+        sentences.append(
+            f"{row['variant']} over {row['dataset']}"
+            + ("" if row["decode"] == "none" else f" ({row['decode']})")
+            + f": {format_value(row['samples_per_s'], 'samples/s')}, "
+            f"{format_ratio(row['speedup'])} one thread without TensorFlow.")
+    return sentences
 
 
 # -- 04: feeding the accelerator --------------------------------------------------------------
@@ -903,25 +1103,47 @@ def feed_table(df: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index().sort_values(keys, kind="stable").reset_index(drop=True)[columns]
 
 
-def feed_device_text(env: Mapping | None) -> str:
-    """What the feed numbers are: real CUDA copies or host copies into an emulated device."""
-    cuda = (env or {}).get("cuda", {})
-    if cuda.get("torch_cuda_available"):
-        devices = ", ".join(cuda.get("devices") or []) or "a CUDA device"
-        return (f"Copies went to {devices} (timed with CUDA events); the model's compute is "
-                "emulated (a fixed time per batch, as MLPerf Storage does).")
-    return ("This machine has no CUDA device: the accelerator is emulated (a fixed compute time "
-            "per batch, as MLPerf Storage does) and the host-to-device copy is a memcpy into a "
-            "preallocated CPU tensor, so pinned and non_blocking copies were not measured.")
+def feed_devices(df: pd.DataFrame) -> pd.DataFrame:
+    """Where the gpu_feed cases copied to, from their rows' params: one row per
+    (device, device_name, emulated). Cases from before these params existed count as
+    emulated copies to the CPU."""
+    rows = latest_runs(df[df["study"] == "gpu_feed"])
+    columns = ["device", "device_name", "emulated"]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    params = rows["params"].map(json.loads)
+    found = pd.DataFrame({
+        "device": params.map(lambda p: p.get("device", "cpu")),
+        "device_name": params.map(lambda p: p.get("device_name", p.get("device", "cpu"))),
+        "emulated": params.map(lambda p: bool(p.get("emulated", True))),
+    })
+    return found.drop_duplicates().reset_index(drop=True)
 
 
-def feed_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
+def feed_device_text(df: pd.DataFrame) -> str:
+    """What the feed numbers are, from the gpu_feed rows themselves: real CUDA copies, or
+    host copies into an emulated device."""
+    devices = feed_devices(df)
+    if devices.empty:
+        return "No accelerator-feed results."
+    real = devices[~devices["emulated"]]
+    if not real.empty:
+        names = ", ".join(sorted(set(real["device_name"])))
+        return (f"Copies went to {names} (a real CUDA device, timed with CUDA events); the "
+                "model's compute is emulated (a fixed time per batch, as MLPerf Storage does).")
+    return ("No CUDA device took part (every feed row says emulated): the accelerator is "
+            "emulated (a fixed compute time per batch, as MLPerf Storage does) and the "
+            "host-to-device copy is a memcpy into a preallocated CPU tensor, so pinned and "
+            "non_blocking copies were not measured.")
+
+
+def feed_findings(df: pd.DataFrame) -> list[str]:
     """Sentences: AU per loader at each compute time, the smallest compute time reaching
     ``AU_THRESHOLD``, and pinned/non_blocking against pageable copies when measured."""
     table = feed_table(df)
     if table.empty:
         return []
-    sentences = [feed_device_text(env)]
+    sentences = [feed_device_text(df)]
     busy = table[table["compute_ms"] > 0]
     for compute_ms, part in busy.groupby("compute_ms"):
         described = "; ".join(
@@ -972,6 +1194,7 @@ def decision_guide(df: pd.DataFrame, env: Mapping | None = None) -> pd.DataFrame
     situation whose results are missing is left out."""
     rows = []
     lvp = loader_table(df)
+    lvp = lvp[lvp["access"] == "block_shuffle"]  # the order every dataset was read in
     raw_warm = lvp[(lvp["encoding"] == "raw") & (lvp["cache"] == "warm")]
     lazy_warm = raw_warm[raw_warm["loader"] == "lazy"]
     preloaded_warm = raw_warm[raw_warm["loader"] == "preloaded"]
@@ -1012,17 +1235,19 @@ def decision_guide(df: pd.DataFrame, env: Mapping | None = None) -> pd.DataFrame
             f"{best['variant']} with {best['decode']}",
             f"{format_value(best['samples_per_s'], 'samples/s')}, "
             f"{format_ratio(best['speedup'])} one thread"))
-    build = build_cost_table(df)
+    with_variants = build_cost_table(df)
+    build = build_cost_table(default_builds(df))
     if not build.empty:
         raw = build[build["encoding"] == "raw"] if "raw" in set(build["encoding"]) else build
         for situation, encodings in (("Least disk space, lossless", ("raw", "png")),
                                      ("Least disk space, lossy JPEG accepted", ("jpeg",))):
-            candidates = build[build["encoding"].isin(encodings)]
+            # Knob variants count here: a codec is how a format gets smaller.
+            candidates = with_variants[with_variants["encoding"].isin(encodings)]
             if candidates.empty:
                 continue
             smallest = _best(candidates, "size_ratio", lowest=True)
             rows.append(_guide_row(
-                situation, f"{ENCODING_NAMES[smallest['encoding']]} in {smallest['format']}",
+                situation, f"{ENCODING_NAMES[smallest['encoding']]} in {smallest['dataset']}",
                 f"{_sig(smallest['size_ratio'])}{MULTIPLY} the raw pixel bytes "
                 f"({format_value(smallest['bytes_apparent'], 'bytes')})"))
         fast = _best(raw, "write_seconds", lowest=True)
@@ -1068,8 +1293,8 @@ def decision_guide(df: pd.DataFrame, env: Mapping | None = None) -> pd.DataFrame
     if not busy.empty:
         top = busy[busy["compute_ms"] == busy["compute_ms"].min()]
         best = _best(top, "accelerator_utilisation")
-        emulated = "" if (env or {}).get("cuda", {}).get("torch_cuda_available") else \
-            " (emulated accelerator)"
+        real = feed_devices(df)["emulated"].eq(False).any()
+        emulated = "" if real else " (emulated accelerator)"
         rows.append(_guide_row(
             "Keeping an accelerator busy with short steps",
             f"{best['loader']}, {best['copy']}",
@@ -1104,7 +1329,8 @@ def caveats(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
                            for r in failures.head(5).itertuples())
         sentences.append(f"{len(failures)} case(s) failed or timed out: {listed}.")
     if env:
-        sentences.append(feed_device_text(env))
+        if not feed_devices(df).empty:
+            sentences.append(feed_device_text(df))
         sentences += ram_findings(df, env)
         limits = env.get("limits") or {}
         if limits:

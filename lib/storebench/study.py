@@ -53,18 +53,36 @@ def results_dir_for(profile: str, results_root: Path | str) -> Path:
 
 
 def build_profile(
-    profile: str, data_dir: Path | str, *, workers: int | None = None, progress: bool = True
+    profile: str,
+    data_dir: Path | str,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    force: bool = False,
 ) -> list:
-    """Build (or find already built) every format x encoding of ``profile``."""
+    """Build (or find already built) every format x encoding of ``profile``, and the
+    formats study's knob variants (``bench.studies.KNOB_VARIANTS``) of its encodings."""
+    from .bench.studies import KNOB_VARIANTS
     from .formats import FORMATS, build_dataset
+    from .formats.build import SampleCache
 
     results = []
     for spec in data_gen.get_profile(profile).specs:
-        for name, module in FORMATS.items():
-            if spec.encoding in module.ENCODINGS:
-                results.append(
-                    build_dataset(spec, name, data_dir, workers=workers, progress=progress)
-                )
+        # One generation per spec, replayed for every format and knob variant.
+        with SampleCache(spec, data_dir, workers=workers, progress=progress) as cache:
+            for name, module in FORMATS.items():
+                if spec.encoding in module.ENCODINGS:
+                    results.append(build_dataset(
+                        spec, name, data_dir, workers=workers, progress=progress,
+                        source=cache, force=force,
+                    ))
+            for variant in KNOB_VARIANTS:
+                if variant.encoding == spec.encoding:
+                    results.append(build_dataset(
+                        spec, variant.format, data_dir, knobs=dict(variant.knobs),
+                        name=variant.name, workers=workers, progress=progress,
+                        source=cache, force=force,
+                    ))
     return results
 
 
@@ -104,10 +122,12 @@ def run_study(
 ):
     """Run one study into ``<results_root>/<profile>/<name>.csv``; builds what is missing.
 
-    With ``resume`` (the default) cases already in the file are skipped, so an interrupted
-    run picks up where it stopped; ``resume=False`` discards the earlier rows first.
+    ``repeats=None`` and the per-case timeout come from the profile's ``bench.plan``. With
+    ``resume`` (the default) cases already in the file are skipped, so an interrupted run
+    picks up where it stopped; ``resume=False`` discards the earlier rows first.
     """
     from .bench import runner
+    from .bench.plan import case_timeout_s
     from .bench.studies import get_study
 
     study_function = get_study(name)
@@ -132,6 +152,7 @@ def run_study(
         run_id=run_id,
         resume=True,
         drop_caches=drop_caches,
+        timeout_s=case_timeout_s(profile),
         progress=progress,
     )
 

@@ -46,3 +46,29 @@ def hanging_case(case, trial):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     Path(case.param("pid_file")).write_text(f"{os.getpid()} {child.pid}")
     time.sleep(600)
+
+
+def hanging_prefetch_case(case, trial):
+    """Start a ProcessPrefetcher (shared-memory slots, worker processes), take one batch,
+    record its segment and worker pids, then hang until the runner kills the group."""
+    from storebench.formats import open_dataset
+    from storebench.loaders import BatchSampler, LazyDataset, ProcessPrefetcher, ShuffleSampler
+
+    reader = open_dataset(case.dataset, verify=False)
+    dataset = LazyDataset(reader)
+    prefetcher = ProcessPrefetcher(dataset, BatchSampler(ShuffleSampler(len(dataset)), 16),
+                                   workers=2, start_method=case.param("start_method"))
+    next(iter(prefetcher))
+    Path(case.param("pid_file")).write_text(
+        " ".join([prefetcher.shm_name, *map(str, prefetcher.pids)]))
+    time.sleep(600)
+
+
+def summarised_checksum_case(case, trial):
+    """Like ``checksum_file_case``, with a per-repeat figure for ``total_of_repeats``."""
+    return checksum_file_case(case, trial)
+
+
+def total_of_repeats(case, records):
+    return {"samples_total": (sum(r["value"] for r in records if r["metric"] == "samples"),
+                              "count")}

@@ -91,3 +91,12 @@ def test_drop_caches_refused_without_root(tmp_path, monkeypatch):
         pytest.skip("as root drop_caches would work; not dropping the whole cache in a test")
     with pytest.raises(PermissionError, match="needs root"):
         cache.drop_caches()
+
+
+def test_evict_also_drops_pages_that_were_still_dirty(tmp_path):
+    # Written without fsync: DONTNEED alone leaves dirty pages, so evict must sync those.
+    path = tmp_path / "dirty.bin"
+    path.write_bytes(np.random.default_rng(2).integers(0, 256, 2 << 20, dtype=np.uint8)
+                     .tobytes())
+    cache.evict([path])
+    assert cache.resident_fraction([path]) < 0.01

@@ -93,7 +93,10 @@ def test_figure_functions_are_pure_and_handle_empty_input(formats_results):
     df = read_results(formats_results / "formats.csv")
     before = df.copy()
     for draw in (plots.plot_build_cost, plots.plot_sequential_read,
-                 plots.plot_resident_fraction, plots.plot_peak_memory):
+                 plots.plot_resident_fraction, plots.plot_peak_memory, plots.plot_knobs,
+                 plots.plot_access_orders, plots.plot_readahead, plots.plot_prefetch_paths,
+                 plots.plot_prefetch_scaling, plots.plot_decoders, plots.plot_target_ratios,
+                 plots.plot_targets, plots.plot_feed):
         assert isinstance(draw(df), Figure)
         assert isinstance(draw(df.iloc[0:0]), Figure)
     pd.testing.assert_frame_equal(df, before)
@@ -102,3 +105,28 @@ def test_figure_functions_are_pure_and_handle_empty_input(formats_results):
     assert {t.get_text() for t in lines.axes[0].get_legend().get_texts()} == {"cold", "warm"}
     env = json.loads((formats_results / "env.json").read_text())
     assert np.isfinite(env["limits"]["cold_seq_read_GBps"])
+
+
+def test_target_figure_draws_each_value_against_its_threshold_from_the_rows():
+    rows = []
+    for key, value, threshold in (("process_vs_torch", 2.0, 1.0),
+                                  ("block_vs_random_parquet", 50.0, 200.0)):
+        for metric, v, unit, repeat in (("target_ratio", value, "ratio", 0),
+                                        ("target_value", value, "ratio", -1),
+                                        ("target_threshold", threshold, "ratio", -1),
+                                        ("target_met", float(value >= threshold), "count", -1)):
+            rows.append(make_row(run_id="r", study="targets", case_id=key, loader=key,
+                                 repeat=repeat, metric=metric, value=v, unit=unit,
+                                 status="ok"))
+    fig = plots.plot_target_ratios(validate(pd.DataFrame(rows)))
+    ax = fig.axes[0]
+    bars = {label.get_text(): patch for label, patch in zip(ax.get_yticklabels(), ax.patches,
+                                                            strict=True)}
+    assert bars["process_vs_torch"].get_width() == 2.0
+    assert bars["process_vs_torch"].get_facecolor()[:3] == pytest.approx((0.173, 0.627, 0.173),
+                                                                         abs=0.01)
+    assert bars["block_vs_random_parquet"].get_facecolor()[:3] == pytest.approx(
+        (0.839, 0.153, 0.157), abs=0.01)
+    thresholds = sorted(line.get_xdata()[0] for line in ax.lines
+                        if len(line.get_xdata()) == 2 and line.get_linewidth() == 2)
+    assert thresholds == [1.0, 200.0]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -184,3 +185,53 @@ def test_sequential_read_case_reads_the_real_dataset(ci_data_dir):
         raw = len(reader) * reader.spec.raw_sample_bytes
     seconds = raw / (metrics["read_MBps"][0] * 1e6)
     assert metrics["samples_per_s"][0] == pytest.approx(len(reader) / seconds)
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_case_leaves_no_shared_memory_behind(tmp_path, ci_data_dir):
+    # A case killed on its timeout never runs the ProcessPrefetcher's finaliser, and the
+    # resource tracker that would unlink its segment dies with the same process group.
+    pid_file = tmp_path / "prefetch.txt"
+    case = Case(study="shm", function=f"{FNS}:hanging_prefetch_case", format="memmap",
+                dataset=str(ci_data_dir / "memmap-raw"), repeats=1, warmup=False,
+                timeout_s=10, params={"pid_file": str(pid_file), "start_method": "fork"})
+    before = set(os.listdir("/dev/shm"))
+    outcome = run_case(case, python_path=[HERE])
+    assert outcome.status == "timeout", outcome.error
+    name, *workers = pid_file.read_text().split()
+    assert name not in before
+    assert f"removed 1 shared-memory segment(s) it left: {name}" in outcome.error
+    assert not (Path("/dev/shm") / name).exists()
+    assert all(wait_gone(int(pid)) for pid in workers)
+    assert len(workers) == 2
+
+
+def test_group_pids_and_their_shm_segments(tmp_path):
+    from multiprocessing import shared_memory
+
+    from storebench.bench.runner import group_pids, shm_segments_of
+
+    segment = shared_memory.SharedMemory(create=True, size=4096)
+    try:
+        assert os.getpid() in group_pids(os.getpgrp())
+        assert Path("/dev/shm") / segment.name in shm_segments_of([os.getpid()])
+    finally:
+        segment.close()
+        segment.unlink()
+    assert Path("/dev/shm") / segment.name not in shm_segments_of([os.getpid()])
+
+
+@pytest.mark.timeout(60)
+def test_a_summarise_function_adds_whole_case_rows(tmp_path):
+    data = tmp_path / "data.bin"
+    data.write_bytes(bytes(range(256)) * 16)
+    case = Case(study="summary", function=f"{FNS}:summarised_checksum_case", cache="warm",
+                cache_files=(str(data),), repeats=3, summarise=f"{FNS}:total_of_repeats")
+    outcome = run_case(case, python_path=[HERE])
+    assert outcome.status == "ok", outcome.error
+    per_repeat = [r for r in outcome.records if r["metric"] == "samples"]
+    assert [r["repeat"] for r in per_repeat] == [0, 1, 2]
+    (total,) = [r for r in outcome.records if r["metric"] == "samples_total"]
+    assert total["repeat"] == -1 and total["value"] == 3 * 4096
+    with pytest.raises(ValueError, match="case summarise must be 'module.path:function'"):
+        Case(study="x", function=f"{FNS}:raising_case", summarise="no_colon")

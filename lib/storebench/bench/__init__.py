@@ -7,5 +7,7 @@ tidy results with one fixed schema, machine limits and env.json from the same ru
 - ``envinfo``: env.json (machine, storage, versions, git, CUDA, limits)
 - ``schema``: result columns, ``validate``, append-safe ``ResultsWriter``
 - ``runner``: ``Case``, ``Trial``, ``run_case``, ``run_study``; ``worker`` runs one case
-- ``cases``: the case functions; ``studies``: the ``STUDIES`` registry
+- ``plan``: per-profile repeats, case timeout and grid size (``plan_for``)
+- ``cases``: the case functions; ``studies``: the ``STUDIES`` registry and knob variants
+- ``targets``: the performance targets and their thresholds (``TARGETS``)
 """

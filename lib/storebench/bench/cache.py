@@ -43,19 +43,31 @@ def data_files(paths: Iterable[Path | str]) -> list[Path]:
     return files
 
 
+def _fadvise_dontneed(path: Path, *, sync: bool) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        if sync:
+            os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def evict(paths: Iterable[Path | str]) -> None:
     """Drop the files' pages from the page cache.
 
-    Dirty pages are not dropped by DONTNEED, so each file is fsynced first (cheap when the
-    file is already clean).
+    DONTNEED drops clean pages only. An fsync per file would clean the rest, but costs a
+    device flush even on a clean file (1-2 ms here: seconds for a directory of small files),
+    so only the files that ``mincore`` still shows resident after a first pass are fsynced
+    and advised again.
     """
-    for path in data_files(paths):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    files = data_files(paths)
+    for path in files:
+        _fadvise_dontneed(path, sync=False)
+    libc = _Libc()
+    for path in files:
+        if resident_bytes(path, libc=libc)[0]:
+            _fadvise_dontneed(path, sync=True)
 
 
 def drop_caches() -> None:

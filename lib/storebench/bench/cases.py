@@ -97,6 +97,50 @@ def sequential_read_case(case: Case, trial: Trial) -> dict[str, tuple[float, str
     }
 
 
+def random_read_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """``random_samples`` samples (param; default every sample) at shuffled indices, in
+    batches of ``case.batch_size`` through ``Reader.read_many`` (raw batches into one reused
+    buffer): what a format's unit of I/O (chunk, row group, shard) costs a random batch.
+    The last batch is checked against the build's checksums afterwards."""
+    from storebench.formats import open_dataset, read_manifest
+
+    batch_size = case.batch_size or 256
+    file_bytes = read_manifest(case.dataset)["bytes_apparent"]
+    with open_dataset(case.dataset, verify=False, **_open_options(case)) as reader:
+        count = len(reader)
+        wanted = min(int(case.param("random_samples", count)), count)
+        order = np.random.default_rng(int(case.param("seed", 0))).permutation(count)[:wanted]
+        out = (
+            np.empty((min(batch_size, wanted), *reader.spec.image_shape), dtype=np.uint8)
+            if reader.is_raw else None
+        )
+        returned_bytes = 0
+        first_batch_seconds = float("nan")
+        with trial.measure() as measurement:
+            started = time.perf_counter()
+            for start in range(0, wanted, batch_size):
+                indices = order[start:start + batch_size]
+                full = out is not None and len(indices) == len(out)
+                images, labels = reader.read_many(indices, out=out if full else None)
+                if start == 0:
+                    first_batch_seconds = time.perf_counter() - started
+                returned_bytes += (
+                    images.nbytes if reader.is_raw else sum(len(image) for image in images)
+                )
+        _check_batch(reader, indices, images, labels)
+    seconds = measurement.wall_seconds
+    return {
+        "samples": (wanted, "count"),
+        "samples_per_s": (wanted / seconds, "samples/s"),
+        "read_MBps": (returned_bytes / seconds / MB, "MB/s"),
+        # The whole dataset's bytes per second of random reading: how much of the file
+        # the random batches cost, not what they delivered.
+        "file_MBps": (file_bytes / seconds / MB, "MB/s"),
+        "time_to_first_batch_s": (first_batch_seconds, "s"),
+        "cpu_utilisation": (measurement.cpu_seconds / seconds, "ratio"),
+    }
+
+
 def dataset_files(dataset: Path | str) -> tuple[str, ...]:
     """The data files of a built dataset, from its manifest (what cache control acts on)."""
     from storebench.formats import read_manifest
@@ -109,12 +153,16 @@ def dataset_files(dataset: Path | str) -> tuple[str, ...]:
 # Grid vocabulary of the loader studies (the Case fields' values):
 #   loader:     "lazy" (LazyDataset, reads per access) | "preloaded" (PreloadedDataset)
 #   access:     "sequential" | "shuffle" | "block_shuffle"
-#   prefetcher: "none" (this thread) | "thread" | "process" | "torch" | "pickled_baseline"
-# params: "decode" (None | "simplejpeg" | "pil"), "start_method", "seed", "max_batches",
-#         "open_<option>" (format open options).
+#   prefetcher: "none" (this thread) | "thread" | "process" (ours) | "torch" (DataLoader) |
+#               "locked_list_baseline" | "pickled_baseline" (the naive ones, labelled) |
+#               "tf_data" (native TFRecord pipeline, AUTOTUNE; TensorFlow decodes) |
+#               "tf_generator" (tf.data from_generator over our dataset: GIL-bound)
+# params: "decode" (None | "simplejpeg" | "pil" | "tf"), "start_method", "seed",
+#         "max_batches", "shuffle_buffer" (tf_data), "open_<option>" (format open options).
 LOADER_KINDS = ("lazy", "preloaded")
 ACCESS_ORDERS = ("sequential", "shuffle", "block_shuffle")
-PREFETCHERS = ("none", "thread", "process", "torch", "pickled_baseline")
+PREFETCHERS = ("none", "thread", "process", "torch", "locked_list_baseline",
+               "pickled_baseline", "tf_data", "tf_generator")
 
 
 def _open_options(case: Case) -> dict:
@@ -141,6 +189,8 @@ def _sampler(case: Case, reader):
 def _dataset(case: Case, reader):
     from storebench.loaders import LazyDataset, PreloadedDataset
 
+    if case.prefetcher == "tf_data":
+        return None  # TensorFlow reads and decodes the shards itself
     decode = case.param("decode")
     if case.loader == "lazy":
         return LazyDataset(reader, decode=decode)
@@ -152,6 +202,7 @@ def _dataset(case: Case, reader):
 def _batches(case: Case, dataset, sampler):
     """An iterable of batches for the case's prefetcher, and how to close it."""
     from storebench.loaders import (
+        BaselineLockedListPrefetcher,
         BaselinePickledQueuePrefetcher,
         BatchSampler,
         ProcessPrefetcher,
@@ -162,6 +213,14 @@ def _batches(case: Case, dataset, sampler):
     batch_size = case.batch_size or 256
     workers = case.workers or 0
     start_method = case.param("start_method")
+    seed = int(case.param("seed", 0))
+    if case.prefetcher == "tf_data":
+        from storebench.loaders.tf_adapter import tfrecord_pipeline
+
+        pipeline = tfrecord_pipeline(case.dataset, batch_size=batch_size,
+                                     shuffle_buffer=int(case.param("shuffle_buffer", 4096)),
+                                     seed=seed, deterministic=False)
+        return pipeline, None
     order = BatchSampler(sampler, batch_size)
     if case.prefetcher == "none":
         shape = dataset.sample_shape
@@ -173,6 +232,15 @@ def _batches(case: Case, dataset, sampler):
     if case.prefetcher == "process":
         loader = ProcessPrefetcher(dataset, order, workers=workers, start_method=start_method)
         return loader, loader.close
+    if case.prefetcher == "locked_list_baseline":
+        loader = BaselineLockedListPrefetcher(dataset, order)
+        return loader, loader.close
+    if case.prefetcher == "tf_generator":
+        import tensorflow as tf
+
+        from storebench.loaders.tf_adapter import gil_bound_generator_dataset
+
+        return gil_bound_generator_dataset(dataset, order).prefetch(tf.data.AUTOTUNE), None
     if case.prefetcher == "pickled_baseline":
         loader = BaselinePickledQueuePrefetcher(dataset, order, workers=workers,
                                                 start_method=start_method)
@@ -182,7 +250,7 @@ def _batches(case: Case, dataset, sampler):
 
         loader = torch_dataloader(dataset, batch_size=batch_size, sampler=sampler,
                                   num_workers=workers, multiprocessing_context=start_method,
-                                  seed=int(case.param("seed", 0)))
+                                  seed=seed)
         return loader, None
     raise ValueError(f"case {case.case_id}: prefetcher must be one of {PREFETCHERS}")
 
@@ -197,6 +265,8 @@ def _batch_size_bytes(batch) -> tuple[int, int, np.ndarray | None]:
     n = int(labels.shape[0])
     if hasattr(images, "element_size"):  # a torch tensor
         return n, int(images.numel() * images.element_size()), None
+    if hasattr(images, "numpy") and not isinstance(images, np.ndarray):  # a tf.Tensor
+        return n, int(np.prod(images.shape)) * images.dtype.size, None
     if isinstance(images, np.ndarray):
         return n, int(images.nbytes), None
     return n, int(sum(len(x) for x in images)), None
@@ -256,20 +326,26 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
 
 
 def gpu_feed_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
-    """The case's loader feeding an accelerator through ``GpuFeeder`` (CUDA when present,
-    else the CPU device), driven by an ``EmulatedAccelerator`` taking ``compute_ms`` per
-    batch: accelerator utilisation, stall fraction and host-to-device GB/s."""
+    """The case's loader feeding an accelerator through ``GpuFeeder`` to the device named by
+    the ``device`` param (``"cuda"`` or ``"cpu"``; the study records in ``emulated`` whether a
+    real accelerator receives the copies), driven by an ``EmulatedAccelerator`` taking
+    ``compute_ms`` per batch: accelerator utilisation, stall fraction and host-to-device
+    GB/s."""
     from storebench.formats import open_dataset
     from storebench.loaders import EmulatedAccelerator, GpuFeeder, run_feed
 
+    device = case.param("device", "cpu")
     reader = open_dataset(case.dataset, verify=False, **_open_options(case))
     accelerator = EmulatedAccelerator(float(case.param("compute_ms", 0.0)) / 1000.0)
     close = dataset = None
     try:
         dataset = _dataset(case, reader)
         loader, close = _batches(case, dataset, _sampler(case, reader))
-        feeder = GpuFeeder(loader, pinned=bool(case.param("pinned", False)),
+        feeder = GpuFeeder(loader, device=device, pinned=bool(case.param("pinned", False)),
                            non_blocking=bool(case.param("non_blocking", False)))
+        if feeder.uses_cuda == bool(case.param("emulated", True)):
+            raise RuntimeError(f"case {case.case_id}: says emulated={case.param('emulated')} "
+                               f"but copies go to {feeder.device}")
         with trial.measure():
             result = run_feed(feeder, accelerator, warmup_batches=int(case.param("warmup", 2)),
                               max_batches=case.param("max_batches"),
@@ -300,48 +376,99 @@ def _measurement_metrics(results: dict) -> dict[str, tuple[float, str]]:
     return metrics
 
 
+def _process_prefetch_paths(dataset, paths: tuple[str, ...], *, workers: int, batch_size: int,
+                            start_method: str | None, max_batches: int | None,
+                            seed: int = 0, warmup_batches: int = 2) -> dict:
+    """Decoded arrays through each of ``paths`` (``process_prefetcher``,
+    ``torch_dataloader``, ``pickled_baseline``), same workers, start method and order."""
+    from storebench.loaders import (
+        BaselinePickledQueuePrefetcher,
+        BatchSampler,
+        ProcessPrefetcher,
+        ShuffleSampler,
+        throughput,
+    )
+
+    def order() -> BatchSampler:
+        return BatchSampler(ShuffleSampler(len(dataset), seed=seed), batch_size)
+
+    def torch_loader():
+        from storebench.loaders.torch_adapter import torch_dataloader
+
+        return torch_dataloader(dataset, batch_size=batch_size,
+                                sampler=ShuffleSampler(len(dataset), seed=seed),
+                                num_workers=workers, multiprocessing_context=start_method,
+                                seed=seed)
+
+    makers = {
+        "process_prefetcher": lambda: ProcessPrefetcher(dataset, order(), workers=workers,
+                                                        start_method=start_method),
+        "torch_dataloader": torch_loader,
+        "pickled_baseline": lambda: BaselinePickledQueuePrefetcher(
+            dataset, order(), workers=workers, start_method=start_method),
+    }
+    results = {}
+    for path in paths:
+        loader = makers[path]()
+        try:
+            results[path] = throughput.measure(iter(loader), name=path,
+                                               warmup_batches=warmup_batches,
+                                               max_batches=max_batches)
+        finally:
+            close = getattr(loader, "close", None)
+            if close is not None:
+                close()
+    return results
+
+
 def target_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
-    """One of the loaders issue's performance targets (``case.param("target")``): every
-    path it compares is measured in this one call, so their ratios are fair."""
+    """One performance target (``case.param("target")``, see ``bench.targets``): every path
+    it compares is measured in this one call, so the repeat's ``target_ratio`` is fair."""
     from storebench.formats import open_dataset
     from storebench.loaders import LazyDataset, PreloadedDataset, throughput
 
-    target = case.param("target")
+    from .targets import get_target, target_ratio
+
+    target = get_target(case.param("target"))
     workers = case.workers or 2
     batch_size = case.batch_size or 256
     start_method = case.param("start_method")
     max_batches = case.param("max_batches")
+    extra: dict[str, tuple[float, str]] = {}
     with open_dataset(case.dataset, verify=False) as reader, trial.measure():
-        if target == "batch_assembly":
-            results = throughput.target_batch_assembly(reader, batch_size=batch_size,
-                                                       num_batches=max_batches)
+        if target.kind == "batch_assembly":
+            (path,) = target.paths
+            dataset = (PreloadedDataset(reader, progress=False) if path == "preloaded"
+                       else LazyDataset(reader))
+            results = {path: throughput.shuffled_batch_assembly(
+                dataset, batch_size=batch_size, num_batches=max_batches, name=path)}
             dram = throughput.dram_read_bandwidth(nbytes=int(case.param("dram_bytes", 1 << 28)),
                                                   repeats=3)
-            extra = {"dram_read_GBps": (dram / 1e9, "GB/s")}
-            for path, m in results.items():
-                extra[f"{path}.fraction_of_dram_read"] = (m.bytes_per_second / dram, "ratio")
-        elif target == "process_prefetch":
-            results = throughput.target_process_prefetch(
-                LazyDataset(reader), workers=workers, batch_size=batch_size,
+            extra = {"dram_read_GBps": (dram / 1e9, "GB/s"),
+                     f"{path}.fraction_of_dram_read": (results[path].bytes_per_second / dram,
+                                                       "ratio")}
+        elif target.kind == "process_prefetch":
+            results = _process_prefetch_paths(
+                LazyDataset(reader), target.paths, workers=workers, batch_size=batch_size,
                 start_method=start_method, max_batches=max_batches)
-            extra = {}
-        elif target == "thread_decode":
+        elif target.kind == "thread_decode":
             decode = "simplejpeg" if reader.spec.encoding == "jpeg" else "pil"
             dataset = PreloadedDataset(reader, decode=decode, progress=False)
             results = throughput.target_thread_decode(dataset, workers=workers,
                                                       batch_size=batch_size,
                                                       max_batches=max_batches)
-            extra = {}
-        elif target == "block_shuffle":
+        elif target.kind == "block_shuffle":
             results = throughput.target_block_shuffle(
                 reader, batch_size=batch_size,
                 random_samples=int(case.param("random_samples", 200)))
-            extra = {}
-        elif target == "tfrecord":
+        elif target.kind == "tfrecord":
             results = throughput.target_tfrecord(case.dataset, batch_size=batch_size,
                                                  workers=workers, start_method=start_method,
                                                  max_batches=max_batches)
-            extra = {}
         else:
-            raise ValueError(f"case {case.case_id}: unknown target {target!r}")
-    return {**_measurement_metrics(results), **extra}
+            raise ValueError(f"case {case.case_id}: target {target.key} has unknown kind "
+                             f"{target.kind!r}")
+    metrics = {**_measurement_metrics(results), **extra}
+    values = {name: value for name, (value, _) in metrics.items()}
+    metrics["target_ratio"] = (target_ratio(target, values), "ratio")
+    return metrics

@@ -215,21 +215,3 @@ def read_env(path: Path | str) -> dict:
         raise ValueError(f"{path}: env.json lacks {missing}")
     return env
 
-
-def record_environment(
-    results_dir: Path | str,
-    *,
-    data_dir: Path | str,
-    profile: str,
-    drop_caches: bool = False,
-    limit_sizes=None,
-) -> dict:
-    """Measure the machine limits (sized for ``profile``) next to the data and write
-    ``<results_dir>/env.json``; returns what was written."""
-    from .limits import limit_sizes_for, measure_limits
-
-    sizes = limit_sizes or limit_sizes_for(profile)
-    limits = measure_limits(data_dir, sizes=sizes, drop_caches=drop_caches)
-    env = collect_env(data_dir, profile=profile, limits=limits)
-    write_env(Path(results_dir) / "env.json", env)
-    return env

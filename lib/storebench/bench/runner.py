@@ -11,10 +11,16 @@ A case function has the signature ``fn(case: Case, trial: Trial) -> {metric: (va
 and wraps the part to be timed in ``with trial.measure():``; wall time, CPU time and peak
 PSS/USS of that region are added to its metrics.
 
+A case may also name a ``summarise`` function, ``fn(case, records) -> {metric: (value,
+unit)}``, run in the worker after the last repeat: its metrics become whole-case rows
+(``repeat`` -1), e.g. a target's median ratio, threshold and whether it was met.
+
 Failures do not stop a run: a case that raises, crashes, or outlives its timeout becomes one
 row with ``status`` ``failed`` or ``timeout`` and the error text. Ctrl-C kills the running
 case's whole process group, keeps every finished case on disk and re-raises; running the
-same study again skips the cases already in the results file.
+same study again skips the cases already in the results file. A killed case cannot clean up
+after itself, so the runner removes the ``/dev/shm`` segments its processes still had open
+(shared-memory prefetch slots) as it kills them.
 """
 
 from __future__ import annotations
@@ -35,15 +41,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from tqdm.auto import tqdm
-
 from .cache import CacheState
+from .plan import DEFAULT_REPEATS, DEFAULT_TIMEOUT_S
 from .schema import CASE_REPEAT, ResultsWriter, SchemaError, finished_case_ids
 
-DEFAULT_REPEATS = 5
-DEFAULT_TIMEOUT_S = 600.0
 _ERROR_TAIL_CHARS = 4000
 _SCALARS = (str, int, float, bool, type(None))
+SHM_DIR = Path("/dev/shm")
 
 
 @dataclass(frozen=True)
@@ -71,12 +75,12 @@ class Case:
     warmup: bool = True
     timeout_s: float | None = None
     params: tuple[tuple[str, object], ...] = ()
+    summarise: str = ""
 
     def __post_init__(self) -> None:
-        if ":" not in self.function:
-            raise ValueError(
-                f"case function must be 'module.path:function', got {self.function!r}"
-            )
+        for role, path in (("function", self.function), ("summarise", self.summarise)):
+            if (path or role == "function") and ":" not in path:
+                raise ValueError(f"case {role} must be 'module.path:function', got {path!r}")
         params = self.params
         if isinstance(params, Mapping):
             params = params.items()
@@ -231,9 +235,72 @@ def _tail(path: Path) -> str:
     return text[-_ERROR_TAIL_CHARS:]
 
 
-def _kill_group(pgid: int) -> None:
+def group_pids(pgid: int) -> list[int]:
+    """Live processes of process group ``pgid`` (from ``/proc/<pid>/stat``)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def shm_segments_of(pids: Sequence[int]) -> set[Path]:
+    """The ``/dev/shm`` files that ``pids`` have mapped or open (unlinked ones excluded)."""
+    found: set[Path] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith(f"{SHM_DIR}/"):
+                    found.add(Path(parts[5]))
+        with contextlib.suppress(OSError):
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd.path)
+                    if target.startswith(f"{SHM_DIR}/"):
+                        found.add(Path(target))
+    return {path for path in found if not str(path).endswith(" (deleted)")}
+
+
+def _shm_names() -> set[str]:
+    try:
+        return set(os.listdir(SHM_DIR))
+    except OSError:
+        return set()
+
+
+def _kill_group(pgid: int, *, shm_before: set[str] | None = None) -> list[str]:
+    """SIGKILL the group; first (with the group stopped, so that nothing new appears)
+    collect the ``/dev/shm`` segments its processes hold that did not exist before the case
+    (``shm_before``), and unlink them after. Returns the names removed."""
+    pids = group_pids(pgid)
+    if not pids:
+        return []
+    segments: set[Path] = set()
     with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGSTOP)
+        if shm_before is not None:
+            segments = {p for p in shm_segments_of(group_pids(pgid)) if p.name not in shm_before}
         os.killpg(pgid, signal.SIGKILL)
+    removed = []
+    for path in sorted(segments):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+            removed.append(path.name)
+    return removed
+
+
+def _removed_text(removed: Sequence[str]) -> str:
+    if not removed:
+        return ""
+    return f"\nremoved {len(removed)} shared-memory segment(s) it left: {', '.join(removed)}"
 
 
 def run_case(
@@ -267,6 +334,7 @@ def run_case(
             env["PYTHONPATH"] = os.pathsep.join([*extra, env.get("PYTHONPATH", "")]).rstrip(
                 os.pathsep
             )
+        shm_before = _shm_names()
         started = time.perf_counter()
         with open(log, "wb") as log_file:
             process = subprocess.Popen(
@@ -277,20 +345,22 @@ def run_case(
             try:
                 returncode = process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                _kill_group(process.pid)
+                removed = _kill_group(process.pid, shm_before=shm_before)
                 process.wait()
                 where = phase.read_text() if phase.exists() else "start-up"
                 return CaseOutcome(
                     "timeout", time.perf_counter() - started,
-                    error=f"timed out after {timeout_s:g} s during {where}\n{_tail(log)}".strip(),
+                    error=(f"timed out after {timeout_s:g} s during {where}"
+                           f"{_removed_text(removed)}\n{_tail(log)}").strip(),
                 )
             except BaseException:
-                _kill_group(process.pid)
+                _kill_group(process.pid, shm_before=shm_before)
                 process.wait()
                 raise
             finally:
-                # Whatever the case started (loader workers, pools) dies with it.
-                _kill_group(process.pid)
+                # Whatever the case started (loader workers, pools) dies with it, and so do
+                # the shared-memory segments they held.
+                _kill_group(process.pid, shm_before=shm_before)
         seconds = time.perf_counter() - started
         if result.exists():
             report = json.loads(result.read_text())
@@ -331,6 +401,8 @@ def run_study(
     results_path = Path(results_path)
     if not resume and results_path.exists() and results_path.stat().st_size:
         raise FileExistsError(f"{results_path}: exists; remove it or resume")
+    from tqdm.auto import tqdm
+
     summary = StudyRun(results_path, run_id or new_run_id())
     started = time.perf_counter()
     with ResultsWriter(results_path) as writer:

@@ -92,6 +92,11 @@ METRIC_UNITS: dict[str, str] = {
     "h2d_GBps": "GB/s",
     "accelerator_utilisation": "ratio",
     "stall_fraction": "ratio",
+    # performance targets (bench.targets): per repeat, then one whole-case row each
+    "target_ratio": "ratio",
+    "target_value": "ratio",
+    "target_threshold": "ratio",
+    "target_met": "count",
 }
 
 

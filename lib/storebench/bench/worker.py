@@ -2,7 +2,8 @@
 
 For each timed repeat the dataset is first put into the case's cache state and its resident
 fraction measured, so every row records what the cache really held. The warm-up call (when the
-case has one) is untimed and its metrics are discarded. The report goes to the job's
+case has one) is untimed and its metrics are discarded. A case's ``summarise`` function turns
+the repeats' records into whole-case metrics (``repeat`` -1). The report goes to the job's
 ``result_path`` (written atomically); the current phase goes to ``phase_path`` so that the
 parent can say where a crashed or timed-out case was.
 """
@@ -98,6 +99,14 @@ def run_job(job: dict) -> list[dict]:
                 "unit": unit,
                 "resident_fraction": trial.resident_fraction,
             })
+    if case.summarise:
+        _write_atomic(phase_path, "summary")
+        summary = _check_metrics(case, resolve_function(case.summarise)(case, records), {})
+        records += [
+            {"repeat": CASE_REPEAT, "metric": name, "value": value, "unit": unit,
+             "resident_fraction": math.nan}
+            for name, (value, unit) in summary.items()
+        ]
     return records
 
 

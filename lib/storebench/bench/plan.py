@@ -1,0 +1,50 @@
+"""How thoroughly each profile is measured: repeats, per-case timeout and grid size, in one
+place.
+
+The ``ci`` profile exists to exercise every code path of every study quickly (its datasets
+are a few MB), so it gets fewer repeats and a grid trimmed where a dimension adds little
+there (more formats of the same kind of case, more decoders under every prefetcher); every
+*kind* of case still runs, so the notebooks draw every figure from it. Every other profile
+gets the full grid.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DEFAULT_REPEATS = 5
+DEFAULT_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class StudyPlan:
+    """``repeats``: timed repeats per case; ``timeout_s``: how long one case may run;
+    ``compact``: trim grid dimensions that only add more of the same kind of case."""
+
+    repeats: int = DEFAULT_REPEATS
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    compact: bool = False
+
+    def __post_init__(self) -> None:
+        if self.repeats < 1:
+            raise ValueError(f"repeats must be at least 1, got {self.repeats}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+
+
+# Profiles not named here get StudyPlan().
+PLANS: dict[str, StudyPlan] = {
+    "ci": StudyPlan(repeats=3, timeout_s=300.0, compact=True),
+}
+
+
+def plan_for(profile: str) -> StudyPlan:
+    return PLANS.get(profile, StudyPlan())
+
+
+def default_repeats(profile: str) -> int:
+    return plan_for(profile).repeats
+
+
+def case_timeout_s(profile: str) -> float:
+    return plan_for(profile).timeout_s

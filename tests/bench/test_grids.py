@@ -1,0 +1,156 @@
+"""Profile plans and the studies' grids: every kind of case is laid out on the ci profile,
+knob variants and readahead knobs are measured, and the new case functions run for real."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from data_gen import PROFILES
+from storebench.bench.cases import PREFETCHERS
+from storebench.bench.plan import case_timeout_s, default_repeats, plan_for
+from storebench.bench.runner import Case, Trial, run_case
+from storebench.bench.studies import (
+    KNOB_VARIANTS,
+    STUDIES,
+    formats_study,
+    gpu_feed_study,
+    lazy_vs_preloaded_study,
+    prefetch_study,
+    targets_study,
+)
+from storebench.bench.targets import TARGETS, get_target, summarise_target, target_ratio
+from storebench.formats import FORMATS, build_dataset
+
+
+def test_repeats_and_timeout_depend_on_the_profile(ci_data_dir):
+    assert (default_repeats("ci"), case_timeout_s("ci")) == (3, 300.0)
+    assert (default_repeats("small"), case_timeout_s("small")) == (5, 600.0)
+    assert plan_for("ci").compact and not plan_for("small").compact
+    for name, study in STUDIES.items():
+        # Build costs come from the manifest: one repeat whatever the plan says.
+        timed = [c for c in study(profile="ci", data_dir=ci_data_dir)
+                 if not c.function.endswith(":build_cost_case")]
+        assert timed and {c.repeats for c in timed} == {3}, name
+        asked = [c for c in study(profile="ci", data_dir=ci_data_dir, repeats=2)
+                 if not c.function.endswith(":build_cost_case")]
+        assert {c.repeats for c in asked} == {2}, name
+
+
+@pytest.fixture(scope="module")
+def variant_data(tmp_path_factory):
+    """The ci raw set as the default hdf5 build and one knob variant (chunks of one)."""
+    root = tmp_path_factory.mktemp("variants")
+    spec = PROFILES["ci"].spec_for("raw")
+    variant = next(v for v in KNOB_VARIANTS if v.format == "hdf5")
+    build_dataset(spec, "hdf5", root, workers=1)
+    build_dataset(spec, "hdf5", root, knobs=dict(variant.knobs), name=variant.name, workers=1)
+    return root, variant
+
+
+def test_formats_study_measures_the_knob_variants_beside_the_default(variant_data):
+    root, variant = variant_data
+    assert variant.name == "hdf5-raw-chunk_samples=1"
+    cases = formats_study(profile="ci", data_dir=root)
+    mine = [c for c in cases if c.param("dataset_name") == variant.name]
+    assert {c.function.rpartition(":")[2] for c in mine} == {
+        "build_cost_case", "sequential_read_case", "random_read_case"}
+    assert all(c.param("knob_chunk_samples") == 1 and c.param("knob_compression") is None
+               and "knob_compression" not in dict(c.params) for c in mine)
+    default = [c for c in cases if c.param("dataset_name") is None]
+    assert default and all(not any(k.startswith("knob_") for k, _ in c.params) for c in default)
+    # The loader studies measure default builds only.
+    assert all("chunk_samples" not in c.dataset
+               for c in lazy_vs_preloaded_study(profile="ci", data_dir=root))
+
+
+def test_random_read_case_reads_real_bytes_at_shuffled_indices(variant_data):
+    from storebench.bench.cases import random_read_case
+
+    root, variant = variant_data
+    case = Case(study="formats", function="storebench.bench.cases:random_read_case",
+                format="hdf5", encoding="raw", dataset=str(root / variant.name),
+                loader="reader", access="shuffle", batch_size=64, repeats=1,
+                params={"random_samples": 100})
+    metrics = random_read_case(case, Trial(case, 0))
+    assert metrics["samples"] == (100, "count")
+    assert metrics["read_MBps"][0] > 0 and metrics["samples_per_s"][1] == "samples/s"
+
+
+@pytest.mark.timeout(300)
+def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
+    lvp = lazy_vs_preloaded_study(profile="ci", data_dir=ci_data_root)
+    raw_formats = {name for name, m in FORMATS.items() if "raw" in m.ENCODINGS}
+    plain = [c for c in lvp if not any(k.startswith("open_") for k, _ in c.params)]
+    for fmt in raw_formats:
+        lazy = {(c.access, c.cache) for c in plain
+                if c.format == fmt and c.encoding == "raw" and c.loader == "lazy"}
+        assert lazy == {(a, s) for a in ("sequential", "shuffle", "block_shuffle")
+                        for s in ("cold", "warm")}, fmt
+    knobs = {(c.format, json.dumps(dict(c.params))) for c in lvp if c not in plain}
+    assert knobs == {("memmap", '{"open_madvise_random": true}'),
+                     ("memmap", '{"open_madvise_random": false}'),
+                     ("lmdb", '{"open_readahead": true}'), ("lmdb", '{"open_readahead": false}')}
+    assert all(c.cache == "cold" and c.access == "shuffle" for c in lvp if c not in plain)
+    assert {c.encoding for c in lvp} == {"raw", "png", "jpeg"}
+
+    prefetch = prefetch_study(profile="ci", data_dir=ci_data_root)
+    assert {c.prefetcher for c in prefetch} == set(PREFETCHERS)
+    for decode in ("pil", "simplejpeg"):
+        assert {c.prefetcher for c in prefetch if c.param("decode") == decode} >= {
+            "none", "thread", "process"}
+    for kind in ("thread", "process"):
+        assert {c.workers for c in prefetch if c.prefetcher == kind
+                and c.param("decode") == "simplejpeg"} == {1, 2, 4}
+    (native,) = [c for c in prefetch if c.prefetcher == "tf_data"]
+    assert native.format == "tfrecord" and native.encoding == "jpeg"
+
+    feed = gpu_feed_study(profile="ci", data_dir=ci_data_root)
+    for case in feed:
+        assert case.param("emulated") is (case.param("device") == "cpu")
+        assert case.param("device_name")
+
+    targets = targets_study(profile="ci", data_dir=ci_data_root)
+    assert [c.loader for c in targets] == [t.key for t in TARGETS]
+    assert all(c.summarise == "storebench.bench.targets:summarise_target" for c in targets)
+
+
+def test_target_ratio_takes_the_best_numerator_path_and_the_summary_the_median():
+    tf_target = get_target("torch_vs_tf_data")
+    assert target_ratio(tf_target, {"torch_process_prefetcher.samples_per_s": 300.0,
+                                    "torch_dataloader.samples_per_s": 100.0,
+                                    "tf_data_autotune.samples_per_s": 200.0}) == 1.5
+    with pytest.raises(KeyError, match="did not measure"):
+        target_ratio(tf_target, {"torch_dataloader.samples_per_s": 1.0})
+    case = Case(study="targets", function="m:f", params={"target": "process_vs_pickled"})
+    records = [{"repeat": r, "metric": "target_ratio", "value": v}
+               for r, v in enumerate([2.0, 4.0, 3.5])]
+    assert summarise_target(case, records) == {
+        "target_value": (3.5, "ratio"), "target_threshold": (3.0, "ratio"),
+        "target_met": (1.0, "count")}
+
+
+@pytest.mark.timeout(120)
+def test_a_target_case_writes_its_value_threshold_and_verdict(ci_data_root):
+    (case,) = [c for c in targets_study(profile="ci", data_dir=ci_data_root, repeats=2)
+               if c.loader == "block_vs_random_parquet"]
+    outcome = run_case(case, timeout_s=110)
+    assert outcome.status == "ok", outcome.error
+    ratios = [r["value"] for r in outcome.records if r["metric"] == "target_ratio"]
+    whole = {r["metric"]: r["value"] for r in outcome.records if r["repeat"] == -1}
+    assert len(ratios) == 2
+    assert whole["target_value"] == pytest.approx(float(np.median(ratios)))
+    assert whole["target_threshold"] == 200.0
+    assert whole["target_met"] == float(whole["target_value"] >= 200.0)
+
+
+@pytest.mark.timeout(120)
+def test_the_locked_list_baseline_delivers_a_whole_epoch(ci_data_root):
+    (case,) = [c for c in prefetch_study(profile="ci", data_dir=ci_data_root, repeats=1)
+               if c.prefetcher == "locked_list_baseline"]
+    outcome = run_case(case, timeout_s=110)
+    assert outcome.status == "ok", outcome.error
+    samples = {r["value"] for r in outcome.records if r["metric"] == "samples"}
+    assert samples == {PROFILES["ci"].spec_for(case.encoding).num_samples}
