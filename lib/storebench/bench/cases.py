@@ -438,8 +438,13 @@ def target_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     with open_dataset(case.dataset, verify=False) as reader, trial.measure():
         if target.kind == "batch_assembly":
             (path,) = target.paths
-            dataset = (PreloadedDataset(reader, progress=False) if path == "preloaded"
-                       else LazyDataset(reader))
+            if path == "preloaded":
+                dataset = PreloadedDataset(reader, progress=False)
+            else:
+                # Warm data: map its pages first (MADV_POPULATE_READ), as a training job's
+                # later epochs find them; otherwise one page fault per 4 KiB is timed too.
+                reader.populate()
+                dataset = LazyDataset(reader)
             results = {path: throughput.shuffled_batch_assembly(
                 dataset, batch_size=batch_size, num_batches=max_batches, name=path)}
             dram = throughput.dram_read_bandwidth(nbytes=int(case.param("dram_bytes", 1 << 28)),
