@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -24,7 +25,18 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
 
     results_dir = Path(results_dir)
     base = relative_to or results_dir.resolve().parents[1]
-    parts = [readme_findings_table(results_dir).rstrip("\n"), "", "**Performance targets**", ""]
+    parts = [readme_findings_table(results_dir).rstrip("\n")]
+    timing_path = results_dir / "timing.json"
+    if timing_path.exists():
+        timing = json.loads(timing_path.read_text())
+        stages = ", ".join(
+            f"{name.removeprefix('study:')} {seconds / 60:.1f}"
+            for name, seconds in timing["stage_seconds"].items() if seconds >= 60
+        )
+        parts += ["", f"The whole `{timing['profile']}` study took "
+                  f"{timing['total_seconds'] / 60:.0f} min on this machine (minutes: {stages}; "
+                  f"`{timing_path.resolve().relative_to(base.resolve()).as_posix()}`)."]
+    parts += ["", "**Performance targets**", ""]
     parts.append(targets_markdown(read_all_results(results_dir)).rstrip("\n"))
     for stem, caption in KEY_FIGURES:
         png = results_dir / "figures" / f"{stem}.png"
