@@ -9,6 +9,7 @@ the dataset's real bytes, so a fast wrong answer cannot pass as a result. Heavy 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -50,31 +51,32 @@ def _check_batch(reader, indices: np.ndarray, images, labels) -> None:
             )
 
 
-def sequential_read_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
-    """Every sample in index order through ``Reader.read_many`` in batches of
-    ``case.batch_size`` (raw batches into one reused buffer), without per-sample checksum
-    verification, which the last batch gets afterwards instead.
+def _timed_batched_reads(
+    case: Case, trial: Trial, order_for: Callable[[int], np.ndarray]
+) -> dict[str, tuple[float, str]]:
+    """Read the samples ``order_for(len(dataset))`` names, in batches of ``case.batch_size``
+    through ``Reader.read_many`` (raw batches into one reused buffer), without per-sample
+    checksum verification, which the last batch gets afterwards instead.
 
     Params named ``open_<option>`` are passed to ``open_dataset`` as ``<option>`` (e.g.
     ``open_madvise_random=True``).
     """
     from storebench.formats import open_dataset, read_manifest
 
-    open_options = _open_options(case)
     batch_size = case.batch_size or 256
     file_bytes = read_manifest(case.dataset)["bytes_apparent"]
-    with open_dataset(case.dataset, verify=False, **open_options) as reader:
-        count = len(reader)
+    with open_dataset(case.dataset, verify=False, **_open_options(case)) as reader:
+        order = order_for(len(reader))
         out = (
-            np.empty((min(batch_size, count), *reader.spec.image_shape), dtype=np.uint8)
+            np.empty((min(batch_size, len(order)), *reader.spec.image_shape), dtype=np.uint8)
             if reader.is_raw else None
         )
         samples = returned_bytes = 0
         first_batch_seconds = float("nan")
         with trial.measure() as measurement:
             started = time.perf_counter()
-            for start in range(0, count, batch_size):
-                indices = np.arange(start, min(start + batch_size, count))
+            for start in range(0, len(order), batch_size):
+                indices = order[start:start + batch_size]
                 full = out is not None and len(indices) == len(out)
                 images, labels = reader.read_many(indices, out=out if full else None)
                 if samples == 0:
@@ -84,61 +86,36 @@ def sequential_read_case(case: Case, trial: Trial) -> dict[str, tuple[float, str
                     images.nbytes if reader.is_raw else sum(len(image) for image in images)
                 )
         _check_batch(reader, indices, images, labels)
-    if samples != count:
-        raise RuntimeError(f"{case.dataset}: read {samples} samples, the dataset has {count}")
+    if samples != len(order):
+        raise RuntimeError(f"{case.dataset}: read {samples} samples, asked for {len(order)}")
     seconds = measurement.wall_seconds
     return {
         "samples": (samples, "count"),
         "samples_per_s": (samples / seconds, "samples/s"),
         "read_MBps": (returned_bytes / seconds / MB, "MB/s"),
+        # The whole dataset's bytes per second of reading: for random batches, how much of
+        # the file they cost, not what they delivered.
         "file_MBps": (file_bytes / seconds / MB, "MB/s"),
         "time_to_first_batch_s": (first_batch_seconds, "s"),
         "cpu_utilisation": (measurement.cpu_seconds / seconds, "ratio"),
     }
+
+
+def sequential_read_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """Every sample in index order (see ``_timed_batched_reads``)."""
+    return _timed_batched_reads(case, trial, lambda count: np.arange(count))
 
 
 def random_read_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
-    """``random_samples`` samples (param; default every sample) at shuffled indices, in
-    batches of ``case.batch_size`` through ``Reader.read_many`` (raw batches into one reused
-    buffer): what a format's unit of I/O (chunk, row group, shard) costs a random batch.
-    The last batch is checked against the build's checksums afterwards."""
-    from storebench.formats import open_dataset, read_manifest
+    """``random_samples`` samples (param; default every sample) at shuffled indices (see
+    ``_timed_batched_reads``): what a format's unit of I/O (chunk, row group, shard) costs a
+    random batch."""
 
-    batch_size = case.batch_size or 256
-    file_bytes = read_manifest(case.dataset)["bytes_apparent"]
-    with open_dataset(case.dataset, verify=False, **_open_options(case)) as reader:
-        count = len(reader)
+    def shuffled(count: int) -> np.ndarray:
         wanted = min(int(case.param("random_samples", count)), count)
-        order = np.random.default_rng(int(case.param("seed", 0))).permutation(count)[:wanted]
-        out = (
-            np.empty((min(batch_size, wanted), *reader.spec.image_shape), dtype=np.uint8)
-            if reader.is_raw else None
-        )
-        returned_bytes = 0
-        first_batch_seconds = float("nan")
-        with trial.measure() as measurement:
-            started = time.perf_counter()
-            for start in range(0, wanted, batch_size):
-                indices = order[start:start + batch_size]
-                full = out is not None and len(indices) == len(out)
-                images, labels = reader.read_many(indices, out=out if full else None)
-                if start == 0:
-                    first_batch_seconds = time.perf_counter() - started
-                returned_bytes += (
-                    images.nbytes if reader.is_raw else sum(len(image) for image in images)
-                )
-        _check_batch(reader, indices, images, labels)
-    seconds = measurement.wall_seconds
-    return {
-        "samples": (wanted, "count"),
-        "samples_per_s": (wanted / seconds, "samples/s"),
-        "read_MBps": (returned_bytes / seconds / MB, "MB/s"),
-        # The whole dataset's bytes per second of random reading: how much of the file
-        # the random batches cost, not what they delivered.
-        "file_MBps": (file_bytes / seconds / MB, "MB/s"),
-        "time_to_first_batch_s": (first_batch_seconds, "s"),
-        "cpu_utilisation": (measurement.cpu_seconds / seconds, "ratio"),
-    }
+        return np.random.default_rng(int(case.param("seed", 0))).permutation(count)[:wanted]
+
+    return _timed_batched_reads(case, trial, shuffled)
 
 
 def dataset_files(dataset: Path | str) -> tuple[str, ...]:
