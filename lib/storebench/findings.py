@@ -402,30 +402,27 @@ def formats_findings(df: pd.DataFrame) -> list[str]:
             f"({_sig(overhead.max())}{MULTIPLY} its apparent bytes)."
         )
         readings = reads[reads["encoding"] == encoding].dropna(subset=["warm"])
-        if len(readings) >= 2:
-            best = _best(readings, "warm")
-            worst_read = _best(readings, "warm", lowest=True)
-            where = {"study": "formats", "loader": "reader", "encoding": encoding,
-                     "cache": "warm"}
-            sentences.append(name + ": " + faster_sentence(
-                best["format"], worst_read["format"],
-                stat(df, "samples_per_s", format=best["format"], **where),
-                stat(df, "samples_per_s", format=worst_read["format"], **where),
-                condition="warm, sequentially") + ".")
         cold = readings.dropna(subset=["cold"])
-        if len(cold) >= 2:
-            best = _best(cold, "cold")
-            worst_read = _best(cold, "cold", lowest=True)
+        for cache, rows, condition in (("warm", readings, "warm, sequentially"),
+                                       ("cold", cold, "cold")):
+            if len(rows) < 2:
+                continue
+            best = _best(rows, cache)
+            worst_read = _best(rows, cache, lowest=True)
             where = {"study": "formats", "loader": "reader", "encoding": encoding,
-                     "cache": "cold"}
-            sentences.append(name + ": " + faster_sentence(
+                     "cache": cache}
+            sentence = name + ": " + faster_sentence(
                 best["format"], worst_read["format"],
                 stat(df, "samples_per_s", format=best["format"], **where),
                 stat(df, "samples_per_s", format=worst_read["format"], **where),
-                condition="cold") +
-                f"; cold repeats started with at most {format_percent(cold['cold_resident'].max())}"
-                f" of the files resident, warm ones with at least "
-                f"{format_percent(readings['warm_resident'].min())}.")
+                condition=condition)
+            if cache == "cold":
+                sentence += (
+                    f"; cold repeats started with at most "
+                    f"{format_percent(cold['cold_resident'].max())} of the files resident, "
+                    f"warm ones with at least {format_percent(readings['warm_resident'].min())}"
+                )
+            sentences.append(sentence + ".")
     if "raw" in raw_size:
         base = raw_size["raw"]["size_ratio"]
         for encoding in ("png", "jpeg"):
