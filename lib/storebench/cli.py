@@ -13,45 +13,20 @@ DEFAULT_RESULTS_ROOT = Path("results")
 
 
 def _build(args: argparse.Namespace) -> int:
-    from .formats import FORMATS, build_dataset, get_format
-    from .formats.build import SampleCache
+    from .study import build_profile
 
     profile = data_gen.get_profile(args.profile)
-    out = Path(args.out) if args.out else DEFAULT_DATA_ROOT / profile.name
-    formats = args.formats or list(FORMATS)
-    for name in formats:
-        get_format(name)
-    encodings = args.encodings or [spec.encoding for spec in profile.specs]
-    for encoding in encodings:
-        profile.spec_for(encoding)
-    for encoding in encodings:
-        spec = profile.spec_for(encoding)
-        # Samples are generated once per encoding and replayed for every format.
-        with SampleCache(spec, out, workers=args.workers, progress=not args.quiet) as cache:
-            for name in formats:
-                if encoding not in get_format(name).ENCODINGS:
-                    print(
-                        f"skip   {name}-{encoding}: {name} stores {get_format(name).ENCODINGS} only"
-                    )
-                    continue
-                result = build_dataset(
-                    spec,
-                    name,
-                    out,
-                    workers=args.workers,
-                    progress=not args.quiet,
-                    force=args.force,
-                    source=cache,
-                )
-                m = result.manifest
-                state = "exists" if result.skipped else "built "
-                print(
-                    f"{state} {result.path}  {m['num_samples']} samples  "
-                    f"{m['bytes_apparent'] / 1e6:.1f} MB apparent, "
-                    f"{m['bytes_allocated'] / 1e6:.1f} MB allocated, {m['file_count']} files, "
-                    f"written in {m['write_seconds']:.2f} s",
-                    flush=True,
-                )
+    build_profile(
+        profile.name,
+        Path(args.out) if args.out else DEFAULT_DATA_ROOT / profile.name,
+        formats=args.formats,
+        encodings=args.encodings,
+        knob_variants=False,
+        workers=args.workers,
+        progress=not args.quiet,
+        force=args.force,
+        log=lambda line: print(line, flush=True),
+    )
     return 0
 
 

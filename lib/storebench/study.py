@@ -8,6 +8,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -56,33 +57,50 @@ def build_profile(
     profile: str,
     data_dir: Path | str,
     *,
+    formats: Sequence[str] | None = None,
+    encodings: Sequence[str] | None = None,
+    knob_variants: bool = True,
     workers: int | None = None,
     progress: bool = True,
     force: bool = False,
+    log: Callable[[str], None] | None = None,
 ) -> list:
-    """Build (or find already built) every format x encoding of ``profile``, and the
-    formats study's knob variants (``bench.studies.KNOB_VARIANTS``) of its encodings."""
+    """Build (or find already built) every format x encoding of ``profile`` (or those named),
+    and with ``knob_variants`` the formats study's variants (``bench.studies.KNOB_VARIANTS``)
+    of its encodings. ``log`` receives one line per dataset built, found or skipped."""
     from .bench.studies import KNOB_VARIANTS
-    from .formats import FORMATS, build_dataset
+    from .formats import FORMATS, build_dataset, get_format
     from .formats.build import SampleCache
 
+    chosen = data_gen.get_profile(profile)
+    formats = list(formats or FORMATS)
+    modules = {name: get_format(name) for name in formats}
+    specs = [chosen.spec_for(e) for e in encodings] if encodings else list(chosen.specs)
+    say = log or (lambda line: None)
     results = []
-    for spec in data_gen.get_profile(profile).specs:
+    for spec in specs:
+        builds = [(name, {}, None) for name in formats if spec.encoding in modules[name].ENCODINGS]
+        for name in formats:
+            if spec.encoding not in modules[name].ENCODINGS:
+                say(f"skip   {name}-{spec.encoding}: {name} stores {modules[name].ENCODINGS} only")
+        if knob_variants:
+            builds += [(v.format, dict(v.knobs), v.name) for v in KNOB_VARIANTS
+                       if v.encoding == spec.encoding and v.format in formats]
         # One generation per spec, replayed for every format and knob variant.
         with SampleCache(spec, data_dir, workers=workers, progress=progress) as cache:
-            for name, module in FORMATS.items():
-                if spec.encoding in module.ENCODINGS:
-                    results.append(build_dataset(
-                        spec, name, data_dir, workers=workers, progress=progress,
-                        source=cache, force=force,
-                    ))
-            for variant in KNOB_VARIANTS:
-                if variant.encoding == spec.encoding:
-                    results.append(build_dataset(
-                        spec, variant.format, data_dir, knobs=dict(variant.knobs),
-                        name=variant.name, workers=workers, progress=progress,
-                        source=cache, force=force,
-                    ))
+            for name, knobs, dirname in builds:
+                result = build_dataset(
+                    spec, name, data_dir, knobs=knobs, name=dirname, workers=workers,
+                    progress=progress, source=cache, force=force,
+                )
+                results.append(result)
+                m = result.manifest
+                say(
+                    f"{'exists' if result.skipped else 'built '} {result.path}  "
+                    f"{m['num_samples']} samples  {m['bytes_apparent'] / 1e6:.1f} MB apparent, "
+                    f"{m['bytes_allocated'] / 1e6:.1f} MB allocated, {m['file_count']} files, "
+                    f"written in {m['write_seconds']:.2f} s"
+                )
     return results
 
 
