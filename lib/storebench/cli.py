@@ -1,4 +1,4 @@
-"""Command line: ``storebench build | verify | run | study | plot``."""
+"""Command line: ``storebench build | verify | run | study | findings | plot | readme``."""
 
 from __future__ import annotations
 
@@ -95,6 +95,25 @@ def _plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def _findings(args: argparse.Namespace) -> int:
+    import json
+
+    from .guide import decision_guide, guide_text
+    from .results import Results
+
+    results = Results.load(Path(args.results_dir))
+    rows = decision_guide(results)
+    if args.json:
+        print(json.dumps([row.to_dict() for row in rows], indent=2))
+    else:
+        from .findings import machine_text
+
+        if results.env:
+            print(f"Measured on: {machine_text(results.env)}\n")
+        print(guide_text(rows))
+    return 0
+
+
 def _readme(args: argparse.Namespace) -> int:
     from .readme import update_readme
 
@@ -104,7 +123,10 @@ def _readme(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="storebench", description=__doc__)
+    p.add_argument("--version", action="version", version=f"storebench {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("build", help="write the profile's datasets in every format")
@@ -129,7 +151,9 @@ def parser() -> argparse.ArgumentParser:
     ):
         s = sub.add_parser(name, help=text)
         if name == "run":
-            s.add_argument("--study", required=True)
+            from .studies import STUDIES
+
+            s.add_argument("--study", required=True, choices=list(STUDIES))
         s.add_argument(
             "--profile", default=data_gen.DEFAULT_PROFILE, choices=sorted(data_gen.PROFILES)
         )
@@ -149,6 +173,12 @@ def parser() -> argparse.ArgumentParser:
             s.add_argument("--no-notebooks", action="store_true", help="skip executing notebooks")
         s.set_defaults(func=func)
 
+    f = sub.add_parser("findings", help="print this machine's decision guide from results")
+    f.add_argument("results_dir", help="e.g. results/reference or results/small")
+    f.add_argument("--json", action="store_true",
+                   help="one object per guide row, with its candidates and their medians")
+    f.set_defaults(func=_findings)
+
     pl = sub.add_parser("plot", help="regenerate every figure from a results directory")
     pl.add_argument("results_dir")
     pl.set_defaults(func=_plot)
@@ -161,14 +191,20 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .formats import DatasetError
+
     args = parser().parse_args(argv)
     try:
         return args.func(args)
     except KeyboardInterrupt:
         print("storebench: interrupted; finished work is kept", file=sys.stderr)
         return 130
-    except (KeyError, ValueError, TypeError, FileNotFoundError) as err:
+    except (KeyError, ValueError, TypeError, OSError, DatasetError) as err:
+        # User errors (a bad name, a missing or unwritable path, a damaged dataset) end in
+        # one line and exit code 2, never a traceback.
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        if isinstance(err, OSError) and err.filename and str(err.filename) not in str(message):
+            message = f"{err.filename}: {err.strerror or message}"
         print(f"storebench {args.command}: {message}", file=sys.stderr)
         return 2
 

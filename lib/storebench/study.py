@@ -17,8 +17,6 @@ import data_gen
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
-# The order a full study runs in (cheap and foundational first).
-STUDY_ORDER = ("formats", "lazy_vs_preloaded", "prefetch", "gpu_feed", "targets")
 TIMING_FILE = "timing.json"
 
 
@@ -30,6 +28,8 @@ class StudyTimes:
     run_id: str
     stages: dict[str, float] = field(default_factory=dict)
     failed_cases: dict[str, list[str]] = field(default_factory=dict)
+    ran_cases: dict[str, int] = field(default_factory=dict)
+    reused_cases: dict[str, int] = field(default_factory=dict)
 
     def write(self, results_dir: Path) -> Path:
         path = results_dir / TIMING_FILE
@@ -40,9 +40,27 @@ class StudyTimes:
             "stage_seconds": self.stages,
             "total_seconds": sum(self.stages.values()),
             "failed_cases": self.failed_cases,
+            "ran_cases": self.ran_cases,
+            "reused_cases": self.reused_cases,
         }
         path.write_text(json.dumps(data, indent=2) + "\n")
         return path
+
+
+def repo_relative(path: Path | str) -> str:
+    """``path`` relative to the repository root when inside it (notebooks resolve such
+    paths from the repository, whatever their working directory), else absolute."""
+    path = Path(path).resolve()
+    try:
+        return path.relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(path)
+
+
+def resolve_repo_path(path: Path | str) -> Path:
+    """A notebook parameter back to a path: relative ones are from the repository root."""
+    path = Path(path)
+    return path if path.is_absolute() else REPO_ROOT / path
 
 
 def data_dir_for(profile: str, data_root: Path | str) -> Path:
@@ -66,11 +84,11 @@ def build_profile(
     log: Callable[[str], None] | None = None,
 ) -> list:
     """Build (or find already built) every format x encoding of ``profile`` (or those named),
-    and with ``knob_variants`` the formats study's variants (``bench.studies.KNOB_VARIANTS``)
+    and with ``knob_variants`` the formats study's variants (``studies.formats.KNOB_VARIANTS``)
     of its encodings. ``log`` receives one line per dataset built, found or skipped."""
-    from .bench.studies import KNOB_VARIANTS
     from .formats import FORMATS, build_dataset, get_format
     from .formats.build import SampleCache
+    from .studies.formats import KNOB_VARIANTS
 
     chosen = data_gen.get_profile(profile)
     formats = list(formats or FORMATS)
@@ -146,9 +164,9 @@ def run_study(
     """
     from .bench import runner
     from .bench.plan import case_timeout_s
-    from .bench.studies import get_study
+    from .studies import get_study
 
-    study_function = get_study(name)
+    study = get_study(name)
     data_dir = data_dir_for(profile, data_root)
     results_dir = results_dir_for(profile, results_root)
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -159,7 +177,7 @@ def run_study(
     kwargs = {"profile": profile, "data_dir": data_dir}
     if repeats is not None:
         kwargs["repeats"] = repeats
-    cases = study_function(**kwargs)
+    cases = study.grid(**kwargs)
     results_path = results_dir / f"{name}.csv"
     if not resume and results_path.exists():
         results_path.unlink()
@@ -186,7 +204,9 @@ def execute_notebooks(
 ) -> list[Path]:
     """Execute every notebook with papermill into ``<results_dir>/notebooks/``.
 
-    The notebooks read ``results_dir`` (and re-measure first only if ``measure``)."""
+    The notebooks read ``results_dir`` (and re-measure first only if ``measure``). Paths
+    are passed relative to the repository when they lie inside it, so executed notebooks
+    carry no temporary or machine-specific paths."""
     import papermill
 
     results_dir = Path(results_dir).resolve()
@@ -200,8 +220,8 @@ def execute_notebooks(
             str(target),
             parameters={
                 "profile": profile,
-                "results_dir": str(results_dir),
-                "data_root": str(Path(data_root).resolve()),
+                "results_dir": repo_relative(results_dir),
+                "data_root": repo_relative(Path(data_root).resolve()),
                 "measure": measure,
             },
             cwd=str(notebooks_dir),
@@ -222,11 +242,19 @@ def run_full_study(
     drop_caches: bool = False,
     notebooks: bool = True,
     progress: bool = True,
-    studies: tuple[str, ...] = STUDY_ORDER,
+    studies: tuple[str, ...] | None = None,
+    log: Callable[[str], None] | None = None,
 ) -> StudyTimes:
-    """Build, run every study (one run id, one env.json), plot, execute the notebooks."""
+    """Build, run every study of ``STUDIES`` (or those named; one run id, one env.json),
+    plot, execute the notebooks, then print a summary: where the results went, how many
+    cases ran, were reused or failed, and this machine's decision guide."""
     from .bench import runner
     from .plots import plot_all
+    from .studies import STUDIES, get_study
+
+    names = list(studies) if studies is not None else list(STUDIES)
+    for name in names:
+        get_study(name)  # an unknown name fails before anything runs
 
     data_dir = data_dir_for(profile, data_root)
     results_dir = results_dir_for(profile, results_root)
@@ -252,7 +280,7 @@ def run_full_study(
         run_id=times.run_id,
         drop_caches=drop_caches,
     )
-    for name in studies:
+    for name in names:
         summary = stage(
             f"study:{name}",
             run_study,
@@ -269,6 +297,8 @@ def run_full_study(
         )
         if summary.failed:
             times.failed_cases[name] = list(summary.failed)
+        times.ran_cases[name] = len(summary.ran)
+        times.reused_cases[name] = len(summary.skipped)
     stage("plots", plot_all, results_dir)
     if notebooks:
         stage(
@@ -281,4 +311,28 @@ def run_full_study(
         )
     times.write(results_dir)
     os.sync()
+    (log or (lambda text: print(text, flush=True)))(study_summary(results_dir, times))
     return times
+
+
+def study_summary(results_dir: Path, times: StudyTimes) -> str:
+    """What a finished study did and this machine's guide, as text for the terminal."""
+    from .guide import decision_guide, guide_text
+    from .results import Results
+
+    ran = sum(times.ran_cases.values())
+    reused = sum(times.reused_cases.values())
+    failed = sum(len(v) for v in times.failed_cases.values())
+    lines = [f"storebench study: results in {results_dir} (figures in "
+             f"{results_dir / 'figures'}, timing in {results_dir / TIMING_FILE})"]
+    if ran == 0 and reused:
+        lines.append(f"All {reused} cases were reused from earlier runs: nothing was measured "
+                     "again (use --fresh to re-measure).")
+    else:
+        lines.append(f"Cases: {ran} ran, {reused} reused from earlier runs, {failed} failed.")
+    for study, cases in times.failed_cases.items():
+        lines.append(f"  failed in {study}: {', '.join(cases[:5])}"
+                     + (" ..." if len(cases) > 5 else ""))
+    lines += ["", "Decision guide for this machine:",
+              guide_text(decision_guide(Results.load(results_dir)))]
+    return "\n".join(lines)

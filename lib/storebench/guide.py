@@ -1,0 +1,165 @@
+"""The decision guide: for each situation, the measured best of every candidate that answers
+it, or a declared tie (``results.TIE_RULE``). Each study contributes its rows
+(``Study.guide``); nothing here knows which path should win."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from .results import TIE_RULE, Results, Stat, ratio_interval
+from .text import format_ratio, format_value
+
+# Units whose values are exact (counted, not timed): compared without an interval.
+EXACT_UNITS = ("bytes", "count")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One measured answer: ``key`` identifies it in the results (a loader path name, a
+    dataset, ...), ``label`` is how people read it."""
+
+    key: str
+    label: str
+    stat: Stat
+
+
+@dataclass(frozen=True)
+class GuideRow:
+    """A question, every candidate measured for it (best first), and the verdict."""
+
+    study: str
+    question: str
+    metric: str
+    candidates: tuple[Candidate, ...]
+    lower_is_better: bool
+    ratio: float
+    low: float
+    high: float
+    tie: bool
+    tied: tuple[str, ...] = ()
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+    @property
+    def runner_up(self) -> Candidate | None:
+        return self.candidates[1] if len(self.candidates) > 1 else None
+
+    @property
+    def choice(self) -> str:
+        if self.runner_up is None:
+            return f"{self.best.label} (the only candidate measured)"
+        if self.tie:
+            names = [self.best.label, *self.tied]
+            return ("no measurable difference between " + ", ".join(names[:-1])
+                    + f" and {names[-1]}")
+        return self.best.label
+
+    @property
+    def evidence(self) -> str:
+        """The best and the runner-up with their medians, the ratio and its interval."""
+        best = self.best
+        text = f"{best.label} {best.stat}"
+        second = self.runner_up
+        if second is None:
+            return text
+        text += f" vs {second.label} {second.stat}"
+        if math.isinf(self.low):
+            interval = "too few repeats for an interval"
+        elif self.low == self.high:
+            interval = "exact"
+        else:
+            interval = f"95% interval {format_ratio(self.low)}\u2013{format_ratio(self.high)}"
+        unit = best.stat.unit
+        word = ("smaller" if unit in EXACT_UNITS else "less time" if unit == "s" else
+                "faster" if unit == "samples/s" else "higher")
+        text += f"; {format_ratio(self.ratio)} {word if not self.tie else 'ratio'} ({interval})"
+        return text + f"; {len(self.candidates)} candidates"
+
+    def to_dict(self) -> dict:
+        return {
+            "study": self.study,
+            "question": self.question,
+            "metric": self.metric,
+            "lower_is_better": self.lower_is_better,
+            "choice": self.choice,
+            "best": self.best.key,
+            "runner_up": self.runner_up.key if self.runner_up else None,
+            "ratio": self.ratio,
+            "interval": [self.low, self.high],
+            "tie": self.tie,
+            "tied_with_best": list(self.tied),
+            "tie_rule": TIE_RULE,
+            "candidates": [
+                {"key": c.key, "label": c.label, "median": c.stat.median, "low": c.stat.low,
+                 "high": c.stat.high, "repeats": c.stat.count, "unit": c.stat.unit}
+                for c in self.candidates
+            ],
+        }
+
+
+def choose(study: str, question: str, metric: str, candidates: Sequence[Candidate], *,
+           lower_is_better: bool = False) -> GuideRow | None:
+    """The guide row for ``question``: candidates ranked by median (best first); the best
+    against the runner-up under ``TIE_RULE``. None when nothing was measured."""
+    ranked = sorted(candidates, key=lambda c: c.stat.median, reverse=not lower_is_better)
+    if not ranked:
+        return None
+    if len(ranked) == 1:
+        return GuideRow(study, question, metric, tuple(ranked), lower_is_better,
+                        float("nan"), float("nan"), float("nan"), False)
+    verdicts = [_compare(ranked[0].stat, other.stat, lower_is_better=lower_is_better)
+                 for other in ranked[1:]]
+    ratio, low, high, tie = verdicts[0]
+    tied = tuple(c.label for c, v in zip(ranked[1:], verdicts) if v[3]) if tie else ()
+    return GuideRow(study, question, metric, tuple(ranked), lower_is_better, ratio, low, high,
+                    tie, tied)
+
+
+def _compare(best: Stat, other: Stat, *, lower_is_better: bool
+             ) -> tuple[float, float, float, bool]:
+    """(ratio, low, high, tie) of ``best`` against ``other`` under ``TIE_RULE``; the ratio
+    is how many times better ``best`` is (above 1.0 when it is)."""
+    if best.unit in EXACT_UNITS:
+        ratio = other.median / best.median if lower_is_better else best.median / other.median
+        return ratio, ratio, ratio, ratio == 1.0
+    ratio, low, high = (ratio_interval(other, best) if lower_is_better
+                        else ratio_interval(best, other))
+    return ratio, low, high, not (low > 1.0)
+
+
+def decision_guide(results: Results) -> list[GuideRow]:
+    """Every study's guide rows, in the studies' run order."""
+    from .studies import STUDIES
+
+    rows: list[GuideRow] = []
+    for study in STUDIES.values():
+        if (results.df["study"] == study.name).any():
+            rows += [row for row in study.guide(results) if row is not None]
+    return rows
+
+
+def guide_table(rows: Sequence[GuideRow]) -> pd.DataFrame:
+    """question | choice | evidence, for markdown and notebooks."""
+    return pd.DataFrame([{"question": r.question, "choice": r.choice, "evidence": r.evidence}
+                         for r in rows], columns=["question", "choice", "evidence"])
+
+
+def guide_text(rows: Sequence[GuideRow]) -> str:
+    """The guide as plain text for a terminal: each question, its choice, its candidates."""
+    lines = []
+    for row in rows:
+        lines.append(f"* {row.question}")
+        lines.append(f"  -> {row.choice}")
+        lines.append(f"     {row.evidence}")
+        shown = ", ".join(f"{c.label} {format_value(c.stat.median, c.stat.unit)}"
+                          for c in row.candidates)
+        lines.append(f"     candidates: {shown}")
+    lines.append("")
+    lines.append(f"Tie rule: {TIE_RULE}")
+    return "\n".join(lines)

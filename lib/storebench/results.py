@@ -1,0 +1,293 @@
+"""The one results-query layer: plots, findings and the decision guide all select rows,
+medians, spreads and ratios here, so a figure and the sentence under it come from the same
+rows.
+
+Conventions:
+
+- a case's figure is the **median over its ok timed repeats** (``repeat >= 0``); the spread
+  is min to max and ``count`` the number of repeats;
+- when a results file holds several runs of the same case (a resumed or repeated study), the
+  latest run of each case is used, so one case never mixes runs;
+- two paths are compared as a **repeat-paired ratio**: repeat ``i`` of one with repeat ``i``
+  of the other, bootstrapped (``ratio_interval``); ``TIE_RULE`` says when that is a tie.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from .text import DASH, ENCODING_ORDER, format_value
+
+# Bootstrap of the ratio of medians: resamples and the interval's level.
+BOOTSTRAP_RESAMPLES = 4000
+INTERVAL_LEVEL = 0.95
+# Fewer paired repeats than this and a comparison of timed paths is not decided.
+MIN_PAIRED_REPEATS = 3
+TIE_RULE = (
+    "The guide picks the candidate with the best median. It calls a tie (\"no measurable "
+    "difference\") when the 95% bootstrap interval of the ratio of the two best medians "
+    "contains 1.0, resampling repeats in pairs (repeat i of one path with repeat i of the "
+    f"other, {BOOTSTRAP_RESAMPLES} resamples, seed 0), or when fewer than "
+    f"{MIN_PAIRED_REPEATS} paired repeats exist. Sizes and file counts are exact: equal is a "
+    "tie, anything else is not."
+)
+
+
+class MissingResultError(LookupError):
+    """The results hold no ok row for what a finding needs."""
+
+
+@dataclass(frozen=True)
+class Results:
+    """A results directory's rows (every ``*.csv``) and its ``env.json``."""
+
+    df: pd.DataFrame
+    env: Mapping = field(default_factory=dict)
+    directory: Path | None = None
+
+    @classmethod
+    def load(cls, results_dir: Path | str) -> Results:
+        """Raises ``FileNotFoundError`` naming the directory when it is missing or holds
+        no results."""
+        from .bench.schema import read_all_results
+
+        results_dir = Path(results_dir)
+        df = read_all_results(results_dir)
+        if df.empty:
+            raise FileNotFoundError(f"{results_dir}: no results (*.csv)")
+        env_path = results_dir / "env.json"
+        env = json.loads(env_path.read_text()) if env_path.exists() else {}
+        return cls(df, env, results_dir)
+
+    def study(self, name: str) -> pd.DataFrame:
+        """The rows of one study."""
+        return self.df[self.df["study"] == name]
+
+    @property
+    def limits(self) -> dict:
+        return dict(self.env.get("limits") or {})
+
+
+def latest_runs(df: pd.DataFrame) -> pd.DataFrame:
+    """Only each case's latest run (run ids sort by their UTC start time)."""
+    if df.empty:
+        return df
+    latest = df.groupby(["study", "case_id"])["run_id"].transform("max")
+    return df[df["run_id"] == latest]
+
+
+def params_of(df: pd.DataFrame) -> pd.Series:
+    """Each row's params as a dict."""
+    return df["params"].map(json.loads)
+
+
+def with_params(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` plus a ``param_<name>`` column per key of the ``params`` JSON objects."""
+    parsed = params_of(df)
+    out = df.copy()
+    for name in sorted({name for params in parsed for name in params}):
+        out[f"param_{name}"] = parsed.map(lambda p, name=name: p.get(name))
+    return out
+
+
+def ok_repeats(df: pd.DataFrame) -> pd.DataFrame:
+    """The ok timed-repeat rows of each case's latest run."""
+    rows = latest_runs(df)
+    return rows[(rows["status"] == "ok") & (rows["repeat"] >= 0).fillna(False)]
+
+
+def select(df: pd.DataFrame, metric: str | None = None, **where) -> pd.DataFrame:
+    """The ok timed-repeat rows of ``metric`` whose columns equal ``where``'s values;
+    ``param_<name>=value`` matches a key of the params JSON (``None``: key absent)."""
+    rows = ok_repeats(df)
+    if metric is not None:
+        rows = rows[rows["metric"] == metric]
+    params = {k: v for k, v in where.items() if k.startswith("param_")}
+    for column, value in where.items():
+        if column in params:
+            continue
+        if column not in rows.columns:
+            raise KeyError(f"no result column {column!r}; columns are {list(rows.columns)}")
+        rows = rows[(rows[column] == value).fillna(False)]
+    if params:
+        parsed = params_of(rows)
+        for key, value in params.items():
+            name = key.removeprefix("param_")
+            rows = rows[parsed.map(lambda p, name=name, value=value: p.get(name) == value)]
+            parsed = parsed[rows.index]
+    return rows
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A case's figure: median, min and max over ``count`` repeats, in ``unit``;
+    ``values`` are the repeats' values in repeat order (for paired comparisons)."""
+
+    median: float
+    low: float
+    high: float
+    count: int
+    unit: str
+    values: tuple[float, ...] = ()
+
+    def __str__(self) -> str:
+        return format_value(self.median, self.unit)
+
+    @property
+    def spread(self) -> str:
+        """``"1.1k–1.3k samples/s"``-style range of the repeats."""
+        low = format_value(self.low, self.unit)
+        high = format_value(self.high, self.unit)
+        return f"{low}{DASH}{high}"
+
+    @classmethod
+    def of(cls, rows: pd.DataFrame) -> Stat:
+        """The Stat of ``rows`` (one metric of one case: ok timed repeats)."""
+        ordered = rows.sort_values("repeat", kind="stable")
+        values = ordered["value"].astype(float)
+        return cls(float(values.median()), float(values.min()), float(values.max()),
+                   int(values.size), str(ordered["unit"].iloc[0]),
+                   tuple(float(v) for v in values))
+
+
+def stat(df: pd.DataFrame, metric: str, **where) -> Stat:
+    """The median, min and max of ``metric`` over the matching rows; raises
+    ``MissingResultError`` naming the metric and the filter when there are none."""
+    rows = select(df, metric, **where)
+    if rows.empty:
+        described = ", ".join(f"{k}={v!r}" for k, v in where.items())
+        raise MissingResultError(f"no ok result for {metric}" + (f" with {described}" if
+                                                                 described else ""))
+    return Stat.of(rows)
+
+
+def summed_stat(df: pd.DataFrame, metrics: Sequence[str], **where) -> Stat:
+    """The Stat of the per-repeat sum of ``metrics`` (e.g. preload plus epoch seconds),
+    summing within each repeat so that pairs stay paired."""
+    per_metric = []
+    for metric in metrics:
+        rows = select(df, metric, **where)
+        if rows.empty:
+            raise MissingResultError(f"no ok result for {metric} with {where}")
+        per_metric.append(rows.groupby("repeat")["value"].median())
+        unit = str(rows["unit"].iloc[0])
+    total = sum(per_metric[1:], per_metric[0]).dropna().sort_index()
+    return Stat(float(total.median()), float(total.min()), float(total.max()), int(total.size),
+                unit, tuple(float(v) for v in total))
+
+
+def summary_table(df: pd.DataFrame, metric: str, by: Sequence[str]) -> pd.DataFrame:
+    """Per group of ``by`` columns: median, low, high, repeats of ``metric``, the median
+    resident fraction the repeats started with, and the group's ``Stat``."""
+    rows = select(df, metric)
+    columns = [*by, "median", "low", "high", "repeats", "resident_fraction", "stat"]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    groups = []
+    for key, part in rows.groupby(list(by), dropna=False, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        value = Stat.of(part)
+        groups.append({**dict(zip(by, key)), "median": value.median, "low": value.low,
+                       "high": value.high, "repeats": value.count,
+                       "resident_fraction": float(part["resident_fraction"].median()),
+                       "stat": value})
+    return pd.DataFrame(groups, columns=columns)
+
+
+def ratio_interval(top: Stat, other: Stat, *, resamples: int = BOOTSTRAP_RESAMPLES,
+                   level: float = INTERVAL_LEVEL, seed: int = 0) -> tuple[float, float, float]:
+    """(ratio of medians, low, high): the bootstrap interval of ``top.median /
+    other.median``, resampling repeat pairs (repeat i with repeat i). With fewer than
+    ``MIN_PAIRED_REPEATS`` pairs the interval is (-inf, inf): undecided."""
+    ratio = top.median / other.median if other.median else float("nan")
+    pairs = min(len(top.values), len(other.values))
+    if pairs < MIN_PAIRED_REPEATS:
+        return ratio, float("-inf"), float("inf")
+    a = np.asarray(top.values[:pairs])
+    b = np.asarray(other.values[:pairs])
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, pairs, size=(resamples, pairs))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = np.median(a[picks], axis=1) / np.median(b[picks], axis=1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(ratios, [tail, 1 - tail])
+    return ratio, float(low), float(high)
+
+
+def default_builds(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows about default builds only (no knob variant's ``dataset_name`` in params)."""
+    if df.empty:
+        return df
+    return df[params_of(df).map(lambda p: "dataset_name" not in p)]
+
+
+def open_options(params: str) -> dict:
+    """The ``open_<option>`` params of a row (format open options a case chose)."""
+    return {k.removeprefix("open_"): v for k, v in json.loads(params).items()
+            if k.startswith("open_")}
+
+
+def default_open(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows of cases that opened their dataset with the format's default options."""
+    if df.empty:
+        return df
+    return df[df["params"].map(lambda text: not open_options(text))]
+
+
+def dataset_names(df: pd.DataFrame) -> pd.Series:
+    """The dataset directory a row is about: ``<format>-<encoding>`` or a variant's name."""
+    named = params_of(df).map(lambda p: p.get("dataset_name"))
+    default = df["format"] + "-" + df["encoding"]
+    return named.where(named.notna(), default).astype(str)
+
+
+def failed_cases(df: pd.DataFrame, *, study: str | None = None) -> pd.DataFrame:
+    """Cases whose latest run failed, timed out or was skipped, with the error's last
+    line."""
+    rows = latest_runs(df)
+    if study is not None:
+        rows = rows[rows["study"] == study]
+    rows = rows[rows["status"] != "ok"].drop_duplicates(["study", "case_id"])
+    errors = rows["error"].map(lambda text: text.strip().splitlines()[-1] if text.strip() else "")
+    return rows.assign(error=errors)[["study", "case_id", "status", "error"]].reset_index(
+        drop=True)
+
+
+def format_order() -> list[str]:
+    """The formats registry's order."""
+    from .formats import FORMATS
+
+    return list(FORMATS)
+
+
+def ordered(values, order: Sequence[str]) -> list[str]:
+    """``values`` (unique) sorted by ``order``; unknown values after, alphabetically."""
+    rank = {name: i for i, name in enumerate(order)}
+    return sorted(set(values), key=lambda v: (rank.get(v, len(rank)), str(v)))
+
+
+def sort_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """Rows in encoding order, then the formats registry's order, then as they came."""
+    if table.empty:
+        return table
+    keys = {}
+    if "encoding" in table:
+        keys["encoding"] = {name: i for i, name in enumerate(ENCODING_ORDER)}
+    if "format" in table:
+        keys["format"] = {name: i for i, name in enumerate(format_order())}
+    ranked = table.assign(**{f"_rank_{c}": table[c].map(lambda v, o=o: o.get(v, len(o)))
+                             for c, o in keys.items()})
+    ranked = ranked.sort_values([f"_rank_{c}" for c in keys], kind="stable")
+    return ranked.drop(columns=[f"_rank_{c}" for c in keys]).reset_index(drop=True)
+
+
+def best_row(table: pd.DataFrame, column: str = "median", *, lowest: bool = False) -> pd.Series:
+    """The row with the highest (``lowest``: smallest) ``column``."""
+    index = table[column].idxmin() if lowest else table[column].idxmax()
+    return table.loc[index]

@@ -1,0 +1,40 @@
+"""What a study is: its grid of cases, its figures, its findings and its guide rows, in one
+module (``storebench.studies.<name>``) registered in ``storebench.studies.STUDIES``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from matplotlib.figure import Figure
+
+from ..results import Results
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """One figure of a study: ``draw(results) -> Figure`` saved as ``<name>.png/.svg``;
+    ``caption`` says what it shows (the README and notebooks use it)."""
+
+    name: str
+    caption: str
+    draw: Callable[[Results], Figure]
+
+
+def no_guide_rows(results: Results) -> list:
+    return []
+
+
+@dataclass(frozen=True)
+class Study:
+    """``grid(*, profile, data_dir, repeats=None) -> list[Case]`` lays out the cases;
+    ``findings(results) -> list[str]`` and ``guide(results) -> list[GuideRow]`` read the
+    study's rows through ``storebench.results``; ``notebook`` is the notebook showing it."""
+
+    name: str
+    question: str
+    grid: Callable[..., list]
+    figures: tuple[FigureSpec, ...]
+    findings: Callable[[Results], list[str]]
+    guide: Callable[[Results], list] = no_guide_rows
+    notebook: str = ""

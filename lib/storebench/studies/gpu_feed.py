@@ -1,0 +1,360 @@
+"""The gpu_feed study: does the loader keep an accelerator busy?
+
+An ``EmulatedAccelerator`` spends ``compute_ms`` per batch (as MLPerf Storage does) while a
+loader path feeds it through ``GpuFeeder``, in this thread and with two prefetch processes.
+The copies go to the first CUDA device where one is present (found without importing torch
+in the grid), with pageable, pinned and asynchronous copies; else to the CPU, and every
+case's params say ``emulated=True``, ``device="cpu"``. Accelerator utilisation (AU) is
+compute time over wall time; the accelerator's idle time is split into waiting for data,
+the host copy and host overhead (see ``storebench.loaders.gpu.run_feed``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ..bench.cases import make_dataset, make_sampler, open_batches, open_options
+from ..bench.runner import Case, Trial
+from ..loaders.paths import path_label
+from ..plots import empty_figure, path_colour, profile_caption, summarise
+from ..results import Results, best_row, latest_runs, select, stat, summary_table
+from ..text import format_percent, format_ratio, format_value, grid_value
+from .base import FigureSpec, Study
+from .grid import batch_size_for, dataset_fields, pick, profile_datasets, repeats_for
+
+CASES = "storebench.studies.gpu_feed"
+COMPUTE_MS = (0.0, 2.0, 10.0)
+# MLPerf Storage counts a run as keeping the accelerator fed at >= 90% utilisation.
+AU_THRESHOLD = 0.9
+# The issue's bar: AU >= 95% whenever the path's own rate is >= 1.25x the accelerator's.
+FED_AU = 0.95
+FED_HEADROOM = 1.25
+FEED_LOADERS = (("none", 0), ("process", 2))
+
+
+def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
+         compute_ms: tuple[float, ...] = COMPUTE_MS) -> list[Case]:
+    """See the module docstring."""
+    from ..bench.envinfo import cuda_info
+
+    repeats = repeats_for(profile, repeats)
+    picked = pick(profile_datasets(profile, data_dir), "raw", ("memmap", "lmdb", "hdf5"))
+    if picked is None:
+        raise FileNotFoundError(f"{data_dir}: gpu_feed needs a raw dataset")
+    path, manifest = picked
+    fields = dataset_fields("gpu_feed", path, manifest)
+    cuda = cuda_info()
+    if cuda["torch_cuda_available"]:
+        device = {"device": "cuda", "emulated": False,
+                  "device_name": (cuda["devices"] or ["CUDA device"])[0]}
+        copies = [{}, {"pinned": True}, {"pinned": True, "non_blocking": True}]
+    else:
+        device = {"device": "cpu", "emulated": True, "device_name": "cpu"}
+        copies = [{}]
+    cases = []
+    for ms in compute_ms:
+        for prefetcher, workers in FEED_LOADERS:
+            for copy in copies:
+                params = {"compute_ms": ms, **device, **copy}
+                if workers:
+                    params["start_method"] = "fork"
+                cases.append(Case(
+                    function=f"{CASES}:gpu_feed_case", loader="lazy", prefetcher=prefetcher,
+                    workers=workers, batch_size=batch_size_for(manifest["num_samples"]),
+                    access="shuffle", cache="warm", repeats=repeats, params=params, **fields,
+                ))
+    return cases
+
+
+def gpu_feed_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """The case's loader path feeding an accelerator through ``GpuFeeder`` to the device
+    named by the ``device`` param, driven by an ``EmulatedAccelerator`` taking
+    ``compute_ms`` per batch: AU, the stall split into waiting for data and host copy, and
+    host-to-device GB/s."""
+    from storebench.formats import open_dataset
+    from storebench.loaders import EmulatedAccelerator, GpuFeeder, run_feed
+
+    device = case.param("device", "cpu")
+    reader = open_dataset(case.dataset, verify=False, **open_options(case))
+    accelerator = EmulatedAccelerator(float(case.param("compute_ms", 0.0)) / 1000.0)
+    close = dataset = None
+    try:
+        dataset = make_dataset(case, reader)
+        loader, close = open_batches(case, dataset, make_sampler(case, reader))
+        feeder = GpuFeeder(loader, device=device, pinned=bool(case.param("pinned", False)),
+                           non_blocking=bool(case.param("non_blocking", False)))
+        if feeder.uses_cuda == bool(case.param("emulated", True)):
+            raise RuntimeError(f"case {case.case_id}: says emulated={case.param('emulated')} "
+                               f"but copies go to {feeder.device}")
+        with trial.measure():
+            result = run_feed(feeder, accelerator, warmup_batches=int(case.param("warmup", 2)),
+                              max_batches=case.param("max_batches"))
+        stats = feeder.stats()
+    finally:
+        if close is not None:
+            close()
+        if dataset is not None:
+            dataset.close()
+        reader.close()
+    copy = stats["copy_seconds"]
+    return {
+        "samples": (result.samples, "count"),
+        "samples_per_s": (result.samples_per_second, "samples/s"),
+        "accelerator_utilisation": (result.au, "ratio"),
+        "stall_fraction": (result.stall_fraction, "ratio"),
+        "wait_for_data_fraction": (result.wait_for_data_fraction, "ratio"),
+        "host_copy_fraction": (result.host_copy_fraction, "ratio"),
+        "host_overhead_fraction": (result.host_overhead_fraction, "ratio"),
+        "h2d_GBps": (stats["bytes"] / copy / 1e9 if copy > 0 else 0.0, "GB/s"),
+        "epoch_seconds": (result.wall_seconds, "s"),
+    }
+
+
+# -- the one table figures, findings and the guide read ---------------------------------
+def copy_mode(params: Mapping) -> str:
+    if params.get("non_blocking"):
+        return "pinned, non_blocking"
+    if params.get("pinned"):
+        return "pinned, sync"
+    return "pageable, sync"
+
+
+FEED_METRICS = ("accelerator_utilisation", "stall_fraction", "wait_for_data_fraction",
+                "host_copy_fraction", "host_overhead_fraction", "h2d_GBps", "samples_per_s")
+
+
+def feed_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The study's rows with ``compute_ms``, ``copy`` (mode), ``path`` (registry key,
+    workers, copy mode) and ``label`` columns."""
+    rows = df[df["study"] == "gpu_feed"]
+    if rows.empty:
+        return rows.assign(compute_ms=[], copy=[], path=[], label=[])
+    params = rows["params"].map(json.loads)
+    workers = rows["workers"].fillna(0).astype(int)
+    copies = params.map(copy_mode)
+    labels = [path_label(p, w, m.get("start_method"))
+              for p, w, m in zip(rows["prefetcher"], workers, params)]
+    return rows.assign(
+        compute_ms=params.map(lambda p: float(p.get("compute_ms", 0.0))),
+        copy=copies,
+        path=[f"{p}/w{w}/{c}" for p, w, c in zip(rows["prefetcher"], workers, copies)],
+        label=[f"{label}, {c}" if c != "pageable, sync" else label
+               for label, c in zip(labels, copies)],
+    )
+
+
+def feed_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per compute time and path: medians of AU, stall (and its split where measured),
+    host-to-device GB/s and samples/s; the repeats; and whether the path's own rate (at
+    0 ms) gives ``FED_HEADROOM`` over the accelerator's rate."""
+    rows = feed_rows(df)
+    keys = ["compute_ms", "path", "label", "prefetcher", "copy"]
+    columns = [*keys, *FEED_METRICS, "repeats", "path_rate_over_accelerator"]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    table = None
+    for metric in FEED_METRICS:
+        part = summary_table(rows, metric, keys)
+        if part.empty:
+            continue
+        part = part.set_index(keys)
+        if table is None:
+            table = part[["median", "repeats"]].rename(columns={"median": metric})
+        else:
+            table[metric] = part["median"]
+    table = table.reset_index()
+    for metric in FEED_METRICS:
+        if metric not in table:
+            table[metric] = np.nan
+    own_rate = table[table["compute_ms"] == 0].set_index("path")["samples_per_s"]
+    batch = rows.groupby("path")["batch_size"].first()
+    accelerator_rate = batch.reindex(table["path"]).to_numpy(dtype=float) / (
+        table["compute_ms"].to_numpy(dtype=float) / 1000.0)
+    with np.errstate(divide="ignore"):
+        table["path_rate_over_accelerator"] = (
+            own_rate.reindex(table["path"]).to_numpy(dtype=float) / accelerator_rate)
+    return table.sort_values(["compute_ms", "path"], kind="stable").reset_index(
+        drop=True)[columns]
+
+
+def feed_devices(df: pd.DataFrame) -> pd.DataFrame:
+    """Where the cases copied to, from their params: one row per (device, device_name,
+    emulated). Cases from before these params existed count as emulated copies to the CPU."""
+    rows = latest_runs(df[df["study"] == "gpu_feed"])
+    columns = ["device", "device_name", "emulated"]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    params = rows["params"].map(json.loads)
+    found = pd.DataFrame({
+        "device": params.map(lambda p: p.get("device", "cpu")),
+        "device_name": params.map(lambda p: p.get("device_name", p.get("device", "cpu"))),
+        "emulated": params.map(lambda p: bool(p.get("emulated", True))),
+    })
+    return found.drop_duplicates().reset_index(drop=True)
+
+
+def feed_device_text(df: pd.DataFrame) -> str:
+    """What the feed numbers are: real CUDA copies, or host copies into an emulated
+    device."""
+    devices = feed_devices(df)
+    if devices.empty:
+        return "No accelerator-feed results."
+    real = devices[~devices["emulated"]]
+    if not real.empty:
+        names = ", ".join(sorted(set(real["device_name"])))
+        return (f"Copies went to {names} (a real CUDA device, timed with CUDA events); the "
+                "model's compute is emulated (a fixed time per batch, as MLPerf Storage does).")
+    return ("No CUDA device took part (every feed row says emulated): the accelerator is "
+            "emulated (a fixed compute time per batch, as MLPerf Storage does) and the "
+            "host-to-device copy is a memcpy into a preallocated CPU tensor, so pinned and "
+            "non_blocking copies were not measured.")
+
+
+def feed_findings(df: pd.DataFrame) -> list[str]:
+    """AU per path at each compute time with the stall split; whether AU reaches
+    ``FED_AU`` wherever the path's own rate gives ``FED_HEADROOM`` over the accelerator's;
+    pinned/non_blocking against pageable copies when measured."""
+    table = feed_table(df)
+    if table.empty:
+        return []
+    sentences = [feed_device_text(df)]
+    busy = table[table["compute_ms"] > 0]
+    for compute_ms, part in busy.groupby("compute_ms"):
+        described = "; ".join(
+            f"{row['label']} {format_percent(row['accelerator_utilisation'])} (waiting for "
+            f"data {format_percent(row['wait_for_data_fraction'])}, host copy "
+            f"{format_percent(row['host_copy_fraction'])}, host overhead "
+            f"{format_percent(row['host_overhead_fraction'])})"
+            for _, row in part.iterrows())
+        sentences.append(f"At {grid_value(compute_ms)} ms of compute per batch, accelerator "
+                         f"utilisation is: {described}.")
+    fed = busy[busy["path_rate_over_accelerator"] >= FED_HEADROOM]
+    if not fed.empty:
+        short = fed[fed["accelerator_utilisation"] < FED_AU]
+        verdict = ("all reach" if short.empty else
+                   f"{len(short)} of {len(fed)} fall short of")
+        sentences.append(
+            f"Where a path alone delivers at least {format_ratio(FED_HEADROOM)} the "
+            f"accelerator's rate ({len(fed)} path and compute-time pairs), {verdict} "
+            f"{format_percent(FED_AU)} AU (lowest: "
+            f"{format_percent(fed['accelerator_utilisation'].min())}).")
+    zero = table[table["compute_ms"] == 0]
+    if not zero.empty:
+        fastest = best_row(zero, "samples_per_s")
+        sentences.append(
+            f"With no compute the feed itself runs at "
+            f"{format_value(fastest['samples_per_s'], 'samples/s')} ({fastest['label']}, "
+            f"{format_value(fastest['h2d_GBps'], 'GB/s')} copied).")
+    copies = table.pivot_table(index=["compute_ms", "prefetcher"], columns="copy",
+                               values="h2d_GBps")
+    if "pinned, sync" in copies and "pageable, sync" in copies:
+        gain = (copies["pinned, sync"] / copies["pageable, sync"]).median()
+        sentences.append(f"Pinned host buffers copy at {format_ratio(gain)} the rate of pageable "
+                         "ones (median over loaders and compute times).")
+    return sentences
+
+
+# -- figures ----------------------------------------------------------------------------
+def plot_feed(df: pd.DataFrame) -> Figure:
+    """AU against the emulated compute time per batch, one line per path (and copy mode);
+    beside it, where the rest of the time went: waiting for data and the host copy."""
+    rows = feed_rows(df)
+    if rows.empty:
+        return empty_figure("no feed rows")
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for path, part in rows.groupby("path", sort=False):
+        summary = summarise(part, "accelerator_utilisation", ["compute_ms"]).sort_values(
+            "compute_ms")
+        if summary.empty:
+            continue
+        median = summary["median"].to_numpy(dtype=float)
+        axes[0].errorbar(summary["compute_ms"], median,
+                         yerr=[median - summary["low"].to_numpy(dtype=float),
+                               summary["high"].to_numpy(dtype=float) - median],
+                         marker="o", capsize=2, color=path_colour(path.split("/")[0]),
+                         label=part["label"].iloc[0])
+    axes[0].axhline(FED_AU, color="grey", linestyle=":", linewidth=0.8,
+                    label=f"{format_percent(FED_AU)} AU")
+    axes[0].set_xlabel("emulated compute per batch (ms)")
+    axes[0].set_ylabel("accelerator utilisation")
+    axes[0].set_ylim(-0.02, 1.02)
+    axes[0].legend(fontsize="small")
+    table = feed_table(df)
+    busy = table[table["compute_ms"] > 0].reset_index(drop=True)
+    if busy.empty:
+        axes[1].axis("off")
+    else:
+        labels = [f"{row['label']}\n{grid_value(row['compute_ms'])} ms"
+                  for _, row in busy.iterrows()]
+        y = np.arange(len(busy))
+        left = np.zeros(len(busy))
+        for metric, colour, name in (
+                ("accelerator_utilisation", "#2ca02c", "computing"),
+                ("wait_for_data_fraction", "#d62728", "waiting for data"),
+                ("host_copy_fraction", "#ff7f0e", "host copy"),
+                ("host_overhead_fraction", "#7f7f7f", "host overhead")):
+            values = busy[metric].fillna(0).to_numpy(dtype=float)
+            axes[1].barh(y, values, left=left, color=colour, label=name, edgecolor="black",
+                         linewidth=0.4)
+            left += values
+        axes[1].set_yticks(y, labels, fontsize="x-small")
+        axes[1].invert_yaxis()
+        axes[1].set_xlim(0, 1.02)
+        axes[1].set_xlabel("fraction of wall time (medians)")
+        axes[1].legend(fontsize="x-small", loc="lower right")
+    devices = feed_devices(df)
+    real = sorted(set(devices.loc[~devices["emulated"], "device_name"]))
+    where = (f"copies to {', '.join(real)}" if real
+             else "no CUDA device: copies into CPU memory, accelerator emulated")
+    fig.suptitle(f"Feeding the accelerator ({where}; {profile_caption(rows)})",
+                 fontsize="medium")
+    return fig
+
+
+FIGURES = (
+    FigureSpec("gpu_feed_utilisation", "Accelerator utilisation against per-batch compute",
+               lambda r: plot_feed(r.df)),
+)
+
+
+# -- guide ------------------------------------------------------------------------------
+def guide(results: Results) -> list:
+    """Per compute time above zero: every measured feed path is a candidate, by AU."""
+    from ..guide import Candidate, choose
+
+    rows = feed_rows(results.df)
+    picked = select(rows, "accelerator_utilisation")
+    out = []
+    emulated = feed_devices(results.df)["emulated"].all()
+    for compute_ms in sorted(set(picked["compute_ms"]) - {0.0}):
+        part = picked[picked["compute_ms"] == compute_ms]
+        candidates = [Candidate(key, label, stat(part, "accelerator_utilisation", path=key))
+                      for key, label in dict.fromkeys(zip(part["path"], part["label"]))]
+        out.append(choose(
+            "gpu_feed",
+            f"Keeping an accelerator busy at {grid_value(compute_ms)} ms per batch"
+            + (" (emulated accelerator)" if emulated else "") + ": which feed path?",
+            "accelerator_utilisation", candidates))
+    return [row for row in out if row is not None]
+
+
+def findings(results: Results) -> list[str]:
+    return feed_findings(results.df)
+
+
+STUDY = Study(
+    name="gpu_feed",
+    question="Does the loader keep an accelerator busy?",
+    grid=grid,
+    figures=FIGURES,
+    findings=findings,
+    guide=guide,
+    notebook="04_gpu_feed.ipynb",
+)
