@@ -34,3 +34,26 @@ def ci_dataset(ci_data_root):
         return ci_data_root / f"{format_name}-{encoding}"
 
     return path
+
+
+@pytest.fixture(scope="session")
+def ci_study(tmp_path_factory) -> tuple[Path, object]:
+    """``storebench study --profile ci`` run once, as ``make study`` runs it (build, every
+    study, plots, notebooks), in a subprocess: (the ci results directory, the completed
+    process). The notebook and study-contract tests read what it wrote."""
+    import os
+    import subprocess
+    import sys
+
+    from storebench.study import REPO_ROOT
+
+    root = tmp_path_factory.mktemp("ci-study")
+    data, results = root / "data", root / "results"
+    completed = subprocess.run(
+        [str(Path(sys.executable).with_name("storebench")), "study", "--profile", "ci",
+         "--data", str(data), "--results", str(results), "--quiet"],
+        capture_output=True, text=True, timeout=880, cwd=REPO_ROOT,
+        env={**os.environ, "MPLBACKEND": "Agg"},
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return results / "ci", completed

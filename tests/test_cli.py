@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -88,3 +91,57 @@ def test_bad_arguments_give_clear_errors(tmp_path):
     assert result.returncode == 2 and "no such directory" in result.stderr
     result = storebench("verify", str(tmp_path))
     assert result.returncode == 2 and "no dataset" in result.stderr
+
+
+def test_python_dash_m_storebench_and_version():
+    result = subprocess.run([sys.executable, "-m", "storebench", "--version"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0
+    assert re.fullmatch(r"storebench \d+\.\d+\.\d+\S*\n", result.stdout), result.stdout
+
+
+def test_user_errors_are_one_line_and_exit_2(tmp_path):
+    result = storebench("findings", str(tmp_path / "nowhere"))
+    assert result.returncode == 2
+    missing = tmp_path / "nowhere"
+    assert result.stderr == f"storebench findings: {missing}: no such results directory\n"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = storebench("findings", str(empty))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1
+    assert "no results (*.csv)" in result.stderr
+    # An --out that is a file, and one in a read-only directory: one line, no traceback.
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    result = storebench("build", "--profile", "ci", "--out", str(a_file), "--quiet",
+                        "--formats", "memmap", "--encodings", "raw")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and str(a_file) in result.stderr
+    read_only = tmp_path / "read-only"
+    read_only.mkdir()
+    read_only.chmod(0o500)
+    try:
+        result = storebench("build", "--profile", "ci", "--out", str(read_only / "d"),
+                            "--quiet", "--formats", "memmap", "--encodings", "raw")
+    finally:
+        read_only.chmod(0o700)
+    if os.geteuid() != 0:  # root writes anywhere: only an ordinary user is refused
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr.count("\n") == 1
+
+
+def test_findings_prints_the_guide_and_json_lists_the_candidates():
+    reference = Path(__file__).resolve().parents[1] / "results" / "reference"
+    if not (reference / "env.json").exists():
+        pytest.skip("no committed reference results")
+    text = storebench("findings", str(reference))
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.startswith("Measured on: ") and "Tie rule:" in text.stdout
+    rows = json.loads(storebench("findings", str(reference), "--json").stdout)
+    assert rows and all(row["candidates"] for row in rows)
+    for row in rows:
+        medians = [c["median"] for c in row["candidates"]]
+        ordered = sorted(medians, reverse=not row["lower_is_better"])
+        assert medians == ordered, row["question"]
+        assert row["best"] == row["candidates"][0]["key"]
+        assert row["choice"].startswith("no measurable difference") == row["tie"]

@@ -17,14 +17,14 @@ import pytest
 
 from storebench.bench.envinfo import read_env
 from storebench.bench.schema import read_results
-from storebench.bench.studies import KNOB_VARIANTS
-from storebench.bench.targets import TARGETS
-from storebench.plots import FIGURES
-from storebench.study import NOTEBOOKS_DIR, REPO_ROOT, STUDY_ORDER
+from storebench.studies import STUDIES
+from storebench.studies.formats import KNOB_VARIANTS
+from storebench.studies.targets import TARGETS
+from storebench.study import NOTEBOOKS_DIR, REPO_ROOT
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
-PARAMETERS = {"profile": "small", "results_dir": "../results/reference",
-              "data_root": "../data", "measure": False}
+PARAMETERS = {"profile": "small", "results_dir": "results/reference",
+              "data_root": "data", "measure": False}
 REFERENCE = REPO_ROOT / "results" / "reference"
 STOREBENCH = Path(sys.executable).with_name("storebench")
 
@@ -93,22 +93,17 @@ def _errors(notebook) -> list[str]:
 
 
 @pytest.mark.timeout(900)
-def test_study_on_the_ci_profile_end_to_end(tmp_path):
+def test_study_on_the_ci_profile_end_to_end(ci_study):
     """Build, every study, plots and every notebook, as ``make study`` runs them."""
-    data, results = tmp_path / "data", tmp_path / "results"
-    completed = subprocess.run(
-        [str(STOREBENCH), "study", "--profile", "ci", "--data", str(data), "--results",
-         str(results), "--quiet"],
-        capture_output=True, text=True, timeout=880, cwd=REPO_ROOT,
-        env={**os.environ, "MPLBACKEND": "Agg"},
-    )
-    assert completed.returncode == 0, completed.stderr[-4000:]
-    profile_dir = results / "ci"
+    profile_dir, completed = ci_study
+    # The study ends with a summary: where results went, cases run/reused/failed, the guide.
+    assert f"results in {profile_dir}" in completed.stdout
+    assert "failed." in completed.stdout and "Decision guide for this machine:" in completed.stdout
 
     env = read_env(profile_dir / "env.json")
     assert env["profile"] == "ci"
     frames = {}
-    for study in STUDY_ORDER:
+    for study in STUDIES:
         df = frames[study] = read_results(profile_dir / f"{study}.csv")
         assert set(df["study"]) == {study}
         assert (df["status"] == "ok").any(), f"{study}: no case succeeded"
@@ -126,7 +121,7 @@ def test_study_on_the_ci_profile_end_to_end(tmp_path):
     assert all(isinstance(p["emulated"], bool) and p["device"] for p in feed_params)
 
     figures = {p.name for p in (profile_dir / "figures").iterdir()}
-    expected = {f"{name}{suffix}" for study in STUDY_ORDER for name, _ in FIGURES[study]
+    expected = {f"{spec.name}{suffix}" for study in STUDIES.values() for spec in study.figures
                 for suffix in (".png", ".svg")}
     assert expected <= figures, f"figures missing: {sorted(expected - figures)}"
 
@@ -154,6 +149,9 @@ def test_figures_regenerate_from_the_committed_reference_results(tmp_path):
     if not REFERENCE.is_dir():
         pytest.skip(f"{REFERENCE.relative_to(REPO_ROOT)} is not committed yet")
     committed = {p.name for p in (REFERENCE / "figures").iterdir()}
+    expected = {f"{spec.name}{suffix}" for study in STUDIES.values() for spec in study.figures
+                for suffix in (".png", ".svg")}
+    assert committed == expected
     assert committed, "the reference results have no figures"
     copy = tmp_path / "reference"
     shutil.copytree(REFERENCE, copy, ignore=shutil.ignore_patterns("figures", "notebooks"))
@@ -161,3 +159,31 @@ def test_figures_regenerate_from_the_committed_reference_results(tmp_path):
                                text=True, timeout=280, env={**os.environ, "MPLBACKEND": "Agg"})
     assert completed.returncode == 0, completed.stderr[-4000:]
     assert {p.name for p in (copy / "figures").iterdir()} == committed
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("cwd", [REPO_ROOT, NOTEBOOKS_DIR], ids=["root", "notebooks"])
+def test_a_notebook_runs_from_the_repository_root_and_from_notebooks(cwd, tmp_path):
+    """Paths in the parameters resolve from the repository, not the working directory (every
+    notebook resolves them with the same ``study.resolve_repo_path``)."""
+    import papermill
+
+    path = NOTEBOOKS_DIR / "05_findings.ipynb"
+    if not REFERENCE.is_dir():
+        pytest.skip("no committed reference results")
+    out = tmp_path / path.name
+    papermill.execute_notebook(str(path), str(out), cwd=str(cwd), progress_bar=False,
+                               kernel_name="python3")
+    executed = nbformat.read(out, as_version=4)
+    assert _errors(executed) == []
+    text = json.dumps([cell.get("outputs", []) for cell in executed.cells])
+    assert "/tmp" not in text and str(REPO_ROOT) not in text
+
+
+def test_committed_reference_notebooks_carry_no_temporary_paths():
+    executed = sorted((REFERENCE / "notebooks").glob("*.ipynb"))
+    if not executed:
+        pytest.skip("no committed reference notebooks")
+    for path in executed:
+        text = path.read_text()
+        assert "/tmp/" not in text and "/work/" not in text, path.name

@@ -77,7 +77,7 @@ def empty_figure(message: str) -> Figure:
     return fig
 
 
-def _tick_text(value: float, _position=None) -> str:
+def tick_text(value: float, _position=None) -> str:
     if value <= 0:
         return ""
     for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
@@ -91,7 +91,7 @@ def log_axis(ax, which: str = "y") -> None:
     axis = ax.yaxis if which == "y" else ax.xaxis
     (ax.set_yscale if which == "y" else ax.set_xscale)("log")
     axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    axis.set_major_formatter(FuncFormatter(_tick_text))
+    axis.set_major_formatter(FuncFormatter(tick_text))
     axis.set_minor_formatter(NullFormatter())
 
 

@@ -7,21 +7,32 @@ import re
 from pathlib import Path
 
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"
-# The figures the README shows, in order, with what each one answers.
+# The figures the README shows, in order; captions come from the studies' FigureSpecs.
 KEY_FIGURES = (
-    ("formats_build_cost", "Build cost and bytes on disk per format"),
-    ("formats_sequential_read", "Sequential read, cold vs warm, against the machine's limits"),
-    ("lazy_vs_preloaded_throughput", "Lazy vs preloaded loading"),
-    ("prefetch_scaling", "Thread vs process prefetch, baselines, torch DataLoader"),
-    ("gpu_feed_utilisation", "Accelerator utilisation against per-batch compute time"),
-    ("targets_paths", "The performance targets"),
+    "formats_build_cost",
+    "formats_sequential_read",
+    "lazy_vs_preloaded_throughput",
+    "prefetch_paths",
+    "gpu_feed_utilisation",
+    "targets_met",
 )
+
+
+def figure_caption(name: str) -> str:
+    from .studies import STUDIES
+
+    for study in STUDIES.values():
+        for spec in study.figures:
+            if spec.name == name:
+                return spec.caption
+    raise KeyError(f"no study draws a figure named {name!r}")
 
 
 def render_findings_block(results_dir: Path | str, *, relative_to: Path | None = None) -> str:
     """Machine line, decision guide, targets and key figures, as README markdown."""
     from .bench.schema import read_all_results
-    from .findings import readme_findings_table, targets_markdown
+    from .findings import readme_findings_table
+    from .studies.targets import targets_markdown
 
     results_dir = Path(results_dir)
     base = relative_to or results_dir.resolve().parents[1]
@@ -38,11 +49,11 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
                   f"`{timing_path.resolve().relative_to(base.resolve()).as_posix()}`)."]
     parts += ["", "**Performance targets**", ""]
     parts.append(targets_markdown(read_all_results(results_dir)).rstrip("\n"))
-    for stem, caption in KEY_FIGURES:
+    for stem in KEY_FIGURES:
         png = results_dir / "figures" / f"{stem}.png"
         if png.exists():
             rel = png.resolve().relative_to(base.resolve()).as_posix()
-            parts += ["", f"![{caption}]({rel})"]
+            parts += ["", f"![{figure_caption(stem)}]({rel})"]
     return "\n".join(parts) + "\n"
 
 

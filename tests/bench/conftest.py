@@ -11,8 +11,8 @@ from data_gen import PROFILES
 from storebench.bench.envinfo import collect_env, write_env
 from storebench.bench.limits import measure_limits
 from storebench.bench.runner import run_study
-from storebench.bench.studies import formats_study
 from storebench.formats import build_dataset
+from storebench.studies.formats import grid as formats_study
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from ..bench.plan import plan_for
 from ..bench.runner import Case
@@ -29,6 +30,7 @@ from ..plots import (
     plot_peak_memory,
     profile_caption,
     summarise,
+    tick_text,
 )
 from ..results import Results, best_row, ordered, params_of, select, stat, summary_table
 from ..text import DASH, format_ratio, format_value, relative_text
@@ -295,14 +297,29 @@ def tf_data_findings(df: pd.DataFrame) -> list[str]:
 
 
 # -- figures ----------------------------------------------------------------------------
+def _with_native_tf_data(rows: pd.DataFrame) -> pd.DataFrame:
+    """tf.data's native pipeline reads the TFRecord copy of the JPEG set and decodes with
+    TensorFlow: shown in the panel of the same JPEG samples decoded with simplejpeg."""
+    native = rows["prefetcher"] == "tf_data"
+    jpeg = rows[(rows["encoding"] == "jpeg") & (rows["decode"] == "simplejpeg")]
+    if not native.any() or jpeg.empty:
+        return rows
+    moved = rows[native].assign(
+        label=[f"{label} (over {d}, TensorFlow decodes)"
+               for label, d in zip(rows.loc[native, "label"], rows.loc[native, "dataset"])],
+        dataset=jpeg["dataset"].iloc[0], decode="simplejpeg")
+    return pd.concat([rows[~native], moved])
+
+
 def plot_prefetch_scaling(df: pd.DataFrame) -> Figure:
     """Throughput against worker count for our thread and process prefetchers (fork), one
     panel per dataset and decoder; one thread as a dashed line for reference."""
     rows = prefetch_rows(df)
     rows = rows[rows["metric"] == "samples_per_s"]
-    if rows.empty:
+    swept = rows[rows["prefetcher"].isin(["thread", "process"])]
+    if swept.empty:
         return empty_figure("no prefetch rows")
-    panels = list(dict.fromkeys(zip(rows["dataset"], rows["decode"])))
+    panels = list(dict.fromkeys(zip(swept["dataset"], swept["decode"])))
     fig = Figure(figsize=(3.6 * len(panels), 3.6), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (dataset, decode) in zip(axes, panels, strict=True):
@@ -323,7 +340,8 @@ def plot_prefetch_scaling(df: pd.DataFrame) -> Figure:
         if not serial.empty:
             ax.axhline(float(serial["median"].iloc[0]), color=path_colour("none"),
                        linestyle="--", linewidth=1, label=LOADER_PATHS["none"].label)
-        log_axis(ax)
+        ax.set_ylim(bottom=0)
+        ax.yaxis.set_major_formatter(FuncFormatter(tick_text))
         ax.set_xlabel("workers")
         ax.set_xticks(sorted(part.loc[part["prefetcher"].isin(["thread", "process"]),
                                       "workers"].unique()))
@@ -343,6 +361,7 @@ def plot_prefetch_paths(df: pd.DataFrame) -> Figure:
     rows = rows[rows["metric"] == "samples_per_s"]
     if rows.empty:
         return empty_figure("no prefetch rows")
+    rows = _with_native_tf_data(rows)
     panels = list(dict.fromkeys(zip(rows["dataset"], rows["decode"])))
     heights = [rows.loc[(rows["dataset"] == d) & (rows["decode"] == c), "path"].nunique()
                for d, c in panels]
@@ -359,6 +378,7 @@ def plot_prefetch_paths(df: pd.DataFrame) -> Figure:
         bars(ax, list(summary["label"]), summary,
              colours=[path_colour(p) for p in summary["prefetcher"]], horizontal=True)
         log_axis(ax, "x")
+        ax.set_xlim(float(summary["low"].min()) / 1.6, float(summary["high"].max()) * 1.3)
         encoding = part["encoding"].iloc[0]
         ax.set_title(f"{decoded_label(dataset, decode)} ({profile_caption(part, encoding)})",
                      fontsize="medium")

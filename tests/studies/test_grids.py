@@ -9,32 +9,35 @@ import numpy as np
 import pytest
 
 from data_gen import PROFILES
-from storebench.bench.cases import PREFETCHERS
 from storebench.bench.plan import case_timeout_s, default_repeats, plan_for
 from storebench.bench.runner import Case, Trial, run_case
-from storebench.bench.studies import (
-    KNOB_VARIANTS,
-    STUDIES,
-    formats_study,
-    gpu_feed_study,
-    lazy_vs_preloaded_study,
-    prefetch_study,
-    targets_study,
-)
-from storebench.bench.targets import TARGETS, get_target, summarise_target, target_ratio
 from storebench.formats import FORMATS, build_dataset
+from storebench.loaders.paths import LOADER_PATHS
+from storebench.studies import STUDIES
+from storebench.studies.formats import KNOB_VARIANTS
+from storebench.studies.formats import grid as formats_study
+from storebench.studies.gpu_feed import grid as gpu_feed_study
+from storebench.studies.lazy_vs_preloaded import grid as lazy_vs_preloaded_study
+from storebench.studies.prefetch import grid as prefetch_study
+from storebench.studies.targets import (
+    TARGETS,
+    get_target,
+    summarise_target,
+    target_ratio,
+)
+from storebench.studies.targets import grid as targets_study
 
 
-def test_repeats_and_timeout_depend_on_the_profile(ci_data_dir):
+def test_repeats_and_timeout_depend_on_the_profile(ci_data_root):
     assert (default_repeats("ci"), case_timeout_s("ci")) == (3, 300.0)
     assert (default_repeats("small"), case_timeout_s("small")) == (5, 600.0)
     assert plan_for("ci").compact and not plan_for("small").compact
     for name, study in STUDIES.items():
         # Build costs come from the manifest: one repeat whatever the plan says.
-        timed = [c for c in study(profile="ci", data_dir=ci_data_dir)
+        timed = [c for c in study.grid(profile="ci", data_dir=ci_data_root)
                  if not c.function.endswith(":build_cost_case")]
         assert timed and {c.repeats for c in timed} == {3}, name
-        asked = [c for c in study(profile="ci", data_dir=ci_data_dir, repeats=2)
+        asked = [c for c in study.grid(profile="ci", data_dir=ci_data_root, repeats=2)
                  if not c.function.endswith(":build_cost_case")]
         assert {c.repeats for c in asked} == {2}, name
 
@@ -67,10 +70,10 @@ def test_formats_study_measures_the_knob_variants_beside_the_default(variant_dat
 
 
 def test_random_read_case_reads_real_bytes_at_shuffled_indices(variant_data):
-    from storebench.bench.cases import random_read_case
+    from storebench.studies.formats import random_read_case
 
     root, variant = variant_data
-    case = Case(study="formats", function="storebench.bench.cases:random_read_case",
+    case = Case(study="formats", function="storebench.studies.formats:random_read_case",
                 format="hdf5", encoding="raw", dataset=str(root / variant.name),
                 loader="reader", access="shuffle", batch_size=64, repeats=1,
                 params={"random_samples": 100})
@@ -97,7 +100,9 @@ def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
     assert {c.encoding for c in lvp} == {"raw", "png", "jpeg"}
 
     prefetch = prefetch_study(profile="ci", data_dir=ci_data_root)
-    assert {c.prefetcher for c in prefetch} == set(PREFETCHERS)
+    # Every registered loader path of the storebench, framework and baseline families.
+    assert {c.prefetcher for c in prefetch} == {
+        name for name, path in LOADER_PATHS.items() if path.family != "peer"}
     for decode in ("pil", "simplejpeg"):
         assert {c.prefetcher for c in prefetch if c.param("decode") == decode} >= {
             "none", "thread", "process"}
@@ -114,7 +119,7 @@ def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
 
     targets = targets_study(profile="ci", data_dir=ci_data_root)
     assert [c.loader for c in targets] == [t.key for t in TARGETS]
-    assert all(c.summarise == "storebench.bench.targets:summarise_target" for c in targets)
+    assert all(c.summarise == "storebench.studies.targets:summarise_target" for c in targets)
 
 
 def test_target_ratio_takes_the_best_numerator_path_and_the_summary_the_median():
@@ -154,3 +159,41 @@ def test_the_locked_list_baseline_delivers_a_whole_epoch(ci_data_root):
     assert outcome.status == "ok", outcome.error
     samples = {r["value"] for r in outcome.records if r["metric"] == "samples"}
     assert samples == {PROFILES["ci"].spec_for(case.encoding).num_samples}
+
+
+@pytest.mark.parametrize("name", list(STUDIES))
+def test_every_study_lays_out_unique_cases_over_the_built_data(name, ci_data_root):
+    cases = STUDIES[name].grid(profile="ci", data_dir=ci_data_root, repeats=2)
+    assert cases, name
+    ids = [case.case_id for case in cases]
+    assert len(ids) == len(set(ids))
+    for case in cases:
+        assert case.study == name
+        assert case.dataset.startswith(str(ci_data_root))
+        if case.cache:
+            assert case.cache_files and all(f.startswith(case.dataset) for f in case.cache_files)
+        assert case.repeats in (1, 2)
+        if case.prefetcher:
+            assert case.prefetcher in LOADER_PATHS  # cases key on registry names
+
+
+def test_a_grid_over_missing_data_says_what_to_build(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no datasets of profile 'ci'"):
+        STUDIES["formats"].grid(profile="ci", data_dir=tmp_path)
+
+
+@pytest.mark.timeout(120)
+def test_a_preloaded_cold_epoch_runs_in_a_worker(ci_data_root):
+    from storebench.bench.cache import resident_fraction
+
+    case = next(c for c in lazy_vs_preloaded_study(profile="ci", data_dir=ci_data_root,
+                                                   repeats=1)
+                if c.loader == "preloaded" and c.cache == "cold" and c.encoding == "raw")
+    outcome = run_case(case, timeout_s=110)
+    assert outcome.status == "ok", outcome.error
+    metrics = {r["metric"]: r for r in outcome.records}
+    assert metrics["samples"]["value"] == 512
+    assert metrics["samples"]["resident_fraction"] < 0.05
+    assert metrics["preload_seconds"]["value"] > 0
+    assert metrics["time_to_first_batch_s"]["value"] >= metrics["preload_seconds"]["value"]
+    assert resident_fraction(case.cache_files) > 0.95
