@@ -25,12 +25,14 @@ def verify_dataset(
     path: Path | str, *, batch_size: int = 256, workers: int | None = None, progress: bool = False
 ) -> VerifyResult:
     """Compare every stored sample with a freshly generated one, and the digest with the
-    manifest's. Reads without the reader's own checksum check, so the comparison is
-    independent of the sidecar checksums."""
+    manifest's. Reads without the reader's per-sample checksum check, so the comparison is
+    independent of the sidecar checksums; the format's own checks (file fingerprints, index
+    structure, TFRecord CRCs, Parquet page checksums) still run, and every read of a damaged
+    file ends in an error within bounded time (HDF5 keeps no heap that could loop)."""
     path = Path(path)
     try:
         reader = open_dataset(path, verify=False)
-    except (DatasetError, KeyError, TypeError, ValueError) as err:
+    except DatasetError as err:  # every damage, manifest mismatch and unknown format
         return VerifyResult(path, False, 0, f"cannot open: {err}")
     checked = 0
     with reader:

@@ -93,3 +93,94 @@ def test_killed_build_leaves_no_manifest_and_is_cleaned_up(tmp_path):
     small = data_gen.DatasetSpec(8, 8, 8, encoding="png")
     build_dataset(small, "hdf5", tmp_path, workers=1)  # a later build sweeps the dead one
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hdf5-png"]
+
+
+def test_manifest_records_fingerprints_and_integrity(tmp_path):
+    from storebench.formats.base import crc32c_of_ints
+    from storebench.formats.manifest import file_fingerprint
+
+    spec = SPECS[1]
+    built = build_dataset(spec, "tfrecord", tmp_path, workers=1)
+    manifest = built.manifest
+    assert set(manifest["fingerprints"]) == set(manifest["files"])
+    for rel, recorded in manifest["fingerprints"].items():
+        size = manifest["files"][rel]
+        if rel.endswith(".index"):
+            assert (recorded["head"], recorded["tail"]) == (size, 0)  # indexes: the whole file
+        else:
+            assert (recorded["head"], recorded["tail"]) == (4096, min(4096, size - 4096))
+        path = built.path / rel
+        assert recorded["crc32c"] == file_fingerprint(path, recorded["head"], recorded["tail"])
+    samples = [data_gen.sample(spec, i) for i in range(spec.num_samples)]
+    assert manifest["integrity"] == {
+        "labels_crc32c": crc32c_of_ints(np.array([label for _, label in samples])),
+        "sizes_crc32c": crc32c_of_ints(np.array([len(image) for image, _ in samples])),
+    }
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 2 MiB tmpfs: small enough to fill with a ci-sized build."""
+    mount_point = tmp_path / "disk"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount_point)],
+        capture_output=True, text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs (needs root): {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        subprocess.run(["umount", str(mount_point)], check=True)
+
+
+FULL_DISK_SPECS = {
+    "raw": data_gen.DatasetSpec(240, 64, 64, encoding="raw", seed=4),  # 2.9 MB of pixels
+    "png": data_gen.DatasetSpec(600, 64, 64, encoding="png", seed=5),  # ~4 MB of PNG
+}
+FULL_DISK_CASES = [
+    (name, encoding)
+    for name in ("hdf5", "lmdb", "memmap", "parquet", "rawfiles", "tfrecord")
+    for encoding in FULL_DISK_SPECS
+    if not (name == "memmap" and encoding == "png")
+]
+
+
+@pytest.mark.parametrize(("format_name", "encoding"), FULL_DISK_CASES)
+def test_build_that_cannot_fit_is_refused_before_writing(tiny_disk, format_name, encoding):
+    from storebench.formats import DatasetError
+
+    with pytest.raises(DatasetError, match=f"{tiny_disk}: {format_name}-{encoding} needs about"):
+        build_dataset(FULL_DISK_SPECS[encoding], format_name, tiny_disk, workers=1)
+    assert list(tiny_disk.iterdir()) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("format_name", "encoding"), FULL_DISK_CASES)
+def test_disk_full_during_a_build_is_a_dataset_error_and_leaves_nothing(
+    tiny_disk, monkeypatch, format_name, encoding
+):
+    """Past the free-space estimate (disabled here), a full disk ends the build with a
+    DatasetError naming the dataset, not SIGBUS, a segfault or a bare OSError, and the partial
+    .tmp-* directory is gone, so the disk is free again."""
+    import shutil
+
+    from storebench.formats import DatasetError, build
+
+    monkeypatch.setattr(build, "estimate_bytes", lambda spec, module=None: 0)
+    with pytest.raises(DatasetError, match=f"{tiny_disk / f'{format_name}-{encoding}'}: build "
+                                           "failed, the partial .tmp-.* was removed"):
+        build_dataset(FULL_DISK_SPECS[encoding], format_name, tiny_disk, workers=1)
+    assert list(tiny_disk.iterdir()) == []
+    assert shutil.disk_usage(tiny_disk).used < 64 << 10
+
+
+def test_sample_cache_on_a_full_disk_is_a_dataset_error(tiny_disk, monkeypatch):
+    from storebench.formats import DatasetError, build
+
+    monkeypatch.setattr(build, "estimate_bytes", lambda spec, module=None: 0)
+    cache = SampleCache(FULL_DISK_SPECS["raw"], tiny_disk, workers=1)
+    with cache, pytest.raises(DatasetError, match="writing the sample cache failed.*No space"):
+        list(cache)
+    assert list(tiny_disk.iterdir()) == []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import re
 from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
@@ -184,3 +185,46 @@ def test_memmap_populate_maps_every_page(ci_dataset, ci_profile):
         assert resident_fraction([path / "images.npy"]) > 0.95
         spec = ci_profile.spec_for("raw")
         assert np.array_equal(reader[3][0], data_gen.sample(spec, 3)[0])
+
+
+@pytest.mark.parametrize(("format_name", "encoding"), CASES, ids=IDS)
+def test_indices_are_integers_and_negative_ones_count_from_the_end(
+    ci_dataset, ci_profile, format_name, encoding
+):
+    spec = ci_profile.spec_for(encoding)
+    n = spec.num_samples
+    with open_dataset(ci_dataset(format_name, encoding), verify=False) as reader:
+        last = data_gen.sample(spec, n - 1)
+        for index in (-1, np.int64(-1), np.uint16(n - 1), np.int32(n - 1)):
+            assert same_image(reader[index][0], last[0]) and reader[index][1] == last[1]
+        images, labels = reader.read_many([-1, np.int8(0), -n])
+        assert list(labels) == [last[1], data_gen.sample(spec, 0)[1], data_gen.sample(spec, 0)[1]]
+        assert same_image(images[0], last[0])
+        assert list(reader.read_many(np.array([n - 2, -2], dtype=np.int16))[1]) == [
+            data_gen.sample(spec, n - 2)[1]
+        ] * 2
+        for bad in (True, np.bool_(False), 3.7, np.float64(3.0), "3", None):
+            with pytest.raises(TypeError, match=re.escape(f"sample index {bad!r} is a")):
+                reader[bad]
+        for bad in ([True, False], [1, True], [1.0, 2.0], np.array([0.5]), ["3"],
+                    np.array([True])):
+            with pytest.raises(TypeError, match="integer"):
+                reader.read_many(bad)
+        for bad in (n, -n - 1):
+            with pytest.raises(IndexError, match=f"sample index {bad} out of range for {n}"):
+                reader[bad]
+            with pytest.raises(IndexError, match=f"sample index {bad} out of range for {n}"):
+                reader.read_many([0, bad])
+        assert reader.read_many(np.array([], dtype=np.uint8))[1].shape == (0,)
+
+
+def test_a_reader_alive_at_interpreter_exit_prints_nothing(ci_dataset):
+    import subprocess
+    import sys
+
+    script = (f"from storebench.formats import open_dataset\n"
+              f"reader = open_dataset({str(ci_dataset('hdf5', 'raw'))!r})\n"
+              "reader[0]\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr

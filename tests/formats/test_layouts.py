@@ -33,8 +33,15 @@ def test_hdf5_layout(ci_dataset, ci_profile, encoding):
                 assert images.chunks[1:] == spec.image_shape
                 assert np.array_equal(images[i], want_image)
             else:
-                assert images[i].dtype == np.uint8 and images[i].tobytes() == want_image
+                offsets = f["offsets"]
+                assert offsets.dtype == np.int64 and offsets.shape == (spec.num_samples + 1,)
+                assert images.dtype == np.uint8 and images.shape == (offsets[-1],)
+                assert images[offsets[i] : offsets[i + 1]].tobytes() == want_image
             assert labels[i] == want_label
+        if encoding != "raw":
+            # Plain bytes, no variable-length types: nothing in the global heap.
+            assert images.dtype.metadata is None or "vlen" not in images.dtype.metadata
+            assert images.chunks is None  # uncompressed: contiguous, one read per range
 
 
 @pytest.mark.parametrize("encoding", data_gen.ENCODINGS)

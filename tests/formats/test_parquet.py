@@ -154,15 +154,19 @@ def flip_inside_sample(path, spec, index: int) -> None:
         f.write(bytes([content[at + 1000] ^ 0xFF]))
 
 
-def test_verify_false_skips_page_checksums_too(damaged_copy):
-    """verify=False trusts the bytes, as for every format: the page checksum is not checked
-    either (it costs ~40% of a row group's read), so the damage comes through unnoticed."""
+def test_verify_false_still_checks_page_checksums(damaged_copy):
+    """verify=False skips only the per-sample CRC32C: the page checksum refuses the damaged
+    row group, naming its first sample; the other groups stay readable."""
     path = damaged_copy / parquet.FILENAME
     spec = CI.spec_for("raw")
     flip_inside_sample(path, spec, 250)  # row group 2: samples 200..299
     with open_dataset(damaged_copy, verify=False) as reader:
-        assert not np.array_equal(reader[250][0], data_gen.sample(spec, 250)[0])
-        np.testing.assert_array_equal(reader[260][0], data_gen.sample(spec, 260)[0])
+        with pytest.raises(CorruptSampleError, match="CRC checksum verification failed") as err:
+            reader[250]
+        assert err.value.path == path and err.value.index == 200
+        with pytest.raises(CorruptSampleError, match="row group 2"):
+            reader.read_many([0, 260])
+        np.testing.assert_array_equal(reader[310][0], data_gen.sample(spec, 310)[0])
     with open_dataset(damaged_copy) as reader, pytest.raises(CorruptSampleError):
         reader[250]
 

@@ -257,11 +257,10 @@ def test_truncated_shard_is_caught_by_manifest_and_reader(damaged_copy):
     shards = tfrecord.shard_paths(damaged_copy)
     last = shards[-1]
     size = last.stat().st_size
-    os.truncate(last, size - 100)
-    with pytest.raises(ManifestError, match=f"{last.name}.*truncated"):
-        open_dataset(damaged_copy)
-    # Past the manifest's size check, the reader names the shard and the cut record.
-    with tfrecord.open(damaged_copy, read_manifest(damaged_copy)) as reader:
+    # Cut under an open reader: the reader names the shard and the cut record.
+    with open_dataset(damaged_copy, verify=False) as reader:
+        reader.read_many([0, 400])
+        os.truncate(last, size - 100)
         np.testing.assert_array_equal(reader[510][0], data_gen.sample(reader.spec, 510)[0])
         with pytest.raises(CorruptSampleError, match="cut off") as caught:
             reader[511]
@@ -269,6 +268,12 @@ def test_truncated_shard_is_caught_by_manifest_and_reader(damaged_copy):
         with pytest.raises(CorruptSampleError, match="cut off") as caught:
             reader.read_many(np.arange(400, 512)[::-1])
         assert caught.value.path == last and caught.value.index == 511
+    with pytest.raises(ManifestError, match=f"{last.name}.*truncated"):
+        open_dataset(damaged_copy)
+    # Past the manifest's size check, the reader refuses the shard at open.
+    reader = tfrecord.open(damaged_copy, read_manifest(damaged_copy))
+    with reader, pytest.raises(DatasetError, match=f"{last}: shard is cut off"):
+        reader[0]
     with pytest.raises(DatasetError, match=f"{last.name}: record 127: file ends inside"):
         list(tfrecord.scan_records(last))
 

@@ -117,3 +117,32 @@ def test_batch_sampler_groups_the_order():
     batch_sampler = BatchSampler(sampler, 4)
     batch_sampler.set_epoch(3)
     assert sampler.epoch == 3
+
+
+@pytest.mark.parametrize("bad", [2.7, 2.0, "2", True, None])
+def test_batch_size_must_be_a_positive_integer(bad):
+    with pytest.raises(TypeError, match=f"batch_size must be an integer, got {type(bad).__name__}"):
+        BatchSampler(SequentialSampler(10), bad)
+    with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+        BatchSampler(SequentialSampler(10), 0)
+    assert [len(b) for b in BatchSampler(SequentialSampler(10), np.int64(4))] == [4, 4, 2]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sampler_arguments_must_be_integers(kind):
+    with pytest.raises(TypeError, match="rank must be an integer, got float"):
+        make(kind, rank=0.0, world_size=2)
+    with pytest.raises(TypeError, match="world_size must be an integer, got bool"):
+        make(kind, world_size=True)
+    sampler = make(kind, rank=np.int64(1), world_size=np.int32(2))
+    assert (sampler.rank, sampler.world_size) == (1, 2)
+    with pytest.raises(TypeError, match="epoch must be an integer, got float"):
+        sampler.set_epoch(1.5)
+    with pytest.raises(ValueError, match="epoch must be >= 0"):
+        sampler.set_epoch(-1)
+    with pytest.raises(TypeError, match="num_samples must be an integer, got float"):
+        SequentialSampler(57.0)
+    with pytest.raises(TypeError, match="seed must be an integer, got str"):
+        ShuffleSampler(57, seed="5")
+    with pytest.raises(TypeError, match="boundaries must be integers, got float64"):
+        BlockShuffleSampler([0.0, 10.5, 57.0])

@@ -29,18 +29,40 @@ def get_format(name: str) -> ModuleType:
 
 def open_dataset(path: Path | str, **options) -> Reader:
     """Open any built dataset from its manifest. ``options`` are the format's open options
-    (``verify`` for all; e.g. ``madvise_random`` for memmap, ``readahead`` for lmdb)."""
+    (``verify`` for all; e.g. ``madvise_random`` for memmap, ``readahead`` for lmdb).
+
+    Before returning, whatever ``verify`` says: the manifest is checked (version, its own
+    digest, a known format, an encoding and knobs that format has), every data file's size
+    and head/tail fingerprint against it, and the reader opens once to check the layout,
+    index and labels. Any mismatch is a ``DatasetError`` naming the file.
+    """
     root = Path(path)
     manifest = read_manifest(root)
-    module = get_format(manifest["format"])
+    module = FORMATS.get(manifest["format"])
+    where = root / MANIFEST_NAME
+    if module is None:
+        raise ManifestError(
+            f"{where}: unknown format {manifest['format']!r}; known formats: {sorted(FORMATS)}"
+        )
+    if manifest["encoding"] not in module.ENCODINGS:
+        raise ManifestError(
+            f"{where}: format {module.NAME!r} cannot hold {manifest['encoding']!r} samples"
+        )
+    if set(manifest["knobs"]) != set(module.DEFAULT_KNOBS):
+        raise ManifestError(
+            f"{where}: knobs {sorted(manifest['knobs'])} are not {module.NAME!r}'s "
+            f"{sorted(module.DEFAULT_KNOBS)}"
+        )
     unknown = set(options) - {"verify", *module.OPEN_OPTIONS}
     if unknown:
         raise TypeError(
             f"format {module.NAME!r} has no open option(s) {sorted(unknown)}; "
             f"its options are {sorted({'verify', *module.OPEN_OPTIONS})}"
         )
-    check_files(root, manifest)
-    return module.open(root, manifest, **options)
+    check_files(root, manifest, fingerprints=getattr(module, "FINGERPRINTS_AT_OPEN", True))
+    reader = module.open(root, manifest, **options)
+    reader.check()
+    return reader
 
 
 def find_datasets(root: Path | str) -> list[Path]:

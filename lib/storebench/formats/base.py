@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-import contextlib
+import operator
 import os
 import threading
 from collections.abc import Iterator, Sequence
@@ -13,6 +13,10 @@ import crc32c
 import numpy as np
 
 from data_gen import DatasetSpec
+
+# How a stored PNG/JPEG file starts: lets a reader whose format does not record the encoding
+# refuse a manifest that names the wrong one.
+ENCODING_MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "jpeg": b"\xff\xd8\xff"}
 
 
 class DatasetError(Exception):
@@ -33,6 +37,64 @@ class CorruptSampleError(DatasetError):
         super().__init__(f"{self.path}: sample {self.index}: {reason}")
 
 
+def check_index(index, length: int, *, where: object) -> int:
+    """``index`` as a non-negative int below ``length``.
+
+    Python's rules: ints and NumPy integers, negative ones counting from the end
+    (``-length <= index < length``). A bool, float or str is a TypeError, not a coercion:
+    ``r[3.7]`` must not quietly read sample 3. ``where`` (the dataset) prefixes the messages.
+    """
+    if isinstance(index, bool | np.bool_):
+        raise TypeError(f"{where}: sample index {index!r} is a bool, not an integer")
+    try:
+        i = operator.index(index)
+    except TypeError:
+        raise TypeError(
+            f"{where}: sample index {index!r} is a {type(index).__name__}, not an integer"
+        ) from None
+    if not -length <= i < length:
+        raise IndexError(f"{where}: sample index {index} out of range for {length}")
+    return i + length if i < 0 else i
+
+
+def check_indices(indices, length: int, *, where: object) -> np.ndarray:
+    """A batch of indices as a flat int64 array, by ``check_index``'s rules for each.
+
+    Integer arrays (any width, signed or not) pass without a per-element Python loop; an
+    array of bools, floats or strings is a TypeError naming its first element, as is a list
+    holding a bool (NumPy would silently turn ``[True, 1]`` into ``[1, 1]``).
+    """
+    if not isinstance(indices, np.ndarray) and any(
+        isinstance(x, bool | np.bool_) for x in indices
+    ):
+        first = next(x for x in indices if isinstance(x, bool | np.bool_))
+        raise TypeError(f"{where}: sample index {first!r} is a bool, not an integer")
+    array = np.asarray(indices)
+    if array.size == 0:  # np.asarray([]) is float64: an empty request is still valid
+        return np.empty(0, dtype=np.int64)
+    if array.dtype.kind not in "iu":
+        first = array.reshape(-1)[0]
+        raise TypeError(
+            f"{where}: sample indices must be integers, got {array.dtype} "
+            f"(first: {first!r})"
+        )
+    array = array.reshape(-1)
+    low, high = array.min(), array.max()
+    if low < -length or high >= length:
+        bad = low if low < -length else high
+        raise IndexError(f"{where}: sample index {int(bad)} out of range for {length}")
+    idx = array.astype(np.int64, copy=False)
+    if low < 0:
+        idx = np.where(idx < 0, idx + length, idx)
+    return idx
+
+
+def crc32c_of_ints(values: np.ndarray) -> int:
+    """CRC32C of integers as little-endian int64: how the manifest fingerprints labels and
+    sample sizes."""
+    return crc32c.crc32c(np.ascontiguousarray(values, dtype="<i8").tobytes())
+
+
 def sample_checksum(image: np.ndarray | bytes, label: int) -> int:
     """CRC32C of a sample's stored bytes followed by its label as 8 little-endian bytes."""
     data = image if isinstance(image, bytes | bytearray | memoryview) else image.tobytes()
@@ -49,7 +111,12 @@ class Reader(abc.ABC):
 
     With ``verify=True`` (the default) every sample is checked against the manifest's
     CRC32C checksums, so a damaged byte raises ``CorruptSampleError`` instead of returning a
-    silently wrong sample.
+    silently wrong sample. ``verify=False`` skips only that per-sample check: the format's own
+    checks (TFRecord CRCs, Parquet page checksums, index and label fingerprints, file sizes
+    under mapped readers) stay on in both modes.
+
+    Indices follow Python's rules (``-len <= i < len``, NumPy integers accepted, bool, float
+    and str refused) in ``r[i]`` and ``read_many`` alike.
     """
 
     def __init__(self, root: Path, manifest: dict, *, verify: bool = True) -> None:
@@ -113,7 +180,7 @@ class Reader(abc.ABC):
         return self.spec.num_samples
 
     def __getitem__(self, index: int) -> tuple[np.ndarray | bytes, int]:
-        index = self._check_index(index)
+        index = check_index(index, len(self), where=self.root)
         self._ensure_open()
         image, label = self._read_one(index)
         if self.verify:
@@ -128,10 +195,7 @@ class Reader(abc.ABC):
         Returns ``(images, labels)``: images as one (B, H, W, C) uint8 array for raw data
         (written into ``out`` when given), or a list of encoded ``bytes``; labels as int64.
         """
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if idx.size and (idx.min() < 0 or idx.max() >= len(self)):
-            bad = int(idx[(idx < 0) | (idx >= len(self))][0])
-            raise IndexError(f"{self.root}: sample index {bad} out of range for {len(self)}")
+        idx = check_indices(indices, len(self), where=self.root)
         if idx.size == 0:
             empty = self._raw_buffer(0, out) if self.is_raw else []
             return empty, np.empty(0, dtype=np.int64)
@@ -149,6 +213,13 @@ class Reader(abc.ABC):
             for image, label in zip(images, labels):
                 yield image, int(label)
 
+    def check(self) -> None:
+        """Open the dataset in this process, run the format's structural checks (layout,
+        index, labels, the spec stored in the data), and close it again, so that a damaged
+        or mismatched dataset is refused before any worker starts."""
+        self._ensure_open()
+        self.close()
+
     def close(self) -> None:
         if self._open_pid == os.getpid():
             self._close()
@@ -161,8 +232,12 @@ class Reader(abc.ABC):
         self.close()
 
     def __del__(self) -> None:
-        with contextlib.suppress(Exception):
+        # No module globals here (contextlib, os): at interpreter exit they may already be
+        # None, and a finaliser must print nothing.
+        try:  # noqa: SIM105 - contextlib may be gone at interpreter exit
             self.close()
+        except Exception:
+            pass
 
     def __getstate__(self) -> dict:
         state = {k: v for k, v in self.__dict__.items() if not k.startswith("_h_")}
@@ -197,14 +272,6 @@ class Reader(abc.ABC):
             self._open()
             self._open_pid = pid
 
-    def _check_index(self, index: int) -> int:
-        i = int(index)
-        if i < 0:
-            i += len(self)
-        if not 0 <= i < len(self):
-            raise IndexError(f"{self.root}: sample index {index} out of range for {len(self)}")
-        return i
-
     def _raw_buffer(self, count: int, out: np.ndarray | None) -> np.ndarray:
         shape = (count, *self.spec.image_shape)
         if out is None:
@@ -221,6 +288,31 @@ class Reader(abc.ABC):
         if sample_checksum(image, label) != int(self._checksums[index]):
             raise CorruptSampleError(
                 self._locate(index), index, "checksum mismatch: stored bytes or label damaged"
+            )
+
+    def _check_not_shrunk(
+        self, handle, expected: int, path: Path, index: int, consequence: str
+    ) -> None:
+        """Refuse to read when the file open as ``handle`` is now shorter than ``expected``
+        bytes (truncated under the open reader): one ``fstat``."""
+        size = os.fstat(handle.fileno()).st_size
+        if size < expected:
+            raise CorruptSampleError(
+                path,
+                index,
+                f"file shrank to {size} bytes under the open reader (expected {expected}); "
+                f"{consequence}",
+            )
+
+    def _check_integrity(self, key: str, values: np.ndarray, path: Path, what: str) -> None:
+        """Compare an index array read at open (labels, sample sizes) with the CRC32C the
+        build recorded in the manifest: a damaged or swapped index is refused even with
+        ``verify=False``."""
+        expected = self.manifest["integrity"][key]
+        if crc32c_of_ints(values) != expected:
+            raise DatasetError(
+                f"{path}: {what} differ from the ones written at build time "
+                "(CRC32C mismatch): the file is damaged or not this dataset's"
             )
 
     def _decode_raw(self, buffer, index: int) -> np.ndarray:

@@ -1,7 +1,14 @@
-"""Atomic dataset builds: write into a temporary directory, rename into place when complete."""
+"""Atomic dataset builds: write into a temporary directory, rename into place when complete.
+
+A build first compares the free space of the target's filesystem with an estimate of what it
+will write and refuses clearly when it cannot fit. A write that still fails for lack of space
+or an I/O error ends in a ``DatasetError`` naming the dataset, with the partial ``.tmp-*``
+directory removed, never a half-written dataset or a crash.
+"""
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import time
@@ -16,20 +23,61 @@ import numpy as np
 import data_gen
 from data_gen import DatasetSpec
 
-from .base import ManifestError, sample_checksum
+from .base import DatasetError, ManifestError, crc32c_of_ints, sample_checksum
 from .manifest import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
     content_digest,
     data_files,
     disk_usage,
+    file_fingerprint,
+    fingerprint_span,
+    manifest_digest,
     package_versions,
     read_manifest,
     save_checksums,
     write_json_atomic,
 )
+from .npyfile import write_header
 
 TMP_PREFIX = ".tmp-"
+# Write failures that mean "the disk cannot take this build", not a bug: reported as a
+# DatasetError naming the dataset, after the partial directory is removed.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG})
+# Encoded samples whose sizes are averaged to estimate a build's size.
+SIZE_PROBE_SAMPLES = 4
+
+
+def stored_fraction(spec: DatasetSpec) -> float:
+    """Stored bytes per raw pixel byte: 1 for raw samples; for PNG/JPEG the mean size of a
+    few samples spread over the dataset, with 10 % headroom."""
+    if spec.encoding == "raw":
+        return 1.0
+    probes = np.linspace(0, spec.num_samples - 1, min(SIZE_PROBE_SAMPLES, spec.num_samples))
+    sizes = [len(data_gen.sample(spec, int(i))[0]) for i in probes]
+    return 1.1 * float(np.mean(sizes)) / spec.raw_sample_bytes
+
+
+def estimate_bytes(spec: DatasetSpec, module=None) -> int:
+    """About how many bytes a build of ``spec`` needs while writing: the stored sample bytes
+    times the format's ``SIZE_OVERHEAD[encoding]`` (1 for the sample cache, which stores them
+    plainly)."""
+    overhead = module.SIZE_OVERHEAD[spec.encoding] if module is not None else 1.0
+    return int(spec.num_samples * spec.raw_sample_bytes * stored_fraction(spec) * overhead)
+
+
+def check_free_space(directory: Path, needed: int, what: str) -> None:
+    """Refuse a write of about ``needed`` bytes into ``directory`` that cannot fit."""
+    free = shutil.disk_usage(directory).free
+    if needed > free:
+        raise DatasetError(
+            f"{directory}: {what} needs about {needed / 2**20:.1f} MiB, only "
+            f"{free / 2**20:.1f} MiB is free there; free some space or build elsewhere"
+        )
+
+
+def is_disk_error(err: BaseException) -> bool:
+    return isinstance(err, OSError) and err.errno in DISK_ERRNOS
 
 
 class SampleCache:
@@ -68,8 +116,18 @@ class SampleCache:
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def _fill(self) -> None:
-        spec = self.spec
         self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            check_free_space(self.dir, estimate_bytes(self.spec), "the sample cache")
+            self._write()
+        except OSError as err:
+            if not is_disk_error(err):
+                raise
+            self.close()
+            raise DatasetError(f"{self.dir}: writing the sample cache failed: {err}") from err
+
+    def _write(self) -> None:
+        spec = self.spec
         labels = np.empty(spec.num_samples, dtype=np.int64)
         samples = data_gen.generate(
             spec,
@@ -78,15 +136,13 @@ class SampleCache:
         )
         started = time.perf_counter()
         if spec.encoding == "raw":
-            images = np.lib.format.open_memmap(
-                self.dir / "images.npy",
-                mode="w+",
-                dtype=np.uint8,
-                shape=(spec.num_samples, *spec.image_shape),
-            )
-            for i, (image, label) in enumerate(samples):
-                images[i], labels[i] = image, label
-            images.flush()
+            # Plain writes, not a writable memory map: a full disk is then an OSError, where
+            # a store into a map of a sparse file would be a SIGBUS.
+            with open(self.dir / "images.npy", "wb") as f:
+                write_header(f, (spec.num_samples, *spec.image_shape), np.uint8)
+                for i, (image, label) in enumerate(samples):
+                    f.write(np.ascontiguousarray(image, dtype=np.uint8))
+                    labels[i] = label
             self._images = np.load(self.dir / "images.npy", mmap_mode="r")
         else:
             offsets = np.zeros(spec.num_samples + 1, dtype=np.int64)
@@ -156,6 +212,8 @@ class _ChecksummedSamples:
     def __init__(self, samples: Iterable, checksums: np.ndarray) -> None:
         self._samples = iter(samples)
         self._checksums = checksums
+        self.labels = np.zeros(len(checksums), dtype=np.int64)
+        self.sizes = np.zeros(len(checksums), dtype=np.int64)
         self._count = 0
         self.source_seconds = 0.0
 
@@ -169,6 +227,8 @@ class _ChecksummedSamples:
         finally:
             self.source_seconds += time.perf_counter() - started
         self._checksums[self._count] = sample_checksum(image, label)
+        self.labels[self._count] = label
+        self.sizes[self._count] = image.nbytes if isinstance(image, np.ndarray) else len(image)
         self._count += 1
         return image, label
 
@@ -243,48 +303,11 @@ def build_dataset(
 
     out_dir.mkdir(parents=True, exist_ok=True)
     remove_stale_builds(out_dir)
+    check_free_space(out_dir, estimate_bytes(spec, module), target.name)
     tmp = out_dir / f"{TMP_PREFIX}{target.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        checksums = np.zeros(spec.num_samples, dtype=np.uint32)
-        if source is not None and source.spec != spec:
-            raise ValueError("the sample cache holds another spec than the one being built")
-        samples = (
-            source
-            if source is not None
-            else data_gen.generate(
-                spec,
-                workers=workers,
-                progress=f"{format_name}-{spec.encoding}" if progress else False,
-            )
-        )
-        stream = _ChecksummedSamples(samples, checksums)
-        started = time.perf_counter()
-        module.write(stream, tmp, spec, **knobs)
-        os.sync()  # clean pages: posix_fadvise(DONTNEED) can then evict them for cold reads
-        write_seconds = time.perf_counter() - started - stream.source_seconds
-        files = data_files(tmp)
-        apparent, allocated = disk_usage(tmp, files)
-        save_checksums(tmp, checksums)
-        manifest = {
-            "manifest_version": MANIFEST_VERSION,
-            "format": format_name,
-            "encoding": spec.encoding,
-            "spec": spec.to_dict(),
-            "knobs": knobs,
-            "num_samples": spec.num_samples,
-            "digest": content_digest(checksums),
-            "files": {rel: os.stat(tmp / rel).st_size for rel in files},
-            "file_count": len(files),
-            "bytes_apparent": apparent,
-            "bytes_allocated": allocated,
-            "raw_bytes": spec.num_samples * spec.raw_sample_bytes,
-            "write_seconds": write_seconds,
-            "generate_seconds": stream.source_seconds,
-            "versions": package_versions(),
-            "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
-        }
-        write_json_atomic(tmp / MANIFEST_NAME, manifest)
+        manifest = _write_into(tmp, module, spec, format_name, knobs, workers, progress, source)
         if target.exists():
             old = out_dir / f"{TMP_PREFIX}old-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             os.rename(target, old)
@@ -292,7 +315,78 @@ def build_dataset(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, target)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_error(err) or isinstance(err, DatasetError):
+            raise DatasetError(
+                f"{target}: build failed, the partial {tmp.name} was removed: {err}"
+            ) from err
         raise
     return BuildResult(target, manifest, skipped=False)
+
+
+def _write_into(
+    tmp: Path,
+    module,
+    spec: DatasetSpec,
+    format_name: str,
+    knobs: dict,
+    workers: int | None,
+    progress: bool,
+    source: SampleCache | None,
+) -> dict:
+    """Write the format's files, checksums and manifest into ``tmp``; return the manifest."""
+    checksums = np.zeros(spec.num_samples, dtype=np.uint32)
+    if source is not None and source.spec != spec:
+        raise ValueError("the sample cache holds another spec than the one being built")
+    samples = (
+        source
+        if source is not None
+        else data_gen.generate(
+            spec,
+            workers=workers,
+            progress=f"{format_name}-{spec.encoding}" if progress else False,
+        )
+    )
+    stream = _ChecksummedSamples(samples, checksums)
+    started = time.perf_counter()
+    module.write(stream, tmp, spec, **knobs)
+    os.sync()  # clean pages: posix_fadvise(DONTNEED) can then evict them for cold reads
+    write_seconds = time.perf_counter() - started - stream.source_seconds
+    files = data_files(tmp)
+    apparent, allocated = disk_usage(tmp, files)
+    save_checksums(tmp, checksums)
+    span_of = getattr(module, "fingerprint_span", None)
+    fingerprints = {}
+    for rel in files:
+        size = os.stat(tmp / rel).st_size
+        head, tail = span_of(rel, tmp / rel, size) if span_of else fingerprint_span(size)
+        fingerprints[rel] = {
+            "head": head, "tail": tail, "crc32c": file_fingerprint(tmp / rel, head, tail)
+        }
+    manifest = {
+        "manifest_version": MANIFEST_VERSION,
+        "format": format_name,
+        "encoding": spec.encoding,
+        "spec": spec.to_dict(),
+        "knobs": knobs,
+        "num_samples": spec.num_samples,
+        "digest": content_digest(checksums),
+        "files": {rel: os.stat(tmp / rel).st_size for rel in files},
+        "fingerprints": fingerprints,
+        "integrity": {
+            "labels_crc32c": crc32c_of_ints(stream.labels),
+            "sizes_crc32c": crc32c_of_ints(stream.sizes),
+        },
+        "file_count": len(files),
+        "bytes_apparent": apparent,
+        "bytes_allocated": allocated,
+        "raw_bytes": spec.num_samples * spec.raw_sample_bytes,
+        "write_seconds": write_seconds,
+        "generate_seconds": stream.source_seconds,
+        "versions": package_versions(),
+        "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    manifest["manifest_digest"] = manifest_digest(manifest)
+    write_json_atomic(tmp / MANIFEST_NAME, manifest)
+    return manifest

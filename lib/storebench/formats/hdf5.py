@@ -1,12 +1,27 @@
-"""HDF5 (h5py): dataset ``images`` and dataset ``labels`` (int64), the spec in root attributes.
+"""HDF5 (h5py): dataset ``images``, dataset ``labels`` (int64), the spec in root attributes.
 
 Raw samples: ``images`` is (N, H, W, C) uint8, chunked ``chunk_samples`` samples at a time.
-Encoded samples: ``images`` is a 1-D variable-length uint8 dataset (``h5py.vlen_dtype``), one
-element of PNG/JPEG bytes per sample. Readable with plain ``h5py.File(path)["images"][i]``.
+Encoded samples: ``images`` is one 1-D uint8 dataset holding every PNG/JPEG file back to back
+(contiguous, or chunked about ``chunk_samples`` samples at a time when compressed), and
+``offsets`` is int64 (N + 1,): sample ``i`` is ``images[offsets[i]:offsets[i + 1]]``.
+Readable with plain ``h5py.File(path)["images"][i]`` (raw) or
+``f["images"][f["offsets"][i]:f["offsets"][i + 1]].tobytes()`` (encoded).
+
+Encoded bytes are not stored as a variable-length dataset: those live in HDF5's global heap,
+and a zeroed range in a heap collection sends libhdf5 into an endless loop
+(``H5HG__cache_heap_deserialize``) that neither an error nor Ctrl-C ends. A plain byte array
+plus offsets has no such structure, and a range read is one contiguous read. The offsets and
+labels are checked against the manifest's CRC32C at open.
+
+libhdf5 reads past the end of a file as zeros: the reader compares the file's size with the
+manifest's (one ``fstat``) before every read, so that a file truncated under an open reader
+is an error rather than silently zeroed samples.
 """
 
 from __future__ import annotations
 
+import builtins
+import io
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -15,7 +30,7 @@ import numpy as np
 
 from data_gen import DatasetSpec
 
-from .base import CorruptSampleError, DatasetError, Reader
+from .base import CorruptSampleError, DatasetError, ManifestError, Reader
 
 NAME = "hdf5"
 ENCODINGS = ("raw", "png", "jpeg")
@@ -24,6 +39,16 @@ ENCODINGS = ("raw", "png", "jpeg")
 DEFAULT_KNOBS: dict = {"chunk_samples": 64, "compression": None}
 OPEN_OPTIONS = ("chunk_cache_bytes",)
 FILENAME = "data.h5"
+# Stored bytes per sample byte, per encoding; encoded builds stage their bytes once before
+# copying them into the file, so they need twice the space while writing.
+SIZE_OVERHEAD = {"raw": 1.02, "png": 2.05, "jpeg": 2.05}
+# Encoded bytes are staged here (inside the build's temporary directory) so that ``images``
+# can be created at its final size, contiguous; removed before the build completes.
+_STAGING = ".encoded.staging"
+_COPY_BYTES = 16 << 20
+# What h5py raises on a damaged file besides OSError: bad object headers surface as
+# KeyError/ValueError/RuntimeError/TypeError from its low-level layer.
+_H5_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError)
 
 
 def write(
@@ -38,33 +63,9 @@ def write(
     labels = np.empty(n, dtype=np.int64)
     with h5py.File(root / FILENAME, "w", libver="latest") as f:
         if spec.encoding == "raw":
-            images = f.create_dataset(
-                "images",
-                shape=(n, *spec.image_shape),
-                dtype=np.uint8,
-                chunks=(chunk, *spec.image_shape),
-                compression=compression,
-            )
+            count = _write_raw(f, samples, labels, spec, chunk, compression)
         else:
-            images = f.create_dataset(
-                "images",
-                shape=(n,),
-                dtype=h5py.vlen_dtype(np.uint8),
-                chunks=(chunk,),
-                compression=compression,
-            )
-        # Whole chunks at a time: one write per chunk instead of one per sample.
-        pending: list = []
-        start = count = 0
-        for i, (image, label) in enumerate(samples):
-            labels[i] = label
-            pending.append(image if spec.encoding == "raw" else np.frombuffer(image, np.uint8))
-            count += 1
-            if len(pending) == chunk:
-                _flush(images, start, pending, spec)
-                start, pending = start + len(pending), []
-        if pending:
-            _flush(images, start, pending, spec)
+            count = _write_encoded(f, samples, labels, root, spec, chunk, compression)
         if count != n:
             raise DatasetError(f"{root}: got {count} samples, the spec says {n}")
         f.create_dataset("labels", data=labels)
@@ -73,13 +74,60 @@ def write(
             f.attrs[key] = value
 
 
-def _flush(images, start: int, pending: list, spec: DatasetSpec) -> None:
-    if spec.encoding == "raw":
+def _write_raw(f, samples, labels, spec: DatasetSpec, chunk: int, compression) -> int:
+    images = f.create_dataset(
+        "images",
+        shape=(spec.num_samples, *spec.image_shape),
+        dtype=np.uint8,
+        chunks=(chunk, *spec.image_shape),
+        compression=compression,
+    )
+    # Whole chunks at a time: one write per chunk instead of one per sample.
+    pending: list = []
+    start = count = 0
+    for i, (image, label) in enumerate(samples):
+        if i >= spec.num_samples:
+            raise DatasetError(f"got more samples than the spec's {spec.num_samples}")
+        labels[i] = label
+        pending.append(image)
+        count += 1
+        if len(pending) == chunk:
+            images[start : start + len(pending)] = np.stack(pending)
+            start, pending = start + len(pending), []
+    if pending:
         images[start : start + len(pending)] = np.stack(pending)
-    else:
-        column = np.empty(len(pending), dtype=object)
-        column[:] = pending
-        images[start : start + len(pending)] = column
+    return count
+
+
+def _write_encoded(f, samples, labels, root: Path, spec: DatasetSpec, chunk: int, compression):
+    n = spec.num_samples
+    offsets = np.zeros(n + 1, dtype=np.int64)
+    staging = root / _STAGING
+    count = 0
+    try:
+        with builtins.open(staging, "wb") as out:
+            for i, (image, label) in enumerate(samples):
+                if i >= n:
+                    raise DatasetError(f"{root}: got more samples than the spec's {n}")
+                out.write(image)
+                offsets[i + 1] = offsets[i] + len(image)
+                labels[i] = label
+                count += 1
+        total = int(offsets[count])
+        chunks = None
+        if compression is not None:  # filters need chunks: about ``chunk`` samples each
+            chunks = (max(1, min(total, total * chunk // max(count, 1))),)
+        images = f.create_dataset(
+            "images", shape=(total,), dtype=np.uint8, chunks=chunks, compression=compression
+        )
+        with builtins.open(staging, "rb") as source:
+            for start in range(0, total, _COPY_BYTES):
+                block = np.frombuffer(source.read(_COPY_BYTES), dtype=np.uint8)
+                images[start : start + len(block)] = block
+        f.create_dataset("offsets", data=offsets)
+    finally:
+        staging.unlink(missing_ok=True)
+    return count
 
 
 class Hdf5Reader(Reader):
@@ -91,42 +139,92 @@ class Hdf5Reader(Reader):
         super().__init__(root, manifest, verify=verify)
         self.chunk_cache_bytes = chunk_cache_bytes
         self.chunk_samples = min(manifest["knobs"]["chunk_samples"], len(self))
-        self._h_file = self._h_images = self._h_labels = None
+        self._h_file = self._h_images = self._h_labels = self._h_offsets = None
+        self._h_stat_file: io.FileIO | None = None
 
     def _open(self) -> None:
         import h5py
 
         path = self.root / FILENAME
         try:
+            self._h_stat_file = io.FileIO(path, "r")
             self._h_file = h5py.File(path, "r", rdcc_nbytes=self.chunk_cache_bytes)
-            self._h_images = self._h_file["images"]
-            self._h_labels = self._h_file["labels"][:]
-        except (OSError, KeyError) as err:
-            self._h_file = None
+            self._check_layout(self._h_file, path)
+        except _H5_ERRORS as err:
+            self._close()
             raise DatasetError(f"{path}: cannot open as a storebench HDF5 dataset: {err}") from err
-        if self._h_images.shape[0] != len(self) or self._h_labels.shape != (len(self),):
-            raise DatasetError(
-                f"{path}: holds {self._h_images.shape[0]} samples, expected {len(self)}"
+        except DatasetError:
+            self._close()
+            raise
+
+    def _check_layout(self, f, path: Path) -> None:
+        try:
+            stored = json.loads(f.attrs["storebench_spec"])
+        except (KeyError, ValueError, TypeError):
+            stored = None
+        if stored != self.spec.to_dict():
+            raise ManifestError(
+                f"{path}: the spec in the file's attributes differs from the manifest's "
+                "(or is missing or damaged)"
             )
+        images, labels = f["images"], f["labels"][:]
+        n = len(self)
+        if labels.shape != (n,) or labels.dtype != np.int64:
+            raise DatasetError(f"{path}: labels are {labels.dtype} {labels.shape}, expected ({n},)")
+        if images.dtype != np.uint8:
+            raise DatasetError(f"{path}: images are {images.dtype}, expected uint8")
+        self._check_integrity("labels_crc32c", labels, path, "labels")
+        if self.is_raw:
+            if images.shape != (n, *self.spec.image_shape):
+                raise DatasetError(
+                    f"{path}: images are {images.shape}, expected {(n, *self.spec.image_shape)}"
+                )
+        else:
+            offsets = f["offsets"][:]
+            if images.ndim != 1 or offsets.shape != (n + 1,) or offsets.dtype != np.int64:
+                raise DatasetError(
+                    f"{path}: expected 1-D images and ({n + 1},) int64 offsets, found "
+                    f"{images.shape} and {offsets.dtype} {offsets.shape}"
+                )
+            sizes = np.diff(offsets)
+            if offsets[0] != 0 or np.any(sizes < 0) or offsets[-1] != images.shape[0]:
+                raise DatasetError(
+                    f"{path}: offsets are not an increasing partition of the "
+                    f"{images.shape[0]} image bytes"
+                )
+            self._check_integrity("sizes_crc32c", sizes, path, "sample offsets")
+            self._h_offsets = offsets
+        self._h_images, self._h_labels = images, labels
 
     def _close(self) -> None:
         if self._h_file is not None:
             self._h_file.close()
-        self._h_file = self._h_images = self._h_labels = None
+        if self._h_stat_file is not None:
+            self._h_stat_file.close()
+        self._h_file = self._h_images = self._h_labels = self._h_offsets = None
+        self._h_stat_file = None
 
     def _locate(self, index: int) -> Path:
         return self.root / FILENAME
 
-    def _read_slice(self, lo: int, hi: int):
+    def _read_span(self, lo: int, hi: int):
+        """Samples ``lo..hi-1``: a (hi - lo, H, W, C) array, or for encoded data the bytes
+        from sample ``lo``'s start to sample ``hi - 1``'s end."""
+        self._check_not_shrunk(
+            self._h_stat_file, self.manifest["files"][FILENAME], self.root / FILENAME, lo,
+            "libhdf5 would return zeros past its end",
+        )
         try:
-            return self._h_images[lo:hi]
-        except OSError as err:
+            if self.is_raw:
+                return self._h_images[lo:hi]
+            return self._h_images[self._h_offsets[lo] : self._h_offsets[hi]]
+        except _H5_ERRORS as err:
             raise CorruptSampleError(self.root / FILENAME, lo, f"HDF5 read failed: {err}") from err
 
     def _read_one(self, index: int):
-        data = self._read_slice(index, index + 1)[0]
+        span = self._read_span(index, index + 1)
         label = int(self._h_labels[index])
-        return (data, label) if self.is_raw else (data.tobytes(), label)
+        return (span[0], label) if self.is_raw else (span.tobytes(), label)
 
     def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
         order = np.argsort(indices, kind="stable")
@@ -141,12 +239,15 @@ class Hdf5Reader(Reader):
             images = [b""] * len(indices)
         for run_positions, run in zip(np.split(order, cuts), np.split(ordered, cuts)):
             lo, hi = int(run[0]), int(run[-1]) + 1
-            span = self._read_slice(lo, hi)
+            span = self._read_span(lo, hi)
             if self.is_raw:
                 images[run_positions] = span[run - lo]
-            else:
-                for position, i in zip(run_positions, run):
-                    images[position] = span[i - lo].tobytes()
+                continue
+            base = int(self._h_offsets[lo])
+            starts = (self._h_offsets[run] - base).tolist()
+            stops = (self._h_offsets[run + 1] - base).tolist()
+            for position, a, b in zip(run_positions.tolist(), starts, stops, strict=True):
+                images[position] = span[a:b].tobytes()
         return images, labels
 
     def blocks(self) -> np.ndarray:

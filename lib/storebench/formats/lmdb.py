@@ -4,10 +4,18 @@ Keys: the zero-padded decimal sample index in ASCII (``b"00000042"``) -> the ima
 pixels in C order, or the PNG/JPEG file). ``b"__labels__"`` -> every label as little-endian
 int64, in index order. ``b"__spec__"`` -> the DatasetSpec as JSON. Open read-only with
 ``lmdb.open(root, readonly=True, lock=False)``.
+
+LMDB reads through a memory map: a read past the end of a ``data.mdb`` that shrank after
+opening would be SIGBUS, which kills the process. The reader compares the file's size with
+the pages the environment uses (one ``fstat``) before every read and raises ``DatasetError``
+instead; a truncation in the microseconds between that check and the read can still end the
+process with SIGBUS. LMDB has no checksums: with ``verify=False`` a damaged value is returned
+as it is (the per-sample CRC32C of ``verify=True`` catches it).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -18,7 +26,7 @@ import numpy as np
 
 from data_gen import DatasetSpec
 
-from .base import CorruptSampleError, DatasetError, Reader
+from .base import CorruptSampleError, DatasetError, ManifestError, Reader
 
 NAME = "lmdb"
 ENCODINGS = ("raw", "png", "jpeg")
@@ -27,6 +35,9 @@ OPEN_OPTIONS = ("readahead",)
 LABELS_KEY = b"__labels__"
 SPEC_KEY = b"__spec__"
 DATA_FILE = "data.mdb"
+# Stored bytes per sample byte: values over ~2 KiB take whole overflow pages (a 12 KiB raw
+# sample takes 4), plus the B-tree.
+SIZE_OVERHEAD = {"raw": 1.4, "png": 1.4, "jpeg": 1.4}
 
 
 def key_width(num_samples: int) -> int:
@@ -79,6 +90,8 @@ def write(samples: Iterable, root: Path, spec: DatasetSpec, *, batch_samples: in
         batch += [(LABELS_KEY, labels.tobytes()), (SPEC_KEY, json.dumps(spec.to_dict()).encode())]
         _put_batch(env, batch, page_size)
         env.sync(True)
+    except lmdb.Error as err:  # a full disk surfaces as "mdb_txn_commit: Input/output error"
+        raise DatasetError(f"{root / DATA_FILE}: LMDB write failed: {err}") from err
     finally:
         env.close()
     lock = root / "lock.mdb"
@@ -114,18 +127,26 @@ class LmdbReader(Reader):
         self._width = key_width(len(self))
         self._h_env = None
         self._h_labels = None
+        self._h_stat_file: io.FileIO | None = None
+        self._h_used = 0
 
     def _open(self) -> None:
         import lmdb
 
-        # LMDB maps the file: a page past a truncated end would be a SIGBUS, not an error,
-        # so compare the size the meta page promises with the file before any read.
         path = self.root / DATA_FILE
         page_size = os.sysconf("SC_PAGE_SIZE")
         try:
-            file_size = path.stat().st_size
-        except FileNotFoundError:
-            raise DatasetError(f"{path}: missing") from None
+            stat_file = io.FileIO(path, "r")
+        except OSError as err:
+            raise DatasetError(f"{path}: cannot open: {err}") from err
+        try:
+            self._open_env(lmdb, path, page_size, os.fstat(stat_file.fileno()).st_size)
+        except BaseException:
+            stat_file.close()
+            raise
+        self._h_stat_file = stat_file
+
+    def _open_env(self, lmdb, path: Path, page_size: int, file_size: int) -> None:
         if file_size < 2 * page_size:
             raise DatasetError(f"{path}: {file_size} bytes, too short for an LMDB environment")
         try:
@@ -137,27 +158,56 @@ class LmdbReader(Reader):
                 readahead=self.readahead,
                 max_readers=512,
             )
-            info = self._h_env.info()
-            if (info["last_pgno"] + 1) * page_size > file_size:
-                self._h_env.close()
-                self._h_env = None
+            # A page past a truncated end would be a SIGBUS, not an error: compare the size
+            # the meta page promises with the file before any read.
+            self._h_used = (self._h_env.info()["last_pgno"] + 1) * page_size
+            if self._h_used > file_size:
                 raise DatasetError(
                     f"{path}: truncated: {file_size} bytes on disk, the environment uses "
-                    f"{(info['last_pgno'] + 1) * page_size}"
+                    f"{self._h_used}"
                 )
             with self._h_env.begin() as txn:
                 raw_labels = txn.get(LABELS_KEY)
+                raw_spec = txn.get(SPEC_KEY)
         except lmdb.Error as err:
-            self._h_env = None
-            raise DatasetError(f"{self.root / DATA_FILE}: cannot open LMDB: {err}") from err
+            self._close()
+            raise DatasetError(f"{path}: cannot open LMDB: {err}") from err
+        except DatasetError:
+            self._close()
+            raise
         if raw_labels is None or len(raw_labels) != 8 * len(self):
-            raise DatasetError(f"{self.root / DATA_FILE}: missing or short {LABELS_KEY!r} entry")
-        self._h_labels = np.frombuffer(raw_labels, dtype="<i8").astype(np.int64)
+            self._close()
+            raise DatasetError(f"{path}: missing or short {LABELS_KEY!r} entry")
+        try:
+            stored_spec = json.loads(raw_spec) if raw_spec is not None else None
+        except ValueError:
+            stored_spec = None
+        if stored_spec != self.spec.to_dict():
+            self._close()
+            raise ManifestError(
+                f"{path}: the spec stored in {SPEC_KEY!r} differs from the manifest's "
+                "(or is missing or damaged)"
+            )
+        labels = np.frombuffer(raw_labels, dtype="<i8").astype(np.int64)
+        try:
+            self._check_integrity("labels_crc32c", labels, path, f"labels in {LABELS_KEY!r}")
+        except DatasetError:
+            self._close()
+            raise
+        self._h_labels = labels
 
     def _close(self) -> None:
         if self._h_env is not None:
             self._h_env.close()
-        self._h_env = self._h_labels = None
+        if self._h_stat_file is not None:
+            self._h_stat_file.close()
+        self._h_env = self._h_labels = self._h_stat_file = None
+
+    def _check_size(self, index: int) -> None:
+        self._check_not_shrunk(
+            self._h_stat_file, self._h_used, self.root / DATA_FILE, index,
+            "reading through the map would crash with SIGBUS",
+        )
 
     def _locate(self, index: int) -> Path:
         return self.root / DATA_FILE
@@ -176,6 +226,7 @@ class LmdbReader(Reader):
         return value
 
     def _read_one(self, index: int):
+        self._check_size(index)
         with self._h_env.begin() as txn:
             value = self._get(txn, index)
         label = int(self._h_labels[index])
@@ -184,6 +235,7 @@ class LmdbReader(Reader):
         return value, label
 
     def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
+        self._check_size(int(indices[0]))
         labels = self._h_labels[indices]
         if self.is_raw:
             images = self._raw_buffer(len(indices), out)

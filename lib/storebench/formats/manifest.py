@@ -1,4 +1,16 @@
-"""manifest.json and checksums.npy: what a built dataset holds and how to verify it."""
+"""manifest.json and checksums.npy: what a built dataset holds and how to verify it.
+
+Besides the spec, knobs and sizes, the manifest records what lets a reader recognise its own
+files without reading them whole:
+
+- ``fingerprints``: per data file, the CRC32C of its first ``head`` and last ``tail`` bytes
+  (4 KiB each by default; the whole file for small index files, the whole footer for
+  Parquet). Checked at open: a swapped, replaced or overwritten-at-the-ends file is refused.
+- ``integrity``: CRC32C of every label and of every sample's stored size (int64, in index
+  order), which readers that load them at open compare against.
+- ``manifest_digest``: SHA-256 of the manifest's own content, so that a hand-edited manifest
+  (say, ``png`` for a raw dataset) is refused instead of misdescribing the data.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +21,19 @@ import platform
 from importlib import metadata
 from pathlib import Path
 
+import crc32c
 import numpy as np
 
-from .base import ManifestError
+from data_gen import DatasetSpec
+
+from .base import DatasetError, ManifestError
+from .npyfile import load as load_npy
 
 MANIFEST_NAME = "manifest.json"
 CHECKSUMS_NAME = "checksums.npy"
-MANIFEST_VERSION = 1
+# 2: fingerprints, integrity and manifest_digest; HDF5 encoded images as bytes + offsets.
+MANIFEST_VERSION = 2
+FINGERPRINT_BYTES = 4096
 # Files beside the data that describe it; they are not counted as the format's bytes.
 SIDECAR_NAMES = (MANIFEST_NAME, CHECKSUMS_NAME)
 
@@ -58,6 +76,43 @@ def disk_usage(root: Path, files: list[str]) -> tuple[int, int]:
     return apparent, allocated
 
 
+def fingerprint_span(size: int, head: int = FINGERPRINT_BYTES, tail: int = FINGERPRINT_BYTES):
+    """``(head, tail)`` byte counts that cover a file of ``size`` bytes without overlap."""
+    head = min(head, size)
+    return head, min(tail, size - head)
+
+
+def file_fingerprint(path: Path | str, head: int, tail: int) -> int:
+    """CRC32C of the first ``head`` and the last ``tail`` bytes of ``path``.
+
+    Read with POSIX_FADV_RANDOM, so that checking a cold file pulls in these pages only, not a
+    readahead window.
+    """
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        size = os.fstat(fd).st_size
+        crc = crc32c.crc32c(os.pread(fd, head, 0))
+        if tail:
+            crc = crc32c.crc32c(os.pread(fd, tail, max(size - tail, 0)), crc)
+        return crc
+    finally:
+        os.close(fd)
+
+
+def bytes_fingerprint(data: bytes | memoryview, head: int, tail: int) -> int:
+    """``file_fingerprint`` of a file whose bytes are already in memory."""
+    crc = crc32c.crc32c(data[:head])
+    return crc32c.crc32c(data[len(data) - tail :], crc) if tail else crc
+
+
+def manifest_digest(manifest: dict) -> str:
+    """SHA-256 of the manifest's canonical JSON, its own ``manifest_digest`` left out."""
+    content = {k: v for k, v in manifest.items() if k != "manifest_digest"}
+    text = json.dumps(content, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def write_json_atomic(path: Path, data: dict) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w") as f:
@@ -82,22 +137,43 @@ def read_manifest(root: Path | str) -> dict:
         manifest = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise ManifestError(f"{path}: unreadable manifest: {err}") from err
-    required = ("manifest_version", "format", "spec", "knobs", "num_samples", "digest", "files")
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"{path}: unreadable manifest: not a JSON object")
+    if manifest.get("manifest_version") != MANIFEST_VERSION:
+        raise ManifestError(
+            f"{path}: manifest version {manifest.get('manifest_version')}, "
+            f"this storebench reads {MANIFEST_VERSION}: rebuild the dataset "
+            "(storebench build rebuilds it in place)"
+        )
+    required = (
+        "format", "encoding", "spec", "knobs", "num_samples", "digest", "files",
+        "fingerprints", "integrity", "manifest_digest",
+    )
     missing = [key for key in required if key not in manifest]
     if missing:
         raise ManifestError(f"{path}: manifest lacks {missing}")
-    if manifest["manifest_version"] != MANIFEST_VERSION:
-        raise ManifestError(
-            f"{path}: manifest version {manifest['manifest_version']}, "
-            f"this storebench reads {MANIFEST_VERSION}"
-        )
-    if manifest["num_samples"] != manifest["spec"].get("num_samples"):
+    try:
+        spec = DatasetSpec.from_dict(manifest["spec"])
+    except (TypeError, ValueError, AttributeError) as err:
+        raise ManifestError(f"{path}: invalid spec: {err}") from err
+    if manifest["num_samples"] != spec.num_samples:
         raise ManifestError(f"{path}: num_samples disagrees with the spec")
+    if manifest["encoding"] != spec.encoding:
+        raise ManifestError(f"{path}: encoding {manifest['encoding']!r} disagrees with the spec")
+    if set(manifest["fingerprints"]) != set(manifest["files"]):
+        raise ManifestError(f"{path}: fingerprints do not cover exactly the listed files")
+    if manifest_digest(manifest) != manifest["manifest_digest"]:
+        raise ManifestError(
+            f"{path}: edited after the build (its content does not match its "
+            "manifest_digest); rebuild the dataset rather than editing the manifest"
+        )
     return manifest
 
 
-def check_files(root: Path, manifest: dict) -> None:
-    """Every data file the manifest lists exists with the size it was written with."""
+def check_files(root: Path, manifest: dict, *, fingerprints: bool = True) -> None:
+    """Every data file the manifest lists exists with the size it was written with and,
+    with ``fingerprints``, the same bytes at its head and tail (for index files: the same
+    bytes throughout)."""
     for rel, size in manifest["files"].items():
         path = root / rel
         try:
@@ -108,6 +184,27 @@ def check_files(root: Path, manifest: dict) -> None:
             raise ManifestError(
                 f"{path}: {actual} bytes on disk, the manifest says {size} (truncated or replaced)"
             )
+        if fingerprints:
+            check_fingerprint(path, manifest["fingerprints"][rel])
+
+
+def check_fingerprint(path: Path, recorded: dict, data: bytes | memoryview | None = None) -> None:
+    """Compare a file's head and tail with the fingerprint recorded at build time; ``data``
+    is the whole file when the caller has already read it."""
+    head, tail = recorded["head"], recorded["tail"]
+    try:
+        crc = (
+            bytes_fingerprint(data, head, tail)
+            if data is not None
+            else file_fingerprint(path, head, tail)
+        )
+    except OSError as err:
+        raise DatasetError(f"{path}: cannot read: {err}") from err
+    if crc != recorded["crc32c"]:
+        raise DatasetError(
+            f"{path}: not the file this dataset was built with (fingerprint of its first "
+            f"{head} and last {tail} bytes differs): swapped, replaced or damaged"
+        )
 
 
 def save_checksums(root: Path, checksums: np.ndarray) -> None:
@@ -117,9 +214,9 @@ def save_checksums(root: Path, checksums: np.ndarray) -> None:
 def load_checksums(root: Path, num_samples: int) -> np.ndarray:
     path = Path(root) / CHECKSUMS_NAME
     try:
-        checksums = np.load(path)
-    except (OSError, ValueError) as err:
-        raise ManifestError(f"{path}: cannot read checksums: {err}") from err
+        checksums = load_npy(path, dtype="<u4", ndim=1)
+    except DatasetError as err:
+        raise ManifestError(f"cannot read checksums: {err}") from err
     if checksums.shape != (num_samples,):
         raise ManifestError(f"{path}: {checksums.shape[0]} checksums for {num_samples} samples")
     return checksums

@@ -1,10 +1,20 @@
 """Memory-mapped NumPy: ``images.npy`` (N, H, W, C) uint8 and ``labels.npy`` (N,) int64.
 
 Readable with plain ``np.load(root / "images.npy", mmap_mode="r")``. Raw pixels only.
+
+A memory map turns a read past the end of a file that shrank after mapping into SIGBUS, which
+kills the process. The reader compares the file's size with the manifest's (one ``fstat``)
+before every read and raises ``DatasetError`` instead; a file truncated in the microseconds
+between that check and the copy, or while a consumer holds the zero-copy ``images`` map, can
+still end the process with SIGBUS. Writing uses plain writes, never a writable map, so a full
+disk during a build is an ``OSError`` rather than a SIGBUS.
 """
 
 from __future__ import annotations
 
+import builtins
+import fnmatch
+import io
 import mmap
 from collections.abc import Iterable
 from pathlib import Path
@@ -13,7 +23,9 @@ import numpy as np
 
 from data_gen import DatasetSpec
 
+from . import npyfile
 from .base import CorruptSampleError, DatasetError, Reader
+from .manifest import fingerprint_span as default_span
 
 NAME = "memmap"
 ENCODINGS = ("raw",)
@@ -22,22 +34,34 @@ OPEN_OPTIONS = ("madvise_random", "populate")
 # MADV_POPULATE_READ (Linux 5.14): fill the page tables from the page cache in one call.
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 IMAGES, LABELS = "images.npy", "labels.npy"
+# Stored bytes per raw byte (the .npy header is all there is besides the pixels).
+SIZE_OVERHEAD = {"raw": 1.01}
+
+
+def fingerprint_span(rel: str, path: Path, size: int) -> tuple[int, int]:
+    """The labels file is small and read whole at open: fingerprint all of it."""
+    return (size, 0) if fnmatch.fnmatch(rel, LABELS) else default_span(size)
 
 
 def write(samples: Iterable, root: Path, spec: DatasetSpec) -> None:
-    images = np.lib.format.open_memmap(
-        root / IMAGES, mode="w+", dtype=np.uint8, shape=(spec.num_samples, *spec.image_shape)
-    )
     labels = np.empty(spec.num_samples, dtype=np.int64)
     count = 0
-    for i, (image, label) in enumerate(samples):
-        images[i] = image
-        labels[i] = label
-        count += 1
+    with builtins.open(root / IMAGES, "wb") as f:
+        npyfile.write_header(f, (spec.num_samples, *spec.image_shape), np.uint8)
+        for i, (image, label) in enumerate(samples):
+            if i >= spec.num_samples:
+                raise DatasetError(f"{root}: got more samples than the spec's {spec.num_samples}")
+            image = np.asarray(image)
+            if image.shape != spec.image_shape or image.dtype != np.uint8:
+                raise DatasetError(
+                    f"{root}: sample {i} is {image.dtype} {image.shape}, the spec says uint8 "
+                    f"{spec.image_shape}"
+                )
+            f.write(np.ascontiguousarray(image))
+            labels[i] = label
+            count += 1
     if count != spec.num_samples:
         raise DatasetError(f"{root}: got {count} samples, the spec says {spec.num_samples}")
-    images.flush()
-    del images
     np.save(root / LABELS, labels)
 
 
@@ -67,30 +91,41 @@ class MemmapReader(Reader):
         self.populate_on_open = populate
         self._h_images = None
         self._h_labels = None
+        self._h_stat_file: io.FileIO | None = None
+        self._h_size = 0
 
     def _open(self) -> None:
         path = self.root / IMAGES
-        try:
-            images = np.load(path, mmap_mode="r")
-            labels = np.load(self.root / LABELS)
-        except (OSError, ValueError) as err:
-            raise DatasetError(f"{path}: cannot map: {err}") from err
+        images = npyfile.open_memmap(path, dtype=np.uint8, ndim=4)
+        labels = npyfile.load(self.root / LABELS, dtype="<i8", ndim=1).astype(np.int64)
         expected = (len(self), *self.spec.image_shape)
-        if images.shape != expected or images.dtype != np.uint8:
-            raise DatasetError(f"{path}: holds {images.dtype} {images.shape}, expected {expected}")
+        if images.shape != expected:
+            raise DatasetError(f"{path}: holds {images.shape}, the manifest's spec says {expected}")
         if labels.shape != (len(self),):
             raise DatasetError(
                 f"{self.root / LABELS}: {labels.shape[0]} labels, expected {len(self)}"
             )
+        self._check_integrity("labels_crc32c", labels, self.root / LABELS, "labels")
         if self.madvise_random:
             images._mmap.madvise(mmap.MADV_RANDOM)
+        # Our own descriptor of the mapped file: fstat on it sees a truncation in place.
+        self._h_stat_file = io.FileIO(path, "r")
+        self._h_size = int(self.manifest["files"][IMAGES])
         self._h_images, self._h_labels = images, labels
+        self._check_size(0)
         if self.populate_on_open:
             self._populate(images)
+
+    def _check_size(self, index: int) -> None:
+        self._check_not_shrunk(
+            self._h_stat_file, self._h_size, self.root / IMAGES, index,
+            "reading the mapped range would crash with SIGBUS",
+        )
 
     def populate(self) -> None:
         """Map every page of ``images.npy`` now (reading it if it is not cached)."""
         self._ensure_open()
+        self._check_size(0)
         self._populate(self._h_images)
 
     @staticmethod
@@ -104,15 +139,19 @@ class MemmapReader(Reader):
 
     def _close(self) -> None:
         # Dropping the last reference unmaps; mmap.close() would fail while views exist.
-        self._h_images = self._h_labels = None
+        if self._h_stat_file is not None:
+            self._h_stat_file.close()
+        self._h_images = self._h_labels = self._h_stat_file = None
 
     def _locate(self, index: int) -> Path:
         return self.root / IMAGES
 
     def _read_one(self, index: int) -> tuple[np.ndarray, int]:
+        self._check_size(index)
         return np.array(self._h_images[index]), int(self._h_labels[index])
 
     def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
+        self._check_size(int(indices[0]))
         images = self._raw_buffer(len(indices), out)
         flat_source = self._h_images.reshape(len(self), -1)
         try:
@@ -125,7 +164,8 @@ class MemmapReader(Reader):
 
     @property
     def images(self) -> np.ndarray:
-        """The (N, H, W, C) memory map itself, for zero-copy consumers."""
+        """The (N, H, W, C) memory map itself, for zero-copy consumers (unguarded: see the
+        module docstring on files that shrink under a map)."""
         self._ensure_open()
         return self._h_images
 

@@ -4,7 +4,9 @@
 rows are in sample index order, ``row_group_size`` samples per row group. The dataset's spec
 is also in the file's key-value metadata under ``storebench.spec`` (JSON), so
 ``pyarrow.parquet.read_table(root / "data.parquet")`` alone describes what it read. Pages
-carry CRC checksums, and every read verifies them.
+carry CRC checksums, and every read verifies them, whatever ``verify`` says (they cost little
+next to decoding a row group; see the README's table). The manifest's fingerprint of the file
+covers its first 4 KiB and its whole footer (schema, row-group offsets, the spec).
 
 Row groups are Parquet's unit of reading: fetching one sample decodes its whole row group.
 The reader keeps only the most recent row group, so sequential access costs one decode per
@@ -14,6 +16,7 @@ measures); ``blocks()`` gives the row-group boundaries a block-shuffle sampler n
 
 from __future__ import annotations
 
+import builtins
 import json
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,7 +27,8 @@ import pyarrow.parquet as pq
 
 from data_gen import DatasetSpec
 
-from .base import CorruptSampleError, DatasetError, Reader, sample_checksum
+from .base import CorruptSampleError, DatasetError, ManifestError, Reader, sample_checksum
+from .manifest import fingerprint_span as default_span
 from .manifest import load_checksums
 
 NAME = "parquet"
@@ -40,6 +44,21 @@ COMPRESSIONS = ("none", "snappy", "zstd", "gzip", "lz4", "brotli")
 FILENAME = "data.parquet"
 SPEC_METADATA_KEY = b"storebench.spec"
 COLUMNS = ("image", "label")
+SIZE_OVERHEAD = {"raw": 1.02, "png": 1.02, "jpeg": 1.02}
+# A damaged footer can fail in pyarrow's reader or in decoding its key-value metadata.
+_OPEN_ERRORS = (OSError, pa.ArrowException, ValueError, TypeError)
+
+
+def fingerprint_span(rel: str, path: Path, size: int) -> tuple[int, int]:
+    """The first 4 KiB, and the tail through the whole footer (its length is in the file's
+    last 8 bytes: a little-endian uint32 and ``PAR1``)."""
+    head, tail = default_span(size)
+    if size >= 12:
+        with builtins.open(path, "rb") as f:
+            f.seek(size - 8)
+            footer = int.from_bytes(f.read(4), "little")
+        tail = min(max(tail, footer + 8), size - head)
+    return head, tail
 
 
 def schema(spec: DatasetSpec) -> pa.Schema:
@@ -158,23 +177,27 @@ class ParquetReader(Reader):
 
     def _open(self) -> None:
         try:
-            # Page checksums follow ``verify``: with verify=False (benchmarks) the reader trusts
-            # the bytes, as every other format does; they cost ~40% of a row group's read.
-            parquet_file = pq.ParquetFile(self.path, page_checksum_verification=self.verify)
+            parquet_file = pq.ParquetFile(self.path, page_checksum_verification=True)
         except FileNotFoundError:
             raise DatasetError(f"{self.path}: missing") from None
-        except (OSError, pa.ArrowException) as err:
+        except _OPEN_ERRORS as err:
             raise DatasetError(f"{self.path}: cannot open as Parquet: {err}") from err
         try:
             self._check_file(parquet_file)
+            sizes = [
+                parquet_file.metadata.row_group(g).num_rows
+                for g in range(parquet_file.metadata.num_row_groups)
+            ]
+        except _OPEN_ERRORS as err:
+            parquet_file.close()
+            raise DatasetError(f"{self.path}: damaged Parquet metadata: {err}") from err
         except BaseException:
             parquet_file.close()
             raise
-        sizes = [
-            parquet_file.metadata.row_group(g).num_rows
-            for g in range(parquet_file.metadata.num_row_groups)
-        ]
         self._h_bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        if self._h_bounds[-1] != len(self) or np.any(np.diff(self._h_bounds) <= 0):
+            parquet_file.close()
+            raise DatasetError(f"{self.path}: row groups hold {sizes} rows, expected {len(self)}")
         self._h_file = parquet_file
         self._h_cached = None
 
@@ -187,9 +210,10 @@ class ParquetReader(Reader):
         if rows != len(self):
             raise DatasetError(f"{self.path}: holds {rows} rows, the spec says {len(self)}")
         stored = (arrow_schema.metadata or {}).get(SPEC_METADATA_KEY)
-        if stored is not None and json.loads(stored) != self.spec.to_dict():
-            raise DatasetError(
-                f"{self.path}: the spec in the file's metadata differs from the manifest's"
+        if stored is None or json.loads(stored) != self.spec.to_dict():
+            raise ManifestError(
+                f"{self.path}: the spec in the file's metadata differs from the manifest's "
+                "(or is missing)"
             )
 
     def _close(self) -> None:
@@ -214,7 +238,7 @@ class ParquetReader(Reader):
         first, stop = int(self._h_bounds[group]), int(self._h_bounds[group + 1])
         try:
             rows = _load_row_group(self._h_file, group, stop - first)
-        except (OSError, pa.ArrowException) as err:
+        except _OPEN_ERRORS as err:
             rows = self._salvage(group, first, stop, err)
         self._h_cached = rows
         return rows
@@ -233,7 +257,7 @@ class ParquetReader(Reader):
         try:
             unchecked = pq.ParquetFile(self.path)
             rows = _load_row_group(unchecked, group, stop - first)
-        except (OSError, pa.ArrowException):
+        except _OPEN_ERRORS:
             raise unreadable from err
         finally:
             if unchecked is not None:

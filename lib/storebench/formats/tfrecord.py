@@ -17,7 +17,10 @@ Framing follows TensorFlow's TFRecord format: ``uint64 length``, ``uint32 masked
 length``, ``data[length]``, ``uint32 masked CRC32C of data``, all little-endian. The index
 stores, per record, the offset of its length field and the length of the whole frame
 (``16 + len(data)``), the same (offset, size) pair as DALI's ``tfrecord2idx``: it gives random
-access with one ``pread`` per record and no TensorFlow import. Every read checks both CRCs.
+access with one ``pread`` per record and no TensorFlow import. Every read checks both CRCs,
+whatever ``verify`` says. At open every index is checked whole against the manifest's
+fingerprint and for structure: records back to back from offset 0, each at least a frame
+header long, the last ending where the shard ends.
 """
 
 from __future__ import annotations
@@ -35,8 +38,10 @@ from google.protobuf.message import DecodeError
 
 from data_gen import DatasetSpec
 
-from . import example_proto
-from .base import CorruptSampleError, DatasetError, Reader
+from . import example_proto, npyfile
+from .base import ENCODING_MAGIC, CorruptSampleError, DatasetError, ManifestError, Reader
+from .manifest import check_fingerprint
+from .manifest import fingerprint_span as default_span
 
 NAME = "tfrecord"
 ENCODINGS = ("raw", "png", "jpeg")
@@ -44,6 +49,8 @@ ENCODINGS = ("raw", "png", "jpeg")
 # tens to hundreds of MB, the range TensorFlow's input-pipeline guide recommends.
 DEFAULT_KNOBS: dict = {"num_shards": 4}
 OPEN_OPTIONS: tuple = ()
+# Stored bytes per sample byte: 16 bytes of framing and ~30 of Example per record.
+SIZE_OVERHEAD = {"raw": 1.05, "png": 1.05, "jpeg": 1.05}
 
 SHARD_PATTERN = "data-{shard:05d}-of-{count:05d}.tfrecord"
 INDEX_SUFFIX = ".index"
@@ -100,20 +107,58 @@ def shard_bounds(num_samples: int, num_shards: int) -> np.ndarray:
     return np.arange(num_shards + 1, dtype=np.int64) * num_samples // num_shards
 
 
-def read_index(path: Path | str) -> np.ndarray:
-    """One shard's (offset, framed length) int64 array, checked for shape and dtype."""
+def fingerprint_span(rel: str, path: Path, size: int) -> tuple[int, int]:
+    """Offset indexes are small and read whole at open: fingerprint all of them."""
+    return (size, 0) if rel.endswith(INDEX_SUFFIX) else default_span(size)
+
+
+def read_index(path: Path | str, *, data: bytes | None = None) -> np.ndarray:
+    """One shard's (offset, framed length) int64 array, checked for shape and dtype.
+    ``data`` is the file's content when the caller has read it already."""
     path = Path(path)
+    if data is None:
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise DatasetError(f"{path}: offset index missing") from None
+        except OSError as err:
+            raise DatasetError(f"{path}: unreadable offset index: {err}") from err
     try:
-        index = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: offset index missing") from None
-    except (OSError, ValueError) as err:
-        raise DatasetError(f"{path}: unreadable offset index: {err}") from err
-    if index.ndim != 2 or index.shape[1] != 2 or index.dtype != np.int64:
+        index = npyfile.loads(data, path, dtype="<i8", ndim=2)
+    except DatasetError as err:
+        raise DatasetError(f"unreadable offset index: {err}") from err
+    if index.shape[1] != 2:
+        raise DatasetError(f"{path}: offset index is {index.shape}, expected (n, 2)")
+    return index.astype(np.int64)
+
+
+def check_index(
+    path: Path, index: np.ndarray, shard: Path, shard_size: int, first_sample: int
+) -> None:
+    """The index at ``path`` describes records back to back from offset 0, each at least a
+    frame header long, the last ending at the end of ``shard`` (``shard_size`` bytes);
+    ``first_sample`` is the shard's first sample, for messages."""
+    if len(index) == 0:
+        raise DatasetError(f"{path}: empty offset index")
+    offsets, lengths = index[:, 0], index[:, 1]
+    ends = offsets + lengths
+    bad = (lengths < FRAME_OVERHEAD) | (offsets != np.concatenate([[0], ends[:-1]]))
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
         raise DatasetError(
-            f"{path}: offset index is {index.dtype} {index.shape}, expected int64 (n, 2)"
+            f"{path}: damaged offset index: record {row} (sample {first_sample + row}) at "
+            f"({int(offsets[row])}, {int(lengths[row])}) does not follow the previous record"
         )
-    return index
+    if int(ends[-1]) > shard_size:
+        raise DatasetError(
+            f"{shard}: shard is cut off: it has {shard_size} bytes, its offset index "
+            f"{path.name} places the end of its last record at byte {int(ends[-1])}"
+        )
+    if int(ends[-1]) < shard_size:
+        raise DatasetError(
+            f"{path}: damaged offset index: records end at byte {int(ends[-1])}, the "
+            f"shard {shard.name} has {shard_size} bytes"
+        )
 
 
 def scan_records(path: Path | str) -> Iterator[tuple[int, bytes]]:
@@ -219,17 +264,6 @@ class TFRecordReader(Reader):
         self._h_lengths: np.ndarray | None = None
 
     def _open(self) -> None:
-        offsets = np.empty(len(self), dtype=np.int64)
-        lengths = np.empty(len(self), dtype=np.int64)
-        for shard, path in enumerate(self.shards):
-            index = read_index(index_path(path))
-            start, stop = int(self.bounds[shard]), int(self.bounds[shard + 1])
-            if len(index) != stop - start:
-                raise DatasetError(
-                    f"{index_path(path)}: indexes {len(index)} records, shard {path.name} "
-                    f"should hold samples {start}..{stop - 1} ({stop - start} records)"
-                )
-            offsets[start:stop], lengths[start:stop] = index[:, 0], index[:, 1]
         files = []
         try:
             for path in self.shards:
@@ -238,7 +272,54 @@ class TFRecordReader(Reader):
             for f in files:
                 f.close()
             raise DatasetError(f"{path}: cannot open shard: {err}") from err
+        try:
+            offsets, lengths = self._load_indexes(files)
+        except BaseException:
+            for f in files:
+                f.close()
+            raise
         self._h_files, self._h_offsets, self._h_lengths = files, offsets, lengths
+        # Records do not say how images are encoded: check the first one against the spec
+        # (a raw record has the wrong length, a PNG record the wrong signature).
+        try:
+            image, _ = self._read_one(0)
+            if not self.is_raw and not bytes(image[:8]).startswith(
+                ENCODING_MAGIC[self.spec.encoding]
+            ):
+                raise ManifestError(
+                    f"{self.shards[0]}: sample 0 is not {self.spec.encoding}, as the manifest "
+                    "says"
+                )
+        except BaseException:
+            self._close()
+            raise
+
+    def _load_indexes(self, files: list[io.FileIO]) -> tuple[np.ndarray, np.ndarray]:
+        offsets = np.empty(len(self), dtype=np.int64)
+        lengths = np.empty(len(self), dtype=np.int64)
+        for shard, path in enumerate(self.shards):
+            ipath = index_path(path)
+            try:
+                data = ipath.read_bytes()
+            except FileNotFoundError:
+                raise DatasetError(f"{ipath}: offset index missing") from None
+            except OSError as err:
+                raise DatasetError(f"{ipath}: unreadable offset index: {err}") from err
+            index = read_index(ipath, data=data)
+            start, stop = int(self.bounds[shard]), int(self.bounds[shard + 1])
+            if len(index) != stop - start:
+                raise DatasetError(
+                    f"{ipath}: indexes {len(index)} records, shard {path.name} "
+                    f"should hold samples {start}..{stop - 1} ({stop - start} records)"
+                )
+            size = os.fstat(files[shard].fileno()).st_size
+            check_index(ipath, index, path, size, start)
+            recorded = self.manifest["fingerprints"].get(ipath.name)
+            if recorded is None:
+                raise DatasetError(f"{ipath}: not listed in the manifest")
+            check_fingerprint(ipath, recorded, data)
+            offsets[start:stop], lengths[start:stop] = index[:, 0], index[:, 1]
+        return offsets, lengths
 
     def _close(self) -> None:
         for f in self._h_files or ():
@@ -319,6 +400,8 @@ class TFRecordReader(Reader):
 
     def _decode(self, shard: int, index: int, frame: memoryview) -> tuple[np.ndarray | bytes, int]:
         path = self.shards[shard]
+        if len(frame) < FRAME_OVERHEAD:
+            raise CorruptSampleError(path, index, f"{len(frame)}-byte record, shorter than a frame")
         length, length_crc = HEADER.unpack_from(frame)
         if masked_crc32c(frame[:8]) != length_crc:
             raise CorruptSampleError(path, index, "TFRecord length CRC mismatch")

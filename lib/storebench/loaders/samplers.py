@@ -13,6 +13,10 @@ shuffle) and, when ``world_size > 1``, only this rank's share of them. The shard
 One difference: each rank takes a *contiguous* slice of the epoch order, not every
 ``world_size``-th index, so a sequential or block-shuffled order keeps its locality on every
 rank (a strided split would make each rank touch every block).
+
+Sizes, ranks, seeds and epochs must be integers (NumPy integers too); a bool, float or str is
+a TypeError rather than a silent truncation. Samplers yield indices in ``0 .. n-1``, which
+every Reader and dataset accepts, as they accept Python-style negative ones.
 """
 
 from __future__ import annotations
@@ -23,21 +27,30 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 
+def _integer(value, name: str, *, minimum: int | None = None) -> int:
+    """``value`` as an int: ints and NumPy integers only (a bool, float or str is a
+    TypeError: ``BatchSampler(s, 2.7)`` must not quietly make batches of 2)."""
+    if isinstance(value, bool | np.bool_) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be an integer, got {type(value).__name__} {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
 class _ShardedSampler:
     """Shared sharding and epoch bookkeeping; subclasses define ``_epoch_order``."""
 
     def __init__(
         self, num_samples: int, *, rank: int = 0, world_size: int = 1, drop_last: bool = False
     ) -> None:
-        if num_samples < 0:
-            raise ValueError(f"num_samples must be >= 0, got {num_samples}")
-        if world_size < 1:
-            raise ValueError(f"world_size must be >= 1, got {world_size}")
+        num_samples = _integer(num_samples, "num_samples", minimum=0)
+        world_size = _integer(world_size, "world_size", minimum=1)
+        rank = _integer(rank, "rank")
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        self.num_samples = int(num_samples)
-        self.rank = int(rank)
-        self.world_size = int(world_size)
+        self.num_samples = num_samples
+        self.rank = rank
+        self.world_size = world_size
         self.drop_last = bool(drop_last)
         self.epoch = 0
 
@@ -46,7 +59,7 @@ class _ShardedSampler:
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose order ``__iter__`` and ``indices`` return."""
-        self.epoch = int(epoch)
+        self.epoch = _integer(epoch, "epoch", minimum=0)
 
     @property
     def per_rank(self) -> int:
@@ -100,7 +113,7 @@ class ShuffleSampler(_ShardedSampler):
         drop_last: bool = False,
     ) -> None:
         super().__init__(num_samples, rank=rank, world_size=world_size, drop_last=drop_last)
-        self.seed = int(seed)
+        self.seed = _integer(seed, "seed", minimum=0)
 
     def _epoch_order(self) -> np.ndarray:
         rng = np.random.default_rng([self.seed, self.epoch])
@@ -129,7 +142,10 @@ class BlockShuffleSampler(_ShardedSampler):
         world_size: int = 1,
         drop_last: bool = False,
     ) -> None:
-        bounds = np.asarray(boundaries, dtype=np.int64).reshape(-1)
+        bounds = np.asarray(boundaries)
+        if bounds.size and bounds.dtype.kind not in "iu":
+            raise TypeError(f"boundaries must be integers, got {bounds.dtype}")
+        bounds = bounds.astype(np.int64).reshape(-1)
         if bounds.size < 2 or bounds[0] != 0 or np.any(np.diff(bounds) <= 0):
             raise ValueError(
                 "boundaries must be strictly increasing and start at 0, like Reader.blocks(); "
@@ -137,7 +153,7 @@ class BlockShuffleSampler(_ShardedSampler):
             )
         super().__init__(int(bounds[-1]), rank=rank, world_size=world_size, drop_last=drop_last)
         self.boundaries = bounds
-        self.seed = int(seed)
+        self.seed = _integer(seed, "seed", minimum=0)
         self.shuffle_within = bool(shuffle_within)
 
     @classmethod
@@ -173,10 +189,8 @@ class BatchSampler:
     be handed to prefetchers and to ``DataLoader(batch_sampler=...)``."""
 
     def __init__(self, sampler, batch_size: int, *, drop_last: bool = False) -> None:
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.sampler = sampler
-        self.batch_size = int(batch_size)
+        self.batch_size = _integer(batch_size, "batch_size", minimum=1)
         self.drop_last = bool(drop_last)
 
     def set_epoch(self, epoch: int) -> None:
