@@ -23,6 +23,7 @@ from storebench.loaders import (
     ThreadPrefetcher,
     WorkerDiedError,
     WorkerError,
+    WorkerStartError,
 )
 
 START_METHODS = ["fork", "spawn", "forkserver"]
@@ -144,19 +145,6 @@ def test_copy_true_batches_stay_valid(memmap_raw, batches, kind):
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("kind", ["thread", "process"])
-def test_an_abandoned_pass_does_not_disturb_the_next(memmap_raw, batches, kind):
-    dataset = LazyDataset(memmap_raw)
-    cls = ThreadPrefetcher if kind == "thread" else ProcessPrefetcher
-    extra = {} if kind == "thread" else {"start_method": "fork"}
-    with cls(dataset, batches, workers=2, **extra) as pf:
-        for k, _ in enumerate(pf):
-            if k == 1:
-                break
-        assert_same(collected(pf), serial(dataset, batches))
-
-
-@pytest.mark.timeout(60)
 def test_process_prefetcher_delivers_decoded_and_transformed_arrays(build_ci, encoded_format):
     with open_dataset(build_ci(encoded_format, "jpeg")) as reader:
         dataset = LazyDataset(reader, decode="simplejpeg", transform=halve)
@@ -176,48 +164,6 @@ def test_process_prefetcher_refuses_variable_size_samples(memmap_raw):
         pytest.raises(WorkerError, match="variable-size samples"),
     ):
         list(pf)
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("kind", ["thread", "process", "baseline-list", "baseline-pickled"])
-def test_worker_exceptions_reach_the_consumer_with_traceback(memmap_raw, batches, kind):
-    dataset = FailingDataset(memmap_raw, bad=300)
-    bad_batch = next(k for k, b in enumerate(batches) if 300 in b)
-    children_before = our_children()
-    loader = {
-        "thread": lambda: ThreadPrefetcher(dataset, batches),
-        "process": lambda: ProcessPrefetcher(dataset, batches, start_method="fork"),
-        "baseline-list": lambda: BaselineLockedListPrefetcher(dataset, batches),
-        "baseline-pickled": lambda: BaselinePickledQueuePrefetcher(
-            dataset, batches, start_method="fork"
-        ),
-    }[kind]()
-    delivered = 0
-    with pytest.raises(WorkerError) as caught:
-        for _ in loader:
-            delivered += 1
-    assert delivered == bad_batch  # every batch before the bad one arrived, in order
-    message = str(caught.value)
-    assert "boom at sample 300" in message and "Traceback" in message and "get_batch" in message
-    if kind in ("thread", "process"):
-        assert isinstance(caught.value.__cause__, ValueError)
-        assert loader.closed
-    loader.close()
-    assert wait_gone(our_children() - children_before) == []
-
-
-@pytest.mark.timeout(60)
-def test_a_sigkilled_worker_makes_the_consumer_raise(memmap_raw, batches):
-    dataset = SlowDataset(memmap_raw, delay=0.3)
-    pf = ProcessPrefetcher(dataset, batches, workers=2, start_method="fork")
-    pids = pf.pids
-    with pytest.raises(WorkerDiedError, match=r"prefetch worker 0 .*signal SIGKILL"):
-        for k, _ in enumerate(pf):
-            if k == 0:
-                os.kill(pids[0], signal.SIGKILL)
-    assert pf.closed
-    assert wait_gone(pids) == []
-    assert not segment_exists(pf.shm_name)
 
 
 @pytest.mark.timeout(120)
@@ -282,3 +228,232 @@ def test_baselines_deliver_the_same_batches(memmap_raw, batches):
     with BaselinePickledQueuePrefetcher(dataset, batches, start_method="fork") as baseline:
         assert_same(collected(baseline), want)
         assert_same(collected(baseline), want)
+
+
+@pytest.mark.timeout(60)
+def test_the_locked_list_baseline_reraises_a_producer_exception(memmap_raw, batches):
+    dataset = FailingDataset(memmap_raw, bad=300)
+    bad_batch = next(k for k, b in enumerate(batches) if 300 in b)
+    threads = threading.active_count()
+    delivered = 0
+    with pytest.raises(WorkerError) as caught:
+        for _ in BaselineLockedListPrefetcher(dataset, batches):
+            delivered += 1
+    assert delivered == bad_batch
+    message = str(caught.value)
+    assert "boom at sample 300" in message and "Traceback" in message and "get_batch" in message
+    assert threading.active_count() == threads
+
+
+@pytest.mark.timeout(60)
+def test_the_locked_list_baseline_stops_its_thread_when_the_loop_is_left(memmap_raw, batches):
+    dataset = LazyDataset(memmap_raw)
+    threads = threading.active_count()
+    baseline = BaselineLockedListPrefetcher(dataset, batches, depth=2)
+    never_started = iter(baseline)
+    assert threading.active_count() == threads  # nothing runs before the first next()
+    del never_started
+    for k, _ in enumerate(baseline):
+        if k == 1:
+            break
+    assert threading.active_count() == threads
+    with pytest.raises(KeyboardInterrupt):
+        for k, _ in enumerate(baseline):
+            if k == 2:
+                raise KeyboardInterrupt
+    assert threading.active_count() == threads
+    old = iter(baseline)
+    next(old)
+    assert_same(collected(baseline), serial(dataset, batches))
+    with pytest.raises(RuntimeError, match="newer pass"):
+        next(old)
+    assert threading.active_count() == threads
+
+
+# -- arguments -----------------------------------------------------------------------------
+COUNTS = [
+    (ThreadPrefetcher, "workers"),
+    (ThreadPrefetcher, "depth"),
+    (ThreadPrefetcher, "batch_size"),
+    (ProcessPrefetcher, "workers"),
+    (ProcessPrefetcher, "depth"),
+    (ProcessPrefetcher, "batch_size"),
+    (BaselinePickledQueuePrefetcher, "workers"),
+    (BaselinePickledQueuePrefetcher, "depth"),
+    (BaselineLockedListPrefetcher, "depth"),
+]
+BAD_COUNTS = [
+    (0, ValueError, "must be >= 1, got 0"),
+    (-2, ValueError, "must be >= 1, got -2"),
+    (True, TypeError, r"must be a positive int, got True \(bool\)"),
+    (2.0, TypeError, r"must be a positive int, got 2.0 \(float\)"),
+    ("2", TypeError, r"must be a positive int, got '2' \(str\)"),
+]
+
+
+def start_method_for(cls) -> dict:
+    return (
+        {"start_method": "fork"}
+        if cls in (ProcessPrefetcher, BaselinePickledQueuePrefetcher)
+        else {}
+    )
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("value", "error", "message"), BAD_COUNTS)
+@pytest.mark.parametrize(("cls", "argument"), COUNTS)
+def test_counts_must_be_positive_ints(memmap_raw, batches, cls, argument, value, error, message):
+    children = our_children()
+    with pytest.raises(error, match=rf"^{argument} {message}"):
+        cls(LazyDataset(memmap_raw), batches, **{argument: value}, **start_method_for(cls))
+    assert our_children() == children  # refused before any worker started
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cls", [ThreadPrefetcher, ProcessPrefetcher])
+def test_a_batch_sampler_batch_size_is_checked_too(memmap_raw, cls):
+    class Batches(list):
+        batch_size = 0
+
+    with pytest.raises(ValueError, match=r"^batches.batch_size must be >= 1"):
+        cls(LazyDataset(memmap_raw), Batches(), **start_method_for(cls))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "cls", [ThreadPrefetcher, ProcessPrefetcher, BaselinePickledQueuePrefetcher]
+)
+def test_numpy_integers_are_counts(memmap_raw, batches, cls):
+    dataset = LazyDataset(memmap_raw)
+    with cls(
+        dataset, batches, workers=np.int64(1), depth=np.int32(2), **start_method_for(cls)
+    ) as pf:
+        assert (pf.workers, pf.depth) == (1, 2) and type(pf.workers) is int
+        assert_same(collected(pf), serial(dataset, batches))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("value", "error"), [(0, ValueError), (-1.0, ValueError), ("1", TypeError)]
+)
+def test_the_poll_interval_must_be_a_positive_number(memmap_raw, batches, value, error):
+    with pytest.raises(error, match="poll_interval"):
+        BaselineLockedListPrefetcher(LazyDataset(memmap_raw), batches, poll_interval=value)
+
+
+# -- starting workers ------------------------------------------------------------------------
+@pytest.mark.timeout(60)
+def test_a_failing_worker_init_is_reported_as_a_start_failure(memmap_raw, batches):
+    dataset = LazyDataset(memmap_raw)
+    pf = ProcessPrefetcher(dataset, batches, start_method="fork", worker_init=refuse)
+    with pytest.raises(WorkerError, match=r"prefetch worker \d failed while starting") as caught:
+        list(pf)
+    assert not isinstance(caught.value, WorkerDiedError)
+    assert "worker_init refused worker" in str(caught.value)
+    assert pf.closed and not segment_exists(pf.shm_name)
+
+
+def refuse(worker: int) -> None:
+    raise RuntimeError(f"worker_init refused worker {worker}")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cls", [ProcessPrefetcher, BaselinePickledQueuePrefetcher])
+def test_what_does_not_pickle_is_refused_before_any_worker_starts(memmap_raw, batches, cls):
+    dataset = LazyDataset(memmap_raw, transform=lambda image: image)
+    children = our_children()
+    with pytest.raises(WorkerStartError, match=r"do not pickle: .*lambda.*start_method='fork'"):
+        cls(dataset, batches, start_method="spawn")
+    assert our_children() == children
+
+
+SCRIPT_DATASET = """
+import sys
+import numpy as np
+from storebench.loaders import {cls}, Batch, BatchSampler, SequentialSampler
+
+{indent}class Counting:
+{indent}    sample_shape = (4,)
+{indent}    sample_dtype = np.dtype(np.uint8)
+{indent}    def get_batch(self, indices, *, out=None):
+{indent}        indices = np.asarray(indices)
+{indent}        images = np.repeat(indices[:, None], 4, axis=1).astype(np.uint8)
+{indent}        if out is not None:
+{indent}            out[: len(indices)] = images
+{indent}            images = out[: len(indices)]
+{indent}        return Batch(images, indices, indices)
+"""
+SCRIPT_RUN = """
+{indent}pf = {cls}(Counting(), BatchSampler(SequentialSampler(64), 8), start_method={method!r})
+{indent}print("delivered", sum(len(b) for b in pf))
+"""
+GUARD = 'if __name__ == "__main__":\n    pass\n'
+SCRIPT_CASES = [
+    ("ProcessPrefetcher", "spawn"),
+    ("ProcessPrefetcher", "forkserver"),
+    ("BaselinePickledQueuePrefetcher", "spawn"),
+]
+
+
+def run_script(tmp_path: Path, source: str, *, as_file: bool = True):
+    """Run ``source`` with this interpreter (the venv's), as a file or with ``-c`` (like the
+    REPL or a notebook: ``__main__`` has no file then); it must end, not hang."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    argv = [sys.executable, str(script)] if as_file else [sys.executable, "-c", source]
+    return subprocess.run(
+        argv,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        cwd=tmp_path,
+    )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("cls", "method"), SCRIPT_CASES)
+def test_a_script_without_the_main_guard_fails_fast_with_the_fix(tmp_path, cls, method):
+    source = SCRIPT_DATASET.format(cls=cls, indent="") + SCRIPT_RUN.format(
+        cls=cls, method=method, indent=""
+    )
+    done = run_script(tmp_path, source)
+    assert done.returncode != 0 and "delivered" not in done.stdout
+    # The worker says what happened; the parent raises WorkerDiedError with the fix.
+    assert f"WorkerStartError: {cls} was created while a spawn/forkserver worker" in done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("storebench.loaders.window.WorkerDiedError: ")
+    assert "exited during start-up" in last
+    assert f"A {method} worker first re-runs the main module '{tmp_path / 'script.py'}'" in last
+    assert 'without an `if __name__ == "__main__":` guard' in last
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("cls", "method"), SCRIPT_CASES)
+@pytest.mark.parametrize("how", ["defined under the guard", "run with -c"])
+def test_a_dataset_class_workers_cannot_find_is_named_with_the_fix(tmp_path, cls, method, how):
+    if how == "run with -c":  # __main__ has no file, as in a notebook or the REPL
+        source = SCRIPT_DATASET.format(cls=cls, indent="") + GUARD
+        source += SCRIPT_RUN.format(cls=cls, method=method, indent="    ")
+    else:
+        source = SCRIPT_DATASET.format(cls=cls, indent="    ").replace(
+            "\n    class", f"\n{GUARD}    class", 1
+        ) + SCRIPT_RUN.format(cls=cls, method=method, indent="    ")
+    done = run_script(tmp_path, source, as_file=how != "run with -c")
+    assert done.returncode != 0 and "delivered" not in done.stdout
+    last = [line for line in done.stderr.splitlines() if "WorkerDiedError: " in line][-1]
+    assert "could not load the dataset and worker_init" in last
+    assert "Can't get attribute 'Counting'" in last
+    assert "define them in an importable module, or use start_method='fork'" in last
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("cls", "method"), SCRIPT_CASES)
+def test_a_guarded_script_with_a_module_level_dataset_runs(tmp_path, cls, method):
+    source = SCRIPT_DATASET.format(cls=cls, indent="") + GUARD
+    source += SCRIPT_RUN.format(cls=cls, method=method, indent="    ")
+    done = run_script(tmp_path, source)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["delivered", "64"]

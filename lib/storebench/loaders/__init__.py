@@ -17,6 +17,7 @@ from .gpu import (
 )
 from .prefetch import ProcessPrefetcher, ThreadPrefetcher, WorkerDiedError, WorkerError
 from .samplers import BatchSampler, BlockShuffleSampler, SequentialSampler, ShuffleSampler
+from .window import OrderedWindow, WorkerStartError
 
 __all__ = [
     "DECODERS",
@@ -31,6 +32,7 @@ __all__ = [
     "GpuFeeder",
     "InsufficientMemoryError",
     "LazyDataset",
+    "OrderedWindow",
     "PreloadedDataset",
     "ProcessPrefetcher",
     "SequentialSampler",
@@ -38,6 +40,7 @@ __all__ = [
     "ThreadPrefetcher",
     "WorkerDiedError",
     "WorkerError",
+    "WorkerStartError",
     "batch_buffer",
     "collate_padded",
     "run_feed",

@@ -2,7 +2,9 @@
 
 Both prefetchers take a dataset (``LazyDataset`` / ``PreloadedDataset``) and ``batches``, a
 re-iterable of index arrays (a ``BatchSampler``); each ``for batch in prefetcher`` is one pass
-over ``batches``, and workers persist between passes until ``close()``.
+over ``batches``. Both are an ``OrderedWindow`` (``window.py``: order, backpressure, errors,
+clean-up, written once) over a transport defined here: threads writing into preallocated
+buffers, or processes writing into a ring of shared-memory slots.
 
 Common behaviour:
 
@@ -15,9 +17,16 @@ Common behaviour:
   message carries the worker's traceback (and whose ``__cause__`` is the original exception
   when it could be transferred); a process worker that dies (SIGKILL, segfault, OOM killer)
   raises ``WorkerDiedError`` as soon as its sentinel fires. Either closes the prefetcher;
-- **cleanup**: ``close()``, the context manager, garbage collection of the prefetcher and a
-  ``KeyboardInterrupt`` in the consumer stop every thread and child process and unlink the
-  shared memory.
+- **start-up**: under spawn and forkserver the dataset and ``worker_init`` are pickled once
+  here; if that fails, ``WorkerStartError`` says what and how to fix it. A worker that cannot
+  find what it was sent (a class defined in a notebook, the REPL or under the
+  ``if __name__ == "__main__":`` guard), or that dies while re-running a main module that
+  lacks that guard, raises ``WorkerDiedError`` saying so, instead of hanging;
+- **clean-up**: a pass left early (``break``, an exception or ``KeyboardInterrupt`` anywhere
+  in the loop body, the iterator dropped) stops every worker and unlinks the shared memory
+  as the loop unwinds, and the next pass starts fresh workers; a pass run to its end keeps
+  them. ``close()``, the context manager, and dropping the last reference to the prefetcher
+  stop them too; none of this waits for the garbage collector.
 
 Buffers are reused: with ``copy=False`` (the default) a batch's arrays are views that stay
 valid until the consumer asks for the next batch; pass ``copy=True`` (or ``batch.copy()``) to
@@ -29,13 +38,15 @@ from __future__ import annotations
 import contextlib
 import math
 import mmap
+import os
 import pickle
 import queue
+import secrets
 import signal
+import sys
 import threading
 import traceback
-import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing import connection, shared_memory
 from pathlib import Path
@@ -43,55 +54,54 @@ from pathlib import Path
 import numpy as np
 
 from .batching import Batch, batch_buffer
+from .window import (
+    WindowedPrefetcher,
+    WorkerDiedError,
+    WorkerError,
+    WorkerFailure,
+    WorkerStartError,
+    positive_int,
+)
+
+__all__ = [
+    "SHM_DIR",
+    "SHM_PREFIX",
+    "ProcessPrefetcher",
+    "SlotLayout",
+    "ThreadPrefetcher",
+    "WorkerDiedError",
+    "WorkerError",
+    "WorkerStartError",
+]
 
 SHM_DIR = Path("/dev/shm")
-
-
-class WorkerError(RuntimeError):
-    """A prefetch worker raised; the message holds the worker's traceback."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        worker: int | None = None,
-        batch: int | None = None,
-        worker_traceback: str = "",
-    ) -> None:
-        super().__init__(message)
-        self.worker = worker
-        self.batch = batch
-        self.worker_traceback = worker_traceback
-
-
-class WorkerDiedError(WorkerError):
-    """A prefetch worker process ended without being asked to (killed, crashed)."""
+# Our segments are named SHM_PREFIX + pid + random hex: short enough for macOS's 31-character
+# limit, and recognisable when looking for leaks.
+SHM_PREFIX = "storebench_"
 
 
 def _batch_size_of(batches, batch_size: int | None) -> int:
     if batch_size is not None:
-        return int(batch_size)
+        return positive_int(batch_size, "batch_size")
     size = getattr(batches, "batch_size", None)
     if size is None:
         raise TypeError("cannot tell the batch size: pass batch_size= or a BatchSampler as batches")
-    return int(size)
+    return positive_int(size, "batches.batch_size")
 
 
-def _failure_message(kind: str, worker: int, batch: int, indices, tb: str) -> str:
-    shown = ", ".join(str(i) for i in list(indices)[:8]) + (", ..." if len(indices) > 8 else "")
-    return f"{kind} {worker} failed on batch {batch} (sample indices [{shown}]):\n\n{tb.rstrip()}"
+def _depth_of(depth: int | None, workers: int) -> int:
+    return positive_int(depth, "depth") if depth is not None else max(2 * workers, 2)
 
 
 # ---------------------------------------------------------------------------------------
 # Threads
 # ---------------------------------------------------------------------------------------
 class _ThreadPool:
-    """The threads and the state they share; deliberately holds no reference to the
-    prefetcher, so that garbage-collecting the prefetcher can stop the threads."""
+    """The threads and the state they share; holds no reference to the prefetcher."""
 
     def __init__(self, dataset, workers: int, buffers: list[np.ndarray] | None) -> None:
         self.tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self.results: dict[int, tuple] = {}
+        self.results: dict[int, object] = {}
         self.done = threading.Condition()
         self.stopping = threading.Event()
         self.buffers = buffers
@@ -115,9 +125,9 @@ class _ThreadPool:
             seq, slot, indices = task
             try:
                 out = self.buffers[slot] if self.buffers is not None else None
-                outcome = (dataset.get_batch(indices, out=out), None)
+                outcome = dataset.get_batch(indices, out=out)
             except BaseException as exc:  # everything goes to the consumer
-                outcome = (None, (exc, worker, traceback.format_exc()))
+                outcome = WorkerFailure("prefetch thread", worker, traceback.format_exc(), exc)
             with self.done:
                 self.results[seq] = outcome
                 self.done.notify_all()
@@ -131,13 +141,47 @@ class _ThreadPool:
                 thread.join()
 
 
-class ThreadPrefetcher:
+class _ThreadTransport:
+    """Threads of this process; a result is the batch itself, written into buffer ``slot``."""
+
+    def __init__(self, dataset, *, workers: int, buffers: list[np.ndarray] | None) -> None:
+        self.dataset = dataset
+        self.workers = workers
+        self.buffers = buffers
+        self._pool: _ThreadPool | None = None
+
+    def start(self) -> None:
+        if self._pool is None:
+            self._pool = _ThreadPool(self.dataset, self.workers, self.buffers)
+
+    def stop(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def submit(self, seq: int, slot: int, indices: np.ndarray) -> None:
+        self._pool.tasks.put((seq, slot, indices))
+
+    def wait(self) -> list[tuple[int, object]]:
+        pool = self._pool
+        with pool.done:
+            while not pool.results:
+                pool.done.wait()
+            arrived = list(pool.results.items())
+            pool.results.clear()
+        return arrived
+
+    def batch(self, slot: int, indices: np.ndarray, result) -> Batch:
+        return result
+
+
+class ThreadPrefetcher(WindowedPrefetcher):
     """Prefetch batches with ``workers`` threads.
 
     Threads share the process, so this scales only with work that releases the GIL: file
     reads, ``np.take`` copies, simplejpeg decoding. Threads share the dataset's reader
     (``dataset.for_thread()``). Fixed-size batches are written into ``depth`` preallocated
-    buffers.
+    buffers. A thread cannot be killed: stopping waits for the batches being read to finish.
     """
 
     def __init__(
@@ -150,111 +194,34 @@ class ThreadPrefetcher:
         batch_size: int | None = None,
         copy: bool = False,
     ) -> None:
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
         self.dataset = dataset
         self.batches = batches
-        self.workers = int(workers)
-        self.depth = int(depth) if depth is not None else max(2 * self.workers, 2)
-        if self.depth < 1:
-            raise ValueError(f"depth must be >= 1, got {self.depth}")
+        self.workers = positive_int(workers, "workers")
+        self.depth = _depth_of(depth, self.workers)
         self.copy = bool(copy)
+        if batch_size is not None:
+            positive_int(batch_size, "batch_size")
         buffers = None
         shape = dataset.sample_shape
         if shape is not None:
             size = _batch_size_of(batches, batch_size)
             buffers = [batch_buffer(size, shape, dataset.sample_dtype) for _ in range(self.depth)]
-        self._pool = _ThreadPool(dataset, self.workers, buffers)
-        self._finalizer = weakref.finalize(self, self._pool.shutdown)
-        self._seq = 0
-        self._in_flight: dict[int, np.ndarray] = {}
-        self._iteration = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batches.set_epoch(epoch)
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
-    def __iter__(self) -> Iterator[Batch]:
-        if self.closed:
-            raise RuntimeError("this ThreadPrefetcher is closed")
-        self._iteration += 1
-        self._drain()
-        return self._epoch(self._iteration)
-
-    def _drain(self) -> None:
-        """Wait for (and discard) batches a previous, abandoned pass left in flight."""
-        pool = self._pool
-        with pool.done:
-            while not set(self._in_flight).issubset(pool.results):
-                pool.done.wait()
-            for seq in self._in_flight:
-                pool.results.pop(seq)
-        self._in_flight.clear()
-
-    def _epoch(self, token: int) -> Iterator[Batch]:
-        pool = self._pool
-        tasks = iter(self.batches)
-        first = self._seq
-        next_yield = first
-        exhausted = False
-        try:
-            while True:
-                while not exhausted and self._seq < next_yield + self.depth:
-                    indices = next(tasks, None)
-                    if indices is None:
-                        exhausted = True
-                        break
-                    indices = np.asarray(indices, dtype=np.int64)
-                    pool.tasks.put((self._seq, self._seq % self.depth, indices))
-                    self._in_flight[self._seq] = indices
-                    self._seq += 1
-                if exhausted and next_yield == self._seq:
-                    return
-                with pool.done:
-                    while next_yield not in pool.results:
-                        pool.done.wait()
-                    batch, failure = pool.results.pop(next_yield)
-                indices = self._in_flight.pop(next_yield)
-                if failure is not None:
-                    exc, worker, tb = failure
-                    raise WorkerError(
-                        _failure_message(
-                            "prefetch thread", worker, next_yield - first, indices, tb
-                        ),
-                        worker=worker,
-                        batch=next_yield - first,
-                        worker_traceback=tb,
-                    ) from exc
-                yield batch.copy() if self.copy else batch
-                if self._iteration != token:
-                    raise RuntimeError("a newer pass over this prefetcher was started")
-                next_yield += 1
-        except GeneratorExit:
-            return  # abandoned early: the next pass drains what is still in flight
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        """Stop the threads (each finishes the batch it is on) and wait for them."""
-        self._finalizer()
-
-    def __enter__(self) -> ThreadPrefetcher:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        transport = _ThreadTransport(dataset, workers=self.workers, buffers=buffers)
+        self._open_window(transport, depth=self.depth, copy=self.copy)
+        transport.start()
 
 
 # ---------------------------------------------------------------------------------------
-# Processes
+# Processes: shared-memory slots
 # ---------------------------------------------------------------------------------------
+_HEADER_BYTES = 64  # byte 0: the consumer sets it to ask workers to stop at once
+_STOP = 0
+
+
 @dataclass(frozen=True)
 class SlotLayout:
-    """Where each batch slot lives in the shared segment: images then labels, 64-byte aligned."""
+    """Where each batch slot lives in the shared segment: a 64-byte control header, then per
+    slot images then labels, 64-byte aligned."""
 
     name: str
     slots: int
@@ -274,21 +241,22 @@ class SlotLayout:
 
     @property
     def total_bytes(self) -> int:
-        return self.slots * self.slot_bytes
+        return _HEADER_BYTES + self.slots * self.slot_bytes
 
-    def views(self, buffer) -> list[tuple[np.ndarray, np.ndarray]]:
+    def views(self, buffer) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """The control header and each slot's (images, labels) views of ``buffer``."""
         base = np.frombuffer(buffer, dtype=np.uint8, count=self.total_bytes)
         out = []
         for slot in range(self.slots):
-            at = slot * self.slot_bytes
+            at = _HEADER_BYTES + slot * self.slot_bytes
             images = base[at : at + self.image_bytes].view(self.dtype)
             images = images[: self.batch_size * math.prod(self.sample_shape)]
             labels = base[at + self.image_bytes : at + self.image_bytes + 8 * self.batch_size]
             out.append((images.reshape(self.batch_size, *self.sample_shape), labels.view(np.int64)))
-        return out
+        return base[:_HEADER_BYTES], out
 
-    def attach(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Map the segment in this process and return each slot's (images, labels) views."""
+    def attach(self) -> tuple[np.ndarray, list[tuple[np.ndarray, np.ndarray]]]:
+        """Map the segment in this process: its control header and slot views."""
         return self.views(_map_segment(self.name, self.total_bytes))
 
 
@@ -308,18 +276,24 @@ def _map_segment(name: str, size: int):
     return shared_memory.SharedMemory(name=name).buf  # platforms without /dev/shm
 
 
+def _create_segment(size: int) -> shared_memory.SharedMemory:
+    while True:
+        name = f"{SHM_PREFIX}{os.getpid()}_{secrets.token_hex(4)}"
+        with contextlib.suppress(FileExistsError):
+            return shared_memory.SharedMemory(name=name, create=True, size=size)
+
+
 class _SharedSlots:
     """Creates the segment (registered with the resource tracker, which unlinks it even if
     this process is SIGKILLed) and unlinks it on ``unlink()``."""
 
     def __init__(self, *, slots: int, batch_size: int, sample_shape, dtype) -> None:
-        probe = SlotLayout("", slots, batch_size, tuple(sample_shape), np.dtype(dtype).str)
-        self._shm = shared_memory.SharedMemory(create=True, size=max(probe.total_bytes, 1))
-        self.layout = SlotLayout(
-            self._shm.name, slots, batch_size, tuple(sample_shape), np.dtype(dtype).str
-        )
+        shape, dtype = tuple(sample_shape), np.dtype(dtype).str
+        probe = SlotLayout("", slots, batch_size, shape, dtype)
+        self._shm = _create_segment(probe.total_bytes)
+        self.layout = SlotLayout(self._shm.name, slots, batch_size, shape, dtype)
         try:
-            self.views = self.layout.attach()
+            self.control, self.views = self.layout.attach()
             if (SHM_DIR / self._shm.name).exists():
                 self._shm.close()  # our own mapping serves; the name stays until unlink
         except BaseException:
@@ -334,26 +308,186 @@ class _SharedSlots:
         self._shm = None
 
 
-def _process_worker(conn, dataset, layout: SlotLayout, worker: int, worker_init) -> None:
+# -- starting worker processes (shared with the pickled baseline) ---------------------------
+# Messages a worker sends before any batch: it runs our code (so a death before this
+# message happened in multiprocessing's own bootstrap), or it could not start.
+RUNNING = -1
+START_FAILED = -2
+
+
+def check_not_bootstrapping(owner: str) -> None:
+    """Refuse to start workers from a spawn/forkserver worker that is still importing the
+    main module: that is a script without the ``__main__`` guard, re-run by its workers."""
+    import multiprocessing
+
+    if getattr(multiprocessing.current_process(), "_inheriting", False):
+        raise WorkerStartError(
+            f"{owner} was created while a spawn/forkserver worker process was starting: "
+            f"the worker re-ran the main module {_main_path()}, which creates the prefetcher "
+            'at top level. Put that code under `if __name__ == "__main__":`, or use '
+            "start_method='fork'"
+        )
+
+
+def _main_path() -> str:
+    # While a spawn worker re-runs the script, runpy has it in sys.modules as __mp_main__.
+    module = sys.modules.get("__mp_main__") or sys.modules.get("__main__")
+    path = getattr(module, "__file__", None)
+    return repr(path) if path else "(a notebook or the REPL)"
+
+
+def _main_from_stdin() -> bool:
+    return getattr(sys.modules.get("__main__"), "__file__", None) == "<stdin>"
+
+
+def pack_for_workers(owner: str, start_method: str, objects: tuple) -> memoryview | None:
+    """``objects`` pickled for spawn/forkserver workers; None under fork, where they travel
+    with the forked process. Transports pickle at each start and send the bytes down a pipe
+    once the process runs, rather than as a ``Process`` argument: a failure to pickle is
+    reported here, a worker that cannot unpickle reports why (spawn would fail before any of
+    our code ran), and no more than one pickled copy of a preloaded dataset exists at a time."""
+    if start_method == "fork":
+        return None
+    from multiprocessing.reduction import ForkingPickler
+
+    try:
+        return ForkingPickler.dumps(objects)  # a view of the pickle's buffer: no copy
+    except Exception as exc:
+        raise WorkerStartError(
+            f"{owner}(start_method={start_method!r}) sends the dataset and worker_init to "
+            f"each worker by pickling, and they do not pickle: {type(exc).__name__}: {exc}. "
+            "Define their classes and functions at module level in an importable module "
+            "(not lambdas, local functions, or a notebook), or use start_method='fork'"
+        ) from exc
+
+
+def load_in_worker(inherited: tuple | None, conn) -> tuple:
+    """In the worker: the objects inherited through fork, or else unpickled from ``conn``."""
+    return inherited if inherited is not None else pickle.loads(conn.recv_bytes())
+
+
+def capture_exception(exc: BaseException) -> tuple[bytes | None, str]:
+    """The exception (pickled, when it survives a round trip) and its traceback text."""
+    text = traceback.format_exc()
+    try:
+        payload = pickle.dumps(exc)
+        pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
+    except Exception:  # the text is enough then
+        payload = None
+    return payload, text
+
+
+def failure_from(label: str, worker: int, captured: tuple[bytes | None, str]) -> WorkerFailure:
+    payload, text = captured
+    cause = None
+    if payload is not None:
+        with contextlib.suppress(Exception):  # the traceback text still says what happened
+            cause = pickle.loads(payload)
+    return WorkerFailure(label, worker, text, cause)
+
+
+def start_failure(
+    label: str, worker: int, pid: int, start_method: str, stage: str, captured
+) -> WorkerError:
+    """The error for a worker that reported it could not start."""
+    failure = failure_from(label, worker, captured)
+    tb = failure.traceback.rstrip()
+    if stage != "loading":  # worker_init or the shared memory: the worker's own problem
+        error = WorkerError(
+            f"{label} {worker} failed while starting:\n\n{tb}",
+            worker=worker,
+            worker_traceback=failure.traceback,
+        )
+    else:
+        last = tb.splitlines()[-1] if tb else "unknown error"
+        if "__main__" in tb or "__mp_main__" in tb:
+            advice = (
+                "Objects defined in __main__ (a notebook, the REPL, or code under "
+                '`if __name__ == "__main__":`) cannot be found by a spawn or forkserver '
+                "worker: define them in an importable module, or use start_method='fork'"
+            )
+        else:
+            advice = (
+                "Define what the dataset needs in an importable module, or use start_method='fork'"
+            )
+        error = WorkerDiedError(
+            f"{label} {worker} (pid {pid}) could not load the dataset and worker_init sent "
+            f"to it under start_method={start_method!r}: {last}. {advice}. The prefetcher "
+            f"is closed.\n\nWorker traceback:\n{tb}",
+            worker=worker,
+            worker_traceback=failure.traceback,
+        )
+    error.__cause__ = failure.cause
+    return error
+
+
+def died_error(
+    label: str,
+    worker: int,
+    pid: int,
+    exitcode: int | None,
+    *,
+    running: bool,
+    start_method: str,
+    outstanding: int,
+) -> WorkerDiedError:
+    """The error for a worker process that ended without being asked to."""
+    how = f"exit code {exitcode}"
+    if exitcode is not None and exitcode < 0:
+        how = f"signal {signal.Signals(-exitcode).name}"
+    if running:
+        message = (
+            f"{label} {worker} (pid {pid}) ended unexpectedly ({how}) with {outstanding} "
+            "batch(es) outstanding; the prefetcher is closed"
+        )
+    elif start_method != "fork" and _main_from_stdin():
+        message = (
+            f"{label} {worker} (pid {pid}) exited during start-up ({how}): a {start_method} "
+            "worker re-runs the main program from its file, and a program read from stdin "
+            "has none. Run it from a file, or use start_method='fork'. The prefetcher is closed"
+        )
+    elif start_method != "fork" and exitcode is not None and exitcode > 0:
+        message = (
+            f"{label} {worker} (pid {pid}) exited during start-up ({how}), before running "
+            f"any prefetch code. A {start_method} worker first re-runs the main module "
+            f"{_main_path()}, and that failed: most often because the script creates the "
+            'prefetcher at top level, without an `if __name__ == "__main__":` guard (the '
+            "worker's traceback is on stderr). Put that code under the guard, or use "
+            "start_method='fork'. The prefetcher is closed"
+        )
+    else:
+        message = (
+            f"{label} {worker} (pid {pid}) ended during start-up ({how}); the prefetcher is closed"
+        )
+    return WorkerDiedError(message, worker=worker)
+
+
+def _process_worker(conn, inherited, layout: SlotLayout, worker: int) -> None:
     # Ctrl-C reaches the whole process group; the consumer handles it and stops us.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import multiprocessing
 
     parent = multiprocessing.parent_process()
     watched = [conn] if parent is None else [conn, parent.sentinel]
+    dataset = None
+    stage = "loading"
     try:
-        slots = layout.attach()
+        conn.send((RUNNING, None))
+        dataset, worker_init = load_in_worker(inherited, conn)
+        stage = "starting"
+        control, slots = layout.attach()
         if worker_init is not None:
             worker_init(worker)
     except BaseException as exc:  # report start-up failures too
-        conn.send((-1, _capture(exc)))
+        with contextlib.suppress(OSError):
+            conn.send((START_FAILED, (stage, capture_exception(exc))))
         return
     try:
         while True:
             if conn not in connection.wait(watched):
                 return  # the parent is gone
             task = conn.recv()
-            if task is None:
+            if task is None or control[_STOP]:
                 return
             seq, slot, indices = task
             images, labels = slots[slot]
@@ -367,7 +501,7 @@ def _process_worker(conn, dataset, layout: SlotLayout, worker: int, worker_init)
                 labels[:n] = batch.labels
                 conn.send((seq, None))
             except BaseException as exc:  # everything goes to the consumer
-                conn.send((seq, _capture(exc)))
+                conn.send((seq, capture_exception(exc)))
     except (EOFError, BrokenPipeError, ConnectionResetError):
         return
     finally:
@@ -395,17 +529,7 @@ def _copy_into_slot(batch: Batch, images: np.ndarray, layout: SlotLayout) -> Non
     )
 
 
-def _capture(exc: BaseException) -> tuple[bytes | None, str]:
-    text = traceback.format_exc()
-    try:
-        payload = pickle.dumps(exc)
-        pickle.loads(payload)  # some exceptions pickle but cannot be rebuilt
-    except Exception:  # the text is enough then
-        payload = None
-    return payload, text
-
-
-def _shutdown_processes(processes: list, conns: list, slots: _SharedSlots) -> None:
+def _shutdown_processes(processes: list, conns: list) -> None:
     for conn in conns:
         with contextlib.suppress(OSError, ValueError):
             conn.send(None)
@@ -423,10 +547,160 @@ def _shutdown_processes(processes: list, conns: list, slots: _SharedSlots) -> No
             pass
     for conn in conns:
         conn.close()
-    slots.unlink()
 
 
-class ProcessPrefetcher:
+class _SharedMemoryTransport:
+    """Worker processes writing into a ring of ``depth`` shared-memory slots; a result is
+    ``None`` (the slot holds the batch) and travels as a few pickled bytes."""
+
+    label = "prefetch worker"
+
+    def __init__(
+        self,
+        dataset,
+        worker_init,
+        *,
+        context,
+        workers: int,
+        depth: int,
+        batch_size: int,
+        sample_shape,
+        dtype,
+    ) -> None:
+        self.dataset = dataset
+        self.worker_init = worker_init
+        self.context = context
+        self.workers = workers
+        self.depth = depth
+        self.batch_size = batch_size
+        self.sample_shape = sample_shape
+        self.dtype = dtype
+        self.pids: list[int] = []
+        self.shm_name = ""
+        self._slots: _SharedSlots | None = None
+        self._processes: list = []
+        self._conns: list = []
+
+    @property
+    def start_method(self) -> str:
+        return self.context.get_start_method()
+
+    def start(self) -> None:
+        if self._slots is not None:
+            return
+        objects = (self.dataset, self.worker_init)
+        packed = pack_for_workers("ProcessPrefetcher", self.start_method, objects)
+        inherited = objects if packed is None else None
+        self._slots = _SharedSlots(
+            slots=self.depth,
+            batch_size=self.batch_size,
+            sample_shape=self.sample_shape,
+            dtype=self.dtype,
+        )
+        self.shm_name = self._slots.layout.name
+        self._processes, self._conns = [], []
+        self._running = [False] * self.workers
+        self._outstanding = [0] * self.workers
+        self._assigned: dict[int, int] = {}
+        try:
+            for i in range(self.workers):
+                parent_end, child_end = self.context.Pipe(duplex=True)
+                process = self.context.Process(
+                    target=_process_worker,
+                    args=(child_end, inherited, self._slots.layout, i),
+                    name=f"storebench-prefetch-{i}",
+                    daemon=True,
+                )
+                self._conns.append(parent_end)
+                self._processes.append(process)
+                process.start()
+                child_end.close()  # so that the worker's death shows as EOF here too
+            self.pids = [p.pid for p in self._processes]
+            for i, conn in enumerate(self._conns if packed is not None else ()):
+                try:
+                    conn.send_bytes(packed)
+                except OSError:  # it died before reading: re-running __main__, most likely
+                    raise self._died(i) from None
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        if self._slots is None:
+            return
+        self._slots.control[_STOP] = 1  # skip the tasks still queued in the pipes
+        _shutdown_processes(self._processes, self._conns)
+        self._slots.unlink()
+        self._slots = None
+        self._processes, self._conns = [], []
+
+    def submit(self, seq: int, slot: int, indices: np.ndarray) -> None:
+        if len(indices) > self.batch_size:
+            raise ValueError(
+                f"batch {seq} has {len(indices)} indices, slots hold {self.batch_size}"
+            )
+        worker = min(range(self.workers), key=self._outstanding.__getitem__)
+        try:
+            self._conns[worker].send((seq, slot, indices))
+        except OSError:  # it is gone: raise what it said before it went, if anything
+            while self._conns[worker].poll():
+                self._receive(worker)
+            raise self._died(worker) from None
+        self._outstanding[worker] += 1
+        self._assigned[seq] = worker
+
+    def wait(self) -> list[tuple[int, object]]:
+        sentinels = {p.sentinel: i for i, p in enumerate(self._processes)}
+        ready = connection.wait([*self._conns, *sentinels])
+        arrived = []
+        for obj in ready:
+            if obj not in sentinels:
+                arrived += self._receive(self._conns.index(obj))
+        for obj in ready:
+            if obj in sentinels:
+                worker = sentinels[obj]
+                while self._conns[worker].poll():  # keep what it sent before dying
+                    arrived += self._receive(worker)
+                raise self._died(worker)
+        return arrived
+
+    def _receive(self, worker: int) -> list[tuple[int, object]]:
+        try:
+            seq, info = self._conns[worker].recv()
+        except (EOFError, OSError):
+            raise self._died(worker) from None
+        if seq == RUNNING:
+            self._running[worker] = True
+            return []
+        if seq == START_FAILED:
+            stage, captured = info
+            raise start_failure(
+                self.label, worker, self.pids[worker], self.start_method, stage, captured
+            )
+        self._outstanding[worker] -= 1
+        self._assigned.pop(seq, None)
+        return [(seq, None if info is None else failure_from(self.label, worker, info))]
+
+    def _died(self, worker: int) -> WorkerDiedError:
+        process = self._processes[worker]
+        process.join(timeout=5.0)  # the sentinel fires before the exit status is collected
+        return died_error(
+            self.label,
+            worker,
+            self.pids[worker],
+            process.exitcode,
+            running=self._running[worker],
+            start_method=self.start_method,
+            outstanding=sum(w == worker for w in self._assigned.values()),
+        )
+
+    def batch(self, slot: int, indices: np.ndarray, result) -> Batch:
+        images, labels = self._slots.views[slot]
+        n = len(indices)
+        return Batch(images[:n], labels[:n], indices)
+
+
+class ProcessPrefetcher(WindowedPrefetcher):
     """Prefetch batches with ``workers`` processes that write into shared-memory slots.
 
     The workers run ``dataset.get_batch(indices, out=slot)`` and send back only a few bytes;
@@ -452,197 +726,44 @@ class ProcessPrefetcher:
     ) -> None:
         import multiprocessing
 
-        if workers < 1:
-            raise ValueError(f"workers must be >= 1, got {workers}")
+        check_not_bootstrapping(type(self).__name__)
         self.dataset = dataset
         self.batches = batches
-        self.workers = int(workers)
-        self.depth = int(depth) if depth is not None else max(2 * self.workers, 2)
-        if self.depth < 1:
-            raise ValueError(f"depth must be >= 1, got {self.depth}")
+        self.workers = positive_int(workers, "workers")
+        self.depth = _depth_of(depth, self.workers)
         self.batch_size = _batch_size_of(batches, batch_size)
         self.copy = bool(copy)
+        if worker_init is not None and not callable(worker_init):
+            raise TypeError(f"worker_init must be callable or None, got {worker_init!r}")
         self.context = multiprocessing.get_context(start_method)
         self.start_method = self.context.get_start_method()
         if dataset.sample_shape is not None:
             shape, dtype = dataset.sample_shape, dataset.sample_dtype
         else:
             shape, dtype = dataset.probe()
-        self._slots = _SharedSlots(
-            slots=self.depth, batch_size=self.batch_size, sample_shape=shape, dtype=dtype
+        self._transport = _SharedMemoryTransport(
+            dataset,
+            worker_init,
+            context=self.context,
+            workers=self.workers,
+            depth=self.depth,
+            batch_size=self.batch_size,
+            sample_shape=shape,
+            dtype=dtype,
         )
-        self._processes: list = []
-        self._conns: list = []
-        self._finalizer = weakref.finalize(
-            self, _shutdown_processes, self._processes, self._conns, self._slots
-        )
+        self._open_window(self._transport, depth=self.depth, copy=self.copy)
         try:
-            for i in range(self.workers):
-                parent_end, child_end = self.context.Pipe(duplex=True)
-                process = self.context.Process(
-                    target=_process_worker,
-                    args=(child_end, dataset, self._slots.layout, i, worker_init),
-                    name=f"storebench-prefetch-{i}",
-                    daemon=True,
-                )
-                self._conns.append(parent_end)
-                self._processes.append(process)
-                process.start()
-                child_end.close()  # so that the worker's death shows as EOF here too
+            self._transport.start()
         except BaseException:
             self.close()
             raise
-        self._pids = [p.pid for p in self._processes]
-        self._outstanding = [0] * self.workers
-        self._task_info: dict[int, tuple[int, np.ndarray]] = {}
-        self._results: dict[int, tuple | None] = {}
-        self._seq = 0
-        self._iteration = 0
 
     @property
     def pids(self) -> list[int]:
-        """Process ids of the workers (for tests and monitoring)."""
-        return list(self._pids)
+        """Process ids of the current (or last) workers, for tests and monitoring."""
+        return list(self._transport.pids)
 
     @property
     def shm_name(self) -> str:
-        return self._slots.layout.name
-
-    @property
-    def closed(self) -> bool:
-        return not self._finalizer.alive
-
-    def set_epoch(self, epoch: int) -> None:
-        self.batches.set_epoch(epoch)
-
-    def __iter__(self) -> Iterator[Batch]:
-        if self.closed:
-            raise RuntimeError("this ProcessPrefetcher is closed")
-        self._iteration += 1
-        try:
-            self._drain()
-        except BaseException:
-            self.close()
-            raise
-        return self._epoch(self._iteration)
-
-    # -- the consumer's side ------------------------------------------------------------
-    def _submit(self, seq: int, indices: np.ndarray) -> None:
-        if len(indices) > self.batch_size:
-            raise ValueError(
-                f"batch {seq} has {len(indices)} indices, slots hold {self.batch_size}"
-            )
-        worker = min(range(self.workers), key=self._outstanding.__getitem__)
-        self._conns[worker].send((seq, seq % self.depth, indices))
-        self._outstanding[worker] += 1
-        self._task_info[seq] = (worker, indices)
-
-    def _collect(self) -> None:
-        """Block until at least one result arrives or a worker dies."""
-        sentinels = {p.sentinel: i for i, p in enumerate(self._processes)}
-        ready = connection.wait([*self._conns, *sentinels])
-        for obj in ready:
-            if obj in sentinels:
-                continue
-            worker = self._conns.index(obj)
-            self._receive(worker)
-        for obj in ready:
-            if obj in sentinels:
-                worker = sentinels[obj]
-                while self._conns[worker].poll():  # keep what it sent before dying
-                    self._receive(worker)
-                self._raise_died(worker)
-
-    def _receive(self, worker: int) -> None:
-        try:
-            seq, failure = self._conns[worker].recv()
-        except (EOFError, OSError):
-            self._processes[worker].join(timeout=5.0)
-            self._raise_died(worker)
-        if seq < 0:
-            self._raise_failure(worker, -1, failure, np.empty(0, np.int64), "starting")
-        self._outstanding[worker] -= 1
-        self._results[seq] = failure
-
-    def _raise_died(self, worker: int) -> None:
-        process = self._processes[worker]
-        process.join(timeout=5.0)  # the sentinel fires before the exit status is collected
-        code = process.exitcode
-        how = f"exit code {code}"
-        if code is not None and code < 0:
-            how = f"signal {signal.Signals(-code).name}"
-        pending = sorted(
-            s for s, (w, _) in self._task_info.items() if w == worker and s not in self._results
-        )
-        raise WorkerDiedError(
-            f"prefetch worker {worker} (pid {self._pids[worker]}) "
-            f"ended unexpectedly ({how}) with {len(pending)} batch(es) outstanding; "
-            "the prefetcher is closed",
-            worker=worker,
-        )
-
-    def _raise_failure(self, worker: int, seq: int, failure, indices, what: str = "") -> None:
-        payload, tb = failure
-        cause = None
-        if payload is not None:
-            try:
-                cause = pickle.loads(payload)
-            except Exception:  # the traceback text still says what happened
-                cause = None
-        message = _failure_message("prefetch worker", worker, seq, indices, tb)
-        if what:
-            message = f"prefetch worker {worker} failed while {what}:\n\n{tb.rstrip()}"
-        raise WorkerError(message, worker=worker, batch=seq, worker_traceback=tb) from cause
-
-    def _drain(self) -> None:
-        """Wait for (and discard) batches a previous, abandoned pass left in flight."""
-        while any(self._outstanding):
-            self._collect()
-        self._results.clear()
-        self._task_info.clear()
-
-    def _epoch(self, token: int) -> Iterator[Batch]:
-        tasks = iter(self.batches)
-        first = self._seq
-        next_yield = first
-        exhausted = False
-        try:
-            while True:
-                while not exhausted and self._seq < next_yield + self.depth:
-                    indices = next(tasks, None)
-                    if indices is None:
-                        exhausted = True
-                        break
-                    self._submit(self._seq, np.asarray(indices, dtype=np.int64))
-                    self._seq += 1
-                if exhausted and next_yield == self._seq:
-                    return
-                while next_yield not in self._results:
-                    self._collect()
-                failure = self._results.pop(next_yield)
-                worker, indices = self._task_info.pop(next_yield)
-                if failure is not None:
-                    self._raise_failure(worker, next_yield - first, failure, indices)
-                images, labels = self._slots.views[next_yield % self.depth]
-                n = len(indices)
-                batch = Batch(images[:n], labels[:n], indices)
-                yield batch.copy() if self.copy else batch
-                if self._iteration != token:
-                    raise RuntimeError("a newer pass over this prefetcher was started")
-                next_yield += 1
-        except GeneratorExit:
-            return  # abandoned early: the next pass drains what is still in flight
-        except BaseException:
-            self.close()
-            raise
-
-    def close(self) -> None:
-        """Stop the workers (asking first, then terminate, then kill) and unlink the
-        shared memory. Batches already handed out stay readable until dropped."""
-        self._finalizer()
-
-    def __enter__(self) -> ProcessPrefetcher:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+        """Name of the current (or last) shared-memory segment under ``SHM_DIR``."""
+        return self._transport.shm_name

@@ -1,0 +1,248 @@
+"""The ordered, bounded prefetch window, written once for every windowed prefetcher.
+
+``OrderedWindow`` keeps a prefetcher's reorder bookkeeping in one place, as PyTorch's
+``_MultiProcessingDataLoaderIter`` does: ``_send_idx`` (the next batch to submit),
+``_rcvd_idx`` (the next batch to hand out), ``_task_info`` (batches submitted and not yet
+handed out), ``_results`` (batches that finished ahead of their turn) and
+``_try_put_index`` (submit one more). A *transport* moves the work to workers and back:
+
+- threads (``ThreadPrefetcher``): results are batches written into preallocated buffers;
+- processes with shared memory (``ProcessPrefetcher``): workers write into a slot of a
+  shared segment and send back a few bytes;
+- processes with pickled arrays (``BaselinePickledQueuePrefetcher``): the naive baseline.
+
+What the window guarantees whatever the transport:
+
+- **order**: batches come out in the order of ``batches``;
+- **backpressure**: batch ``s`` goes to slot ``s % depth`` and is submitted only once the
+  consumer has let go of batch ``s - depth`` (asked for the next one);
+- **errors**: a worker's exception is raised in the consumer as ``WorkerError`` carrying the
+  worker's traceback; any exception raised inside ``next()`` (a worker error, a dead worker,
+  a ``KeyboardInterrupt`` while waiting) closes the prefetcher;
+- **no leaks**: a pass left before its end (``break``, an exception or ``KeyboardInterrupt``
+  in the loop body, an iterator dropped) stops the workers and frees the transport's memory
+  in the generator's ``close()``, which CPython runs as soon as the loop unwinds. The next
+  pass starts fresh workers; a pass that runs to its end keeps them.
+"""
+
+from __future__ import annotations
+
+import numbers
+import weakref
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol, Self
+
+import numpy as np
+
+from .batching import Batch
+
+
+class WorkerError(RuntimeError):
+    """A prefetch worker raised; the message holds the worker's traceback."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        worker: int | None = None,
+        batch: int | None = None,
+        worker_traceback: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.worker = worker
+        self.batch = batch
+        self.worker_traceback = worker_traceback
+
+
+class WorkerDiedError(WorkerError):
+    """A prefetch worker process ended without being asked to (killed, crashed, or unable
+    to start)."""
+
+
+class WorkerStartError(WorkerError):
+    """Workers could not be started: what they need does not pickle, or the prefetcher was
+    created while a spawn/forkserver worker re-ran the main module."""
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """A worker's exception on one batch, as a transport hands it to the window."""
+
+    label: str  # "prefetch thread", "prefetch worker", ...
+    worker: int
+    traceback: str
+    cause: BaseException | None = None
+
+
+class Transport(Protocol):
+    """How one kind of worker pool takes batches and gives them back."""
+
+    def start(self) -> None:
+        """Start the workers (and allocate their memory); a no-op while they run."""
+
+    def stop(self) -> None:
+        """Stop the workers and free their memory; ``start()`` may follow. Idempotent."""
+
+    def submit(self, seq: int, slot: int, indices: np.ndarray) -> None:
+        """Have a worker read batch ``seq`` (sample ``indices``) into slot ``slot``."""
+
+    def wait(self) -> list[tuple[int, object]]:
+        """Block until workers report; return the ``(seq, result)`` pairs that arrived
+        (possibly none), ``result`` being a ``WorkerFailure`` when the batch failed. Raises
+        ``WorkerDiedError`` when a worker is gone."""
+
+    def batch(self, slot: int, indices: np.ndarray, result) -> Batch:
+        """The batch to hand out for a successful ``result`` read into ``slot``."""
+
+
+def positive_int(value, name: str) -> int:
+    """``value`` as an int, refusing bools, floats, strings and values below 1."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be a positive int, got {value!r} ({type(value).__name__})")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return int(value)
+
+
+def failure_message(label: str, worker: int, batch: int, indices, tb: str) -> str:
+    shown = ", ".join(str(i) for i in list(indices)[:8]) + (", ..." if len(indices) > 8 else "")
+    return f"{label} {worker} failed on batch {batch} (sample indices [{shown}]):\n\n{tb.rstrip()}"
+
+
+class OrderedWindow:
+    """An ordered window of at most ``depth`` batches over ``transport``."""
+
+    def __init__(self, transport: Transport, *, depth: int, copy: bool, name: str) -> None:
+        self.transport = transport
+        self.depth = depth
+        self.copy = copy
+        self.name = name
+        self.closed = False
+        self._send_idx = 0  # sequence numbers run on across passes: stale results never match
+        self._rcvd_idx = 0
+        self._task_info: dict[int, np.ndarray] = {}
+        self._results: dict[int, object] = {}
+        self._pass = 0
+
+    def close(self) -> None:
+        """Stop the workers for good and free their memory."""
+        self.closed = True
+        self._forget()
+        self.transport.stop()
+
+    def run(self, batches: Iterable, *, owner: object) -> Iterator[Batch]:
+        """One pass over ``batches``. ``owner`` (the prefetcher) is held by the generator so
+        that ``for b in Prefetcher(...)`` does not finalise the prefetcher mid-loop."""
+        self._pass += 1
+        token = self._pass
+        try:
+            if self.closed:  # closed between iter() and the first next()
+                raise RuntimeError(f"this {self.name} is closed")
+            self._drain()
+            self.transport.start()
+            tasks = iter(batches)
+            first = self._send_idx
+            exhausted = False
+            while True:
+                while not exhausted and self._send_idx < self._rcvd_idx + self.depth:
+                    exhausted = not self._try_put_index(tasks)
+                if self._rcvd_idx == self._send_idx:
+                    return
+                seq = self._rcvd_idx
+                while seq not in self._results:
+                    self._collect()
+                result = self._results.pop(seq)
+                indices = self._task_info.pop(seq)
+                if isinstance(result, WorkerFailure):
+                    raise WorkerError(
+                        failure_message(
+                            result.label, result.worker, seq - first, indices, result.traceback
+                        ),
+                        worker=result.worker,
+                        batch=seq - first,
+                        worker_traceback=result.traceback,
+                    ) from result.cause
+                batch = self.transport.batch(seq % self.depth, indices, result)
+                yield batch.copy() if self.copy else batch
+                if self._pass != token:
+                    raise RuntimeError(f"a newer pass over this {self.name} was started")
+                self._rcvd_idx += 1
+        except GeneratorExit:
+            # Left early: the consumer broke out, raised (KeyboardInterrupt included) or
+            # dropped the iterator. Stop now rather than when the prefetcher is collected.
+            if self._pass == token:
+                self._forget()
+                self.transport.stop()
+            raise
+        except BaseException:
+            if self._pass == token:  # a stale pass must not close the one that replaced it
+                self.close()
+            raise
+
+    def _try_put_index(self, tasks: Iterator) -> bool:
+        """Submit the next batch of ``tasks``; False when there is none."""
+        indices = next(tasks, None)
+        if indices is None:
+            return False
+        indices = np.asarray(indices, dtype=np.int64)
+        seq = self._send_idx
+        self.transport.submit(seq, seq % self.depth, indices)
+        self._task_info[seq] = indices
+        self._send_idx += 1
+        return True
+
+    def _collect(self) -> None:
+        for seq, result in self.transport.wait():
+            if seq in self._task_info:
+                self._results[seq] = result
+
+    def _drain(self) -> None:
+        """Wait out batches that a pass still suspended in a ``for`` left in flight: their
+        workers may still be writing into slots this pass is about to reuse."""
+        while any(seq not in self._results for seq in self._task_info):
+            self._collect()
+        self._forget()
+
+    def _forget(self) -> None:
+        self._task_info.clear()
+        self._results.clear()
+        self._rcvd_idx = self._send_idx
+
+
+class WindowedPrefetcher:
+    """Lifecycle shared by the windowed prefetchers: a pass per ``iter()``, ``close()``, the
+    context manager, and clean-up when the prefetcher is garbage collected."""
+
+    batches: Iterable
+    _window: OrderedWindow
+    _finalizer: weakref.finalize
+
+    def _open_window(self, transport: Transport, *, depth: int, copy: bool) -> None:
+        self._window = OrderedWindow(transport, depth=depth, copy=copy, name=type(self).__name__)
+        # The finaliser holds the window, never the prefetcher: dropping the last reference
+        # to the prefetcher stops its workers without waiting for the cycle collector.
+        self._finalizer = weakref.finalize(self, self._window.close)
+
+    @property
+    def closed(self) -> bool:
+        return self._window.closed
+
+    def set_epoch(self, epoch: int) -> None:
+        self.batches.set_epoch(epoch)
+
+    def __iter__(self) -> Iterator[Batch]:
+        if self._window.closed:
+            raise RuntimeError(f"this {type(self).__name__} is closed")
+        return self._window.run(self.batches, owner=self)
+
+    def close(self) -> None:
+        """Stop the workers and free their memory. Batches already handed out stay
+        readable until dropped."""
+        self._finalizer()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
