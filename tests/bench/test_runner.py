@@ -6,13 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from bench_support import wait_gone
+from bench_support import live, wait_gone
 
 from storebench.bench.runner import Case, run_case, run_study
 from storebench.bench.schema import COLUMNS, read_results
@@ -172,11 +173,12 @@ def test_run_case_reports_an_unknown_function_as_a_failure(tmp_path):
 
 def test_sequential_read_case_reads_the_real_dataset(ci_data_dir):
     """The case function a study uses returns the dataset's real sample count and bytes."""
-    from storebench.bench.cases import dataset_files, sequential_read_case
     from storebench.bench.runner import Trial
+    from storebench.studies.formats import sequential_read_case
+    from storebench.studies.grid import dataset_files
 
     path = ci_data_dir / "memmap-raw"
-    case = Case(study="s", function="storebench.bench.cases:sequential_read_case",
+    case = Case(study="s", function="storebench.studies.formats:sequential_read_case",
                 format="memmap", encoding="raw", dataset=str(path), loader="reader",
                 batch_size=100, cache="warm", cache_files=dataset_files(path), repeats=1)
     metrics = sequential_read_case(case, Trial(case, 0))
@@ -235,3 +237,103 @@ def test_a_summarise_function_adds_whole_case_rows(tmp_path):
     assert total["repeat"] == -1 and total["value"] == 3 * 4096
     with pytest.raises(ValueError, match="case summarise must be 'module.path:function'"):
         Case(study="x", function=f"{FNS}:raising_case", summarise="no_colon")
+
+
+def _dead_pid() -> int:
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def _case_dirs_of(pid: int) -> list[Path]:
+    from storebench.bench.runner import CASE_DIR_PREFIX
+
+    return sorted(Path(tempfile.gettempdir()).glob(f"{CASE_DIR_PREFIX}{pid}-*"))
+
+
+@pytest.mark.timeout(120)
+def test_a_sigkilled_runner_leaves_no_case_process_and_no_directory(tmp_path):
+    pid_file = tmp_path / "pids.txt"
+    script = textwrap.dedent(f"""
+        from storebench.bench.runner import Case, run_study
+        case = Case(study="k", function="{FNS}:hanging_case", format="killed", repeats=1,
+                    warmup=False, params={{"pid_file": {str(pid_file)!r}}})
+        run_study([case], {str(tmp_path / "killed.csv")!r}, python_path=[{str(HERE)!r}],
+                  progress=False)
+    """)
+    runner = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pid_file.exists(), "the hanging case never started"
+    worker_pid, grandchild_pid = map(int, pid_file.read_text().split())
+    (case_dir,) = _case_dirs_of(runner.pid)
+    assert (case_dir / "job.json").is_file()
+    runner.kill()
+    runner.wait()
+    # The worker by its parent-death signal, the grandchild and the directory by the watcher.
+    assert wait_gone(worker_pid) and wait_gone(grandchild_pid)
+    deadline = time.monotonic() + 10
+    while case_dir.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not case_dir.exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_case_worker_dies_with_its_parent():
+    # No runner, no watcher: only the parent-death signal can end the sleeping child.
+    script = textwrap.dedent("""
+        import os, subprocess, sys, time
+        child = subprocess.Popen([sys.executable, "-c",
+            "import os, sys, time\\n"
+            "from storebench.bench.worker import die_with_parent\\n"
+            f"die_with_parent({os.getpid()})\\n"
+            "print('armed', flush=True)\\n"
+            "time.sleep(600)"], stdout=subprocess.PIPE)
+        assert child.stdout.readline() == b"armed\\n"
+        print(child.pid, flush=True)
+        time.sleep(600)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE)
+    child_pid = int(parent.stdout.readline())
+    assert live(child_pid)
+    parent.kill()
+    parent.wait()
+    assert wait_gone(child_pid)
+
+
+def test_a_worker_whose_parent_is_already_gone_ends_at_once():
+    code = ("from storebench.bench.worker import die_with_parent\n"
+            f"die_with_parent({_dead_pid()})\n"
+            "print('still running')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)
+    assert result.returncode == -signal.SIGKILL
+    assert result.stdout == b""
+
+
+def test_stale_case_directories_are_removed_live_ones_kept(tmp_path):
+    from storebench.bench.runner import CASE_DIR_PREFIX, remove_stale_temp_dirs
+
+    dead, alive = _dead_pid(), os.getpid()
+    stale = tmp_path / f"{CASE_DIR_PREFIX}{dead}-abc"
+    (stale / "sub").mkdir(parents=True)
+    (stale / "sub" / "worker.log").write_text("left by a killed runner")
+    kept = [tmp_path / f"{CASE_DIR_PREFIX}{alive}-def", tmp_path / f"{CASE_DIR_PREFIX}old",
+            tmp_path / f"other-{dead}-x"]
+    for path in kept:
+        path.mkdir()
+    assert remove_stale_temp_dirs(CASE_DIR_PREFIX, tmp_path) == [stale]
+    assert not stale.exists()
+    assert all(path.is_dir() for path in kept)
+
+
+@pytest.mark.timeout(60)
+def test_the_next_case_removes_what_a_killed_runner_left(tmp_path):
+    # Runner and watcher both SIGKILLed: the directory stays until the next case starts.
+    stale = Path(tempfile.gettempdir()) / f"storebench-case-{_dead_pid()}-zz"
+    stale.mkdir()
+    (stale / "job.json").write_text("{}")
+    outcome = run_case(_file_case(tmp_path, "checksum_file_case"), python_path=[HERE])
+    assert outcome.status == "ok", outcome.error
+    assert not stale.exists()
+    assert _case_dirs_of(os.getpid()) == []

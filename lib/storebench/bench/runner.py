@@ -1,7 +1,7 @@
 """Cases and the runner: every case in a fresh subprocess, its rows appended as it finishes.
 
 A study is a list of frozen ``Case`` objects. Each names its case function by an importable
-path (``"storebench.bench.cases:sequential_read_case"``), so that a fresh interpreter
+path (``"storebench.studies.formats:sequential_read_case"``), so that a fresh interpreter
 (``python -m storebench.bench.worker``) can run it with nothing inherited from the parent:
 no imported TensorFlow, no warm allocator, no open handles. The worker puts the dataset
 into the case's cache state before every repeat and measures its residency, runs an untimed
@@ -21,6 +21,13 @@ case's whole process group, keeps every finished case on disk and re-raises; run
 same study again skips the cases already in the results file. A killed case cannot clean up
 after itself, so the runner removes the ``/dev/shm`` segments its processes still had open
 (shared-memory prefetch slots) as it kills them.
+
+A SIGKILLed runner leaves nothing either: its case worker dies with it (a parent-death
+signal, see ``worker.die_with_parent``), and a watcher process started beside each case
+kills what the case started and removes the case's temporary directory once the runner is
+gone (``worker.watch_case``). Case directories are named ``storebench-case-<runner pid>-*``;
+a runner removes those whose runner is dead before each case, in case a watcher was killed
+too.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,13 +49,19 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..loaders.prefetch import SHM_DIR
 from .cache import CacheState
+from .memory_budget import remove_stale_budgets
 from .plan import DEFAULT_REPEATS, DEFAULT_TIMEOUT_S
 from .schema import CASE_REPEAT, ResultsWriter, SchemaError, finished_case_ids
 
 _ERROR_TAIL_CHARS = 4000
 _SCALARS = (str, int, float, bool, type(None))
-SHM_DIR = Path("/dev/shm")
+CASE_DIR_PREFIX = "storebench-case-"
+# Every process of a case inherits this variable (set to its temporary directory), so the
+# watcher can find them even if one left the case's process group.
+CASE_DIR_ENV = "STOREBENCH_CASE_DIR"
+WATCH_DONE = b"done"
 
 
 @dataclass(frozen=True)
@@ -155,17 +169,27 @@ class Trial:
 
     def measure(self, *, interval: float = 0.05):
         """Context manager timing the region it wraps (once per trial)."""
-        from .metrics import Measurement
+        from .metrics import RegionMeasurement
 
         if self._measurement is not None:
             raise RuntimeError(f"case {self.case.case_id}: trial.measure() used twice")
-        self._measurement = Measurement(interval=interval)
+        self._measurement = RegionMeasurement(interval=interval)
         return self._measurement
 
     def harness_metrics(self) -> dict[str, tuple[float, str]]:
         if self._measurement is None:
             return {}
         return self._measurement.metrics()
+
+
+class CaseSkipped(Exception):  # noqa: N818 - a verdict, not an error
+    """Raised by a case function that cannot measure on this machine (no memory cgroup for
+    a budget, say): the case becomes one row with status ``skipped`` and ``reason`` as its
+    error, instead of a measurement taken under other conditions than the case says."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -303,6 +327,79 @@ def _removed_text(removed: Sequence[str]) -> str:
     return f"\nremoved {len(removed)} shared-memory segment(s) it left: {', '.join(removed)}"
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def remove_stale_temp_dirs(prefix: str, directory: Path | str | None = None) -> list[Path]:
+    """Remove the ``<prefix><pid>-*`` directories in ``directory`` (default: the system's
+    temporary directory) whose owner ``pid`` is no longer running: what a SIGKILLed owner
+    left. Returns the paths removed."""
+    directory = Path(directory or tempfile.gettempdir())
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    for entry in entries:
+        if not entry.name.startswith(prefix):
+            continue
+        pid, sep, _ = entry.name[len(prefix):].partition("-")
+        if not (sep and pid.isdigit()) or _pid_alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+                removed.append(Path(entry.path))
+    return removed
+
+
+@contextlib.contextmanager
+def _case_watcher(case_dir: Path, env: dict):
+    """Start ``worker.watch_case`` for ``case_dir`` in its own session; yield a function
+    that tells it the case worker's pid. On leaving, tell it the runner cleaned up itself.
+
+    The runner holds the only write end of the watcher's stdin, so the watcher sees end of
+    file without ``done`` exactly when the runner dies without unwinding (SIGKILL, a crash).
+    """
+    read_end, write_end = os.pipe()  # not inherited by the case worker (PEP 446)
+    try:
+        watcher = subprocess.Popen(
+            [sys.executable, "-m", "storebench.bench.worker", "--watch", str(case_dir)],
+            stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env=env, start_new_session=True,
+        )
+    except BaseException:
+        os.close(write_end)
+        raise
+    finally:
+        os.close(read_end)
+    pipe = os.fdopen(write_end, "wb", buffering=0)
+
+    def tell(pid: int) -> None:
+        with contextlib.suppress(OSError):  # a dead watcher must not fail the case
+            pipe.write(b"%d\n" % pid)
+
+    try:
+        yield tell
+    finally:
+        with contextlib.suppress(OSError):
+            pipe.write(WATCH_DONE + b"\n")
+        with contextlib.suppress(OSError):
+            pipe.close()
+        try:
+            watcher.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            watcher.kill()
+            watcher.wait()
+
+
 def run_case(
     case: Case,
     *,
@@ -316,7 +413,8 @@ def run_case(
     when it times out, and on KeyboardInterrupt (which is re-raised).
     """
     timeout_s = case.timeout_s or timeout_s or DEFAULT_TIMEOUT_S
-    with tempfile.TemporaryDirectory(prefix="storebench-case-") as tmp:
+    remove_stale_temp_dirs(CASE_DIR_PREFIX)
+    with tempfile.TemporaryDirectory(prefix=f"{CASE_DIR_PREFIX}{os.getpid()}-") as tmp:
         tmp = Path(tmp)
         job = tmp / "job.json"
         result = tmp / "result.json"
@@ -327,6 +425,7 @@ def run_case(
             "drop_caches": drop_caches,
             "result_path": str(result),
             "phase_path": str(phase),
+            "runner_pid": os.getpid(),
         }))
         env = dict(os.environ)
         extra = [str(Path(p).resolve()) for p in python_path]
@@ -336,12 +435,13 @@ def run_case(
             )
         shm_before = _shm_names()
         started = time.perf_counter()
-        with open(log, "wb") as log_file:
+        with _case_watcher(tmp, env) as watch, open(log, "wb") as log_file:
             process = subprocess.Popen(
                 [sys.executable, "-m", "storebench.bench.worker", str(job)],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env=env, start_new_session=True,
+                env={**env, CASE_DIR_ENV: str(tmp)}, start_new_session=True,
             )
+            watch(process.pid)
             try:
                 returncode = process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -361,11 +461,15 @@ def run_case(
                 # Whatever the case started (loader workers, pools) dies with it, and so do
                 # the shared-memory segments they held.
                 _kill_group(process.pid, shm_before=shm_before)
+                # A killed case cannot remove its memory-budget cgroup itself.
+                remove_stale_budgets()
         seconds = time.perf_counter() - started
         if result.exists():
             report = json.loads(result.read_text())
             if report["status"] == "ok":
                 return CaseOutcome("ok", seconds, tuple(report["records"]))
+            if report["status"] == "skipped":
+                return CaseOutcome("skipped", seconds, error=report["error"])
             return CaseOutcome("failed", seconds, error=report["error"])
         where = phase.read_text() if phase.exists() else "start-up"
         if returncode < 0:
@@ -404,6 +508,7 @@ def run_study(
     from tqdm.auto import tqdm
 
     summary = StudyRun(results_path, run_id or new_run_id())
+    remove_stale_budgets()  # left by a case killed in an earlier, killed run
     started = time.perf_counter()
     with ResultsWriter(results_path) as writer:
         done = finished_case_ids(results_path)
@@ -427,8 +532,9 @@ def run_study(
                     writer.write_rows(case_rows(case, outcome, run_id=summary.run_id,
                                                 profile=profile))
                 summary.ran.append(case.case_id)
-                if outcome.status != "ok":
+                if outcome.status not in ("ok", "skipped"):
                     summary.failed.append(case.case_id)
+                if outcome.status != "ok":
                     first_line = outcome.error.splitlines()[0] if outcome.error else ""
                     bar.write(f"{case.case_id}: {outcome.status}: {first_line}")
                 bar.update(1)
