@@ -159,3 +159,27 @@ def test_lazy_dataset_pickles_without_handles(memmap_raw):
     dataset[0]  # open the handles
     clone = pickle.loads(pickle.dumps(dataset))
     np.testing.assert_array_equal(clone.get_batch([9]).images, dataset.get_batch([9]).images)
+
+
+@pytest.mark.parametrize("kind", ["lazy", "preloaded"])
+def test_dataset_indices_follow_the_readers_rules(memmap_raw, kind):
+    """Integers only (NumPy ones too), negative ones from the end, in [i] and batches alike."""
+    reader = memmap_raw
+    dataset = LazyDataset(reader) if kind == "lazy" else PreloadedDataset(reader, progress=False)
+    with dataset:
+        n, spec = len(dataset), reader.spec
+        assert np.array_equal(dataset[-1][0], data_gen.sample(spec, n - 1)[0])
+        assert np.array_equal(dataset[np.uint32(n - 1)][0], dataset[-1][0])
+        batch = dataset.get_batch([-1, 0, np.int64(-n)])
+        assert list(batch.indices) == [n - 1, 0, 0]
+        assert np.array_equal(batch.images, expected_raw(spec, [n - 1, 0, 0]))
+        for bad in (True, 2.0, "1"):
+            with pytest.raises(TypeError, match="is a"):
+                dataset[bad]
+        for bad in ([True, False], [0.0, 1.0], ["1"]):
+            with pytest.raises(TypeError):
+                dataset.get_batch(bad)
+        with pytest.raises(IndexError, match=f"sample index {-n - 1} out of range"):
+            dataset.get_batch([0, -n - 1])
+        with pytest.raises(IndexError, match=f"sample index {n} out of range"):
+            dataset[n]

@@ -3,7 +3,8 @@
 A case's description is repeated on each of its rows, so any slice of the file is
 self-describing and plots need nothing but the file. Columns that do not apply to a case are
 empty (strings) or missing (numbers). Failures are rows too: ``status`` says ``failed`` or
-``timeout`` and ``error`` says why.
+``timeout`` and ``error`` says why; ``skipped`` is a case that could not be measured on this
+machine (e.g. no memory cgroup for a memory budget), ``error`` saying why.
 
 pandas is imported where it is used: the case worker needs only the column and unit
 constants, and starts faster without it.
@@ -56,7 +57,7 @@ COLUMNS: tuple[str, ...] = tuple(name for name, _ in SCHEMA)
 _KINDS = dict(SCHEMA)
 
 UNITS = ("s", "samples/s", "MB/s", "GB/s", "bytes", "ratio", "count", "IOPS")
-STATUSES = ("ok", "failed", "timeout")
+STATUSES = ("ok", "failed", "timeout", "skipped")
 CACHE_STATES = ("", "cold", "warm")
 CASE_REPEAT = -1
 
@@ -92,7 +93,25 @@ METRIC_UNITS: dict[str, str] = {
     "h2d_GBps": "GB/s",
     "accelerator_utilisation": "ratio",
     "stall_fraction": "ratio",
-    # performance targets (bench.targets): per repeat, then one whole-case row each
+    "wait_for_data_fraction": "ratio",
+    "host_copy_fraction": "ratio",
+    "host_overhead_fraction": "ratio",
+    # memory budgets (bench.memory_budget; per epoch as "epoch<n>.<metric>" too)
+    "k": "count",
+    "budget_bytes": "bytes",
+    "cgroup_limit_bytes": "bytes",
+    "baseline_bytes": "bytes",
+    "baseline_rss_bytes": "bytes",
+    "dataset_bytes": "bytes",
+    "cgroup_peak_bytes": "bytes",
+    "file_cache_bytes": "bytes",
+    "major_faults": "count",
+    "device_read_bytes": "bytes",
+    "effective_k": "ratio",
+    "does_not_fit": "count",
+    "preload_needed_bytes": "bytes",
+    "available_bytes": "bytes",
+    # performance targets (studies.targets): per repeat, then one whole-case row each
     "target_ratio": "ratio",
     "target_value": "ratio",
     "target_threshold": "ratio",
@@ -195,7 +214,8 @@ def validate(df: pd.DataFrame) -> pd.DataFrame:
     ok = df["status"] == "ok"
     finite = np.isfinite(df["value"].to_numpy(dtype=float, na_value=np.nan))
     _fail("an ok row needs a finite value", df, ok & ~finite, "value")
-    _fail("a failed row needs an error message", df, ~ok & (df["error"] == ""), "error")
+    _fail("a failed row needs an error message (a skipped one too)", df,
+          ~ok & (df["error"] == ""), "error")
     fraction = df["resident_fraction"]
     _fail(
         "resident_fraction must be within [0, 1]",
@@ -233,10 +253,14 @@ def read_results(path: Path | str) -> pd.DataFrame:
 
 
 def read_all_results(results_dir: Path | str) -> pd.DataFrame:
-    """Every ``*.csv`` results file in ``results_dir``, concatenated."""
+    """Every ``*.csv`` results file in ``results_dir``, concatenated (an empty frame when
+    the directory has none); a missing directory raises ``FileNotFoundError`` naming it."""
     import pandas as pd
 
-    paths = sorted(Path(results_dir).glob("*.csv"))
+    results_dir = Path(results_dir)
+    if not results_dir.is_dir():
+        raise FileNotFoundError(f"{results_dir}: no such results directory")
+    paths = sorted(results_dir.glob("*.csv"))
     frames = [read_results(p) for p in paths]
     if not frames:
         return validate(pd.DataFrame(columns=list(COLUMNS)))

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from storebench.formats.base import CorruptSampleError, Reader
+from storebench.formats.base import CorruptSampleError, Reader, check_index, check_indices
 
 from .batching import Batch, stack_into
 
@@ -118,13 +118,7 @@ class _MapDataset:
         return len(self.reader)
 
     def __getitem__(self, index: int) -> tuple[np.ndarray | bytes, int]:
-        index = int(index)
-        if index < 0:
-            index += len(self)
-        if not 0 <= index < len(self):
-            raise IndexError(
-                f"{self.reader.root}: sample index {index} out of range for {len(self)}"
-            )
+        index = check_index(index, len(self), where=self.reader.root)
         stored, label = self._stored_one(index)
         return self._finish(stored, index, None), int(label)
 
@@ -132,8 +126,9 @@ class _MapDataset:
         self, indices: Sequence[int] | np.ndarray, *, out: np.ndarray | None = None
     ) -> Batch:
         """Samples ``indices`` in that order. Fixed-size images are written into ``out``
-        ((len(indices), *sample_shape) or larger along the first axis) when given."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        ((len(indices), *sample_shape) or larger along the first axis) when given. Indices
+        follow the Reader's rules (integers only, negative ones count from the end)."""
+        idx = check_indices(indices, len(self), where=self.reader.root)
         if out is not None:
             out = out[: len(idx)]
         if self.spec.encoding == "raw" and self.transform is None:
@@ -244,10 +239,12 @@ class PreloadedDataset(_MapDataset):
     ``arena[offsets[i]:offsets[i + 1]]`` (decoding still happens per access: that is the point
     of keeping them encoded). ``footprint_bytes`` is the RAM held.
 
-    Before reading, the needed bytes are compared with ``psutil.virtual_memory().available``
-    and an ``InsufficientMemoryError`` is raised if more than ``max_memory_fraction`` of it
-    would be used. Pickling copies the arrays: under spawn/forkserver each worker receives a
-    copy, under fork workers share the parent's pages copy-on-write.
+    Before reading, the needed bytes are compared with the RAM available to this process
+    (``storebench.cgroups.available_memory``: the host's, or less where its memory cgroup
+    leaves less) and an ``InsufficientMemoryError`` is raised if more than
+    ``max_memory_fraction`` of it would be used. Pickling copies the arrays: under
+    spawn/forkserver each worker receives a copy, under fork workers share the parent's pages
+    copy-on-write.
     """
 
     def __init__(
@@ -305,13 +302,13 @@ class PreloadedDataset(_MapDataset):
 
     @staticmethod
     def _check_memory(needed: int, max_fraction: float) -> None:
-        import psutil
+        from storebench.cgroups import available_memory
 
-        available = psutil.virtual_memory().available
+        available, where = available_memory()
         if needed > max_fraction * available:
             raise InsufficientMemoryError(
                 f"preloading needs {format_bytes(needed)} ({needed} bytes) but only "
-                f"{format_bytes(available)} ({available} bytes) of RAM is available "
+                f"{format_bytes(available)} ({available} bytes) of RAM is available {where} "
                 f"(limit: {max_fraction:.0%} of it); use LazyDataset, a smaller profile, "
                 "or raise max_memory_fraction"
             )

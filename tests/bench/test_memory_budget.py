@@ -1,0 +1,348 @@
+"""Memory budgets on the real kernel: the cap holds, nothing is left after a kill, the
+fallback is a skipped row with its reason, a preload refuses under a cap, and the
+out_of_core case runs on the ci profile.
+
+Budgets are made in child processes so that this test process never moves between cgroups.
+Tests that need a writable memory cgroup skip (with the reason) where there is none.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from bench_support import wait_gone
+
+from storebench.bench.cache import evict
+from storebench.bench.memory_budget import (
+    ENV_CGROUP_ROOT,
+    BudgetUnavailable,
+    MemoryBudget,
+    budget_available,
+    remove_stale_budgets,
+)
+from storebench.bench.runner import Case, case_rows, run_case
+from storebench.bench.schema import ResultsWriter, read_results
+from storebench.cgroups import own_memory_cgroup, parse_mountinfo
+from storebench.studies.out_of_core_cases import MIN_ROOM_BYTES, out_of_core_grid
+
+HERE = Path(__file__).resolve().parent
+MiB = 1 << 20
+UNAVAILABLE = budget_available()
+needs_cgroup = pytest.mark.skipif(UNAVAILABLE is not None, reason=f"{UNAVAILABLE}")
+
+
+def _run_child(code: str, *args: str, timeout: float = 120) -> dict:
+    """Run ``code`` in a fresh interpreter; it prints one JSON object last."""
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args],
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _budget_dirs() -> set[str]:
+    parent = own_memory_cgroup()
+    return {p.name for p in parent.path.iterdir() if p.name.startswith("storebench-")}
+
+
+@pytest.fixture
+def big_file(tmp_path) -> Path:
+    path = tmp_path / "data.bin"
+    with open(path, "wb") as f:
+        f.write(np.random.default_rng(0).bytes(64 * MiB))
+        f.flush()
+        os.fsync(f.fileno())
+    evict([path])
+    return path
+
+
+CAP_CHILD = """
+    import json, sys
+    from storebench.bench.cache import evict, resident_bytes
+    from storebench.bench.memory_budget import MemoryBudget
+
+    path, room = sys.argv[1], int(sys.argv[2])
+
+    def read_all():
+        with open(path, "rb", buffering=0) as f:
+            while f.read(1 << 20):
+                pass
+
+    with MemoryBudget(None) as budget:
+        limit = budget.charged_bytes() + room
+        budget.set_limit(limit)
+        read_all()
+        capped = resident_bytes(path)[0]
+        stats = budget.stats()
+        where = str(budget.path)
+    evict([path])
+    read_all()  # the same read, uncapped: the control
+    print(json.dumps({"capped": capped, "uncapped": resident_bytes(path)[0], "limit": limit,
+                      "peak": stats.peak_bytes, "read": stats.device_read_bytes,
+                      "path": where}))
+"""
+
+
+@needs_cgroup
+@pytest.mark.timeout(120)
+def test_the_cap_holds_on_a_file_four_times_the_budget(big_file):
+    room = 16 * MiB
+    got = _run_child(CAP_CHILD, str(big_file), str(room))
+    # Tolerance: the limit covers everything charged after the move (a few hundred KiB of
+    # interpreter memory besides the page cache), so resident file bytes stay under it;
+    # 1 MiB above the room allows for that baseline.
+    assert got["capped"] <= got["limit"]
+    assert got["capped"] <= room + 1 * MiB
+    assert got["capped"] >= room // 2  # the cache was used up to the cap, not bypassed
+    assert got["uncapped"] == 64 * MiB  # without the cap the whole file stays
+    assert got["peak"] <= got["limit"]
+    assert got["read"] >= 64 * MiB  # every byte came from the device at least once
+    assert not Path(got["path"]).exists()
+
+
+HOLD_CHILD = """
+    import sys, time
+    from storebench.bench.memory_budget import MemoryBudget
+
+    with MemoryBudget(None, name=sys.argv[1]) as budget:
+        print(budget.path, flush=True)
+        time.sleep(600)
+"""
+
+
+def _start_holder(name: str) -> tuple[subprocess.Popen, Path]:
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(HOLD_CHILD), name],
+                             stdout=subprocess.PIPE, text=True)
+    return child, Path(child.stdout.readline().strip())
+
+
+@needs_cgroup
+@pytest.mark.timeout(60)
+def test_a_killed_owner_leaves_a_cgroup_that_remove_stale_budgets_removes():
+    killed, killed_path = _start_holder("killed")
+    alive, alive_path = _start_holder("alive")
+    try:
+        assert killed_path.name == f"storebench-{killed.pid}-killed"
+        assert killed.pid in [int(p) for p in (killed_path / "cgroup.procs").read_text().split()]
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait()
+        assert killed_path.is_dir()  # nothing ran its exit
+        removed = remove_stale_budgets()  # others' stale budgets may go too
+        assert killed_path in removed and alive_path not in removed
+        assert not killed_path.exists()
+        assert alive_path.is_dir()  # a live owner's budget is kept
+    finally:
+        alive.terminate()
+        alive.wait()
+        killed.kill()
+        killed.wait()
+    remove_stale_budgets()
+    assert not alive_path.exists()
+
+
+def hanging_budget_case(case: Case, trial) -> dict:
+    """Enters a budget and hangs, so that the runner must kill it."""
+    with MemoryBudget(None):
+        Path(case.param("pid_file")).write_text(str(os.getpid()))
+        time.sleep(600)
+    return {}
+
+
+@needs_cgroup
+@pytest.mark.timeout(120)
+def test_no_cgroup_is_left_after_the_runner_kills_a_case(tmp_path):
+    data = tmp_path / "x.bin"
+    data.write_bytes(b"x" * 4096)
+    pid_file = tmp_path / "pid"
+    before = _budget_dirs()
+    case = Case(study="budget", function="test_memory_budget:hanging_budget_case",
+                cache="cold", cache_files=(str(data),), repeats=1, warmup=False,
+                timeout_s=8, params={"pid_file": str(pid_file)})
+    outcome = run_case(case, python_path=[HERE])
+    assert outcome.status == "timeout"
+    pid = int(pid_file.read_text())
+    assert wait_gone(pid)
+    assert not any(name.startswith(f"storebench-{pid}-") for name in _budget_dirs() - before)
+    assert _budget_dirs() <= before
+
+
+def test_a_directory_that_is_not_a_cgroup_gives_budget_unavailable(tmp_path):
+    with pytest.raises(BudgetUnavailable) as err, MemoryBudget(64 * MiB, cgroup_root=tmp_path):
+        pass
+    assert str(tmp_path) in err.value.reason
+    assert "not a cgroup filesystem" in err.value.reason
+    assert "systemd-run" in err.value.reason  # it says what would give one
+    assert list(tmp_path.iterdir()) == []  # nothing made
+    assert budget_available(cgroup_root=tmp_path) == err.value.reason
+    assert remove_stale_budgets(cgroup_root=tmp_path) == []
+
+
+READ_ONLY_CHILD = """
+    import json, sys
+    from storebench.bench.memory_budget import BudgetUnavailable, MemoryBudget
+
+    try:
+        with MemoryBudget(None, cgroup_root=sys.argv[1]):
+            result = "entered"
+    except BudgetUnavailable as err:
+        result = err.reason
+    print(json.dumps({"result": result}))
+"""
+
+
+@needs_cgroup
+@pytest.mark.timeout(60)
+def test_a_read_only_cgroup_filesystem_gives_budget_unavailable(tmp_path):
+    """The real kernel's refusal: this process's memory cgroup bind-mounted read-only in a
+    private mount namespace (as a container sees its cgroupfs)."""
+    own = own_memory_cgroup()
+    before = _budget_dirs()
+    mount_point = tmp_path / "cgroup"
+    mount_point.mkdir()
+    script = (f"mount --bind {own.path} {mount_point} && "
+              f"mount -o remount,bind,ro {mount_point} && "
+              f"exec {sys.executable} -c '{textwrap.dedent(READ_ONLY_CHILD)}' {mount_point}")
+    done = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                          capture_output=True, text=True, timeout=60)
+    if done.returncode != 0 and "mount" in done.stderr:
+        pytest.skip(f"cannot make a read-only bind mount here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    reason = json.loads(done.stdout.strip().splitlines()[-1])["result"]
+    assert "read-only" in reason and str(mount_point) in reason
+    assert _budget_dirs() == before
+
+
+def _ci_case(ci_data_root, *, loader: str, access: str, k: int) -> Case:
+    """The ci grid's memmap raw case of ``loader``, ``access`` and ``k``, default knobs."""
+    (case,) = [c for c in out_of_core_grid(profile="ci", data_dir=ci_data_root)
+               if c.format == "memmap" and c.loader == loader and c.access == access
+               and c.param("k") == k and not c.param("open_madvise_random")]
+    return case
+
+
+@pytest.mark.timeout(120)
+def test_without_a_cgroup_the_case_is_a_skipped_row_with_the_reason(
+        ci_data_root, tmp_path, monkeypatch):
+    case = _ci_case(ci_data_root, loader="lazy", access="shuffle", k=5)
+    monkeypatch.setenv(ENV_CGROUP_ROOT, str(tmp_path))
+    outcome = run_case(case)
+    assert outcome.status == "skipped"
+    assert outcome.records == ()
+    assert "no memory budget" in outcome.error and "not a cgroup filesystem" in outcome.error
+    results = tmp_path / "out_of_core.csv"
+    with ResultsWriter(results) as writer:
+        writer.write_rows(case_rows(case, outcome, run_id="r", profile="ci"))
+    (row,) = read_results(results).to_dict("records")
+    assert row["status"] == "skipped" and row["error"] == outcome.error
+
+
+PRELOAD_CHILD = """
+    import json, sys
+    import psutil, tqdm.auto  # imported before the cap, as a case has them
+    from storebench.bench.memory_budget import MemoryBudget
+    from storebench.formats import open_dataset
+    from storebench.loaders import InsufficientMemoryError, PreloadedDataset
+
+    reader = open_dataset(sys.argv[1], verify=False)
+    needed = PreloadedDataset.estimate_bytes(reader)
+    with MemoryBudget(None) as budget:
+        budget.set_limit(budget.charged_bytes() + needed // 2)
+        try:
+            PreloadedDataset(reader, progress=False)
+            refusal = ""
+        except InsufficientMemoryError as err:
+            refusal = str(err)
+        where = str(budget.path)
+    fits = PreloadedDataset(reader, progress=False).footprint_bytes  # uncapped: the control
+    print(json.dumps({"refusal": refusal, "path": where, "needed": needed, "fits": fits}))
+"""
+
+
+@needs_cgroup
+@pytest.mark.timeout(120)
+def test_preloaded_dataset_refuses_under_a_cap(ci_dataset):
+    got = _run_child(PRELOAD_CHILD, str(ci_dataset("memmap", "raw")))
+    assert got["refusal"].startswith("preloading needs ")
+    assert f"({got['needed']} bytes)" in got["refusal"]
+    assert f"under the memory cgroup limit of {got['path']}" in got["refusal"]
+    assert got["fits"] >= got["needed"] - 16
+
+
+def _metrics(outcome) -> dict[str, float]:
+    return {r["metric"]: r["value"] for r in outcome.records}
+
+
+@needs_cgroup
+@pytest.mark.timeout(240)
+def test_the_out_of_core_case_runs_on_ci_with_and_without_a_cap(ci_data_root):
+    results = {}
+    for k in (0, 5):
+        case = _ci_case(ci_data_root, loader="lazy", access="shuffle", k=k)
+        assert case.cache == "cold" and case.prefetcher == "thread"
+        outcome = run_case(case)
+        assert outcome.status == "ok", outcome.error
+        results[k] = _metrics(outcome)
+    size = results[0]["dataset_bytes"]
+    for k, m in results.items():
+        assert m["k"] == k and m["samples"] == 512
+        for epoch in (1, 2, 3):
+            assert m[f"epoch{epoch}.samples_per_s"] > 0
+            assert 0 <= m[f"epoch{epoch}.resident_end"] <= 1
+            assert m[f"epoch{epoch}.complete"] == 1 and m[f"epoch{epoch}.samples"] == 512
+        assert m["epoch1.resident_start"] < 0.05  # cold
+        assert m["epoch1.device_read_bytes"] >= 0.9 * size  # read from the device
+        assert m["epoch2.resident_start"] > 0.95  # 1.5 MB fits even the ci "cap"
+        assert m["epoch2.device_read_bytes"] == 0
+        assert m["epoch2_over_epoch1"] > 0
+        assert {"cgroup_peak_bytes", "file_cache_bytes", "major_faults", "budget_bytes",
+                "baseline_bytes", "baseline_rss_bytes"} <= set(m)
+    assert "cgroup_limit_bytes" not in results[0]
+    capped = results[5]
+    room = max(int(size) // 5, MIN_ROOM_BYTES)
+    assert capped["cgroup_limit_bytes"] == capped["baseline_bytes"] + room
+    assert capped["effective_k"] == pytest.approx(size / room)
+    assert capped["cgroup_peak_bytes"] <= capped["cgroup_limit_bytes"]
+
+
+@needs_cgroup
+@pytest.mark.timeout(120)
+def test_a_preload_that_does_not_fit_its_budget_is_a_row_not_a_crash(ci_data_root):
+    case = _ci_case(ci_data_root, loader="preloaded", access="block_shuffle", k=5)
+    outcome = run_case(case)
+    assert outcome.status == "ok", outcome.error
+    m = _metrics(outcome)
+    assert m["does_not_fit"] == 1
+    assert m["preload_needed_bytes"] > m["cgroup_limit_bytes"] - m["baseline_bytes"]
+    assert not any(name.startswith("epoch") for name in m)
+
+
+def test_the_ci_grid_covers_every_k_order_and_the_preload(ci_data_root):
+    cases = out_of_core_grid(profile="ci", data_dir=ci_data_root)
+    ids = [c.case_id for c in cases]
+    assert len(ids) == len(set(ids))
+    assert {c.cache for c in cases} == {"cold"} and not any(c.warmup for c in cases)
+    assert {c.param("k") for c in cases} == {0, 2, 5}
+    raw = [c for c in cases if c.encoding == "raw" and c.loader == "lazy"]
+    assert {c.access for c in raw} == {"sequential", "shuffle", "block_shuffle"}
+    assert {c.param("k") for c in cases if c.loader == "preloaded"} == {0, 2, 5}
+    assert any(c.encoding == "jpeg" and c.param("decode") == "simplejpeg" for c in cases)
+
+
+def test_mountinfo_maps_a_containers_cgroup_path_to_its_directory():
+    text = ("30 25 0:26 /docker/abc /sys/fs/cgroup/memory ro,nosuid - cgroup cgroup "
+            "rw,memory\n"
+            "31 25 0:27 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw\n"
+            "32 25 8:1 / /data\\040set rw - ext4 /dev/sda1 rw\n")
+    v1, v2 = parse_mountinfo(text)
+    assert (v1.version, v1.read_only, "memory" in v1.super_options) == (1, True, True)
+    assert v1.directory_of("/docker/abc/job") == Path("/sys/fs/cgroup/memory/job")
+    assert v1.directory_of("/other") is None
+    assert v2.directory_of("/user.slice") == Path("/sys/fs/cgroup/unified/user.slice")
