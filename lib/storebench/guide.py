@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .results import TIE_RULE, Results, Stat, ratio_interval
-from .text import format_ratio, format_value
+from .results import MIN_PAIRED_REPEATS, TIE_RULE, Results, Stat, ratio_interval
+from .text import MULTIPLY, format_percent, format_ratio, format_value, sig
 
 # Units whose values are exact (counted, not timed): compared without an interval.
 EXACT_UNITS = ("bytes", "count")
@@ -54,6 +54,9 @@ class GuideRow:
     def choice(self) -> str:
         if self.runner_up is None:
             return f"{self.best.label} (the only candidate measured)"
+        if self.undecided:
+            return (f"{self.best.label} measured best, but too few repeats to tell it from "
+                    f"{self.runner_up.label} (no decision under the tie rule)")
         if self.tie:
             names = [self.best.label, *self.tied]
             return ("no measurable difference between " + ", ".join(names[:-1])
@@ -61,24 +64,37 @@ class GuideRow:
         return self.best.label
 
     @property
+    def undecided(self) -> bool:
+        """A tie because fewer than ``MIN_PAIRED_REPEATS`` paired repeats exist."""
+        return self.tie and math.isinf(self.low)
+
+    def value_text(self, stat: Stat) -> str:
+        """A candidate's median as the question reads it (utilisation as a percentage)."""
+        if stat.unit == "ratio" and self.metric.endswith(("utilisation", "fraction")):
+            return format_percent(stat.median)
+        return format_value(stat.median, stat.unit)
+
+    @property
     def evidence(self) -> str:
         """The best and the runner-up with their medians, the ratio and its interval."""
         best = self.best
-        text = f"{best.label} {best.stat}"
+        text = f"{best.label} {self.value_text(best.stat)}"
         second = self.runner_up
         if second is None:
             return text
-        text += f" vs {second.label} {second.stat}"
+        text += f" vs {second.label} {self.value_text(second.stat)}"
+        unit = best.stat.unit
         if math.isinf(self.low):
-            interval = "too few repeats for an interval"
-        elif self.low == self.high:
+            interval = f"fewer than {MIN_PAIRED_REPEATS} repeats each: no interval"
+        elif unit in EXACT_UNITS:
             interval = "exact"
         else:
             interval = f"95% interval {format_ratio(self.low)}\u2013{format_ratio(self.high)}"
-        unit = best.stat.unit
         word = ("smaller" if unit in EXACT_UNITS else "less time" if unit == "s" else
                 "faster" if unit == "samples/s" else "higher")
-        text += f"; {format_ratio(self.ratio)} {word if not self.tie else 'ratio'} ({interval})"
+        ratio = (f"{sig(self.ratio)}{MULTIPLY}" if unit in EXACT_UNITS
+                 else format_ratio(self.ratio))
+        text += f"; {ratio} {word if not self.tie else 'ratio'} ({interval})"
         return text + f"; {len(self.candidates)} candidates"
 
     def to_dict(self) -> dict:
@@ -93,6 +109,7 @@ class GuideRow:
             "ratio": self.ratio,
             "interval": [self.low, self.high],
             "tie": self.tie,
+            "undecided": self.undecided,
             "tied_with_best": list(self.tied),
             "tie_rule": TIE_RULE,
             "candidates": [
@@ -157,8 +174,7 @@ def guide_text(rows: Sequence[GuideRow]) -> str:
         lines.append(f"* {row.question}")
         lines.append(f"  -> {row.choice}")
         lines.append(f"     {row.evidence}")
-        shown = ", ".join(f"{c.label} {format_value(c.stat.median, c.stat.unit)}"
-                          for c in row.candidates)
+        shown = ", ".join(f"{c.label} {row.value_text(c.stat)}" for c in row.candidates)
         lines.append(f"     candidates: {shown}")
     lines.append("")
     lines.append(f"Tie rule: {TIE_RULE}")

@@ -34,8 +34,8 @@ TIE_RULE = (
     "difference\") when the 95% bootstrap interval of the ratio of the two best medians "
     "contains 1.0, resampling repeats in pairs (repeat i of one path with repeat i of the "
     f"other, {BOOTSTRAP_RESAMPLES} resamples, seed 0), or when fewer than "
-    f"{MIN_PAIRED_REPEATS} paired repeats exist. Sizes and file counts are exact: equal is a "
-    "tie, anything else is not."
+    f"{MIN_PAIRED_REPEATS} paired repeats exist (then it says so: no decision). Sizes and "
+    "file counts are exact: equal is a tie, anything else is not."
 )
 
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from storebench.bench.metrics import (
-    Measurement,
     PeakMemorySampler,
+    RegionMeasurement,
     process_memory,
     tree_memory,
     tree_pids,
@@ -75,7 +75,7 @@ def test_gone_process_has_no_memory():
 
 def test_measurement_counts_cpu_of_finished_children_and_reports_metrics():
     context = multiprocessing.get_context("spawn")
-    with Measurement(interval=0.01) as measurement:
+    with RegionMeasurement(interval=0.01) as measurement:
         child = context.Process(target=sum, args=(range(3_000_000),))
         child.start()
         child.join()
@@ -91,6 +91,6 @@ def test_measurement_counts_cpu_of_finished_children_and_reports_metrics():
 
 def test_metrics_before_the_block_ends_are_refused():
     with pytest.raises(RuntimeError, match="before the measured block finished"):
-        Measurement().metrics()
+        RegionMeasurement().metrics()
     with pytest.raises(ValueError, match="interval"):
         PeakMemorySampler(interval=0)

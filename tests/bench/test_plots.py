@@ -1,19 +1,27 @@
-"""Figures regenerate from a saved results file alone, with stable format order and colour."""
+"""Figures regenerate from a saved results directory alone, with stable format order and
+colour, and read as a person needs: labels in words, no case ids, log axes with ticks."""
 
 from __future__ import annotations
 
-import json
+import re
 import shutil
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 from matplotlib.figure import Figure
 
 from storebench import plots
-from storebench.bench.schema import make_row, validate
+from storebench.bench.schema import COLUMNS, METRIC_UNITS, make_row, validate
 from storebench.formats import FORMATS
+from storebench.loaders.paths import LOADER_PATHS
+from storebench.results import Results
+from storebench.studies import STUDIES
+from storebench.studies.formats import plot_sequential_read
+
+REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
+SPECS = {spec.name: spec for study in STUDIES.values() for spec in study.figures}
 
 
 @pytest.mark.timeout(180)
@@ -22,7 +30,7 @@ def test_plot_all_regenerates_every_figure_from_the_files(formats_results, tmp_p
     for name in ("formats.csv", "env.json"):
         shutil.copy(formats_results / name, tmp_path / name)
     written = plots.plot_all(tmp_path)
-    expected = {f"{name}{suffix}" for name, _ in plots.FIGURES["formats"]
+    expected = {f"{spec.name}{suffix}" for spec in STUDIES["formats"].figures
                 for suffix in (".png", ".svg")}
     assert {p.name for p in written} == expected
     for path in written:
@@ -36,6 +44,8 @@ def test_plot_all_regenerates_every_figure_from_the_files(formats_results, tmp_p
 def test_plot_all_needs_results(tmp_path):
     with pytest.raises(FileNotFoundError, match="no results"):
         plots.plot_all(tmp_path)
+    with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'missing'}: no such results"):
+        plots.plot_all(tmp_path / "missing")
 
 
 def synthetic_rows(formats, repeats=3):
@@ -58,14 +68,15 @@ def synthetic_rows(formats, repeats=3):
 def test_formats_appear_in_registry_order_whatever_the_data_order():
     registry = list(FORMATS)
     df = synthetic_rows(list(reversed(registry)))
-    fig = plots.plot_sequential_read(df, limits={"cold_seq_read_GBps": 2.0,
-                                                 "page_cache_read_GBps": 10.0})
+    fig = plot_sequential_read(df, limits={"cold_seq_read_GBps": 2.0,
+                                           "page_cache_read_GBps": 10.0})
     assert isinstance(fig, Figure)
     ax = fig.axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == registry
     limit_lines = sorted(line.get_ydata()[0] for line in ax.get_lines()
                          if line.get_label().endswith("limit"))
     assert limit_lines == [2000.0, 10000.0]
+    assert ax.get_ylabel() == plots.metric_title("file_MBps") != "file_MBps"
 
 
 def test_medians_and_spread_come_from_the_repeats():
@@ -74,6 +85,7 @@ def test_medians_and_spread_come_from_the_repeats():
     assert summary["median"].tolist() == [110.0, 110.0]
     assert summary["low"].tolist() == [100.0, 100.0]
     assert summary["high"].tolist() == [120.0, 120.0]
+    assert [s.values for s in summary["stat"]] == [(100.0, 110.0, 120.0)] * 2
     failed = df.copy()
     failed.loc[0, "status"], failed.loc[0, "error"] = "failed", "x"
     assert plots.summarise(failed, "file_MBps", ["cache"])["count"].tolist() == [2, 3]
@@ -87,46 +99,122 @@ def test_colour_of_a_format_does_not_depend_on_what_else_is_plotted():
     assert len(set(together.values())) == len(together)
 
 
-def test_figure_functions_are_pure_and_handle_empty_input(formats_results):
-    from storebench.bench.schema import read_results
-
-    df = read_results(formats_results / "formats.csv")
-    before = df.copy()
-    for draw in (plots.plot_build_cost, plots.plot_sequential_read,
-                 plots.plot_resident_fraction, plots.plot_peak_memory, plots.plot_knobs,
-                 plots.plot_access_orders, plots.plot_readahead, plots.plot_prefetch_paths,
-                 plots.plot_prefetch_scaling, plots.plot_decoders, plots.plot_target_ratios,
-                 plots.plot_targets, plots.plot_feed):
-        assert isinstance(draw(df), Figure)
-        assert isinstance(draw(df.iloc[0:0]), Figure)
-    pd.testing.assert_frame_equal(df, before)
-    lines = plots.plot_metric_lines(df[df["loader"] == "reader"], metric="samples_per_s",
-                                    x="repeat", series="cache")
-    assert {t.get_text() for t in lines.axes[0].get_legend().get_texts()} == {"cold", "warm"}
-    env = json.loads((formats_results / "env.json").read_text())
-    assert np.isfinite(env["limits"]["cold_seq_read_GBps"])
+def test_colour_of_a_loader_path_comes_from_the_registry():
+    colours = [plots.path_colour(name) for name in LOADER_PATHS]
+    assert len(set(colours)) == len(colours)
+    assert plots.path_colour("not-a-path") == "grey"
 
 
-def test_target_figure_draws_each_value_against_its_threshold_from_the_rows():
+def test_log_axis_labels_ticks_at_1_2_5_of_each_decade():
+    fig = Figure()
+    ax = fig.add_subplot()
+    ax.plot([300, 40_000], [1, 2])
+    plots.log_axis(ax, "x")
+    ax.set_xlim(300, 40_000)
+    fig.draw_without_rendering()
+    assert visible_tick_texts(ax.xaxis) == ["500", "1k", "2k", "5k", "10k", "20k"]
+    assert [plots.tick_text(v) for v in (0.0, 0.5, 2e6, 3e9)] == ["", "0.5", "2M", "3G"]
+
+
+def test_peak_memory_labels_bars_by_the_column_it_is_given():
     rows = []
-    for key, value, threshold in (("process_vs_torch", 2.0, 1.0),
-                                  ("block_vs_random_parquet", 50.0, 200.0)):
-        for metric, v, unit, repeat in (("target_ratio", value, "ratio", 0),
-                                        ("target_value", value, "ratio", -1),
-                                        ("target_threshold", threshold, "ratio", -1),
-                                        ("target_met", float(value >= threshold), "count", -1)):
-            rows.append(make_row(run_id="r", study="targets", case_id=key, loader=key,
-                                 repeat=repeat, metric=metric, value=v, unit=unit,
+    for label, pss in (("memmap-raw, sequential, warm", 60e6), ("lmdb-raw, random, cold", 90e6)):
+        for metric, value in (("peak_pss_bytes", pss), ("peak_uss_bytes", pss / 2)):
+            rows.append(make_row(run_id="r", study="formats", case_id=f"read:{label}/x",
+                                 repeat=0, metric=metric, value=value, unit="bytes",
                                  status="ok"))
-    fig = plots.plot_target_ratios(validate(pd.DataFrame(rows)))
-    ax = fig.axes[0]
-    bars = {label.get_text(): patch for label, patch in zip(ax.get_yticklabels(), ax.patches,
-                                                            strict=True)}
-    assert bars["process_vs_torch"].get_width() == 2.0
-    assert bars["process_vs_torch"].get_facecolor()[:3] == pytest.approx((0.173, 0.627, 0.173),
-                                                                         abs=0.01)
-    assert bars["block_vs_random_parquet"].get_facecolor()[:3] == pytest.approx(
-        (0.839, 0.153, 0.157), abs=0.01)
-    thresholds = sorted(line.get_xdata()[0] for line in ax.lines
-                        if len(line.get_xdata()) == 2 and line.get_linewidth() == 2)
-    assert thresholds == [1.0, 200.0]
+    df = validate(pd.DataFrame(rows)).assign(
+        label=lambda d: d["case_id"].str.removeprefix("read:").str.removesuffix("/x"))
+    (ax,) = plots.plot_peak_memory(df, label_column="label", title="Peak memory").axes
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        "memmap-raw, sequential, warm", "lmdb-raw, random, cold"]
+    assert sorted(p.get_width() for p in ax.patches) == [30.0, 45.0, 60.0, 90.0]  # MB
+    assert ax.get_title() == "Peak memory"
+
+
+# -- every figure of every study ---------------------------------------------------------
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Results:
+    """The committed reference results, copied first so nothing can write into them."""
+    copy = tmp_path_factory.mktemp("reference")
+    for path in [*REFERENCE.glob("*.csv"), REFERENCE / "env.json"]:
+        shutil.copy(path, copy / path.name)
+    return Results.load(copy)
+
+
+@pytest.fixture(scope="module")
+def reference_figures(reference) -> dict[str, Figure]:
+    before = reference.df.copy()
+    figures = {}
+    for name, spec in SPECS.items():
+        fig = spec.draw(reference)
+        fig.draw_without_rendering()  # lays out, so tick labels are what a reader sees
+        figures[name] = fig
+    # Figure functions are pure: drawing left the rows as they were.
+    pd.testing.assert_frame_equal(reference.df, before)
+    return figures
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("name", list(SPECS))
+def test_every_figure_draws_from_the_reference_results(name, reference_figures):
+    fig = reference_figures[name]
+    assert isinstance(fig, Figure)
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert not any(t.startswith("no ") for t in texts), f"{name} drew nothing: {texts}"
+    assert any(ax.has_data() for ax in fig.axes), name
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_every_figure_handles_empty_results(name, reference):
+    assert isinstance(SPECS[name].draw(Results(reference.df.iloc[0:0], reference.env)), Figure)
+
+
+def axes_of(fig: Figure):
+    for ax in fig.axes:
+        yield from (("x", ax, ax.xaxis), ("y", ax, ax.yaxis))
+
+
+def visible_tick_texts(axis) -> list[str]:
+    """The major tick labels inside the axis's view limits, as drawn."""
+    low, high = sorted(axis.get_view_interval())
+    locations = [v for v in axis.get_majorticklocs() if low <= v <= high]
+    return [t for t in axis.get_major_formatter().format_ticks(locations) if t]
+
+
+CASE_ID = re.compile(r":.*/")
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_no_tick_label_is_a_case_id(name, reference_figures, reference):
+    case_ids = set(reference.df["case_id"])
+    for which, _, axis in axes_of(reference_figures[name]):
+        labels = [t.get_text() for t in axis.get_ticklabels()]
+        assert not [t for t in labels if CASE_ID.search(t) or t in case_ids], (name, which)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_axis_titles_are_words_not_column_names(name, reference_figures, reference):
+    raw_names = set(COLUMNS) | set(METRIC_UNITS) | set(reference.df["metric"])
+    raw_names = {n for n in raw_names if "_" in n}
+    for which, ax, _ in axes_of(reference_figures[name]):
+        title = ax.get_xlabel() if which == "x" else ax.get_ylabel()
+        words = set(re.split(r"[\s,;()]+", title))
+        assert title.strip() not in raw_names and not words & raw_names, (name, which, title)
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_every_log_axis_has_at_least_three_labelled_ticks(name, reference_figures):
+    for which, _, axis in axes_of(reference_figures[name]):
+        if axis.get_scale() != "log":
+            continue
+        shown = visible_tick_texts(axis)
+        assert len(shown) >= 3, (name, which, shown)
+
+
+def test_every_figure_is_named_after_its_study():
+    # All figures share one figures/ folder; the prefix says which study drew each.
+    for study in STUDIES.values():
+        for spec in study.figures:
+            assert spec.name.startswith(f"{study.name}_"), spec.name
+            assert spec.caption, spec.name

@@ -2,7 +2,7 @@
 tidy results with one fixed schema, machine limits and env.json from the same run.
 
 - ``cache``: evict / prewarm / ``resident_fraction`` (mincore) / ``prepare``
-- ``metrics``: process-tree PSS/USS peaks and CPU time (``Measurement``)
+- ``metrics``: process-tree PSS/USS peaks and CPU time (``RegionMeasurement``)
 - ``limits``: DRAM, page-cache, cold sequential and cold 4 KiB random read limits
 - ``envinfo``: env.json (machine, storage, versions, git, CUDA, limits)
 - ``schema``: result columns, ``validate``, append-safe ``ResultsWriter``

@@ -30,7 +30,7 @@ class CacheState(enum.StrEnum):
     WARM = "warm"
 
 
-def data_files(paths: Iterable[Path | str]) -> list[Path]:
+def expand_files(paths: Iterable[Path | str]) -> list[Path]:
     """The regular files named by ``paths``, directories expanded recursively, sorted."""
     files: list[Path] = []
     for path in map(Path, paths):
@@ -61,7 +61,7 @@ def evict(paths: Iterable[Path | str]) -> None:
     so only the files that ``mincore`` still shows resident after a first pass are fsynced
     and advised again.
     """
-    files = data_files(paths)
+    files = expand_files(paths)
     for path in files:
         _fadvise_dontneed(path, sync=False)
     libc = _Libc()
@@ -74,7 +74,7 @@ def drop_caches() -> None:
     """Drop the whole page cache (and dentries/inodes are left alone): root only.
 
     Raises PermissionError for other users; callers that merely prefer it should check
-    ``can_drop_caches()`` first.
+    whether the process may write it first.
     """
     os.sync()
     try:
@@ -90,16 +90,12 @@ def drop_caches() -> None:
 _drop_whole_page_cache = drop_caches
 
 
-def can_drop_caches() -> bool:
-    return os.geteuid() == 0 and os.access(DROP_CACHES_PATH, os.W_OK)
-
-
 def prewarm(paths: Iterable[Path | str]) -> int:
     """Read every byte of the files so that they are resident; returns the bytes read."""
     buffer = bytearray(_READ_CHUNK)
     view = memoryview(buffer)
     total = 0
-    for path in data_files(paths):
+    for path in expand_files(paths):
         with open(path, "rb", buffering=0) as f:
             while True:
                 got = f.readinto(view)
@@ -170,7 +166,7 @@ def resident_fraction(paths: Iterable[Path | str]) -> float:
     """
     libc = _Libc()
     resident = total = 0
-    for path in data_files(paths):
+    for path in expand_files(paths):
         got, size = resident_bytes(path, libc=libc)
         resident += got
         total += size
@@ -186,7 +182,7 @@ def prepare(
     library code too, so callers should have done an untimed pass first).
     """
     state = CacheState(state)
-    files = data_files(paths)
+    files = expand_files(paths)
     if state is CacheState.COLD:
         evict(files)
         if drop_caches:

@@ -15,8 +15,9 @@ import shutil
 import subprocess
 import sys
 from datetime import UTC, datetime
-from importlib import metadata
 from pathlib import Path
+
+from storebench.formats.manifest import package_versions
 
 ENV_VERSION = 1
 REPORTED_PACKAGES = (
@@ -111,16 +112,6 @@ def storage_info(data_dir: Path | str) -> dict:
     }
 
 
-def package_versions(names=REPORTED_PACKAGES) -> dict[str, str | None]:
-    versions = {}
-    for name in names:
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            versions[name] = None
-    return versions
-
-
 def git_state(repo_dir: Path | str | None = None) -> dict:
     """Commit and dirty flag of the repository holding this code (None outside one)."""
     repo_dir = Path(repo_dir) if repo_dir else Path(__file__).resolve().parent
@@ -187,7 +178,7 @@ def collect_env(data_dir: Path | str, *, profile: str | None = None,
         "kernel": uname.release,
         "os": f"{uname.system} {uname.version}",
         "python": platform.python_version(),
-        "packages": package_versions(),
+        "packages": package_versions(REPORTED_PACKAGES),
         "storage": storage_info(data_dir),
         "git": git_state(repo_dir),
         "cuda": cuda_info(),

@@ -141,11 +141,11 @@ class PeakMemorySampler:
         self.stop()
 
 
-class Measurement:
+class RegionMeasurement:
     """Wall seconds, CPU seconds (user + system over the process tree) and peak PSS/USS of
     the block it wraps::
 
-        with Measurement() as m:
+        with RegionMeasurement() as m:
             work()
         m.wall_seconds, m.cpu_seconds, m.peak_pss_bytes
     """
@@ -175,7 +175,7 @@ class Measurement:
     def finished(self) -> bool:
         return self._started is None and self.wall_seconds == self.wall_seconds
 
-    def __enter__(self) -> Measurement:
+    def __enter__(self) -> RegionMeasurement:
         self._sampler.start()
         self._cpu_start = tree_cpu_seconds(self.pid)
         self._started = time.perf_counter()
@@ -192,7 +192,7 @@ class Measurement:
     def metrics(self) -> dict[str, tuple[float, str]]:
         """The measurement as named metrics with units, for result rows."""
         if not self.finished:
-            raise RuntimeError("Measurement.metrics() before the measured block finished")
+            raise RuntimeError("RegionMeasurement.metrics() before the measured block finished")
         return {
             "wall_seconds": (self.wall_seconds, "s"),
             "cpu_seconds": (self.cpu_seconds, "s"),

@@ -24,7 +24,7 @@ from ..bench.runner import Case, Trial
 from ..loaders.paths import path_label
 from ..plots import empty_figure, path_colour, profile_caption, summarise
 from ..results import Results, best_row, latest_runs, select, stat, summary_table
-from ..text import format_percent, format_ratio, format_value, grid_value
+from ..text import MULTIPLY, format_percent, format_ratio, format_value, grid_value, sig
 from .base import FigureSpec, Study
 from .grid import batch_size_for, dataset_fields, pick, profile_datasets, repeats_for
 
@@ -174,9 +174,9 @@ def feed_table(df: pd.DataFrame) -> pd.DataFrame:
             table[metric] = np.nan
     own_rate = table[table["compute_ms"] == 0].set_index("path")["samples_per_s"]
     batch = rows.groupby("path")["batch_size"].first()
-    accelerator_rate = batch.reindex(table["path"]).to_numpy(dtype=float) / (
-        table["compute_ms"].to_numpy(dtype=float) / 1000.0)
     with np.errstate(divide="ignore"):
+        accelerator_rate = batch.reindex(table["path"]).to_numpy(dtype=float) / (
+            table["compute_ms"].to_numpy(dtype=float) / 1000.0)
         table["path_rate_over_accelerator"] = (
             own_rate.reindex(table["path"]).to_numpy(dtype=float) / accelerator_rate)
     return table.sort_values(["compute_ms", "path"], kind="stable").reset_index(
@@ -239,9 +239,10 @@ def feed_findings(df: pd.DataFrame) -> list[str]:
         short = fed[fed["accelerator_utilisation"] < FED_AU]
         verdict = ("all reach" if short.empty else
                    f"{len(short)} of {len(fed)} fall short of")
+        pairs = f"{len(fed)} pair{'s' if len(fed) != 1 else ''} of path and compute time"
         sentences.append(
-            f"Where a path alone delivers at least {format_ratio(FED_HEADROOM)} the "
-            f"accelerator's rate ({len(fed)} path and compute-time pairs), {verdict} "
+            f"Where a path alone delivers at least {sig(FED_HEADROOM)}{MULTIPLY} the "
+            f"accelerator's rate ({pairs}), {verdict} "
             f"{format_percent(FED_AU)} AU (lowest: "
             f"{format_percent(fed['accelerator_utilisation'].min())}).")
     zero = table[table["compute_ms"] == 0]

@@ -486,7 +486,7 @@ def guide(results: Results) -> list:
         pairs.sort(key=lambda p: (format_order().index(p[0])
                                   if p[0] in format_order() else 99, p[1]))
         warm = part[part["cache"] == "warm"]
-        candidates = [Candidate(f"{fmt}/{loader}", f"{fmt}, {loader}",
+        candidates = [Candidate(f"{fmt}/{loader}", f"{fmt} ({loader})",
                                 stat(warm, "samples_per_s", format=fmt, loader=loader))
                       for fmt, loader in pairs
                       if not warm[(warm["format"] == fmt) & (warm["loader"] == loader)].empty]
@@ -504,7 +504,7 @@ def guide(results: Results) -> list:
                                       format=fmt, loader=loader)
             except MissingResultError:
                 continue
-            candidates.append(Candidate(f"{fmt}/{loader}", f"{fmt}, {loader}", seconds))
+            candidates.append(Candidate(f"{fmt}/{loader}", f"{fmt} ({loader})", seconds))
         out.append(choose(
             "lazy_vs_preloaded",
             f"{name}, the first epoch from a cold cache, one process: which format, lazy or "

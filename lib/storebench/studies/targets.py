@@ -456,13 +456,17 @@ def guide(results: Results) -> list:
 
     rows = results.df[(results.df["study"] == "targets")
                       & (results.df["loader"] == "torch_vs_tf_data")]
-    names = {"tf_data_autotune": "tf.data AUTOTUNE (TensorFlow decodes)",
-             "torch_process_prefetcher": "ProcessPrefetcher \u00d72 (simplejpeg)",
-             "torch_dataloader": "torch DataLoader \u00d72 (simplejpeg)"}
+    labels = {"tf_data_autotune": "tf.data AUTOTUNE (TensorFlow decodes)",
+              "torch_process_prefetcher": "ProcessPrefetcher \u00d72 (simplejpeg)",
+              "torch_dataloader": "torch DataLoader \u00d72 (simplejpeg)"}
+    # Every path the case measured is a candidate; the labels only say how to read them.
+    paths = [m.removesuffix(".samples_per_s") for m in dict.fromkeys(rows["metric"])
+             if m.endswith(".samples_per_s")]
     candidates = []
-    for path, label in names.items():
+    for path in paths:
         try:
-            candidates.append(Candidate(path, label, stat(rows, f"{path}.samples_per_s")))
+            candidates.append(Candidate(path, labels.get(path, path.replace("_", " ")),
+                                        stat(rows, f"{path}.samples_per_s")))
         except LookupError:
             continue
     if not candidates:

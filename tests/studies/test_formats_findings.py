@@ -1,0 +1,110 @@
+"""The formats study's tables, sentences and figures: every number follows from the rows."""
+
+from __future__ import annotations
+
+import pytest
+from result_rows import build_case, frame, read_case
+
+from storebench.formats import FORMATS
+from storebench.results import Results, default_builds
+from storebench.studies import formats
+from storebench.text import format_value
+
+
+def formats_frame():
+    return frame(
+        build_case("memmap", seconds=0.5, apparent=1_000_000, files=2),
+        build_case("rawfiles", seconds=2.0, apparent=1_200_000, files=500),
+        read_case("memmap", "warm", [3000.0, 3000.0, 3000.0]),
+        read_case("rawfiles", "warm", [1000.0, 1000.0, 1000.0]),
+        read_case("memmap", "cold", [800.0, 800.0, 800.0]),
+        read_case("rawfiles", "cold", [100.0, 100.0, 100.0]),
+    )
+
+
+def test_build_cost_and_cold_warm_tables():
+    df = formats_frame()
+    build = formats.build_cost_table(df)
+    assert list(build["format"]) == ["rawfiles", "memmap"]  # the registry's order
+    assert list(FORMATS).index("rawfiles") < list(FORMATS).index("memmap")
+    assert build.set_index("format").loc["rawfiles", "size_ratio"] == pytest.approx(1.2)
+    assert build.set_index("format").loc["rawfiles", "file_count"] == 500
+    reads = formats.cold_warm_table(df).set_index("format")
+    assert reads.loc["memmap", "warm_over_cold"] == pytest.approx(3000 / 800)
+    assert reads.loc["rawfiles", "cold_resident"] == 0.0
+    assert reads.loc["rawfiles", "warm_resident"] == 1.0
+    assert reads.loc["memmap", "repeats"] == 3
+
+
+def test_formats_findings_state_the_measured_ratios():
+    sentences = formats.formats_findings(formats_frame())
+    assert ("raw arrays: smallest on disk is memmap at 1.00\u00d7 the raw pixel bytes "
+            "(1.00 MB); largest is rawfiles at 1.20\u00d7 (1.20 MB).") in sentences
+    assert ("raw arrays: memmap reads 3.0\u00d7 faster than rawfiles warm, sequentially "
+            "(median of 3 repeats: 3.00k samples/s vs 1.00k samples/s).") in sentences
+    assert any("memmap reads 8.0\u00d7 faster than rawfiles cold" in s
+               and "at most 0% of the files resident" in s for s in sentences)
+    assert any("slowest is rawfiles (2.00 s, 4.0\u00d7 longer)" in s for s in sentences)
+    assert any("rawfiles writes 500 files, memmap 2" in s for s in sentences)
+
+
+def test_the_build_cost_figure_draws_the_numbers_its_sentence_quotes():
+    df = formats_frame()
+    fig = formats.plot_build_cost(df)
+    seconds_axis = fig.axes[0]  # first row: write time, one panel per encoding
+    drawn = {tick.get_text(): patch.get_height() for tick, patch in
+             zip(seconds_axis.get_xticklabels(), seconds_axis.patches, strict=True)}
+    assert drawn == {"rawfiles": 2.0, "memmap": 0.5}
+    (sentence,) = [s for s in formats.formats_findings(df) if "fastest to write" in s]
+    assert (f"fastest to write is memmap ({format_value(drawn['memmap'], 's')}"
+            in sentence)
+    assert f"slowest is rawfiles ({format_value(drawn['rawfiles'], 's')}" in sentence
+
+
+# -- knobs ---------------------------------------------------------------------------------
+def variant_read(fmt, knob, value, cache, access, values):
+    params = {} if knob is None else {"dataset_name": f"{fmt}-raw-{knob}={value}",
+                                      f"knob_{knob}": value}
+    return read_case(fmt, cache, values, access=access, params=params)
+
+
+def knob_frame():
+    return frame(
+        variant_read("hdf5", None, None, "cold", "shuffle", [100.0] * 3),
+        variant_read("hdf5", "chunk_samples", 1, "cold", "shuffle", [50.0] * 3),
+        variant_read("hdf5", "chunk_samples", 1024, "cold", "shuffle", [400.0] * 3),
+        variant_read("hdf5", None, None, "warm", "sequential", [1000.0] * 3),
+        variant_read("hdf5", "chunk_samples", 1024, "warm", "sequential", [3000.0] * 3),
+    )
+
+
+def test_knob_table_puts_each_variant_beside_the_default_build():
+    df = knob_frame()
+    table = formats.knob_table(df)
+    default = FORMATS["hdf5"].DEFAULT_KNOBS["chunk_samples"]
+    assert list(table["setting"]) == ["1", f"{default} (default)", "1024"]
+    assert list(table["random_cold"]) == [50.0, 100.0, 400.0]
+    (sentence,) = formats.knob_findings(df)
+    assert sentence == (f"hdf5 (raw arrays) chunk_samples, random batches, cold: 1: 50.0 "
+                        f"samples/s; {default} (default): 100 samples/s; 1024: 400 samples/s; "
+                        "sequential warm reads are fastest with 1024, 3.0\u00d7 those with "
+                        f"{default} (default).")
+    # The variants stay out of the per-format comparisons.
+    assert formats.cold_warm_table(default_builds(df))["dataset"].tolist() == ["hdf5-raw"]
+    assert formats.cold_warm_table(df, access=None)["dataset"].tolist() == [
+        "hdf5-raw", "hdf5-raw-chunk_samples=1", "hdf5-raw-chunk_samples=1024"]
+
+
+def test_the_formats_guide_compares_every_measured_build():
+    df = frame(*(read_case(fmt, "cold", [100.0 * (i + 1) + d for d in (0, 2, -2)])
+                 for i, fmt in enumerate(FORMATS)),
+               build_case("memmap", seconds=0.5, apparent=1_000_000, files=2),
+               build_case("rawfiles", seconds=2.0, apparent=1_200_000, files=500))
+    rows = {row.question: row for row in formats.guide(Results(df, {}))}
+    (cold,) = [row for question, row in rows.items()
+               if question.startswith("Reading every sample once from a cold cache, raw")]
+    assert {c.key for c in cold.candidates} == set(FORMATS)
+    assert cold.best.key == list(FORMATS)[-1] and not cold.tie
+    space = rows["Least disk space, lossless (raw or PNG samples)"]
+    assert [c.key for c in space.candidates] == ["memmap-raw", "rawfiles-raw"]
+    assert space.choice == "memmap-raw" and space.ratio == pytest.approx(1.2)

@@ -1,0 +1,81 @@
+"""The gpu_feed study's table and sentences: AU and where the stall went, per compute time
+and feed path, read from the rows (the device too, never from this machine)."""
+
+from __future__ import annotations
+
+import pytest
+from result_rows import feed_case, frame
+
+from storebench.results import Results
+from storebench.studies import gpu_feed
+
+H100 = {"device": "cuda", "emulated": False, "device_name": "NVIDIA H100"}
+
+
+def test_the_feed_device_is_read_from_the_rows_not_the_machine():
+    emulated = frame(feed_case("none", 0, 2.0, 0.5))
+    assert gpu_feed.feed_device_text(emulated).startswith("No CUDA device took part")
+    real = frame(feed_case("none", 0, 2.0, 0.5, device=H100))
+    assert gpu_feed.feed_device_text(real).startswith("Copies went to NVIDIA H100 (a real")
+    assert gpu_feed.feed_devices(real).to_dict("records") == [
+        {"device": "cuda", "device_name": "NVIDIA H100", "emulated": False}]
+    (row,) = gpu_feed.guide(Results(real, {}))
+    assert "emulated" not in row.question
+    (row,) = gpu_feed.guide(Results(emulated, {}))
+    assert "(emulated accelerator)" in row.question
+    assert gpu_feed.feed_device_text(emulated.iloc[0:0]) == "No accelerator-feed results."
+
+
+def feed_frame():
+    return frame(feed_case("process", 2, 0.0, 0.0, samples_per_s=60_000.0),
+                 feed_case("process", 2, 2.0, 0.5), feed_case("process", 2, 10.0, 0.97),
+                 feed_case("none", 0, 0.0, 0.0, samples_per_s=20_000.0),
+                 feed_case("none", 0, 2.0, 0.2), feed_case("none", 0, 10.0, 0.6))
+
+
+def test_feed_table_states_each_paths_headroom_over_the_accelerator():
+    table = gpu_feed.feed_table(feed_frame()).set_index(["compute_ms", "path"])
+    ten = table.loc[10.0]
+    # 256-sample batches every 10 ms are 25.6k samples/s; the path alone reached 60k.
+    assert ten.loc["process/w2/pageable, sync", "path_rate_over_accelerator"] == pytest.approx(
+        60_000 / 25_600)
+    assert ten.loc["none/w0/pageable, sync", "path_rate_over_accelerator"] == pytest.approx(
+        20_000 / 25_600)
+    assert ten.loc["process/w2/pageable, sync", "label"] == "ProcessPrefetcher \u00d72"
+    assert table.loc[(2.0, "none/w0/pageable, sync"), "wait_for_data_fraction"] == (
+        pytest.approx(0.4))
+
+
+def test_feed_findings_give_au_and_the_stall_split_per_compute_time():
+    sentences = gpu_feed.feed_findings(feed_frame())
+    assert sentences[0].startswith("No CUDA device took part")
+    assert ("At 2 ms of compute per batch, accelerator utilisation is: one thread, no "
+            "prefetcher 20% (waiting for data 40%, host copy 40%, host overhead 0%); "
+            "ProcessPrefetcher \u00d72 50% (waiting for data 25%, host copy 25%, host "
+            "overhead 0%).") in sentences
+    # Only ProcessPrefetcher at 10 ms has the headroom (60k against 25.6k samples/s).
+    (fed,) = [s for s in sentences if s.startswith("Where a path alone delivers")]
+    assert ("1.25\u00d7 the accelerator's rate (1 pair of path and compute time), all reach "
+            "95% AU (lowest: 97%)") in fed
+    assert ("With no compute the feed itself runs at 60.0k samples/s (ProcessPrefetcher "
+            "\u00d72, 1.00 GB/s copied).") in sentences
+
+
+def test_a_fed_path_short_of_the_au_bar_is_counted():
+    df = frame(feed_case("process", 2, 0.0, 0.0, samples_per_s=60_000.0),
+               feed_case("process", 2, 10.0, 0.73))
+    sentences = gpu_feed.feed_findings(df)
+    assert any("1 of 1 fall short of 95% AU (lowest: 73%)" in s for s in sentences)
+
+
+def test_pinned_copies_are_compared_with_pageable_ones_when_measured():
+    pinned = feed_case("process", 2, 2.0, 0.5, params={"pinned": True})
+    for row in pinned:
+        if row["metric"] == "h2d_GBps":
+            row["value"] = 3.0
+    df = frame(feed_case("process", 2, 2.0, 0.5), pinned)
+    sentences = gpu_feed.feed_findings(df)
+    assert ("Pinned host buffers copy at 3.0\u00d7 the rate of pageable ones (median over "
+            "loaders and compute times).") in sentences
+    labels = set(gpu_feed.feed_rows(df)["label"])
+    assert labels == {"ProcessPrefetcher \u00d72", "ProcessPrefetcher \u00d72, pinned, sync"}

@@ -1,0 +1,107 @@
+"""The lazy_vs_preloaded study's tables and sentences: every number follows from the rows."""
+
+from __future__ import annotations
+
+import pytest
+from result_rows import build_case, case_rows, frame
+
+from storebench.results import Results
+from storebench.studies import lazy_vs_preloaded as study
+
+
+def loader_case(fmt, loader, cache, *, throughput, first, pss):
+    return case_rows(
+        "lazy_vs_preloaded", f"epoch:{fmt}/{loader}/{cache}",
+        {"samples_per_s": [throughput] * 3, "time_to_first_batch_s": [first] * 3,
+         "preload_seconds": [first / 2] * 3, "epoch_seconds": [1.0] * 3,
+         "peak_pss_bytes": [pss] * 3, "peak_uss_bytes": [pss / 2] * 3},
+        format=fmt, encoding="raw", loader=loader, prefetcher="none", workers=0,
+        access="block_shuffle", cache=cache, resident=1.0 if cache == "warm" else 0.0)
+
+
+def loader_frame():
+    return frame(
+        build_case("memmap", seconds=0.5, apparent=1_000_000, files=2),
+        loader_case("memmap", "lazy", "warm", throughput=1000.0, first=0.01, pss=50e6),
+        loader_case("memmap", "preloaded", "warm", throughput=4000.0, first=0.05, pss=60e6),
+        loader_case("memmap", "lazy", "cold", throughput=250.0, first=0.02, pss=50e6),
+        loader_case("memmap", "preloaded", "cold", throughput=4000.0, first=0.2, pss=60e6),
+    )
+
+
+def test_lazy_vs_preloaded_findings():
+    sentences = study.lazy_vs_preloaded_findings(
+        loader_frame(), {"ram_bytes": 10e9}, profile_bytes={"large": 25e9})
+    text = "\n".join(sentences)
+    assert "the preloaded epoch runs 4.0\u00d7 the lazy one's throughput on memmap" in text
+    assert "preloading delays the first batch to 200 ms on memmap against 20.0 ms" in text
+    assert "preloaded minus lazy is +10.0 MB" in text
+    assert "a cold cache costs lazy reading most on memmap (4.0\u00d7 slower than warm)" in text
+    assert ("The largest dataset measured is memmap-raw at 1.00 MB, <0.1% of this machine's "
+            "10.0 GB RAM.") in text
+    assert "opt-in `large` profile (25.0 GB, 250% of RAM)" in text
+
+
+def test_ram_findings_need_the_machines_ram():
+    df = loader_frame()
+    assert study.ram_findings(df, None) == []
+    assert study.ram_findings(df, {}) == []
+    # A dataset near RAM does not get the "does not show" caveat.
+    near = study.ram_findings(df, {"ram_bytes": 1.5e6})
+    assert near == ["The largest dataset measured is memmap-raw at 1.00 MB, 67% of this "
+                    "machine's 1.50 MB RAM."]
+
+
+def test_loader_table_has_one_row_per_loader_and_cache():
+    table = study.loader_table(loader_frame()).set_index(["loader", "cache"])
+    assert table.loc[("preloaded", "cold"), "time_to_first_batch_s"] == pytest.approx(0.2)
+    assert table.loc[("lazy", "warm"), "samples_per_s"] == 1000.0
+    assert table.loc[("lazy", "cold"), "resident_fraction"] == 0.0
+    assert set(table["repeats"]) == {3}
+
+
+def lazy_epoch(fmt, access, cache, value, params=None):
+    return case_rows("lazy_vs_preloaded", f"epoch:{fmt}/{access}/{cache}/{params}",
+                     {"samples_per_s": [value] * 3, "time_to_first_batch_s": [0.01] * 3},
+                     format=fmt, encoding="raw", loader="lazy", prefetcher="none", workers=0,
+                     access=access, cache=cache, params=params or {},
+                     resident=0.0 if cache == "cold" else 1.0)
+
+
+def test_access_orders_and_readahead_knobs():
+    df = frame(
+        lazy_epoch("parquet", "sequential", "warm", 1000.0),
+        lazy_epoch("parquet", "block_shuffle", "warm", 900.0),
+        lazy_epoch("parquet", "shuffle", "warm", 100.0),
+        lazy_epoch("memmap", "sequential", "warm", 2000.0),
+        lazy_epoch("memmap", "block_shuffle", "warm", 2000.0),
+        lazy_epoch("memmap", "shuffle", "warm", 1800.0),
+        lazy_epoch("memmap", "shuffle", "cold", 500.0, {"open_madvise_random": True}),
+        lazy_epoch("memmap", "shuffle", "cold", 250.0, {"open_madvise_random": False}),
+    )
+    orders = study.access_order_table(df).set_index("format")
+    assert orders.loc["parquet", "shuffle_vs_sequential"] == pytest.approx(0.1)
+    (sentence,) = study.access_order_findings(df)
+    assert sentence == ("Raw arrays, warm, read lazily by one thread: a full shuffle runs at "
+                        "0.10\u00d7 of sequential throughput on parquet (the worst) and "
+                        "0.90\u00d7 on memmap; block shuffle brings parquet to 0.90\u00d7 of "
+                        "sequential.")
+    # The knob cases are not mistaken for the default memmap epochs.
+    assert "cold" not in set(study.loader_table(df)["cache"])
+    readahead = study.readahead_table(df).set_index("setting")
+    assert readahead.loc["True", "samples_per_s"] == 500.0
+    assert readahead.loc["False", "option"] == "madvise_random"
+    assert study.readahead_findings(df) == [
+        "memmap, cold, shuffled: madvise_random=True runs 2.0\u00d7 faster than "
+        "madvise_random=False (500 samples/s vs 250 samples/s)."]
+
+
+def test_the_cold_first_epoch_question_counts_the_preload():
+    df = loader_frame()
+    warm, cold = study.guide(Results(df, {}))
+    assert warm.best.key == "memmap/preloaded" and warm.ratio == pytest.approx(4.0)
+    # preload (first / 2) plus the epoch (1 s): 1.1 s preloaded against 1.01 s lazy
+    assert cold.lower_is_better
+    assert {c.key: c.stat.median for c in cold.candidates} == pytest.approx(
+        {"memmap/lazy": 1.01, "memmap/preloaded": 1.1})
+    assert cold.best.key == "memmap/lazy"

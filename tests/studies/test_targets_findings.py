@@ -1,0 +1,131 @@
+"""The targets study's table, markdown, sentences and figures, from the rows each target
+case writes; the targets and their thresholds live in one place, ``studies.targets``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from result_rows import RUN, case_rows, frame
+
+from storebench import findings
+from storebench.bench.schema import make_row
+from storebench.results import Results
+from storebench.studies import targets
+
+
+def target_case(key, ratios, *, threshold, extra=None):
+    """A target case's rows as the runner writes them: per-repeat ``target_ratio`` (and the
+    path metrics), then the whole-case value, threshold and met rows."""
+    rows = case_rows("targets", f"target:{key}", {"target_ratio": ratios, **(extra or {})},
+                     loader=key, params={"target": key})
+    median = sorted(ratios)[len(ratios) // 2]
+    for metric, value, unit in (("target_value", median, "ratio"),
+                                ("target_threshold", threshold, "ratio"),
+                                ("target_met", float(median >= threshold), "count")):
+        rows.append(make_row(run_id=RUN, study="targets", case_id=f"target:{key}", repeat=-1,
+                             metric=metric, value=value, unit=unit, status="ok", loader=key,
+                             params=json.dumps({"target": key}), profile="ci"))
+    return rows
+
+
+def targets_frame():
+    return frame(
+        target_case("process_vs_torch", [3.0, 2.0, 1.0], threshold=1.0,
+                    extra={"process_prefetcher.samples_per_s": [300.0, 200.0, 100.0],
+                           "torch_dataloader.samples_per_s": [100.0, 100.0, 100.0]}),
+        target_case("process_vs_pickled", [3.0, 2.0, 1.0], threshold=3.0),
+        target_case("memmap_gather_vs_dram", [0.25, 0.25], threshold=0.5),
+    )
+
+
+def test_targets_table_reads_the_rows_written_by_each_target_case():
+    table = targets.targets_table(targets_frame()).set_index("target")
+    assert list(table.index) == ["memmap gather vs DRAM read",
+                                 "ProcessPrefetcher vs torch DataLoader",
+                                 "ProcessPrefetcher vs pickled baseline"]  # TARGETS order
+    versus_torch = table.loc["ProcessPrefetcher vs torch DataLoader"]
+    assert (versus_torch["value"], versus_torch["low"], versus_torch["high"]) == (2.0, 1.0, 3.0)
+    assert versus_torch["met"] and versus_torch["repeats"] == 3
+    versus_pickled = table.loc["ProcessPrefetcher vs pickled baseline"]
+    assert not versus_pickled["met"]
+    assert versus_pickled["shortfall"] == pytest.approx(1 - 2.0 / 3.0)
+    assert table.loc["memmap gather vs DRAM read", "value"] == 0.25
+
+
+def test_targets_markdown_and_sentences():
+    df = targets_frame()
+    markdown = targets.targets_markdown(df)
+    assert ("| ProcessPrefetcher vs torch DataLoader | 2.0\u00d7 (1.0\u00d7\u20133.0\u00d7, "
+            "n=3) | \u2265 1.0\u00d7 | yes |") in markdown
+    assert ("| memmap gather vs DRAM read | 25% (25%\u201325%, n=2) | \u2265 50% | no (50% "
+            "short) |") in markdown
+    assert targets.targets_markdown(df.iloc[0:0]) == "No target was measured."
+    sentences = targets.targets_findings(df)
+    assert ("ProcessPrefetcher vs pickled baseline (shared memory vs pickled batches through "
+            "a multiprocessing.Queue): 2.0\u00d7 (median of 3 paired repeats, "
+            "1.0\u00d7\u20133.0\u00d7); threshold 3.0\u00d7, missed by 33%.") in sentences
+
+
+def test_the_thresholds_live_in_one_place():
+    assert not hasattr(findings, "TARGETS")
+    assert len({t.key for t in targets.TARGETS}) == len(targets.TARGETS)
+    decode = targets.get_target("thread_vs_serial_decode")
+    df = frame(target_case("thread_vs_serial_decode", [2.0], threshold=decode.threshold))
+    (row,) = targets.targets_table(df).itertuples()
+    assert row.threshold == decode.threshold and row.what == decode.description
+
+
+def test_target_ratio_takes_the_best_numerator_over_the_denominator():
+    tf = targets.get_target("torch_vs_tf_data")
+    assert targets.target_ratio(tf, {"torch_process_prefetcher.samples_per_s": 300.0,
+                                     "torch_dataloader.samples_per_s": 400.0,
+                                     "tf_data_autotune.samples_per_s": 200.0}) == 2.0
+    with pytest.raises(KeyError, match="did not measure"):
+        targets.target_ratio(tf, {"torch_dataloader.samples_per_s": 1.0})
+    gather = targets.get_target("memmap_gather_vs_dram")
+    assert gather.is_fraction
+    assert targets.target_ratio(gather, {"memmap.fraction_of_dram_read": 0.3}) == 0.3
+
+
+def test_target_figure_draws_each_value_against_its_threshold_from_the_rows():
+    df = frame(target_case("process_vs_torch", [2.0], threshold=1.0),
+               target_case("block_vs_random_parquet", [50.0], threshold=200.0))
+    (ax,) = targets.plot_target_ratios(df).axes
+    bars = {label.get_text().split("\n")[0]: patch
+            for label, patch in zip(ax.get_yticklabels(), ax.patches, strict=True)}
+    # value / threshold: 1 is just met
+    assert bars["ProcessPrefetcher vs torch DataLoader"].get_width() == 2.0
+    assert bars["block-shuffled vs random Parquet rows"].get_width() == 0.25
+    green, red = (0.173, 0.627, 0.173), (0.839, 0.153, 0.157)
+    assert bars["ProcessPrefetcher vs torch DataLoader"].get_facecolor()[:3] == pytest.approx(
+        green, abs=0.01)
+    assert bars["block-shuffled vs random Parquet rows"].get_facecolor()[:3] == pytest.approx(
+        red, abs=0.01)
+    labels = [label.get_text() for label in ax.get_yticklabels()]
+    assert "ProcessPrefetcher vs torch DataLoader\n2.0\u00d7 vs \u2265 1.0\u00d7" in labels
+    (line,) = [line for line in ax.get_lines() if len(line.get_xdata()) == 2
+               and line.get_linewidth() == 1.2]
+    assert list(line.get_xdata()) == [1.0, 1.0]
+
+
+def test_the_paths_figure_draws_each_path_over_the_slowest():
+    df = targets_frame()
+    (ax,) = targets.plot_targets(df).axes
+    widths = {label.get_text(): patch.get_width()
+              for label, patch in zip(ax.get_yticklabels(), ax.patches, strict=True)}
+    assert widths == {"ProcessPrefetcher vs torch DataLoader: process prefetcher": 2.0,
+                      "torch dataloader": 1.0}
+
+
+def test_the_tfrecord_guide_row_compares_the_paths_measured_in_one_case():
+    df = frame(target_case("torch_vs_tf_data", [1.5, 1.4, 1.6], threshold=1.0, extra={
+        "torch_process_prefetcher.samples_per_s": [300.0, 280.0, 320.0],
+        "torch_dataloader.samples_per_s": [150.0, 140.0, 160.0],
+        "tf_data_autotune.samples_per_s": [200.0, 200.0, 200.0]}))
+    (row,) = targets.guide(Results(df, {}))
+    assert row.best.key == "torch_process_prefetcher"
+    assert [c.key for c in row.candidates] == [
+        "torch_process_prefetcher", "tf_data_autotune", "torch_dataloader"]
+    assert row.ratio == pytest.approx(1.5) and not row.tie
+    assert targets.guide(Results(targets_frame(), {})) == []
