@@ -114,6 +114,14 @@ def _findings(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fuzz(args: argparse.Namespace) -> int:
+    from .fuzz import fuzz_command
+
+    return fuzz_command(Path(args.data_dir), copies_per_dataset=args.copies, seed=args.seed,
+                        out=args.out, timeout_s=args.timeout, workers=args.workers,
+                        formats=args.formats, progress=not args.quiet)
+
+
 def _readme(args: argparse.Namespace) -> int:
     from .readme import update_readme
 
@@ -178,6 +186,19 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true",
                    help="one object per guide row, with its candidates and their medians")
     f.set_defaults(func=_findings)
+
+    fz = sub.add_parser("fuzz", help="damage copies of built datasets; check that every read "
+                                     "fails loudly (no silently wrong sample, hang or crash)")
+    fz.add_argument("data_dir", help="a directory of built datasets, e.g. data/ci")
+    fz.add_argument("--copies", type=int, default=50, help="damaged copies per dataset")
+    fz.add_argument("--seed", type=int, default=0)
+    fz.add_argument("--out", help="CSV, one row per damaged copy and verify mode")
+    fz.add_argument("--timeout", type=float, default=30.0,
+                    help="seconds per read before it counts as a hang")
+    fz.add_argument("--workers", type=int, default=2)
+    fz.add_argument("--formats", nargs="+")
+    fz.add_argument("--quiet", action="store_true")
+    fz.set_defaults(func=_fuzz)
 
     pl = sub.add_parser("plot", help="regenerate every figure from a results directory")
     pl.add_argument("results_dir")

@@ -58,7 +58,10 @@ def hanging_prefetch_case(case, trial):
     dataset = LazyDataset(reader)
     prefetcher = ProcessPrefetcher(dataset, BatchSampler(ShuffleSampler(len(dataset)), 16),
                                    workers=2, start_method=case.param("start_method"))
-    next(iter(prefetcher))
+    # Hold the pass: an iterator dropped at once would stop its workers and unlink the
+    # segment itself, leaving the runner nothing to clean up after the kill.
+    batches = iter(prefetcher)
+    next(batches)
     Path(case.param("pid_file")).write_text(
         " ".join([prefetcher.shm_name, *map(str, prefetcher.pids)]))
     time.sleep(600)
