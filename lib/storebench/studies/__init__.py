@@ -2,7 +2,7 @@
 and guide rows) and ``STUDIES``, the plain registry that also gives the run order.
 
 Adding a study is one module defining ``STUDY = Study(...)``, one line here and one
-notebook; ``tests/studies/test_contract.py`` then runs its ci grid, draws every figure and
+notebook; ``tests/studies/test_study_contract.py`` then runs its ci grid, draws every figure and
 renders every finding.
 """
 
