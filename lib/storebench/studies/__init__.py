@@ -8,7 +8,7 @@ renders every finding.
 
 from __future__ import annotations
 
-from . import formats, gpu_feed, lazy_vs_preloaded, prefetch, targets
+from . import formats, gpu_feed, lazy_vs_preloaded, out_of_core, prefetch, targets
 from .base import FigureSpec, Study
 
 # Run order: cheap and foundational first.
@@ -19,6 +19,7 @@ STUDIES: dict[str, Study] = {
         prefetch.STUDY,
         gpu_feed.STUDY,
         targets.STUDY,
+        out_of_core.STUDY,
     )
 }
 

@@ -1,4 +1,4 @@
-"""Cases of the out_of_core study: epochs over a dataset k times larger than the memory the
+"""The out_of_core study: epochs over a dataset k times larger than the memory the
 case may use, so that the page cache cannot hold it.
 
 k maps to "your dataset is k times your RAM": each case runs in a memory budget
@@ -22,10 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
 
 from ..bench.cases import (
     batch_size_bytes,
@@ -36,10 +38,29 @@ from ..bench.cases import (
 )
 from ..bench.plan import plan_for
 from ..bench.runner import Case, CaseSkipped, Trial
+from ..plots import empty_figure, format_colours, log_axis, profile_caption, summarise
+from ..results import (
+    Results,
+    format_order,
+    ordered,
+    params_of,
+    select,
+    sort_rows,
+    stat,
+    summary_table,
+)
+from ..text import (
+    ENCODING_NAMES,
+    format_percent,
+    format_ratio,
+    format_value,
+    relative_text,
+)
+from .base import FigureSpec, Study
 from .grid import DECODE_FOR, batch_size_for, dataset_fields, knob_params, profile_datasets
 
-CASES = "storebench.studies.out_of_core_cases"
-STUDY = "out_of_core"
+CASES = "storebench.studies.out_of_core"
+NAME = "out_of_core"
 K_VALUES = (0, 2, 5)  # 0: no cap, the dataset fits
 DEFAULT_EPOCHS = 3
 # Batches delivered before the baseline is taken (and the dataset evicted again), so that
@@ -315,6 +336,10 @@ PREFETCHER, WORKERS = "thread", 2  # the prefetch study's best path, raw and JPE
 # that crosses the limit).
 EPOCH_SECONDS_LIMIT = 2.0
 PRELOADED_FORMAT = "memmap"
+GUIDE_REPEATS = 3
+# Pages of the set that other processes (or the kernel's read-around just before a
+# measurement) may hold outside the case's cgroup.
+RESIDENT_TOLERANCE = 0.05
 
 
 def _case(path: Path, manifest: dict, *, access: str, k: int, repeats: int, timeout_s: float,
@@ -326,7 +351,7 @@ def _case(path: Path, manifest: dict, *, access: str, k: int, repeats: int, time
         cache="cold", repeats=repeats, warmup=False, timeout_s=timeout_s,
         params={"k": k, "epoch_seconds_limit": EPOCH_SECONDS_LIMIT,
                 **({"decode": decode} if decode else {}), **(params or {})},
-        **dataset_fields(STUDY, path, manifest),
+        **dataset_fields(NAME, path, manifest),
     )
 
 
@@ -346,14 +371,19 @@ def out_of_core_grid(
     - ``PreloadedDataset`` of the memmap raw set at every k: it fits at k = 0 only.
 
     Compact plans (``ci``) keep one raw format (memmap) and one JPEG format (lmdb) and the
-    open knobs of those two. ``repeats=None`` means 1: each case is already three epochs,
-    and the effects compared here (cache or no cache) are large against run-to-run noise.
+    open knobs of those two. ``repeats=None`` means 1 (each case is already three epochs, and
+    the effects compared here, cache or no cache, are large against run-to-run noise), except
+    ``GUIDE_REPEATS`` for the shuffled raw cases at a capped k that the guide compares.
     """
     plan = plan_for(profile)
+    # The guide's candidates (shuffled lazy reads at a capped k) get the repeats its tie
+    # rule needs; the rest one (three epochs each, effects far larger than the noise).
+    guided = GUIDE_REPEATS if repeats is None and not plan.compact else repeats
     repeats = 1 if repeats is None else repeats
     timeout_s = plan.timeout_s
     top = max(K_VALUES)
     common = {"repeats": repeats, "timeout_s": timeout_s}
+    shuffled_capped = {"repeats": guided or repeats, "timeout_s": timeout_s}
     cases = []
     datasets = profile_datasets(profile, data_dir, variants=True)
     for path, manifest in datasets:
@@ -375,7 +405,8 @@ def out_of_core_grid(
                 "shuffle", "block_shuffle")
             for access in orders:
                 for k in K_VALUES:
-                    cases.append(_case(path, manifest, access=access, k=k, **common))
+                    cases.append(_case(path, manifest, access=access, k=k,
+                                       **(shuffled_capped if k else common)))
             for knob_format, options, access in OPEN_KNOBS:
                 if knob_format == fmt:
                     for k in (0, top):
@@ -390,3 +421,309 @@ def out_of_core_grid(
             for k in (0, top):
                 cases.append(_case(path, manifest, access=access, k=k, **common))
     return cases
+
+
+# -- the one table figures, findings and the guide read ---------------------------------
+def _setting(params: dict) -> str:
+    """``"default"``, or the open option or build knob a case changed
+    (``"madvise_random=True"``)."""
+    changed = {k.removeprefix("open_"): v for k, v in params.items() if k.startswith("open_")}
+    changed |= {k.removeprefix("knob_"): v for k, v in params.items() if k.startswith("knob_")}
+    return ", ".join(f"{k}={v}" for k, v in sorted(changed.items())) or "default"
+
+
+def ooc_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The study's rows with ``k`` (0: no cap), ``setting`` and ``label`` columns."""
+    rows = df[df["study"] == NAME]
+    if rows.empty:
+        return rows.assign(k=[], setting=[], label=[])
+    params = params_of(rows)
+    settings = params.map(_setting)
+    return rows.assign(
+        k=params.map(lambda p: int(p.get("k", 0))),
+        setting=settings,
+        label=[f"{f}-{e}, {a.replace('_', ' ')}" + ("" if s == "default" else f", {s}")
+               + ("" if loader == "lazy" else f", {loader}")
+               for f, e, a, s, loader in zip(rows["format"], rows["encoding"], rows["access"],
+                                             settings, rows["loader"])],
+    )
+
+
+def k_text(k: int) -> str:
+    return "no cap (fits in RAM)" if k == 0 else f"k = {k}"
+
+
+def ooc_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per case: medians of each epoch's samples/s and delivered MB/s, epoch 2 over epoch 1,
+    the highest resident fraction at an epoch's end, the budget and the cgroup's peak, and
+    whether a preload did not fit."""
+    rows = ooc_rows(df)
+    keys = ["format", "encoding", "loader", "access", "setting", "k", "label"]
+    metrics = [f"epoch{n}.samples_per_s" for n in range(1, DEFAULT_EPOCHS + 1)] + [
+        f"epoch{DEFAULT_EPOCHS}.read_MBps", "epoch2_over_epoch1", "budget_bytes",
+        "cgroup_peak_bytes", "effective_k", "does_not_fit", "device_read_bytes"]
+    if rows.empty:
+        return pd.DataFrame(columns=[*keys, *metrics, "resident_end_max"])
+    table = None
+    for metric in metrics:
+        part = summary_table(rows, metric, keys)
+        part = part.set_index(keys)["median"].rename(metric) if not part.empty else None
+        if part is None:
+            continue
+        table = part.to_frame() if table is None else table.join(part, how="outer")
+    resident = rows[rows["metric"].str.endswith(".resident_end")]
+    resident = select(resident).groupby(keys)["value"].max().rename("resident_end_max")
+    table = table.join(resident, how="left").reset_index()
+    for metric in metrics:
+        if metric not in table:
+            table[metric] = np.nan
+    return sort_rows(table)
+
+
+def _last_rate(table: pd.DataFrame) -> pd.Series:
+    return table[f"epoch{DEFAULT_EPOCHS}.samples_per_s"]
+
+
+def ooc_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
+    """What changes when the dataset no longer fits: the best and worst shuffled raw path
+    at each k, what epoch 2 gains over epoch 1 at each k, whether the readahead knobs
+    reverse, whether a preload fits, the cap's evidence, and the cold-read target."""
+    table = ooc_table(df)
+    sentences = []
+    if table.empty:
+        return sentences
+    lazy_raw = table[(table["loader"] == "lazy") & (table["encoding"] == "raw")]
+    shuffled = lazy_raw[lazy_raw["access"] != "sequential"].dropna(
+        subset=[f"epoch{DEFAULT_EPOCHS}.samples_per_s"])
+    for k, part in shuffled.groupby("k"):
+        if len(part) < 2:
+            continue
+        best = part.loc[_last_rate(part).idxmax()]
+        worst = part.loc[_last_rate(part).idxmin()]
+        sentences.append(
+            f"Raw arrays, shuffled epochs, {k_text(k)}: the fastest path in epoch "
+            f"{DEFAULT_EPOCHS} is {best['label']} at "
+            f"{format_value(_last_rate(part)[best.name], 'samples/s')}, the slowest "
+            f"{worst['label']} at {format_value(_last_rate(part)[worst.name], 'samples/s')} "
+            f"({format_ratio(_last_rate(part)[best.name] / _last_rate(part)[worst.name])} "
+            f"apart; {len(part)} paths).")
+    gains = shuffled.dropna(subset=["epoch2_over_epoch1"]).groupby("k")["epoch2_over_epoch1"]
+    if len(gains):
+        sentences.append(
+            "Epoch 2 over epoch 1 (raw arrays, shuffled, median over formats and knobs): "
+            + "; ".join(f"{k_text(k)} {format_ratio(g.median())}" for k, g in gains) + ".")
+    for fmt, option in (("memmap", "madvise_random=True"), ("lmdb", "readahead=False")):
+        knob = lazy_raw[(lazy_raw["format"] == fmt) & (lazy_raw["setting"] == option)]
+        default = lazy_raw[(lazy_raw["format"] == fmt) & (lazy_raw["setting"] == "default")]
+        parts = []
+        for _, row in knob.iterrows():
+            base = default[(default["access"] == row["access"]) & (default["k"] == row["k"])]
+            if base.empty:
+                continue
+            ratio = (row[f"epoch{DEFAULT_EPOCHS}.samples_per_s"]
+                     / base[f"epoch{DEFAULT_EPOCHS}.samples_per_s"].iloc[0])
+            parts.append(f"{relative_text(ratio)} the default at {k_text(row['k'])}")
+        if parts:
+            sentences.append(f"{fmt} with {option}, {knob['access'].iloc[0].replace('_', ' ')}"
+                             f", epoch {DEFAULT_EPOCHS}: " + "; ".join(parts) + ".")
+    preloaded = table[table["loader"] == "preloaded"]
+    if not preloaded.empty:
+        fits = sorted(preloaded.loc[preloaded["does_not_fit"].fillna(0) < 1, "k"])
+        refused = sorted(preloaded.loc[preloaded["does_not_fit"].fillna(0) >= 1, "k"])
+        sentences.append(
+            "PreloadedDataset fits at " + (", ".join(k_text(k) for k in fits) or "no k")
+            + " and refuses, before reading, at " + (", ".join(k_text(k) for k in refused)
+                                                     or "no k") + ".")
+    capped = table[(table["k"] > 0) & table["resident_end_max"].notna()
+                   & (table["loader"] == "lazy")]
+    if not capped.empty:
+        # What the cap lets stay resident: 1/k of the set, or all of it where the floor of
+        # room above the baseline (MIN_ROOM_BYTES) is more than the set (tiny ci sets).
+        allowed = np.minimum(1.0, 1.0 / capped["effective_k"].fillna(capped["k"]))
+        held = int((capped["resident_end_max"] <= allowed + RESIDENT_TOLERANCE).sum())
+        within = int((capped["cgroup_peak_bytes"] <= capped["budget_bytes"]).sum())
+        sentences.append(
+            f"The cap held: in {held} of {len(capped)} capped cases the dataset resident at "
+            f"every epoch's end stayed within what the cap allows (1/k of the set, plus "
+            f"{format_percent(RESIDENT_TOLERANCE)}), and the cgroup's peak stayed within its "
+            f"budget in {within} of {len(capped)}.")
+    sentences += _target_sentences(table, env)
+    return sentences
+
+
+# The issue's bar: at the largest k, the best shuffled path delivers at least this fraction
+# of the same run's cold sequential read bandwidth, in bytes of samples per second.
+COLD_READ_TARGET = 0.5
+
+
+def _target_sentences(table: pd.DataFrame, env: Mapping | None) -> list[str]:
+    limit = ((env or {}).get("limits") or {}).get("cold_seq_read_GBps")
+    top = table[(table["k"] == max(K_VALUES)) & (table["loader"] == "lazy")
+                & (table["encoding"] == "raw") & (table["access"] != "sequential")]
+    column = f"epoch{DEFAULT_EPOCHS}.read_MBps"
+    top = top.dropna(subset=[column])
+    if not isinstance(limit, int | float) or top.empty:
+        return []
+    best = top.loc[top[column].idxmax()]
+    fraction = best[column] / (limit * 1000.0)
+    verdict = "met" if fraction >= COLD_READ_TARGET else (
+        f"missed by {format_percent(1 - fraction / COLD_READ_TARGET)}")
+    return [f"Target: at k = {max(K_VALUES)} the best shuffled path ({best['label']}) delivers "
+            f"{format_value(best[column], 'MB/s')} of samples in epoch {DEFAULT_EPOCHS}, "
+            f"{format_percent(fraction)} of the same run's cold sequential read limit "
+            f"({format_value(limit, 'GB/s')}); threshold {format_percent(COLD_READ_TARGET)}, "
+            f"{verdict}."]
+
+
+# -- figures ----------------------------------------------------------------------------
+def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
+    """Samples/s in epochs 1, 2 and 3 of raw arrays read lazily, one line per format
+    (default knobs), one panel per access order (rows) and k (columns): where the cache
+    helps epoch 2, and where it cannot."""
+    rows = ooc_rows(df)
+    rows = rows[(rows["encoding"] == "raw") & (rows["loader"] == "lazy")
+                & (rows["setting"] == "default")]
+    if rows.empty:
+        return empty_figure("no out-of-core rows")
+    orders = ordered(rows["access"], ("sequential", "block_shuffle", "shuffle"))
+    ks = sorted(rows["k"].unique())
+    colours = format_colours(rows["format"].unique())
+    fig = Figure(figsize=(3.4 * len(ks), 2.6 * len(orders) + 0.8), layout="constrained")
+    axes = fig.subplots(len(orders), len(ks), squeeze=False, sharey=True)
+    for r, access in enumerate(orders):
+        for c, k in enumerate(ks):
+            ax = axes[r][c]
+            part = rows[(rows["access"] == access) & (rows["k"] == k)]
+            if part.empty:
+                ax.text(0.5, 0.5, "not measured", ha="center", va="center",
+                        transform=ax.transAxes, color="grey")
+            for fmt in ordered(part["format"], format_order()):
+                mine = part[part["format"] == fmt]
+                points = [(n, summarise(mine, f"epoch{n}.samples_per_s", ["format"]))
+                          for n in range(1, DEFAULT_EPOCHS + 1)]
+                points = [(n, s["median"].iloc[0]) for n, s in points if not s.empty]
+                if points:
+                    ax.plot(*zip(*points), marker="o", color=colours[fmt], label=fmt)
+            log_axis(ax)
+            ax.set_xticks(range(1, DEFAULT_EPOCHS + 1))
+            if r == 0:
+                ax.set_title(k_text(k), fontsize="medium")
+            if c == 0:
+                ax.set_ylabel(f"{access.replace('_', ' ')}\nsamples per second")
+            if r == len(orders) - 1:
+                ax.set_xlabel("epoch")
+    axes[0][-1].legend(fontsize="x-small")
+    fig.suptitle("Larger than memory: each epoch's throughput under a memory cap of 1/k of "
+                 f"the dataset\n({profile_caption(rows)}; lazy reads, two prefetch threads)",
+                 fontsize="medium")
+    return fig
+
+
+def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
+    """Each knob against its format's default on the same access order, at every k
+    measured: epoch-3 samples/s (log axis)."""
+    table = ooc_table(df)
+    table = table[(table["loader"] == "lazy") & (table["encoding"] == "raw")]
+    knobbed = table[table["setting"] != "default"]
+    if knobbed.empty:
+        return empty_figure("no out-of-core knob rows")
+    column = f"epoch{DEFAULT_EPOCHS}.samples_per_s"
+    pairs = list(dict.fromkeys(zip(knobbed["format"], knobbed["access"], knobbed["setting"])))
+    ks = sorted(knobbed["k"].unique())
+    labels, values = [], {k: [] for k in ks}
+    for fmt, access, setting in pairs:
+        for shown in ("default", setting):
+            labels.append(f"{fmt}, {access.replace('_', ' ')}: {shown}")
+            for k in ks:
+                hit = table[(table["format"] == fmt) & (table["access"] == access)
+                            & (table["setting"] == shown) & (table["k"] == k)]
+                values[k].append(float(hit[column].iloc[0]) if not hit.empty else np.nan)
+    fig = Figure(figsize=(8, 0.5 * len(labels) + 1.5), layout="constrained")
+    ax = fig.add_subplot()
+    y = np.arange(len(labels))
+    height = 0.8 / len(ks)
+    for i, k in enumerate(ks):
+        ax.barh(y + (i - (len(ks) - 1) / 2) * height, values[k], height,
+                label=k_text(k), edgecolor="black", linewidth=0.4)
+    ax.set_yticks(y, labels, fontsize="small")
+    ax.invert_yaxis()
+    log_axis(ax, "x")
+    ax.set_xlabel(f"samples per second, epoch {DEFAULT_EPOCHS}")
+    ax.legend(fontsize="small")
+    fig.suptitle(f"Knobs out of core: each against its default ({profile_caption(knobbed)})",
+                 fontsize="medium")
+    return fig
+
+
+def plot_ooc_budget(df: pd.DataFrame) -> Figure:
+    """The evidence the cap held: the largest fraction of the dataset resident at an
+    epoch's end in each case, against k; the dashed line is 1/k."""
+    table = ooc_table(df)
+    table = table[(table["loader"] == "lazy") & table["resident_end_max"].notna()]
+    if table.empty:
+        return empty_figure("no out-of-core rows")
+    fig = Figure(figsize=(6, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    ks = sorted(table["k"].unique())
+    for i, k in enumerate(ks):
+        part = table[table["k"] == k]
+        jitter = np.linspace(-0.15, 0.15, len(part)) if len(part) > 1 else np.zeros(1)
+        ax.scatter(i + jitter, part["resident_end_max"], s=14, alpha=0.7,
+                   label=f"{k_text(k)}: {len(part)} cases")
+        if k > 0:
+            ax.plot([i - 0.3, i + 0.3], [1.0 / k] * 2, color="black", linestyle="--")
+    ax.set_xticks(range(len(ks)), [k_text(k) for k in ks])
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_ylabel("most of the dataset resident\nat an epoch's end (fraction)")
+    ax.legend(fontsize="x-small")
+    fig.suptitle("The memory cap held (dashed: 1/k)", fontsize="medium")
+    return fig
+
+
+FIGURES = (
+    FigureSpec("out_of_core_epochs", "Epoch by epoch, fits vs k times larger than memory",
+               lambda r: plot_ooc_epochs(r.df)),
+    FigureSpec("out_of_core_knobs", "Readahead, chunk and shard knobs out of core",
+               lambda r: plot_ooc_knobs(r.df)),
+    FigureSpec("out_of_core_budget", "Evidence that the memory cap held",
+               lambda r: plot_ooc_budget(r.df)),
+)
+
+
+# -- guide ------------------------------------------------------------------------------
+def guide(results: Results) -> list:
+    """Per capped k and encoding: every lazy shuffled path measured (format, order, knob)
+    is a candidate, by its last epoch's samples/s."""
+    from ..guide import Candidate, choose
+
+    rows = ooc_rows(results.df)
+    metric = f"epoch{DEFAULT_EPOCHS}.samples_per_s"
+    picked = select(rows, metric)
+    picked = picked[(picked["loader"] == "lazy") & (picked["access"] != "sequential")]
+    out = []
+    for (encoding, k), part in picked.groupby(["encoding", "k"], sort=True):
+        if k == 0:
+            continue
+        candidates = [Candidate(label, label, stat(part, metric, label=label))
+                      for label in dict.fromkeys(part["label"])]
+        name = ENCODING_NAMES.get(encoding, encoding)
+        out.append(choose(
+            NAME, f"{name[0].upper() + name[1:]} {k}\u00d7 larger than the RAM left for the "
+            f"page cache, shuffled epochs: which format, order and knob? (epoch "
+            f"{DEFAULT_EPOCHS}; {profile_caption(part, encoding)})", metric, candidates))
+    return [row for row in out if row is not None]
+
+
+def findings(results: Results) -> list[str]:
+    return ooc_findings(results.df, results.env)
+
+
+STUDY = Study(
+    name=NAME,
+    question="What changes when the dataset no longer fits in memory?",
+    grid=out_of_core_grid,
+    figures=FIGURES,
+    findings=findings,
+    guide=guide,
+    notebook="06_out_of_core.ipynb",
+)
