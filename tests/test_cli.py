@@ -146,4 +146,5 @@ def test_findings_prints_the_guide_and_json_lists_the_candidates():
         ordered = sorted(medians, reverse=not row["lower_is_better"])
         assert medians == ordered, row["question"]
         assert row["best"] == row["candidates"][0]["key"]
-        assert row["choice"].startswith("no measurable difference") == row["tie"]
+        assert row["choice"].startswith("no measurable difference") == (
+            row["tie"] and not row["undecided"])

@@ -33,6 +33,8 @@ def test_repeats_and_timeout_depend_on_the_profile(ci_data_root):
     assert (default_repeats("small"), case_timeout_s("small")) == (5, 600.0)
     assert plan_for("ci").compact and not plan_for("small").compact
     for name, study in STUDIES.items():
+        if name == "out_of_core":
+            continue  # three epochs per case: its own repeats rule (tested with its grid)
         # Build costs come from the manifest: one repeat whatever the plan says.
         timed = [c for c in study.grid(profile="ci", data_dir=ci_data_root)
                  if not c.function.endswith(":build_cost_case")]
@@ -197,3 +199,22 @@ def test_a_preloaded_cold_epoch_runs_in_a_worker(ci_data_root):
     assert metrics["preload_seconds"]["value"] > 0
     assert metrics["time_to_first_batch_s"]["value"] >= metrics["preload_seconds"]["value"]
     assert resident_fraction(case.cache_files) > 0.95
+
+
+def test_out_of_core_repeats_what_the_guide_compares(ci_data_root, monkeypatch):
+    from storebench.bench.plan import StudyPlan
+    from storebench.studies import out_of_core
+
+    grid = out_of_core.out_of_core_grid
+    assert {c.repeats for c in grid(profile="ci", data_dir=ci_data_root)} == {1}
+    assert {c.repeats for c in grid(profile="ci", data_dir=ci_data_root, repeats=2)} == {2}
+    # A full plan over the same datasets: the shuffled raw reads under a cap (the guide's
+    # candidates) get the guide's repeats, every other case one.
+    monkeypatch.setattr(out_of_core, "plan_for", lambda profile: StudyPlan())
+    cases = grid(profile="ci", data_dir=ci_data_root)
+    guided = [c for c in cases if c.encoding == "raw" and c.loader == "lazy"
+              and c.access != "sequential" and c.param("k") > 0
+              and not any(k.startswith(("open_", "knob_")) for k, _ in c.params)]
+    assert guided and {c.repeats for c in guided} == {out_of_core.GUIDE_REPEATS}
+    assert {c.repeats for c in cases if c not in guided} == {1}
+    assert out_of_core.GUIDE_REPEATS >= 3
