@@ -625,6 +625,7 @@ def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
     table = ooc_table(df)
     table = table[(table["loader"] == "lazy") & (table["encoding"] == "raw")]
     knobbed = table[table["setting"] != "default"]
+    caption = profile_caption(ooc_rows(df).query("encoding == 'raw'"))
     if knobbed.empty:
         return empty_figure("no out-of-core knob rows")
     column = f"epoch{DEFAULT_EPOCHS}.samples_per_s"
@@ -648,9 +649,12 @@ def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
     ax.set_yticks(y, labels, fontsize="small")
     ax.invert_yaxis()
     log_axis(ax, "x")
+    shown = [v for k in ks for v in values[k] if np.isfinite(v)]
+    if shown:
+        ax.set_xlim(min(shown) / 2, max(shown) * 1.5)
     ax.set_xlabel(f"samples per second, epoch {DEFAULT_EPOCHS}")
     ax.legend(fontsize="small")
-    fig.suptitle(f"Knobs out of core: each against its default ({profile_caption(knobbed)})",
+    fig.suptitle(f"Knobs out of core: each against its default ({caption})",
                  fontsize="medium")
     return fig
 
@@ -671,12 +675,15 @@ def plot_ooc_budget(df: pd.DataFrame) -> Figure:
         ax.scatter(i + jitter, part["resident_end_max"], s=14, alpha=0.7,
                    label=f"{k_text(k)}: {len(part)} cases")
         if k > 0:
-            ax.plot([i - 0.3, i + 0.3], [1.0 / k] * 2, color="black", linestyle="--")
+            allowed = min(1.0, 1.0 / float(part["effective_k"].fillna(k).median()))
+            ax.plot([i - 0.3, i + 0.3], [allowed] * 2, color="black", linestyle="--")
     ax.set_xticks(range(len(ks)), [k_text(k) for k in ks])
     ax.set_ylim(-0.05, 1.05)
     ax.set_ylabel("most of the dataset resident\nat an epoch's end (fraction)")
     ax.legend(fontsize="x-small")
-    fig.suptitle("The memory cap held (dashed: 1/k)", fontsize="medium")
+    fig.suptitle("Resident fraction against what the cap allows (dashed: 1/k of the set, or "
+                 "all of it where the set is smaller than the least room a case gets)",
+                 fontsize="small")
     return fig
 
 
