@@ -225,3 +225,20 @@ def test_bad_row_group_size_is_refused(tmp_path):
         build_dataset(
             CI.spec_for("png"), "parquet", tmp_path, knobs={"row_group_size": 0}, workers=1
         )
+
+
+@pytest.mark.timeout(120)
+def test_threads_reading_row_groups_of_one_reader_get_exact_bytes(datasets):
+    # Two ThreadPrefetcher workers once hung inside pyarrow's read_row_group, reading row
+    # groups of one ParquetFile at the same time; reads now take turns on a lock.
+    from storebench.loaders import BatchSampler, LazyDataset, ShuffleSampler, ThreadPrefetcher
+
+    spec = CI.spec_for("raw")
+    with open_dataset(datasets["raw-groups"], verify=False) as reader:
+        dataset = LazyDataset(reader)
+        for epoch in range(20):
+            order = BatchSampler(ShuffleSampler(len(dataset), seed=epoch), 16)
+            with ThreadPrefetcher(dataset, order, workers=4) as prefetcher:
+                for batch in prefetcher:
+                    for k, index in enumerate(batch.indices[:2]):
+                        assert batch.images[k].tobytes() == stored_bytes(spec, int(index))[0]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import builtins
 import json
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -200,6 +201,10 @@ class ParquetReader(Reader):
             raise DatasetError(f"{self.path}: row groups hold {sizes} rows, expected {len(self)}")
         self._h_file = parquet_file
         self._h_cached = None
+        # pyarrow's ParquetFile is not safe to read from two threads at once (two
+        # ThreadPrefetcher workers reading row groups concurrently hung in read_row_group),
+        # and the one-group cache is shared: row-group reads take turns.
+        self._h_read_lock = threading.Lock()
 
     def _check_file(self, parquet_file: pq.ParquetFile) -> None:
         arrow_schema = parquet_file.schema_arrow
@@ -219,7 +224,7 @@ class ParquetReader(Reader):
     def _close(self) -> None:
         if self._h_file is not None:
             self._h_file.close()
-        self._h_file = self._h_bounds = self._h_cached = None
+        self._h_file = self._h_bounds = self._h_cached = self._h_read_lock = None
 
     def _locate(self, index: int) -> Path:
         return self.path
@@ -232,16 +237,17 @@ class ParquetReader(Reader):
         return np.searchsorted(self._h_bounds, indices, side="right") - 1
 
     def _row_group(self, group: int) -> _RowGroup:
-        cached = self._h_cached
-        if cached is not None and cached.group == group:
-            return cached
-        first, stop = int(self._h_bounds[group]), int(self._h_bounds[group + 1])
-        try:
-            rows = _load_row_group(self._h_file, group, stop - first)
-        except _OPEN_ERRORS as err:
-            rows = self._salvage(group, first, stop, err)
-        self._h_cached = rows
-        return rows
+        with self._h_read_lock:
+            cached = self._h_cached
+            if cached is not None and cached.group == group:
+                return cached
+            first, stop = int(self._h_bounds[group]), int(self._h_bounds[group + 1])
+            try:
+                rows = _load_row_group(self._h_file, group, stop - first)
+            except _OPEN_ERRORS as err:
+                rows = self._salvage(group, first, stop, err)
+            self._h_cached = rows
+            return rows
 
     def _salvage(self, group: int, first: int, stop: int, err: Exception) -> _RowGroup:
         """A row group that fails its page checksums: with the manifest's per-sample checksums
