@@ -28,6 +28,33 @@ def figure_caption(name: str) -> str:
     raise KeyError(f"no study draws a figure named {name!r}")
 
 
+def study_time_text(results_dir: Path, base: Path) -> str:
+    """How long the study took, from its timing files. A study that was stopped and
+    resumed has one file per part (``timing-<run id>.json`` for the earlier ones): each part
+    is stated with what it ran and reused, never summed into a total it did not take."""
+    files = sorted(results_dir.glob("timing-*.json")) + [results_dir / "timing.json"]
+    parts = []
+    for path in files:
+        if not path.exists():
+            continue
+        timing = json.loads(path.read_text())
+        stages = ", ".join(f"{name.removeprefix('study:')} {seconds / 60:.1f}"
+                           for name, seconds in timing["stage_seconds"].items()
+                           if seconds >= 30)
+        ran = sum(timing.get("ran_cases", {}).values())
+        reused = sum(timing.get("reused_cases", {}).values())
+        rel = path.resolve().relative_to(base.resolve()).as_posix()
+        parts.append(f"{timing['total_seconds'] / 60:.1f} min, {ran} cases run and {reused} "
+                     f"reused (minutes by stage: {stages}; `{rel}`)")
+    if not parts:
+        return ""
+    profile = json.loads(files[-1].read_text())["profile"] if files[-1].exists() else ""
+    if len(parts) == 1:
+        return f"The `{profile}` study took {parts[0]} on this machine."
+    return (f"The `{profile}` study ran in {len(parts)} parts on this machine, the later "
+            "resuming the earlier (finished cases are reused): " + "; then ".join(parts) + ".")
+
+
 def render_findings_block(results_dir: Path | str, *, relative_to: Path | None = None) -> str:
     """Machine line, decision guide, targets and key figures, as README markdown."""
     from .bench.schema import read_all_results
@@ -37,16 +64,9 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
     results_dir = Path(results_dir)
     base = relative_to or results_dir.resolve().parents[1]
     parts = [readme_findings_table(results_dir).rstrip("\n")]
-    timing_path = results_dir / "timing.json"
-    if timing_path.exists():
-        timing = json.loads(timing_path.read_text())
-        stages = ", ".join(
-            f"{name.removeprefix('study:')} {seconds / 60:.1f}"
-            for name, seconds in timing["stage_seconds"].items() if seconds >= 60
-        )
-        parts += ["", f"The whole `{timing['profile']}` study took "
-                  f"{timing['total_seconds'] / 60:.0f} min on this machine (minutes: {stages}; "
-                  f"`{timing_path.resolve().relative_to(base.resolve()).as_posix()}`)."]
+    timing_text = study_time_text(results_dir, base)
+    if timing_text:
+        parts += ["", timing_text]
     parts += ["", "**Performance targets**", ""]
     parts.append(targets_markdown(read_all_results(results_dir)).rstrip("\n"))
     for stem in KEY_FIGURES:

@@ -228,8 +228,22 @@ def execute_notebooks(
             kernel_name="python3",
             progress_bar=progress,
         )
+        _relative_papermill_paths(target)
         written.append(target)
     return written
+
+
+def _relative_papermill_paths(path: Path) -> None:
+    """papermill records where it read and wrote a notebook: keep those repo-relative, so an
+    executed notebook names no machine's or temporary directory of the repository."""
+    import nbformat
+
+    notebook = nbformat.read(path, as_version=4)
+    recorded = notebook.metadata.get("papermill", {})
+    for key in ("input_path", "output_path"):
+        if recorded.get(key):
+            recorded[key] = repo_relative(recorded[key])
+    nbformat.write(notebook, path)
 
 
 def run_full_study(
