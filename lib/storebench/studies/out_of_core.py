@@ -461,7 +461,8 @@ def ooc_table(df: pd.DataFrame) -> pd.DataFrame:
     keys = ["format", "encoding", "loader", "access", "setting", "k", "label"]
     metrics = [f"epoch{n}.samples_per_s" for n in range(1, DEFAULT_EPOCHS + 1)] + [
         f"epoch{DEFAULT_EPOCHS}.read_MBps", "epoch2_over_epoch1", "budget_bytes",
-        "cgroup_peak_bytes", "effective_k", "does_not_fit", "device_read_bytes"]
+        "cgroup_limit_bytes", "cgroup_peak_bytes", "effective_k", "does_not_fit",
+        "device_read_bytes"]
     if rows.empty:
         return pd.DataFrame(columns=[*keys, *metrics, "resident_end_max"])
     table = None
@@ -541,12 +542,12 @@ def ooc_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
         # room above the baseline (MIN_ROOM_BYTES) is more than the set (tiny ci sets).
         allowed = np.minimum(1.0, 1.0 / capped["effective_k"].fillna(capped["k"]))
         held = int((capped["resident_end_max"] <= allowed + RESIDENT_TOLERANCE).sum())
-        within = int((capped["cgroup_peak_bytes"] <= capped["budget_bytes"]).sum())
+        within = int((capped["cgroup_peak_bytes"] <= capped["cgroup_limit_bytes"]).sum())
         sentences.append(
             f"The cap held: in {held} of {len(capped)} capped cases the dataset resident at "
             f"every epoch's end stayed within what the cap allows (1/k of the set, plus "
-            f"{format_percent(RESIDENT_TOLERANCE)}), and the cgroup's peak stayed within its "
-            f"budget in {within} of {len(capped)}.")
+            f"{format_percent(RESIDENT_TOLERANCE)}), and the cgroup's peak charge stayed within "
+            f"its limit in {within} of {len(capped)}.")
     sentences += _target_sentences(table, env)
     return sentences
 
