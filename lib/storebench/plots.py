@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from .results import format_order, ordered, summary_table
 from .text import MULTIPLY, format_value
@@ -86,11 +86,26 @@ def tick_text(value: float, _position=None) -> str:
     return f"{value:g}"
 
 
+class ReadableLogLocator(LogLocator):
+    """Ticks at 1, 2 and 5 of every decade; where the view spans less than a decade (too
+    few of those would fall inside it), evenly spaced round values instead."""
+
+    def __init__(self) -> None:
+        super().__init__(base=10, subs=(1.0, 2.0, 5.0))
+
+    def tick_values(self, vmin, vmax):
+        low, high = sorted((vmin, vmax))
+        if low > 0 and high / low < 10:
+            return MaxNLocator(nbins=5).tick_values(low, high)
+        return super().tick_values(vmin, vmax)
+
+
 def log_axis(ax, which: str = "y") -> None:
-    """A log axis with ticks at 1, 2 and 5 of every decade, labelled ``2k``, ``50k``..."""
+    """A log axis with ticks at 1, 2 and 5 of every decade (or evenly spaced ones over a
+    narrow range), labelled ``2k``, ``50k``..."""
     axis = ax.yaxis if which == "y" else ax.xaxis
     (ax.set_yscale if which == "y" else ax.set_xscale)("log")
-    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_locator(ReadableLogLocator())
     axis.set_major_formatter(FuncFormatter(tick_text))
     axis.set_minor_formatter(NullFormatter())
 

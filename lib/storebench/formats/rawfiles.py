@@ -134,9 +134,6 @@ class RawFilesReader(Reader):
             raise CorruptSampleError(self._locate(index), index, "not the expected .npy header")
         return self._decode_raw(memoryview(data)[len(header) :], index).copy(), label
 
-    def blocks(self) -> np.ndarray:
-        return np.array([0, len(self)], dtype=np.int64)
-
 
 def open(root: Path, manifest: dict, **options) -> RawFilesReader:  # noqa: A001 - registry verb
     return RawFilesReader(root, manifest, **options)
