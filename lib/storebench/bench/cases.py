@@ -93,6 +93,16 @@ def open_batches(case: Case, dataset, sampler):
     return path.open(dataset, sampler, options)
 
 
+def release(reader, *, dataset=None, close=None) -> None:
+    """Stop a case's loader (``close``), then close its dataset and its reader, in that
+    order; what was never made (None) is skipped."""
+    if close is not None:
+        close()
+    if dataset is not None:
+        dataset.close()
+    reader.close()
+
+
 def batch_size_bytes(batch) -> tuple[int, int, np.ndarray | None]:
     """(samples, image bytes, indices or None) of a Batch or an (images, labels) pair."""
     from storebench.loaders import Batch
@@ -140,11 +150,7 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
                     break
             ended = time.perf_counter()
     finally:
-        if close is not None:
-            close()
-        if dataset is not None:
-            dataset.close()
-        reader.close()
+        release(reader, dataset=dataset, close=close)
     if max_batches is None:
         if samples != len(reader):
             raise RuntimeError(f"{case.dataset}: an epoch delivered {samples} samples, "

@@ -112,17 +112,22 @@ def fingerprint_span(rel: str, path: Path, size: int) -> tuple[int, int]:
     return (size, 0) if rel.endswith(INDEX_SUFFIX) else default_span(size)
 
 
+def read_index_bytes(path: Path) -> bytes:
+    """A shard's offset index file, whole; a missing or unreadable one is a DatasetError."""
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise DatasetError(f"{path}: offset index missing") from None
+    except OSError as err:
+        raise DatasetError(f"{path}: unreadable offset index: {err}") from err
+
+
 def read_index(path: Path | str, *, data: bytes | None = None) -> np.ndarray:
     """One shard's (offset, framed length) int64 array, checked for shape and dtype.
     ``data`` is the file's content when the caller has read it already."""
     path = Path(path)
     if data is None:
-        try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise DatasetError(f"{path}: offset index missing") from None
-        except OSError as err:
-            raise DatasetError(f"{path}: unreadable offset index: {err}") from err
+        data = read_index_bytes(path)
     try:
         index = npyfile.loads(data, path, dtype="<i8", ndim=2)
     except DatasetError as err:
@@ -299,12 +304,7 @@ class TFRecordReader(Reader):
         lengths = np.empty(len(self), dtype=np.int64)
         for shard, path in enumerate(self.shards):
             ipath = index_path(path)
-            try:
-                data = ipath.read_bytes()
-            except FileNotFoundError:
-                raise DatasetError(f"{ipath}: offset index missing") from None
-            except OSError as err:
-                raise DatasetError(f"{ipath}: unreadable offset index: {err}") from err
+            data = read_index_bytes(ipath)  # parsed and fingerprinted from one read
             index = read_index(ipath, data=data)
             start, stop = int(self.bounds[shard]), int(self.bounds[shard + 1])
             if len(index) != stop - start:

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..bench.cases import make_dataset, make_sampler, open_batches, open_options
+from ..bench.cases import make_dataset, make_sampler, open_batches, open_options, release
 from ..bench.runner import Case, Trial
 from ..loaders.paths import path_label
 from ..plots import empty_figure, path_colour, profile_caption, summarise
@@ -97,11 +97,7 @@ def gpu_feed_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
                               max_batches=case.param("max_batches"))
         stats = feeder.stats()
     finally:
-        if close is not None:
-            close()
-        if dataset is not None:
-            dataset.close()
-        reader.close()
+        release(reader, dataset=dataset, close=close)
     copy = stats["copy_seconds"]
     return {
         "samples": (result.samples, "count"),

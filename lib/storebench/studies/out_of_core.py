@@ -35,6 +35,7 @@ from ..bench.cases import (
     make_sampler,
     open_batches,
     open_options,
+    release,
 )
 from ..bench.plan import plan_for
 from ..bench.runner import Case, CaseSkipped, Trial
@@ -284,11 +285,7 @@ def out_of_core_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, 
                 loader.close()
             return described | preload | measured
     finally:
-        if loader is not None:
-            loader.close()
-        if dataset is not None:
-            dataset.close()
-        reader.close()
+        release(reader, dataset=dataset, close=loader.close if loader is not None else None)
 
 
 def _preload(reader, decode) -> tuple[object | None, dict]:
