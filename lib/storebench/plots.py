@@ -78,7 +78,9 @@ def empty_figure(message: str) -> Figure:
 
 
 def tick_text(value: float, _position=None) -> str:
-    if value <= 0:
+    if value == 0:
+        return "0"
+    if value < 0:
         return ""
     for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if value >= factor:

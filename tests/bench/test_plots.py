@@ -113,7 +113,20 @@ def test_log_axis_labels_ticks_at_1_2_5_of_each_decade():
     ax.set_xlim(300, 40_000)
     fig.draw_without_rendering()
     assert visible_tick_texts(ax.xaxis) == ["500", "1k", "2k", "5k", "10k", "20k"]
-    assert [plots.tick_text(v) for v in (0.0, 0.5, 2e6, 3e9)] == ["", "0.5", "2M", "3G"]
+    # Zero reads "0" (tick_text also labels linear axes that start at zero).
+    assert [plots.tick_text(v) for v in (0.0, -1.0, 0.5, 2e6, 3e9)] == [
+        "0", "", "0.5", "2M", "3G"]
+
+
+def test_a_log_axis_over_less_than_a_decade_gets_round_ticks_inside_it():
+    fig = Figure()
+    ax = fig.add_subplot()
+    ax.plot([1, 2], [8_000, 9_900])
+    plots.log_axis(ax)
+    ax.set_ylim(8_000, 9_900)
+    fig.draw_without_rendering()
+    shown = visible_tick_texts(ax.yaxis)
+    assert len(shown) >= 3 and "10k" not in shown, shown
 
 
 def test_peak_memory_labels_bars_by_the_column_it_is_given():

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from ..bench.cache import CacheState
 from ..bench.cases import check_batch, open_options
@@ -31,6 +32,7 @@ from ..plots import (
     plot_resident_fraction,
     profile_caption,
     summarise,
+    tick_text,
 )
 from ..results import (
     Results,
@@ -523,7 +525,7 @@ def plot_sequential_read(df: pd.DataFrame, *, metric: str = "file_MBps",
                                linewidth=0.9, label=label)
         ax.set_title(profile_caption(part, encoding), fontsize="medium")
         ax.set_ylabel(metric_title(metric) if ax is axes[0] else "")
-        ax.legend(fontsize="small")
+        ax.legend(fontsize="small", loc="lower right")
     fig.suptitle("Sequential read through the Reader, cold (hollow) and warm "
                  "(median, min-max of repeats)")
     return fig
@@ -563,6 +565,7 @@ def plot_knobs(df: pd.DataFrame) -> Figure:
             summary = summary.sort_values("setting", key=lambda c: c.map(setting_rank),
                                           kind="stable")
             bars(ax, list(summary["setting"]), summary)
+            ax.yaxis.set_major_formatter(FuncFormatter(tick_text))
             ax.tick_params(axis="y", labelsize="small")
             if g == 0:
                 ax.set_title(label, fontsize="small")

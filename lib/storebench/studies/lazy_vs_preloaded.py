@@ -399,7 +399,7 @@ def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy") -> Figure:
                 median, low, high = (float(row[c].iloc[0]) for c in ("median", "low", "high"))
                 x = f + (o - (len(orders) - 1) / 2) * width
                 ax.bar(x, median, width * 0.95, color=PALETTE[o], edgecolor="black",
-                       linewidth=0.5, label=order if f == 0 else None)
+                       linewidth=0.5, label=order.replace("_", " ") if f == 0 else None)
                 ax.errorbar(x, median, yerr=[[median - low], [high - median]], fmt="none",
                             ecolor="black", capsize=2, linewidth=0.8)
         ax.set_xticks(range(len(formats)), formats, rotation=30, ha="right")
