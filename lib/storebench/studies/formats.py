@@ -525,7 +525,10 @@ def plot_sequential_read(df: pd.DataFrame, *, metric: str = "file_MBps",
                                linewidth=0.9, label=label)
         ax.set_title(profile_caption(part, encoding), fontsize="medium")
         ax.set_ylabel(metric_title(metric) if ax is axes[0] else "")
-        ax.legend(fontsize="small", loc="lower right")
+    # One legend for every panel, below them, where it covers no point.
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels),
+               fontsize="small")
     fig.suptitle("Sequential read through the Reader, cold (hollow) and warm "
                  "(median, min-max of repeats)")
     return fig
