@@ -1,4 +1,4 @@
-"""Command line: ``storebench build | verify | run | study | findings | plot | readme``."""
+"""Command line: ``storebench build | import | verify | run | study | findings | plot | readme``."""
 
 from __future__ import annotations
 
@@ -27,6 +27,26 @@ def _build(args: argparse.Namespace) -> int:
         force=args.force,
         log=lambda line: print(line, flush=True),
     )
+    return 0
+
+
+def _import(args: argparse.Namespace) -> int:
+    from .importer import import_images, parse_resize
+
+    results = import_images(
+        Path(args.source),
+        Path(args.out),
+        formats=args.formats,
+        resize=parse_resize(args.resize),
+        limit=args.limit,
+        on_error=args.on_error,
+        workers=args.workers,
+        progress=not args.quiet,
+        force=args.force,
+        log=lambda line: print(line, flush=True),
+    )
+    print(f"imported into {args.out}: {len(results)} dataset(s); next: storebench verify "
+          f"{args.out}, then storebench study --dataset {args.out}", flush=True)
     return 0
 
 
@@ -147,7 +167,26 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_build)
 
-    v = sub.add_parser("verify", help="re-read every sample and compare with data_gen")
+    im = sub.add_parser(
+        "import", help="import your own images (an ImageFolder tree or a CSV/Parquet listing "
+                       "of path,label) into every format that can hold them")
+    im.add_argument("source", help="a folder with one subfolder per class, or a .csv/.parquet "
+                                   "listing with columns path,label")
+    im.add_argument("--out", required=True, help="output directory, e.g. data/mypets")
+    im.add_argument("--formats", nargs="+", help="formats to write (default: all that fit)")
+    im.add_argument("--resize", metavar="HxW",
+                    help="also write raw arrays resized to HxW (needed for memmap)")
+    im.add_argument("--limit", type=int, help="import N images spread evenly over the source")
+    im.add_argument("--on-error", choices=("fail", "skip"), default="fail",
+                    help="a damaged or unreadable image stops the import (fail, the default) "
+                         "or is left out and counted (skip)")
+    im.add_argument("--workers", type=int, default=None, help="threads checking images")
+    im.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
+    im.add_argument("--quiet", action="store_true", help="no progress bars")
+    im.set_defaults(func=_import)
+
+    v = sub.add_parser("verify", help="re-read every sample and compare with data_gen (or, for "
+                                      "an imported dataset, with its source files)")
     v.add_argument("path", help="a dataset directory or a directory of datasets")
     v.add_argument("--workers", type=int, default=None)
     v.add_argument("--quiet", action="store_true")

@@ -1,4 +1,5 @@
-"""Re-read every sample of a built dataset and compare it with ``data_gen.sample``."""
+"""Re-read every sample of a built dataset and compare it with ``data_gen.sample``, or, for
+an imported dataset, with its source files."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import data_gen
 
 from .formats import DatasetError, open_dataset, sample_checksum
 from .formats.manifest import content_digest
+from .formats.specs import is_imported
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,9 @@ def verify_dataset(
         reader = open_dataset(path, verify=False)
     except DatasetError as err:  # every damage, manifest mismatch and unknown format
         return VerifyResult(path, False, 0, f"cannot open: {err}")
+    if is_imported(reader.spec):
+        with reader:
+            return verify_imported(path, reader, batch_size=batch_size, progress=progress)
     checked = 0
     with reader:
         spec = reader.spec
@@ -71,3 +76,65 @@ def verify_dataset(
     if digest != reader.manifest["digest"]:
         return VerifyResult(path, False, checked, "content digest differs from the manifest")
     return VerifyResult(path, True, checked, f"digest {digest[:16]}")
+
+
+def verify_imported(path: Path, reader, *, batch_size: int = 256, progress: bool = False):
+    """Compare every stored sample of an imported dataset with its source file (listed in
+    ``sources.json``, itself checked against the manifest): the same bytes for encoded
+    copies, the same resized pixels for raw ones, and the same label."""
+    import hashlib
+    import json
+
+    from tqdm.auto import tqdm
+
+    from .formats.manifest import SOURCES_NAME
+    from .importer import SourceImageError, read_source_bytes, resized_pixels
+
+    sidecar = Path(path) / SOURCES_NAME
+    try:
+        raw_sidecar = sidecar.read_bytes()
+        sources = json.loads(raw_sidecar)
+    except (OSError, ValueError) as err:
+        return VerifyResult(path, False, 0, f"{sidecar}: cannot read the source list: {err}")
+    recorded = reader.manifest.get("sidecars", {}).get(SOURCES_NAME)
+    if hashlib.sha256(raw_sidecar).hexdigest() != recorded:
+        return VerifyResult(path, False, 0, f"{sidecar}: differs from the one written at "
+                                            "import (SHA-256 mismatch)")
+    spec = reader.spec
+    root = Path(sources["root"])
+    checksums = np.zeros(len(reader), dtype=np.uint32)
+    checked = 0
+    bar = tqdm(total=len(reader), desc=f"verify {Path(path).name}", unit="img",
+               disable=None if progress else True, leave=False)
+    try:
+        with bar:
+            for start in range(0, len(reader), batch_size):
+                indices = np.arange(start, min(start + batch_size, len(reader)))
+                images, labels = reader.read_many(indices)
+                for k, i in enumerate(indices):
+                    source = root / sources["paths"][i]
+                    want_label = int(sources["labels"][i])
+                    data = read_source_bytes(source)
+                    if spec.encoding == "raw":
+                        same = np.array_equal(
+                            images[k], resized_pixels(data, source, spec.height, spec.width))
+                    else:
+                        same = bytes(images[k]) == data
+                    label = int(labels[k])
+                    if not same or label != want_label:
+                        what = ("image bytes" if spec.encoding != "raw" else "resized pixels"
+                                ) if not same else f"label {label} != {want_label}"
+                        return VerifyResult(
+                            path, False, checked,
+                            f"{reader._locate(int(i))}: sample {i}: {what} differ from the "
+                            f"source {source}",
+                        )
+                    checksums[i] = sample_checksum(images[k], label)
+                    checked += 1
+                bar.update(len(indices))
+    except (DatasetError, SourceImageError) as err:
+        return VerifyResult(path, False, checked, str(err))
+    digest = content_digest(checksums)
+    if digest != reader.manifest["digest"]:
+        return VerifyResult(path, False, checked, "content digest differs from the manifest")
+    return VerifyResult(path, True, checked, f"digest {digest[:16]}, matches {root}")

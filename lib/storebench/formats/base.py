@@ -12,11 +12,23 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-from data_gen import DatasetSpec
+from .specs import Spec, spec_from_dict
 
 # How a stored PNG/JPEG file starts: lets a reader whose format does not record the encoding
 # refuse a manifest that names the wrong one.
 ENCODING_MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "jpeg": b"\xff\xd8\xff"}
+
+
+def sniff_encoding(data) -> str | None:
+    """"png" or "jpeg" from a stored image's first bytes, None for anything else."""
+    head = bytes(data[:8])
+    return next((name for name, magic in ENCODING_MAGIC.items() if head.startswith(magic)), None)
+
+
+def has_encoding_magic(encoding: str, data) -> bool:
+    """Whether ``data`` starts as ``encoding`` says ("mixed": PNG or JPEG)."""
+    found = sniff_encoding(data)
+    return found is not None and encoding in (found, "mixed")
 
 
 class DatasetError(Exception):
@@ -122,7 +134,7 @@ class Reader(abc.ABC):
     def __init__(self, root: Path, manifest: dict, *, verify: bool = True) -> None:
         self.root = Path(root)
         self.manifest = manifest
-        self.spec = DatasetSpec.from_dict(manifest["spec"])
+        self.spec: Spec = spec_from_dict(manifest["spec"])
         self.verify = verify
         self._checksums: np.ndarray | None = None
         self._open_pid: int | None = None

@@ -9,11 +9,12 @@ directory removed, never a half-written dataset or a crash.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import shutil
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -25,8 +26,10 @@ from data_gen import DatasetSpec
 
 from .base import DatasetError, ManifestError, crc32c_of_ints, sample_checksum
 from .manifest import (
+    CHECKSUMS_NAME,
     MANIFEST_NAME,
     MANIFEST_VERSION,
+    SIDECAR_NAMES,
     content_digest,
     data_files,
     disk_usage,
@@ -39,6 +42,7 @@ from .manifest import (
     write_json_atomic,
 )
 from .npyfile import write_header
+from .specs import Spec, fixed_size, is_imported
 
 TMP_PREFIX = ".tmp-"
 # Write failures that mean "the disk cannot take this build", not a bug: reported as a
@@ -48,9 +52,17 @@ DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG})
 SIZE_PROBE_SAMPLES = 4
 
 
+def stored_bytes(spec: Spec) -> int:
+    """About how many bytes ``spec``'s samples take as stored: exact for raw and imported
+    sets; for synthetic PNG/JPEG the mean size of a few samples spread over the dataset,
+    with 10 % headroom."""
+    if is_imported(spec):
+        return spec.stored_bytes
+    return int(spec.num_samples * spec.raw_sample_bytes * stored_fraction(spec))
+
+
 def stored_fraction(spec: DatasetSpec) -> float:
-    """Stored bytes per raw pixel byte: 1 for raw samples; for PNG/JPEG the mean size of a
-    few samples spread over the dataset, with 10 % headroom."""
+    """Stored bytes per raw pixel byte of a synthetic spec (see ``stored_bytes``)."""
     if spec.encoding == "raw":
         return 1.0
     probes = np.linspace(0, spec.num_samples - 1, min(SIZE_PROBE_SAMPLES, spec.num_samples))
@@ -58,12 +70,12 @@ def stored_fraction(spec: DatasetSpec) -> float:
     return 1.1 * float(np.mean(sizes)) / spec.raw_sample_bytes
 
 
-def estimate_bytes(spec: DatasetSpec, module=None) -> int:
+def estimate_bytes(spec: Spec, module=None) -> int:
     """About how many bytes a build of ``spec`` needs while writing: the stored sample bytes
     times the format's ``SIZE_OVERHEAD[encoding]`` (1 for the sample cache, which stores them
     plainly)."""
     overhead = module.SIZE_OVERHEAD[spec.encoding] if module is not None else 1.0
-    return int(spec.num_samples * spec.raw_sample_bytes * stored_fraction(spec) * overhead)
+    return int(stored_bytes(spec) * overhead)
 
 
 def check_free_space(directory: Path, needed: int, what: str) -> None:
@@ -84,19 +96,25 @@ class SampleCache:
     """A spec's samples generated once into a scratch directory, then replayed for every
     format built from them (generation costs far more than writing, e.g. 256x256 JPEG).
 
-    Raw samples go to one ``.npy`` memmap; encoded ones to one bytes file with offsets.
-    Use as a context manager: the scratch files are removed on exit.
+    ``samples`` makes them (a callable returning an iterator of ``(image, label)`` in index
+    order); by default ``data_gen.generate`` for a synthetic spec. Raw samples go to one
+    ``.npy`` memmap; encoded ones to one bytes file with offsets. Use as a context manager:
+    the scratch files are removed on exit.
     """
 
     def __init__(
         self,
-        spec: DatasetSpec,
+        spec: Spec,
         scratch_dir: Path | str,
         *,
         workers: int | None = None,
         progress: bool = False,
+        samples: Callable[[], Iterable] | None = None,
     ) -> None:
+        if samples is None and is_imported(spec):
+            raise ValueError("an imported spec's samples come from its source: pass samples=")
         self.spec = spec
+        self._make_samples = samples
         self.dir = Path(scratch_dir) / f"{TMP_PREFIX}samples-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self.workers = workers
         self.progress = progress
@@ -129,7 +147,7 @@ class SampleCache:
     def _write(self) -> None:
         spec = self.spec
         labels = np.empty(spec.num_samples, dtype=np.int64)
-        samples = data_gen.generate(
+        samples = self._make_samples() if self._make_samples is not None else data_gen.generate(
             spec,
             workers=self.workers,
             progress=f"generate {spec.encoding}" if self.progress else False,
@@ -197,7 +215,7 @@ def resolve_knobs(module, knobs: dict | None) -> dict:
     return {**module.DEFAULT_KNOBS, **knobs}
 
 
-def check_encoding(module, spec: DatasetSpec) -> None:
+def check_encoding(module, spec: Spec) -> None:
     if spec.encoding not in module.ENCODINGS:
         raise ValueError(
             f"format {module.NAME!r} stores {'/'.join(module.ENCODINGS)} only and cannot hold "
@@ -233,7 +251,7 @@ class _ChecksummedSamples:
         return image, label
 
 
-def matching_manifest(path: Path, spec: DatasetSpec, format_name: str, knobs: dict) -> dict | None:
+def matching_manifest(path: Path, spec: Spec, format_name: str, knobs: dict) -> dict | None:
     """The existing manifest at ``path`` if it describes exactly this build, else None."""
     if not (path / MANIFEST_NAME).is_file():
         return None
@@ -272,7 +290,7 @@ def _pid_alive(pid: int) -> bool:
 
 
 def build_dataset(
-    spec: DatasetSpec,
+    spec: Spec,
     format_name: str,
     out_dir: Path | str,
     *,
@@ -282,12 +300,15 @@ def build_dataset(
     force: bool = False,
     name: str | None = None,
     source: SampleCache | None = None,
+    sidecars: dict[str, dict] | None = None,
 ) -> BuildResult:
     """Write ``spec``'s samples as ``format_name`` under ``out_dir/<format>-<encoding>``.
 
     Skipped when a manifest with the same spec, format and knobs is already there (unless
-    ``force``). ``source`` replays samples generated once for several builds. A killed
-    build leaves only a ``.tmp-*`` directory, never a directory with a manifest.
+    ``force``). ``source`` replays samples generated once for several builds (an imported
+    spec needs one). ``sidecars`` are JSON files written beside the data (their SHA-256 in
+    the manifest), as ``sources.json`` for imports. A killed build leaves only a ``.tmp-*``
+    directory, never a directory with a manifest.
     """
     from . import get_format
 
@@ -307,7 +328,9 @@ def build_dataset(
     tmp = out_dir / f"{TMP_PREFIX}{target.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        manifest = _write_into(tmp, module, spec, format_name, knobs, workers, progress, source)
+        manifest = _write_into(
+            tmp, module, spec, format_name, knobs, workers, progress, source, sidecars or {}
+        )
         if target.exists():
             old = out_dir / f"{TMP_PREFIX}old-{target.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             os.rename(target, old)
@@ -328,17 +351,20 @@ def build_dataset(
 def _write_into(
     tmp: Path,
     module,
-    spec: DatasetSpec,
+    spec: Spec,
     format_name: str,
     knobs: dict,
     workers: int | None,
     progress: bool,
     source: SampleCache | None,
+    sidecars: dict[str, dict],
 ) -> dict:
     """Write the format's files, checksums and manifest into ``tmp``; return the manifest."""
     checksums = np.zeros(spec.num_samples, dtype=np.uint32)
     if source is not None and source.spec != spec:
         raise ValueError("the sample cache holds another spec than the one being built")
+    if source is None and is_imported(spec):
+        raise ValueError("an imported spec is built from its source: pass source=")
     samples = (
         source
         if source is not None
@@ -353,6 +379,12 @@ def _write_into(
     module.write(stream, tmp, spec, **knobs)
     os.sync()  # clean pages: posix_fadvise(DONTNEED) can then evict them for cold reads
     write_seconds = time.perf_counter() - started - stream.source_seconds
+    sidecar_digests = {}
+    for sidecar, content in sidecars.items():
+        if sidecar not in SIDECAR_NAMES or sidecar in (MANIFEST_NAME, CHECKSUMS_NAME):
+            raise ValueError(f"unknown sidecar {sidecar!r}")
+        write_json_atomic(tmp / sidecar, content)
+        sidecar_digests[sidecar] = hashlib.sha256((tmp / sidecar).read_bytes()).hexdigest()
     files = data_files(tmp)
     apparent, allocated = disk_usage(tmp, files)
     save_checksums(tmp, checksums)
@@ -381,7 +413,8 @@ def _write_into(
         "file_count": len(files),
         "bytes_apparent": apparent,
         "bytes_allocated": allocated,
-        "raw_bytes": spec.num_samples * spec.raw_sample_bytes,
+        "raw_bytes": spec.num_samples * spec.raw_sample_bytes if fixed_size(spec) else None,
+        "sidecars": sidecar_digests,
         "write_seconds": write_seconds,
         "generate_seconds": stream.source_seconds,
         "versions": package_versions(),

@@ -4,6 +4,8 @@ Raw samples: ``images`` is (N, H, W, C) uint8, chunked ``chunk_samples`` samples
 Encoded samples: ``images`` is one 1-D uint8 dataset holding every PNG/JPEG file back to back
 (contiguous, or chunked about ``chunk_samples`` samples at a time when compressed), and
 ``offsets`` is int64 (N + 1,): sample ``i`` is ``images[offsets[i]:offsets[i + 1]]``.
+Imported images of mixed sizes add ``shapes``, int32 (N, 3): each image's decoded
+(H, W, C), read from its header at build time.
 Readable with plain ``h5py.File(path)["images"][i]`` (raw) or
 ``f["images"][f["offsets"][i]:f["offsets"][i + 1]].tobytes()`` (encoded).
 
@@ -31,9 +33,10 @@ import numpy as np
 from data_gen import DatasetSpec
 
 from .base import CorruptSampleError, DatasetError, ManifestError, Reader
+from .specs import fixed_size, stored_image_shape
 
 NAME = "hdf5"
-ENCODINGS = ("raw", "png", "jpeg")
+ENCODINGS = ("raw", "png", "jpeg", "mixed")
 # 64 samples of 64x64x3 make a 768 KiB chunk: large enough for sequential throughput, small
 # enough that a random read does not pull in megabytes. compression: None, "gzip" or "lzf".
 DEFAULT_KNOBS: dict = {"chunk_samples": 64, "compression": None}
@@ -41,7 +44,7 @@ OPEN_OPTIONS = ("chunk_cache_bytes",)
 FILENAME = "data.h5"
 # Stored bytes per sample byte, per encoding; encoded builds stage their bytes once before
 # copying them into the file, so they need twice the space while writing.
-SIZE_OVERHEAD = {"raw": 1.02, "png": 2.05, "jpeg": 2.05}
+SIZE_OVERHEAD = {"raw": 1.02, "png": 2.05, "jpeg": 2.05, "mixed": 2.05}
 # Encoded bytes are staged here (inside the build's temporary directory) so that ``images``
 # can be created at its final size, contiguous; removed before the build completes.
 _STAGING = ".encoded.staging"
@@ -71,7 +74,9 @@ def write(
         f.create_dataset("labels", data=labels)
         f.attrs["storebench_spec"] = json.dumps(spec.to_dict())
         for key, value in spec.to_dict().items():
-            f.attrs[key] = value
+            # h5py cannot store a list of str as an attribute: class names go in as JSON.
+            as_json = isinstance(value, list)
+            f.attrs[key] = json.dumps(value, ensure_ascii=False) if as_json else value
 
 
 def _write_raw(f, samples, labels, spec: DatasetSpec, chunk: int, compression) -> int:
@@ -104,6 +109,7 @@ def _write_encoded(f, samples, labels, root: Path, spec: DatasetSpec, chunk: int
     offsets = np.zeros(n + 1, dtype=np.int64)
     staging = root / _STAGING
     count = 0
+    shapes = None if fixed_size(spec) else np.zeros((n, 3), dtype=np.int32)
     try:
         with builtins.open(staging, "wb") as out:
             for i, (image, label) in enumerate(samples):
@@ -112,6 +118,8 @@ def _write_encoded(f, samples, labels, root: Path, spec: DatasetSpec, chunk: int
                 out.write(image)
                 offsets[i + 1] = offsets[i] + len(image)
                 labels[i] = label
+                if shapes is not None:
+                    shapes[i] = stored_image_shape(spec, image)
                 count += 1
         total = int(offsets[count])
         chunks = None
@@ -125,6 +133,8 @@ def _write_encoded(f, samples, labels, root: Path, spec: DatasetSpec, chunk: int
                 block = np.frombuffer(source.read(_COPY_BYTES), dtype=np.uint8)
                 images[start : start + len(block)] = block
         f.create_dataset("offsets", data=offsets)
+        if shapes is not None:
+            f.create_dataset("shapes", data=shapes)
     finally:
         staging.unlink(missing_ok=True)
     return count

@@ -29,7 +29,7 @@ from data_gen import DatasetSpec
 from .base import CorruptSampleError, DatasetError, ManifestError, Reader
 
 NAME = "lmdb"
-ENCODINGS = ("raw", "png", "jpeg")
+ENCODINGS = ("raw", "png", "jpeg", "mixed")
 DEFAULT_KNOBS: dict = {"batch_samples": 1024}
 OPEN_OPTIONS = ("readahead",)
 LABELS_KEY = b"__labels__"
@@ -37,7 +37,7 @@ SPEC_KEY = b"__spec__"
 DATA_FILE = "data.mdb"
 # Stored bytes per sample byte: values over ~2 KiB take whole overflow pages (a 12 KiB raw
 # sample takes 4), plus the B-tree.
-SIZE_OVERHEAD = {"raw": 1.4, "png": 1.4, "jpeg": 1.4}
+SIZE_OVERHEAD = {"raw": 1.4, "png": 1.4, "jpeg": 1.4, "mixed": 1.4}
 
 
 def key_width(num_samples: int) -> int:

@@ -24,10 +24,9 @@ from pathlib import Path
 import crc32c
 import numpy as np
 
-from data_gen import DatasetSpec
-
 from .base import DatasetError, ManifestError
 from .npyfile import load as load_npy
+from .specs import spec_from_dict
 
 MANIFEST_NAME = "manifest.json"
 CHECKSUMS_NAME = "checksums.npy"
@@ -35,7 +34,8 @@ CHECKSUMS_NAME = "checksums.npy"
 MANIFEST_VERSION = 2
 FINGERPRINT_BYTES = 4096
 # Files beside the data that describe it; they are not counted as the format's bytes.
-SIDECAR_NAMES = (MANIFEST_NAME, CHECKSUMS_NAME)
+SOURCES_NAME = "sources.json"  # imported datasets: the source file of each sample
+SIDECAR_NAMES = (MANIFEST_NAME, CHECKSUMS_NAME, SOURCES_NAME)
 
 VERSIONED_PACKAGES = ("numpy", "pillow", "h5py", "lmdb", "pyarrow", "protobuf", "crc32c")
 
@@ -153,7 +153,7 @@ def read_manifest(root: Path | str) -> dict:
     if missing:
         raise ManifestError(f"{path}: manifest lacks {missing}")
     try:
-        spec = DatasetSpec.from_dict(manifest["spec"])
+        spec = spec_from_dict(manifest["spec"])
     except (TypeError, ValueError, AttributeError) as err:
         raise ManifestError(f"{path}: invalid spec: {err}") from err
     if manifest["num_samples"] != spec.num_samples:

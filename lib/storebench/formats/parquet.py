@@ -33,7 +33,7 @@ from .manifest import fingerprint_span as default_span
 from .manifest import load_checksums
 
 NAME = "parquet"
-ENCODINGS = ("raw", "png", "jpeg")
+ENCODINGS = ("raw", "png", "jpeg", "mixed")
 # 256 samples per row group: a few MB per group at the small/medium profiles' sample sizes,
 # small enough that per-sample random access is not hopeless, large enough to amortise a
 # group's fixed costs. No compression by default: PNG/JPEG bytes are already entropy-coded
@@ -45,7 +45,7 @@ COMPRESSIONS = ("none", "snappy", "zstd", "gzip", "lz4", "brotli")
 FILENAME = "data.parquet"
 SPEC_METADATA_KEY = b"storebench.spec"
 COLUMNS = ("image", "label")
-SIZE_OVERHEAD = {"raw": 1.02, "png": 1.02, "jpeg": 1.02}
+SIZE_OVERHEAD = {"raw": 1.02, "png": 1.02, "jpeg": 1.02, "mixed": 1.02}
 # A damaged footer can fail in pyarrow's reader or in decoding its key-value metadata.
 _OPEN_ERRORS = (OSError, pa.ArrowException, ValueError, TypeError)
 

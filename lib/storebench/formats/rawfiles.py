@@ -1,8 +1,10 @@
-"""Raw files in the ImageFolder layout: ``root/<label>/<index>.<ext>``.
+"""Raw files in the ImageFolder layout: ``root/<class>/<index>.<ext>``.
 
 ``.npy`` (one (H, W, C) uint8 array per file) for raw samples, ``.png`` / ``.jpg`` for encoded
-ones; ``<index>`` is zero-padded so that a directory listing sorts in index order. The layout
-is what ``torchvision.datasets.ImageFolder`` reads.
+ones (each file by its own signature in a mixed set); ``<index>`` is zero-padded so that a
+directory listing sorts in index order. ``<class>`` is the label number for synthetic sets
+and the class name for imported ones. The layout is what ``torchvision.datasets.ImageFolder``
+reads.
 
 Every file is read whole, so its fingerprint (the CRC32C of its first and last 4 KiB, the
 whole file for files up to 8 KiB) is checked on each read rather than at open, where it would
@@ -23,16 +25,17 @@ import numpy as np
 
 from data_gen import DatasetSpec
 
-from .base import CorruptSampleError, DatasetError, Reader
+from .base import CorruptSampleError, DatasetError, Reader, sniff_encoding
 from .manifest import bytes_fingerprint
+from .specs import Spec, is_imported
 
 NAME = "rawfiles"
-ENCODINGS = ("raw", "png", "jpeg")
+ENCODINGS = ("raw", "png", "jpeg", "mixed")
 DEFAULT_KNOBS: dict = {}
 OPEN_OPTIONS: tuple = ()
 EXTENSIONS = {"raw": ".npy", "png": ".png", "jpeg": ".jpg"}
 # One file per sample, each rounded up to whole filesystem blocks (4 KiB).
-SIZE_OVERHEAD = {"raw": 1.35, "png": 1.35, "jpeg": 1.35}
+SIZE_OVERHEAD = {"raw": 1.35, "png": 1.35, "jpeg": 1.35, "mixed": 1.35}
 # Fingerprints are checked as each file is read (see the module docstring).
 FINGERPRINTS_AT_OPEN = False
 
@@ -48,20 +51,37 @@ def npy_header(spec: DatasetSpec) -> bytes:
     return buffer.getvalue()[: -spec.raw_sample_bytes]
 
 
-def sample_path(root: Path, spec: DatasetSpec, index: int, label: int) -> Path:
-    return (
-        root / str(label) / f"{index:0{index_width(spec.num_samples)}d}{EXTENSIONS[spec.encoding]}"
-    )
+def class_dirs(spec: Spec) -> list[str]:
+    """The directory name of each label: its class name for imported sets."""
+    if is_imported(spec):
+        return list(spec.class_names)
+    return [str(label) for label in range(spec.num_classes)]
 
 
-def write(samples: Iterable, root: Path, spec: DatasetSpec) -> None:
-    for label in range(spec.num_classes):
-        (root / str(label)).mkdir()
+def extensions_for(encoding: str) -> tuple[str, ...]:
+    return (EXTENSIONS["jpeg"], EXTENSIONS["png"]) if encoding == "mixed" else (
+        EXTENSIONS[encoding],)
+
+
+def sample_path(root: Path, spec: Spec, index: int, label: int, ext: str | None = None) -> Path:
+    ext = ext or EXTENSIONS[spec.encoding]
+    return root / class_dirs(spec)[label] / f"{index:0{index_width(spec.num_samples)}d}{ext}"
+
+
+def write(samples: Iterable, root: Path, spec: Spec) -> None:
+    for name in class_dirs(spec):
+        (root / name).mkdir()
     header = npy_header(spec) if spec.encoding == "raw" else b""
     count = 0
     for i, (image, label) in enumerate(samples):
         payload = header + image.tobytes() if spec.encoding == "raw" else image
-        with builtins.open(sample_path(root, spec, i, label), "wb") as f:
+        ext = None
+        if spec.encoding == "mixed":
+            found = sniff_encoding(payload)
+            if found is None:
+                raise DatasetError(f"{root}: sample {i} is neither PNG nor JPEG")
+            ext = EXTENSIONS[found]
+        with builtins.open(sample_path(root, spec, i, label, ext), "wb") as f:
             f.write(payload)
         count += 1
     if count != spec.num_samples:
@@ -74,19 +94,22 @@ class RawFilesReader(Reader):
     def __init__(self, root: Path, manifest: dict, *, verify: bool = True) -> None:
         super().__init__(root, manifest, verify=verify)
         self._h_labels: np.ndarray | None = None
+        self._h_exts: np.ndarray | None = None
 
     def _open(self) -> None:
         labels = np.full(len(self), -1, dtype=np.int64)
-        ext = EXTENSIONS[self.spec.encoding]
-        for label in range(self.spec.num_classes):
-            folder = self.root / str(label)
+        allowed = extensions_for(self.spec.encoding)
+        exts = np.zeros(len(self), dtype=np.uint8)  # index into ``allowed``
+        for label, name in enumerate(class_dirs(self.spec)):
+            folder = self.root / name
             if not folder.is_dir():
                 continue
             for entry in os.scandir(folder):
                 stem, dot, suffix = entry.name.partition(".")
-                if "." + suffix != ext or not stem.isdigit() or int(stem) >= len(self):
+                if "." + suffix not in allowed or not stem.isdigit() or int(stem) >= len(self):
                     raise DatasetError(f"{entry.path}: unexpected file in the ImageFolder layout")
                 labels[int(stem)] = label
+                exts[int(stem)] = allowed.index("." + suffix)
         missing = np.flatnonzero(labels < 0)
         if missing.size:
             raise CorruptSampleError(
@@ -94,14 +117,18 @@ class RawFilesReader(Reader):
             )
         self._check_integrity("labels_crc32c", labels, self.root, "labels (class directories)")
         self._h_labels = labels
+        self._h_exts = exts
         self._npy_header = npy_header(self.spec) if self.is_raw else b""
 
     def _close(self) -> None:
         self._h_labels = None
+        self._h_exts = None
 
     def _locate(self, index: int) -> Path:
-        label = int(self._h_labels[index]) if self._h_labels is not None else 0
-        return sample_path(self.root, self.spec, index, label)
+        if self._h_labels is None:
+            return sample_path(self.root, self.spec, index, 0)
+        ext = extensions_for(self.spec.encoding)[int(self._h_exts[index])]
+        return sample_path(self.root, self.spec, index, int(self._h_labels[index]), ext)
 
     def _read_bytes(self, index: int) -> bytes:
         path = self._locate(index)

@@ -39,18 +39,19 @@ from google.protobuf.message import DecodeError
 from data_gen import DatasetSpec
 
 from . import example_proto, npyfile
-from .base import ENCODING_MAGIC, CorruptSampleError, DatasetError, ManifestError, Reader
+from .base import CorruptSampleError, DatasetError, ManifestError, Reader, has_encoding_magic
 from .manifest import check_fingerprint
 from .manifest import fingerprint_span as default_span
+from .specs import fixed_size, stored_image_shape
 
 NAME = "tfrecord"
-ENCODINGS = ("raw", "png", "jpeg")
+ENCODINGS = ("raw", "png", "jpeg", "mixed")
 # Four shards keep ci-sized data in several blocks and give the small/medium profiles shards of
 # tens to hundreds of MB, the range TensorFlow's input-pipeline guide recommends.
 DEFAULT_KNOBS: dict = {"num_shards": 4}
 OPEN_OPTIONS: tuple = ()
 # Stored bytes per sample byte: 16 bytes of framing and ~30 of Example per record.
-SIZE_OVERHEAD = {"raw": 1.05, "png": 1.05, "jpeg": 1.05}
+SIZE_OVERHEAD = {"raw": 1.05, "png": 1.05, "jpeg": 1.05, "mixed": 1.05}
 
 SHARD_PATTERN = "data-{shard:05d}-of-{count:05d}.tfrecord"
 INDEX_SUFFIX = ".index"
@@ -222,7 +223,6 @@ def write(samples: Iterable, root: Path, spec: DatasetSpec, *, num_shards: int) 
     if not 1 <= num_shards <= spec.num_samples:
         raise ValueError(f"num_shards must be in 1..{spec.num_samples}, got {num_shards}")
     bounds = shard_bounds(spec.num_samples, num_shards)
-    shape = {"height": spec.height, "width": spec.width, "channels": spec.channels}
     samples = iter(samples)
     for shard in range(num_shards):
         path = root / shard_name(shard, num_shards)
@@ -239,9 +239,11 @@ def write(samples: Iterable, root: Path, spec: DatasetSpec, *, num_shards: int) 
                         f"{spec.num_samples}"
                     ) from None
                 data = image.tobytes() if isinstance(image, np.ndarray) else bytes(image)
-                frame = frame_record(
-                    example_proto.make_example({"image": data}, {"label": label, **shape})
-                )
+                height, width, channels = stored_image_shape(spec, data)
+                frame = frame_record(example_proto.make_example(
+                    {"image": data},
+                    {"label": label, "height": height, "width": width, "channels": channels},
+                ))
                 f.write(frame)
                 index[row] = offset, len(frame)
                 offset += len(frame)
@@ -288,9 +290,7 @@ class TFRecordReader(Reader):
         # (a raw record has the wrong length, a PNG record the wrong signature).
         try:
             image, _ = self._read_one(0)
-            if not self.is_raw and not bytes(image[:8]).startswith(
-                ENCODING_MAGIC[self.spec.encoding]
-            ):
+            if not self.is_raw and not has_encoding_magic(self.spec.encoding, image):
                 raise ManifestError(
                     f"{self.shards[0]}: sample 0 is not {self.spec.encoding}, as the manifest "
                     "says"
@@ -425,7 +425,7 @@ class TFRecordReader(Reader):
                 path, index, f"not a tf.train.Example with image/label/height/width/channels: "
                 f"{err or type(err).__name__}"
             ) from err
-        if shape != self.spec.image_shape:
+        if fixed_size(self.spec) and shape != self.spec.image_shape:
             raise CorruptSampleError(
                 path, index, f"record shape {shape}, the spec says {self.spec.image_shape}"
             )

@@ -1,0 +1,436 @@
+"""Import a user's own images: an ImageFolder tree or a CSV/Parquet listing of ``path,label``,
+written in every storebench format that can hold them.
+
+- **Encoded bytes are kept exactly**: each JPEG/PNG file's bytes are the stored sample (a
+  folder of both is the ``mixed`` encoding; every file keeps its own signature). Checksums
+  are of those source bytes.
+- **Raw arrays** (memmap, and the raw copies in the other formats) need a fixed size:
+  ``resize=(H, W)`` decodes each image to RGB and resizes it (Pillow, bilinear).
+- **Class names** go into the spec (``ImportedSpec.class_names``); the rawfiles copy uses them
+  as folder names. Labels are indices into the sorted class names (ImageFolder's rule).
+- Every image is read and fully decoded once before anything is written, so a damaged or
+  unreadable file is a ``SourceImageError`` naming it (or, with ``on_error="skip"``, left out
+  and counted) and never half a dataset. Builds are atomic as for the synthetic profiles, and
+  ``sources.json`` beside each copy names each sample's source file, for ``storebench verify``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .formats.base import DatasetError, sample_checksum, sniff_encoding
+from .formats.specs import ImportedSpec
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+LISTING_SUFFIXES = (".csv", ".parquet")
+RESIZE_FILTER = "bilinear"
+ON_ERROR = ("fail", "skip")
+SOURCES_VERSION = 1
+
+
+class SourceImageError(DatasetError):
+    """A source image cannot be imported: unreadable, not JPEG/PNG, or damaged."""
+
+    def __init__(self, path: Path | str, reason: str) -> None:
+        self.path = Path(path)
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+@dataclass(frozen=True)
+class SourceListing:
+    """What to import: each image's path (relative to ``root``) and label, in import order.
+
+    ``origin`` is the folder or listing file given by the user."""
+
+    origin: Path
+    root: Path
+    paths: tuple[str, ...]
+    labels: np.ndarray
+    class_names: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def subset(self, keep: np.ndarray) -> SourceListing:
+        keep = np.asarray(keep, dtype=np.int64)
+        return SourceListing(self.origin, self.root, tuple(self.paths[i] for i in keep),
+                             self.labels[keep], self.class_names)
+
+
+@dataclass(frozen=True)
+class ScannedImage:
+    """One source image, read and decoded once: its bytes' checksum, encoding and size."""
+
+    encoding: str
+    height: int
+    width: int
+    size: int
+    checksum: int
+
+
+@dataclass(frozen=True)
+class ImportPlan:
+    """The result of scanning and checking a source: the images that will be imported, the
+    specs of the encoded copy and (with a resize) the raw copy, and what was skipped."""
+
+    listing: SourceListing
+    encoded_spec: ImportedSpec
+    raw_spec: ImportedSpec | None
+    checksums: np.ndarray
+    skipped: tuple[tuple[str, str], ...]
+
+    def sources_sidecar(self) -> dict:
+        return {
+            "sources_version": SOURCES_VERSION,
+            "origin": str(self.listing.origin),
+            "root": str(self.listing.root),
+            "paths": list(self.listing.paths),
+            "labels": self.listing.labels.tolist(),
+            "source_checksums": self.checksums.tolist(),
+            "skipped": [{"path": p, "reason": r} for p, r in self.skipped],
+        }
+
+
+def _is_hidden(name: str) -> bool:
+    return name.startswith(".")
+
+
+def check_class_name(name: str, where: object) -> str:
+    if not name or name in (".", "..") or "/" in name or "\0" in name or name != name.strip(
+            "\n\r"):
+        raise DatasetError(
+            f"{where}: class name {name!r} cannot be a folder name (empty, '.', '..', or "
+            "containing '/', NUL or a line break)"
+        )
+    return name
+
+
+def scan_folder(root: Path) -> SourceListing:
+    """An ImageFolder tree: one subfolder per class (sorted by name), its JPEG/PNG files
+    found recursively and sorted; other files are ignored, hidden ones too."""
+    classes = sorted(
+        entry.name for entry in os.scandir(root) if entry.is_dir() and not _is_hidden(entry.name)
+    )
+    paths: list[str] = []
+    labels: list[int] = []
+    kept: list[str] = []
+    for name in classes:
+        found = []
+        for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
+            dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
+            found += [
+                os.path.relpath(os.path.join(dirpath, f), root)
+                for f in filenames
+                if not _is_hidden(f) and os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES
+            ]
+        if found:
+            kept.append(name)
+            paths += sorted(found)
+            labels += [len(kept) - 1] * len(found)
+    if not paths:
+        raise DatasetError(
+            f"{root}: no images to import: expected one subfolder per class holding "
+            f"{'/'.join(IMAGE_SUFFIXES)} files (the ImageFolder layout), or a CSV/Parquet "
+            "listing of path,label"
+        )
+    return SourceListing(root, root, tuple(paths), np.asarray(labels, dtype=np.int64),
+                         tuple(kept))
+
+
+def scan_listing(listing: Path) -> SourceListing:
+    """A CSV or Parquet file with columns ``path`` and ``label``; relative paths are from the
+    listing's folder. String labels are class names (sorted); integer labels are kept as
+    they are, with class names ``"0"``, ``"1"``, ..."""
+    import pyarrow as pa
+
+    try:
+        if listing.suffix.lower() == ".csv":
+            from pyarrow import csv
+
+            table = csv.read_csv(listing, convert_options=csv.ConvertOptions(
+                column_types={"path": pa.string()}))
+        else:
+            import pyarrow.parquet as pq
+
+            table = pq.read_table(listing)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise DatasetError(f"{listing}: cannot read the listing: {err}") from err
+    missing = [c for c in ("path", "label") if c not in table.column_names]
+    if missing:
+        raise DatasetError(
+            f"{listing}: the listing needs columns 'path' and 'label'; it lacks {missing} "
+            f"(it has {table.column_names})"
+        )
+    if table.num_rows == 0:
+        raise DatasetError(f"{listing}: the listing has no rows")
+    paths = table.column("path").to_pylist()
+    labels = table.column("label")
+    for row, (path, label) in enumerate(zip(paths, labels.to_pylist(), strict=True)):
+        if not path or label is None:
+            raise DatasetError(f"{listing}: row {row + 2}: empty path or label")
+    if pa.types.is_integer(labels.type):
+        values = np.asarray(labels.to_numpy(), dtype=np.int64)
+        if values.min() < 0:
+            raise DatasetError(f"{listing}: integer labels must be >= 0, found {values.min()}")
+        class_names = tuple(str(i) for i in range(int(values.max()) + 1))
+    else:
+        names = [str(x) for x in labels.to_pylist()]
+        class_names = tuple(sorted(set(names)))
+        for name in class_names:
+            check_class_name(name, listing)
+        position = {name: i for i, name in enumerate(class_names)}
+        values = np.asarray([position[name] for name in names], dtype=np.int64)
+    root = listing.parent.resolve()
+    return SourceListing(listing, root, tuple(str(p) for p in paths), values, class_names)
+
+
+def scan_source(source: Path | str, *, limit: int | None = None) -> SourceListing:
+    """The listing of an ImageFolder tree or a CSV/Parquet file. ``limit`` keeps that many
+    images spread evenly over the listing (so every class keeps its share), in order."""
+    source = Path(source)
+    if not source.exists():
+        raise DatasetError(f"{source}: no such folder or listing file")
+    if source.is_dir():
+        listing = scan_folder(source.resolve())
+    elif source.suffix.lower() in LISTING_SUFFIXES:
+        listing = scan_listing(source.resolve())
+    else:
+        raise DatasetError(
+            f"{source}: not a folder, and not a {' or '.join(LISTING_SUFFIXES)} listing"
+        )
+    if limit is not None:
+        if limit < 1:
+            raise ValueError(f"limit must be at least 1, got {limit}")
+        if limit < len(listing):
+            keep = np.unique(np.linspace(0, len(listing) - 1, limit).round().astype(np.int64))
+            listing = listing.subset(keep)
+    return listing
+
+
+def read_source_bytes(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as err:
+        raise SourceImageError(path, f"cannot read: {err.strerror or err}") from err
+
+
+def open_image(data: bytes, path: Path):
+    """``data`` decoded by Pillow in full (a truncated or damaged file fails here)."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(data))
+            image.load()
+        return image
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning,
+            Image.DecompressionBombError) as err:
+        raise SourceImageError(path, f"cannot decode: {err}") from err
+
+
+def to_rgb(image, path: Path) -> np.ndarray:
+    try:
+        return np.asarray(image if image.mode == "RGB" else image.convert("RGB"))
+    except (OSError, ValueError) as err:
+        raise SourceImageError(path, f"cannot convert mode {image.mode} to RGB: {err}") from err
+
+
+def resized_pixels(data: bytes, path: Path, height: int, width: int) -> np.ndarray:
+    """The (height, width, 3) uint8 RGB pixels the raw copy stores for one source image."""
+    from PIL import Image
+
+    image = Image.fromarray(to_rgb(open_image(data, path), path))
+    return np.ascontiguousarray(
+        np.asarray(image.resize((width, height), Image.Resampling.BILINEAR)), dtype=np.uint8
+    )
+
+
+def scan_image(path: Path, label: int) -> ScannedImage:
+    data = read_source_bytes(path)
+    encoding = sniff_encoding(data)
+    if encoding is None:
+        raise SourceImageError(
+            path, f"not a JPEG or PNG file (it starts with {data[:8]!r}); convert it or "
+            "leave it out"
+        )
+    image = open_image(data, path)
+    to_rgb(image, path)
+    width, height = image.size
+    return ScannedImage(encoding, height, width, len(data), sample_checksum(data, label))
+
+
+def plan_import(
+    source: Path | str,
+    *,
+    resize: tuple[int, int] | None = None,
+    limit: int | None = None,
+    on_error: str = "fail",
+    workers: int | None = None,
+    progress: bool = False,
+) -> ImportPlan:
+    """Scan ``source`` and read and decode every image once (in threads: Pillow releases the
+    GIL while decoding). ``on_error="fail"`` stops at the first bad image with a
+    ``SourceImageError`` naming it; ``"skip"`` leaves bad images out and lists them."""
+    from tqdm.auto import tqdm
+
+    if on_error not in ON_ERROR:
+        raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
+    if resize is not None and (len(resize) != 2 or min(resize) < 1):
+        raise ValueError(f"resize must be (height, width), both positive, got {resize}")
+    listing = scan_source(source, limit=limit)
+
+    def scan(k: int) -> ScannedImage | SourceImageError:
+        try:
+            return scan_image(listing.root / listing.paths[k], int(listing.labels[k]))
+        except SourceImageError as err:
+            if on_error == "fail":
+                raise
+            return err
+
+    scanned: list[ScannedImage | SourceImageError] = []
+    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool, tqdm(
+        total=len(listing), desc=f"check {listing.origin.name}", unit="img",
+        disable=None if progress else True, leave=False,
+    ) as bar:
+        for item in pool.map(scan, range(len(listing))):
+            scanned.append(item)
+            bar.update()
+    skipped = tuple((listing.paths[k], item.reason) for k, item in enumerate(scanned)
+                    if isinstance(item, SourceImageError))
+    keep = np.array([k for k, item in enumerate(scanned) if isinstance(item, ScannedImage)],
+                    dtype=np.int64)
+    if keep.size == 0:
+        raise DatasetError(f"{listing.origin}: none of the {len(listing)} images could be "
+                           f"imported; the first: {skipped[0][0]}: {skipped[0][1]}")
+    images = [scanned[k] for k in keep]
+    listing = listing.subset(keep)
+    checksums = np.array([im.checksum for im in images], dtype=np.uint32)
+    encodings = {im.encoding for im in images}
+    sizes = {(im.height, im.width) for im in images}
+    height, width = sizes.pop() if len(sizes) == 1 else (0, 0)  # 0: sizes differ
+    common = {
+        "num_samples": len(images),
+        "class_names": listing.class_names,
+        "source": str(listing.origin),
+        "source_digest": hashlib.sha256(checksums.astype("<u4").tobytes()).hexdigest(),
+    }
+    encoded = ImportedSpec(
+        encoding=encodings.pop() if len(encodings) == 1 else "mixed",
+        stored_bytes=sum(im.size for im in images), height=height, width=width, **common,
+    )
+    raw = None
+    if resize is not None:
+        h, w = int(resize[0]), int(resize[1])
+        raw = ImportedSpec(encoding="raw", stored_bytes=len(images) * h * w * 3, height=h,
+                           width=w, resize_filter=RESIZE_FILTER, **common)
+    return ImportPlan(listing, encoded, raw, checksums, skipped)
+
+
+def source_samples(plan: ImportPlan, spec: ImportedSpec) -> Callable[[], Iterator]:
+    """A factory of ``spec``'s samples from the source files, each checked against the
+    checksum taken when the plan was made (a file changed since is an error, not a silently
+    different dataset)."""
+    listing = plan.listing
+
+    def samples() -> Iterator[tuple[np.ndarray | bytes, int]]:
+        for k, rel in enumerate(listing.paths):
+            path = listing.root / rel
+            label = int(listing.labels[k])
+            data = read_source_bytes(path)
+            if sample_checksum(data, label) != int(plan.checksums[k]):
+                raise SourceImageError(path, "changed while it was being imported; import again")
+            if spec.encoding == "raw":
+                yield resized_pixels(data, path, spec.height, spec.width), label
+            else:
+                yield data, label
+
+    return samples
+
+
+def parse_resize(text: str | None) -> tuple[int, int] | None:
+    """``"224x224"`` (or ``"224"``) -> (224, 224)."""
+    if text is None:
+        return None
+    parts = text.lower().split("x")
+    try:
+        values = [int(p) for p in parts]
+    except ValueError:
+        values = []
+    if len(values) not in (1, 2) or min(values, default=0) < 1:
+        raise ValueError(f"--resize takes HxW (e.g. 224x224) or one size, got {text!r}")
+    return (values[0], values[-1])
+
+
+def import_images(
+    source: Path | str,
+    out_dir: Path | str,
+    *,
+    formats: Sequence[str] | None = None,
+    resize: tuple[int, int] | None = None,
+    limit: int | None = None,
+    on_error: str = "fail",
+    workers: int | None = None,
+    progress: bool = True,
+    force: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> list:
+    """Import ``source`` into ``out_dir/<format>-<encoding>`` for every format (or those
+    named) that can hold it; returns the ``BuildResult`` of each copy.
+
+    Without ``resize`` the encoded formats are written and raw-only formats (memmap) are
+    skipped with a log line saying why; naming a raw-only format explicitly without a resize
+    is an error. With ``resize`` every format also gets a raw copy of the resized pixels.
+    """
+    from .formats import FORMATS, build_dataset, get_format
+    from .formats.build import SampleCache
+
+    say = log or (lambda line: None)
+    names = list(formats or FORMATS)
+    modules = {name: get_format(name) for name in names}
+    if resize is None and formats:
+        raw_only = [n for n in names if set(modules[n].ENCODINGS) == {"raw"}]
+        if raw_only:
+            raise ValueError(
+                f"{', '.join(raw_only)} store raw arrays of one size only: pass --resize HxW "
+                "(resize=(H, W)) to write them"
+            )
+    plan = plan_import(source, resize=resize, limit=limit, on_error=on_error, workers=workers,
+                       progress=progress)
+    if plan.skipped:
+        say(f"skipped {len(plan.skipped)} unreadable image(s), listed in sources.json; "
+            f"the first: {plan.skipped[0][0]}: {plan.skipped[0][1]}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for spec in (plan.encoded_spec, plan.raw_spec):
+        if spec is None:
+            continue
+        chosen = [n for n in names if spec.encoding in modules[n].ENCODINGS]
+        for name in names:
+            if name not in chosen and plan.raw_spec is None:
+                say(f"skip   {name}: stores {'/'.join(modules[name].ENCODINGS)} only; "
+                    "import with --resize HxW to write it")
+        with SampleCache(spec, out_dir, workers=workers, progress=progress,
+                         samples=source_samples(plan, spec)) as cache:
+            for name in chosen:
+                result = build_dataset(spec, name, out_dir, source=cache, force=force,
+                                       progress=progress,
+                                       sidecars={"sources.json": plan.sources_sidecar()})
+                results.append(result)
+                m = result.manifest
+                say(f"{'exists' if result.skipped else 'built '} {result.path}  "
+                    f"{m['num_samples']} images, {spec.num_classes} classes, "
+                    f"{m['bytes_apparent'] / 1e6:.1f} MB, {m['file_count']} files")
+    return results
