@@ -30,6 +30,7 @@ class StudyTimes:
     failed_cases: dict[str, list[str]] = field(default_factory=dict)
     ran_cases: dict[str, int] = field(default_factory=dict)
     reused_cases: dict[str, int] = field(default_factory=dict)
+    skipped_studies: dict[str, str] = field(default_factory=dict)
 
     def write(self, results_dir: Path) -> Path:
         path = results_dir / TIMING_FILE
@@ -42,6 +43,7 @@ class StudyTimes:
             "failed_cases": self.failed_cases,
             "ran_cases": self.ran_cases,
             "reused_cases": self.reused_cases,
+            "skipped_studies": self.skipped_studies,
         }
         path.write_text(json.dumps(data, indent=2) + "\n")
         return path
@@ -122,8 +124,25 @@ def build_profile(
     return results
 
 
+def imported_data_dir(dataset: Path | str) -> Path:
+    """``dataset`` if it holds datasets written by ``storebench import``, else a clear error."""
+    from .formats import find_datasets, read_manifest
+    from .formats.specs import IMPORTED_KIND
+
+    root = Path(dataset)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: no such directory (import images with "
+                                "storebench import SRC --out DIR first)")
+    if not any(read_manifest(p)["spec"].get("kind") == IMPORTED_KIND
+               for p in find_datasets(root)):
+        raise ValueError(f"{root}: holds no imported dataset; write one with "
+                         f"storebench import SRC --out {root}")
+    return root
+
+
 def record_environment(
-    profile: str, data_dir: Path, results_dir: Path, *, run_id: str, drop_caches: bool = False
+    profile: str, data_dir: Path, results_dir: Path, *, run_id: str, drop_caches: bool = False,
+    label: str | None = None,
 ) -> dict:
     """Measure the machine's limits now and write ``env.json`` (an earlier run's env.json is
     kept as ``env-<run_id>.json`` beside it, since its rows stay in the results)."""
@@ -137,8 +156,11 @@ def record_environment(
         if previous.get("run_id") and previous["run_id"] != run_id:
             shutil.move(env_path, results_dir / f"env-{previous['run_id']}.json")
     limits = measure_limits(data_dir, sizes=limit_sizes_for(profile), drop_caches=drop_caches)
-    env = collect_env(data_dir, profile=profile, limits=limits, repo_dir=REPO_ROOT)
+    env = collect_env(data_dir, profile=label or profile, limits=limits, repo_dir=REPO_ROOT)
     env["run_id"] = run_id
+    if label is not None and label != profile:
+        env["plan"] = profile
+        env["dataset_dir"] = str(Path(data_dir).resolve())
     write_env(env_path, env)
     return env
 
@@ -155,25 +177,36 @@ def run_study(
     progress: bool = True,
     run_id: str | None = None,
     record_env: bool = True,
+    dataset: Path | str | None = None,
 ):
     """Run one study into ``<results_root>/<profile>/<name>.csv``; builds what is missing.
 
     ``repeats=None`` and the per-case timeout come from the profile's ``bench.plan``. With
     ``resume`` (the default) cases already in the file are skipped, so an interrupted run
     picks up where it stopped; ``resume=False`` discards the earlier rows first.
+
+    With ``dataset`` (a directory written by ``storebench import``) the study runs on those
+    datasets instead, into ``<results_root>/<dataset name>/``, sized by ``profile``'s plan
+    (``ci`` or ``small``); its rows name the dataset as their profile.
     """
     from .bench import runner
     from .bench.plan import case_timeout_s
     from .studies import get_study
 
     study = get_study(name)
-    data_dir = data_dir_for(profile, data_root)
-    results_dir = results_dir_for(profile, results_root)
+    if dataset is not None:
+        data_dir, label = imported_data_dir(dataset), Path(dataset).resolve().name
+        if study.synthetic_only:
+            raise ValueError(f"study {name!r} applies to the synthetic profiles only")
+    else:
+        data_dir, label = data_dir_for(profile, data_root), profile
+        build_profile(profile, data_dir, progress=progress)
+    results_dir = results_dir_for(label, results_root)
     results_dir.mkdir(parents=True, exist_ok=True)
-    build_profile(profile, data_dir, progress=progress)
     run_id = run_id or runner.new_run_id()
     if record_env:
-        record_environment(profile, data_dir, results_dir, run_id=run_id, drop_caches=drop_caches)
+        record_environment(profile, data_dir, results_dir, run_id=run_id, drop_caches=drop_caches,
+                           label=label)
     kwargs = {"profile": profile, "data_dir": data_dir}
     if repeats is not None:
         kwargs["repeats"] = repeats
@@ -184,7 +217,7 @@ def run_study(
     return runner.run_study(
         cases,
         results_path,
-        profile=profile,
+        profile=label,
         run_id=run_id,
         resume=True,
         drop_caches=drop_caches,
@@ -258,22 +291,33 @@ def run_full_study(
     progress: bool = True,
     studies: tuple[str, ...] | None = None,
     log: Callable[[str], None] | None = None,
+    dataset: Path | str | None = None,
 ) -> StudyTimes:
     """Build, run every study of ``STUDIES`` (or those named; one run id, one env.json),
     plot, execute the notebooks, then print a summary: where the results went, how many
-    cases ran, were reused or failed, and this machine's decision guide."""
+    cases ran, were reused or failed, and this machine's decision guide.
+
+    With ``dataset`` (a directory written by ``storebench import``) nothing is built: every
+    study that applies to imported data runs on it, sized by ``profile``'s plan, into
+    ``<results_root>/<dataset name>/``. A study that cannot run on it (synthetic only, or
+    needing a raw copy that was not imported) is listed in ``timing.json`` with its reason.
+    """
     from .bench import runner
     from .plots import plot_all
     from .studies import STUDIES, get_study
+    from .studies.grid import MissingDatasetError
 
     names = list(studies) if studies is not None else list(STUDIES)
     for name in names:
         get_study(name)  # an unknown name fails before anything runs
 
-    data_dir = data_dir_for(profile, data_root)
-    results_dir = results_dir_for(profile, results_root)
+    if dataset is not None:
+        data_dir, label = imported_data_dir(dataset), Path(dataset).resolve().name
+    else:
+        data_dir, label = data_dir_for(profile, data_root), profile
+    results_dir = results_dir_for(label, results_root)
     results_dir.mkdir(parents=True, exist_ok=True)
-    times = StudyTimes(profile, runner.new_run_id())
+    times = StudyTimes(label, runner.new_run_id())
 
     def stage(name, fn, *args, **kwargs):
         started = time.perf_counter()
@@ -284,7 +328,8 @@ def run_full_study(
             times.stages[name] = time.perf_counter() - started
             times.write(results_dir)
 
-    stage("build", build_profile, profile, data_dir, progress=progress)
+    if dataset is None:
+        stage("build", build_profile, profile, data_dir, progress=progress)
     stage(
         "environment",
         record_environment,
@@ -293,22 +338,33 @@ def run_full_study(
         results_dir,
         run_id=times.run_id,
         drop_caches=drop_caches,
+        label=label,
     )
     for name in names:
-        summary = stage(
-            f"study:{name}",
-            run_study,
-            name,
-            profile=profile,
-            data_root=data_root,
-            results_root=results_root,
-            repeats=repeats,
-            resume=resume,
-            drop_caches=drop_caches,
-            progress=progress,
-            run_id=times.run_id,
-            record_env=False,
-        )
+        if dataset is not None and get_study(name).synthetic_only:
+            times.skipped_studies[name] = "applies to the synthetic profiles only"
+            continue
+        try:
+            summary = stage(
+                f"study:{name}",
+                run_study,
+                name,
+                profile=profile,
+                data_root=data_root,
+                results_root=results_root,
+                repeats=repeats,
+                resume=resume,
+                drop_caches=drop_caches,
+                progress=progress,
+                run_id=times.run_id,
+                record_env=False,
+                dataset=dataset,
+            )
+        except MissingDatasetError as err:
+            if dataset is None:
+                raise
+            times.skipped_studies[name] = str(err)
+            continue
         if summary.failed:
             times.failed_cases[name] = list(summary.failed)
         times.ran_cases[name] = len(summary.ran)
@@ -344,6 +400,8 @@ def study_summary(results_dir: Path, times: StudyTimes) -> str:
                      "again (use --fresh to re-measure).")
     else:
         lines.append(f"Cases: {ran} ran, {reused} reused from earlier runs, {failed} failed.")
+    for study, reason in times.skipped_studies.items():
+        lines.append(f"  skipped study {study}: {reason}")
     for study, cases in times.failed_cases.items():
         lines.append(f"  failed in {study}: {', '.join(cases[:5])}"
                      + (" ..." if len(cases) > 5 else ""))

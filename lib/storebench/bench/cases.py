@@ -12,7 +12,8 @@ Grid vocabulary of the loader cases (the Case fields' values):
 - ``loader``: ``"lazy"`` (LazyDataset, reads per access) | ``"preloaded"`` (PreloadedDataset)
 - ``access``: ``"sequential"`` | ``"shuffle"`` | ``"block_shuffle"``
 - ``prefetcher``: a loader path name of ``storebench.loaders.paths.LOADER_PATHS``
-- params: ``decode`` (None | ``"simplejpeg"`` | ``"pil"`` | ``"tf"``), ``start_method``,
+- params: ``decode`` (None | ``"simplejpeg"`` | ``"pil"`` | ``"auto"`` | ``"tf"``),
+  ``resize`` (``"HxW"``: imported images of mixed sizes, resized before batching), ``start_method``,
   ``seed``, ``max_batches``, ``shuffle_buffer`` (tf_data), ``open_<option>`` (format open
   options).
 """
@@ -65,6 +66,25 @@ def make_sampler(case: Case, reader):
     raise ValueError(f"case {case.case_id}: access must be one of {ACCESS_ORDERS}")
 
 
+def resize_size(case: Case) -> tuple[int, int] | None:
+    """The case's ``resize`` param (``"224x224"``) as (height, width), None when unset."""
+    text = case.param("resize")
+    if not text:
+        return None
+    height, _, width = str(text).partition("x")
+    return int(height), int(width or height)
+
+
+def resize_transform(case: Case):
+    """The per-sample resize an imported set of mixed sizes needs before batching."""
+    size = resize_size(case)
+    if size is None:
+        return None
+    from storebench.loaders.transforms import Resize
+
+    return Resize(*size)
+
+
 def make_dataset(case: Case, reader):
     """The case's dataset over ``reader``, or None where the loader path reads the files
     itself (tf.data over TFRecord)."""
@@ -74,10 +94,11 @@ def make_dataset(case: Case, reader):
     if get_loader_path(case.prefetcher).reads_dataset_files:
         return None
     decode = case.param("decode")
+    transform = resize_transform(case)
     if case.loader == "lazy":
-        return LazyDataset(reader, decode=decode)
+        return LazyDataset(reader, decode=decode, transform=transform)
     if case.loader == "preloaded":
-        return PreloadedDataset(reader, decode=decode, progress=False)
+        return PreloadedDataset(reader, decode=decode, transform=transform, progress=False)
     raise ValueError(f"case {case.case_id}: loader must be one of {LOADER_KINDS}")
 
 
@@ -89,7 +110,8 @@ def open_batches(case: Case, dataset, sampler):
     options = PathOptions(
         batch_size=case.batch_size or 256, workers=case.workers or 0,
         start_method=case.param("start_method"), seed=int(case.param("seed", 0)),
-        root=case.dataset, shuffle_buffer=int(case.param("shuffle_buffer", 4096)))
+        root=case.dataset, shuffle_buffer=int(case.param("shuffle_buffer", 4096)),
+        resize=resize_size(case))
     return path.open(dataset, sampler, options)
 
 

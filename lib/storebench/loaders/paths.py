@@ -32,6 +32,9 @@ class PathOptions:
     seed: int = 0
     root: str = ""
     shuffle_buffer: int = 4096
+    # (height, width) for imported images of mixed sizes: paths that decode themselves
+    # resize to it before batching (datasets get a Resize transform instead).
+    resize: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -124,9 +127,10 @@ def _torch(dataset, sampler, options: PathOptions) -> Batches:
 def _tf_data(dataset, sampler, options: PathOptions) -> Batches:
     from .tf_adapter import tfrecord_pipeline
 
+    resize = {"resize": options.resize} if options.resize else {}
     pipeline = tfrecord_pipeline(Path(options.root), batch_size=options.batch_size,
                                  shuffle_buffer=options.shuffle_buffer, seed=options.seed,
-                                 deterministic=False)
+                                 deterministic=False, **resize)
     return pipeline, None
 
 

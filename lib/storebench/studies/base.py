@@ -38,3 +38,6 @@ class Study:
     findings: Callable[[Results], list[str]]
     guide: Callable[[Results], list] = no_guide_rows
     notebook: str = ""
+    # Its questions are about the synthetic profiles (e.g. targets set for their shapes):
+    # ``storebench study --dataset`` leaves it out.
+    synthetic_only: bool = False

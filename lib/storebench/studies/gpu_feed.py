@@ -26,7 +26,14 @@ from ..plots import empty_figure, path_colour, profile_caption, summarise
 from ..results import Results, best_row, latest_runs, select, stat, summary_table
 from ..text import MULTIPLY, format_percent, format_ratio, format_value, grid_value, sig
 from .base import FigureSpec, Study
-from .grid import batch_size_for, dataset_fields, pick, profile_datasets, repeats_for
+from .grid import (
+    MissingDatasetError,
+    batch_size_for,
+    dataset_fields,
+    pick,
+    profile_datasets,
+    repeats_for,
+)
 
 CASES = "storebench.studies.gpu_feed"
 COMPUTE_MS = (0.0, 2.0, 10.0)
@@ -46,7 +53,8 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
     repeats = repeats_for(profile, repeats)
     picked = pick(profile_datasets(profile, data_dir), "raw", ("memmap", "lmdb", "hdf5"))
     if picked is None:
-        raise FileNotFoundError(f"{data_dir}: gpu_feed needs a raw dataset")
+        raise MissingDatasetError(f"{data_dir}: gpu_feed needs a raw dataset (for an "
+                                  "import: storebench import ... --resize HxW)")
     path, manifest = picked
     fields = dataset_fields("gpu_feed", path, manifest)
     cuda = cuda_info()

@@ -11,6 +11,11 @@ from ..text import ENCODING_ORDER
 # knob variant's is ``<format>-<encoding>-<knob>=<value>``.
 
 
+class MissingDatasetError(FileNotFoundError):
+    """A study's grid needs a dataset that is not there (e.g. a raw copy of an import made
+    without ``--resize``)."""
+
+
 def repeats_for(profile: str, repeats: int | None) -> int:
     return plan_for(profile).repeats if repeats is None else repeats
 
@@ -28,16 +33,20 @@ def profile_datasets(
     registry's order, then encoding, then directory name."""
     from data_gen import get_profile
     from storebench.formats import FORMATS, find_datasets, read_manifest
+    from storebench.formats.specs import IMPORTED_KIND
 
     specs = {spec.encoding: spec.to_dict() for spec in get_profile(profile).specs}
+    everything = [(path, read_manifest(path)) for path in find_datasets(data_dir)]
+    imported = [(p, m) for p, m in everything if m["spec"].get("kind") == IMPORTED_KIND]
     found = []
-    for path in find_datasets(data_dir):
-        manifest = read_manifest(path)
-        if manifest["spec"] == specs.get(manifest["spec"]["encoding"]) and (
+    # A directory of imported datasets (storebench import) is studied whatever the profile:
+    # the profile then sizes the plan only.
+    for path, manifest in imported or everything:
+        if (imported or manifest["spec"] == specs.get(manifest["spec"]["encoding"])) and (
                 variants or not is_variant(path, manifest)):
             found.append((path, manifest))
     if not found:
-        raise FileNotFoundError(
+        raise MissingDatasetError(
             f"{data_dir}: no datasets of profile {profile!r}; build them first "
             f"(storebench build --profile {profile})"
         )
@@ -101,4 +110,38 @@ def dataset_fields(study: str, path: Path, manifest: dict) -> dict:
 
 
 # The decoder each encoding's samples go through in the loader studies.
-DECODE_FOR = {"raw": None, "jpeg": "simplejpeg", "png": "pil"}
+DECODE_FOR = {"raw": None, "jpeg": "simplejpeg", "png": "pil", "mixed": "auto"}
+# Imported images of mixed sizes are resized to this in the worker before batching: the
+# README's "resize to 224" pipeline.
+STUDY_RESIZE = "224x224"
+
+
+def is_imported_manifest(manifest: dict) -> bool:
+    from storebench.formats.specs import IMPORTED_KIND
+
+    return manifest["spec"].get("kind") == IMPORTED_KIND
+
+
+def encoded_pick(datasets, preferred: tuple[str, ...]):
+    """The encoded set the loader studies decode: the profile's JPEG set, or an import's
+    encoded copy (JPEG, PNG or mixed), in ``preferred`` format order."""
+    for encoding in ("jpeg", "mixed", "png"):
+        found = pick(datasets, encoding, preferred)
+        if found is not None and (encoding == "jpeg" or is_imported_manifest(found[1])):
+            return found
+    return None
+
+
+# Decoders the prefetch study runs over each encoded set: a GIL-releasing one, then PIL.
+DECODERS_FOR = {"jpeg": ("simplejpeg", "pil"), "mixed": ("auto", "pil"), "png": ("pil",)}
+
+
+def decode_params(manifest: dict) -> dict:
+    """The case params that turn a dataset's stored samples into fixed-size arrays: its
+    decoder, and for imported images of mixed sizes the resize."""
+    from storebench.formats.specs import fixed_size, spec_from_dict
+
+    params = {"decode": DECODE_FOR[manifest["encoding"]]}
+    if not fixed_size(spec_from_dict(manifest["spec"])):
+        params["resize"] = STUDY_RESIZE
+    return params

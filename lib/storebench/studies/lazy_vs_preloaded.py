@@ -59,9 +59,9 @@ from ..text import (
 from .base import FigureSpec, Study
 from .formats import build_cost_table
 from .grid import (
-    DECODE_FOR,
     batch_size_for,
     dataset_fields,
+    decode_params,
     profile_datasets,
     repeats_for,
 )
@@ -85,7 +85,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
         if not raw and plan.compact and manifest["format"] not in COMPACT_ENCODED_FORMATS:
             continue
         fields = dataset_fields("lazy_vs_preloaded", path, manifest)
-        decode = DECODE_FOR[manifest["encoding"]]
+        decoding = {k: v for k, v in decode_params(manifest).items() if v}
         batch_size = batch_size_for(manifest["num_samples"])
         for loader in ("lazy", "preloaded"):
             orders = ACCESS_ORDERS if raw and (loader == "lazy" or not plan.compact) else (
@@ -96,7 +96,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
                         function=f"{CASES}:loader_epoch_case", loader=loader,
                         prefetcher="none", workers=0, batch_size=batch_size, access=access,
                         cache=cache.value, repeats=repeats,
-                        params={"decode": decode} if decode else {}, **fields,
+                        params=decoding, **fields,
                     ))
         for knob_format, option in READAHEAD_KNOBS:
             if manifest["format"] != knob_format or not raw:

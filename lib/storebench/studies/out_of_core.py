@@ -58,7 +58,14 @@ from ..text import (
     relative_text,
 )
 from .base import FigureSpec, Study
-from .grid import DECODE_FOR, batch_size_for, dataset_fields, knob_params, profile_datasets
+from .grid import (
+    batch_size_for,
+    dataset_fields,
+    decode_params,
+    is_imported_manifest,
+    knob_params,
+    profile_datasets,
+)
 
 CASES = "storebench.studies.out_of_core"
 NAME = "out_of_core"
@@ -341,13 +348,13 @@ RESIDENT_TOLERANCE = 0.05
 
 def _case(path: Path, manifest: dict, *, access: str, k: int, repeats: int, timeout_s: float,
           loader: str = "lazy", params: dict | None = None) -> Case:
-    decode = DECODE_FOR[manifest["encoding"]]
+    decoding = {k: v for k, v in decode_params(manifest).items() if v}
     return Case(
         function=f"{CASES}:out_of_core_epochs_case", loader=loader, prefetcher=PREFETCHER,
         workers=WORKERS, batch_size=batch_size_for(manifest["num_samples"]), access=access,
         cache="cold", repeats=repeats, warmup=False, timeout_s=timeout_s,
         params={"k": k, "epoch_seconds_limit": EPOCH_SECONDS_LIMIT,
-                **({"decode": decode} if decode else {}), **(params or {})},
+                **decoding, **(params or {})},
         **dataset_fields(NAME, path, manifest),
     )
 
@@ -385,6 +392,8 @@ def out_of_core_grid(
     datasets = profile_datasets(profile, data_dir, variants=True)
     for path, manifest in datasets:
         fmt, encoding = manifest["format"], manifest["encoding"]
+        # An import's encoded copy (JPEG, PNG or both) stands where the profile's JPEG set does.
+        encoding = "jpeg" if is_imported_manifest(manifest) and encoding != "raw" else encoding
         if plan.compact and (fmt, encoding) not in (("memmap", "raw"), ("lmdb", "jpeg")):
             continue
         if knob_params(path, manifest):

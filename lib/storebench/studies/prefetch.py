@@ -35,7 +35,16 @@ from ..plots import (
 from ..results import Results, best_row, ordered, params_of, select, stat, summary_table
 from ..text import DASH, format_ratio, format_value, relative_text
 from .base import FigureSpec, Study
-from .grid import batch_size_for, dataset_fields, pick, profile_datasets, repeats_for
+from .grid import (
+    DECODERS_FOR,
+    batch_size_for,
+    dataset_fields,
+    decode_params,
+    encoded_pick,
+    pick,
+    profile_datasets,
+    repeats_for,
+)
 
 CASES = "storebench.bench.cases"
 
@@ -90,34 +99,36 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
     repeats = repeats_for(profile, repeats)
     datasets = profile_datasets(profile, data_dir)
     raw = pick(datasets, "raw", ("memmap", "lmdb", "hdf5"))
-    jpeg = pick(datasets, "jpeg", ("lmdb", "rawfiles", "hdf5"))
+    encoded = encoded_pick(datasets, ("lmdb", "rawfiles", "hdf5"))
     full = prefetch_grid()
     plans = []
     if raw is not None:
         plans.append((raw, None, COMPACT_RAW if plan.compact else full))
-    if jpeg is not None:
-        plans.append((jpeg, "simplejpeg", full))
-        plans.append((jpeg, "pil", COMPACT_CORE if plan.compact else full))
+    if encoded is not None:
+        first, *others = DECODERS_FOR[encoded[1]["encoding"]]
+        plans.append((encoded, first, full))
+        plans += [(encoded, other, COMPACT_CORE if plan.compact else full) for other in others]
     cases = []
     for (path, manifest), decode, variants in plans:
         fields = dataset_fields("prefetch", path, manifest)
         for variant in variants:
             params = {"start_method": variant.start_method} if variant.start_method else {}
             if decode:
-                params["decode"] = decode
+                params |= {**decode_params(manifest), "decode": decode}
             cases.append(Case(
                 function=f"{CASES}:loader_epoch_case", loader="lazy",
                 prefetcher=variant.prefetcher, workers=variant.workers,
                 batch_size=batch_size_for(manifest["num_samples"]), access="shuffle",
                 cache="warm", repeats=repeats, params=params, **fields,
             ))
-    tfrecord = pick(datasets, "jpeg", ("tfrecord",))
+    tfrecord = encoded_pick(datasets, ("tfrecord",))
     if tfrecord is not None and tfrecord[1]["format"] == "tfrecord":
         path, manifest = tfrecord
         cases.append(Case(
             function=f"{CASES}:loader_epoch_case", loader="lazy", prefetcher="tf_data",
             batch_size=batch_size_for(manifest["num_samples"]), access="shuffle",
-            cache="warm", repeats=repeats, params={"decode": "tf", "shuffle_buffer": 4096},
+            cache="warm", repeats=repeats,
+            params={**decode_params(manifest), "decode": "tf", "shuffle_buffer": 4096},
             **dataset_fields("prefetch", path, manifest),
         ))
     return cases

@@ -487,4 +487,5 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="05_findings.ipynb",
+    synthetic_only=True,
 )
