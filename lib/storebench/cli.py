@@ -83,6 +83,7 @@ def _run(args: argparse.Namespace) -> int:
         resume=not args.fresh,
         drop_caches=args.drop_caches,
         progress=not args.quiet,
+        dataset=args.dataset,
     )
     return 0
 
@@ -91,6 +92,7 @@ def _study(args: argparse.Namespace) -> int:
     from .study import run_full_study
 
     run_full_study(
+        dataset=args.dataset,
         profile=args.profile,
         data_root=args.data,
         results_root=args.results,
@@ -202,7 +204,14 @@ def parser() -> argparse.ArgumentParser:
 
             s.add_argument("--study", required=True, choices=list(STUDIES))
         s.add_argument(
-            "--profile", default=data_gen.DEFAULT_PROFILE, choices=sorted(data_gen.PROFILES)
+            "--profile", default=data_gen.DEFAULT_PROFILE, choices=sorted(data_gen.PROFILES),
+            help="the synthetic profile to build and study; with --dataset, the plan that "
+                 "sizes the study (repeats, grid): ci is quick, small is the default",
+        )
+        s.add_argument(
+            "--dataset", type=Path, default=None,
+            help="study your own images instead: a directory written by storebench import; "
+                 "results go to <results>/<its name>/",
         )
         s.add_argument("--data", type=Path, default=DEFAULT_DATA_ROOT, help="dataset root")
         s.add_argument("--results", type=Path, default=DEFAULT_RESULTS_ROOT, help="results root")

@@ -328,13 +328,15 @@ def plan_import(
     }
     encoded = ImportedSpec(
         encoding=encodings.pop() if len(encodings) == 1 else "mixed",
-        stored_bytes=sum(im.size for im in images), height=height, width=width, **common,
+        stored_bytes=sum(im.size for im in images), height=height, width=width,
+        decoded_bytes=sum(im.height * im.width * 3 for im in images), **common,
     )
     raw = None
     if resize is not None:
         h, w = int(resize[0]), int(resize[1])
         raw = ImportedSpec(encoding="raw", stored_bytes=len(images) * h * w * 3, height=h,
-                           width=w, resize_filter=RESIZE_FILTER, **common)
+                           width=w, decoded_bytes=len(images) * h * w * 3,
+                           resize_filter=RESIZE_FILTER, **common)
     return ImportPlan(listing, encoded, raw, checksums, skipped)
 
 

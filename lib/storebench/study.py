@@ -305,7 +305,7 @@ def run_full_study(
     from .bench import runner
     from .plots import plot_all
     from .studies import STUDIES, get_study
-    from .studies.grid import MissingDatasetError
+    from .studies.grid import StudyNotApplicableError
 
     names = list(studies) if studies is not None else list(STUDIES)
     for name in names:
@@ -360,7 +360,7 @@ def run_full_study(
                 record_env=False,
                 dataset=dataset,
             )
-        except MissingDatasetError as err:
+        except StudyNotApplicableError as err:
             if dataset is None:
                 raise
             times.skipped_studies[name] = str(err)

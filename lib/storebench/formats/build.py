@@ -413,7 +413,8 @@ def _write_into(
         "file_count": len(files),
         "bytes_apparent": apparent,
         "bytes_allocated": allocated,
-        "raw_bytes": spec.num_samples * spec.raw_sample_bytes if fixed_size(spec) else None,
+        "raw_bytes": spec.num_samples * spec.raw_sample_bytes if fixed_size(spec)
+        else spec.decoded_bytes,
         "sidecars": sidecar_digests,
         "write_seconds": write_seconds,
         "generate_seconds": stream.source_seconds,

@@ -32,8 +32,10 @@ class ImportedSpec:
 
     ``height``/``width`` are set when every image has that size (always for raw); else 0.
     Decoded images are RGB (``channels=3``) whatever the files' modes (greyscale, CMYK,
-    palette), as ImageFolder pipelines convert them. ``source_digest`` is the SHA-256 over the
-    source files' checksums, so a re-import of changed files is a different spec.
+    palette), as ImageFolder pipelines convert them; ``decoded_bytes`` is the sum of their
+    decoded sizes (what the formats study compares stored bytes with). ``source_digest`` is
+    the SHA-256 over the source files' checksums, so a re-import of changed files is a
+    different spec.
     """
 
     num_samples: int
@@ -44,6 +46,7 @@ class ImportedSpec:
     stored_bytes: int
     height: int = 0
     width: int = 0
+    decoded_bytes: int = 0
     channels: int = 3
     resize_filter: str = ""
     kind: str = IMPORTED_KIND

@@ -3,6 +3,8 @@
 Compose them: ``reader -> LazyDataset / PreloadedDataset -> BatchSampler(sampler) ->
 ThreadPrefetcher / ProcessPrefetcher -> GpuFeeder``. Torch and TensorFlow are imported only
 inside the functions that use them (``storebench.loaders.torch_adapter``, ``.tf_adapter``).
+Per-sample transforms (``Resize``, ``ResizeShorter``, ``CenterCrop``, ``Compose``) give images
+of different sizes one shape before batching.
 """
 
 from .baselines import BaselineLockedListPrefetcher, BaselinePickledQueuePrefetcher
@@ -17,6 +19,14 @@ from .gpu import (
 )
 from .prefetch import ProcessPrefetcher, ThreadPrefetcher, WorkerDiedError, WorkerError
 from .samplers import BatchSampler, BlockShuffleSampler, SequentialSampler, ShuffleSampler
+from .transforms import (
+    CenterCrop,
+    Compose,
+    ImageTooSmallError,
+    ImageTransform,
+    Resize,
+    ResizeShorter,
+)
 from .window import OrderedWindow, WorkerStartError
 
 __all__ = [
@@ -27,14 +37,20 @@ __all__ = [
     "Batch",
     "BatchSampler",
     "BlockShuffleSampler",
+    "CenterCrop",
+    "Compose",
     "EmulatedAccelerator",
     "FeedResult",
     "GpuFeeder",
+    "ImageTooSmallError",
+    "ImageTransform",
     "InsufficientMemoryError",
     "LazyDataset",
     "OrderedWindow",
     "PreloadedDataset",
     "ProcessPrefetcher",
+    "Resize",
+    "ResizeShorter",
     "SequentialSampler",
     "ShuffleSampler",
     "ThreadPrefetcher",

@@ -6,10 +6,23 @@ without importing torch, and both add an optional decode step and a per-sample t
 - ``decode=None``: samples as stored (raw (H, W, C) arrays, or encoded ``bytes``);
 - ``decode="simplejpeg"``: libjpeg-turbo through simplejpeg, which releases the GIL for the
   whole decode, so threads scale; JPEG only;
-- ``decode="pil"``: Pillow (JPEG or PNG); holds the GIL for part of the work.
+- ``decode="pil"``: Pillow (JPEG or PNG); holds the GIL for part of the work;
+- ``decode="auto"``: per sample, simplejpeg for JPEG bytes and Pillow for anything else: the
+  decoder for "mixed" sets (a folder of JPEG and PNG files), allowed for any encoded set.
+
+CMYK (and YCCK) JPEGs are decoded by Pillow whichever decoder is asked for: simplejpeg
+converts them to RGB too, but with its own rounding (off by one from Pillow and TensorFlow),
+and one dataset should decode to the same pixels on every path.
 
 Batched access (``get_batch`` / ``__getitems__``) goes through ``Reader.read_many`` and writes
 fixed-size samples into one (B, H, W, C) buffer, the caller's when ``out`` is given.
+
+Imported datasets of encoded images of different sizes (``ImportedSpec`` with
+``fixed_size`` False) decode each image to its own (H, W, 3) RGB shape, whatever its mode
+(greyscale, CMYK, palette, RGBA). To batch them into one array, give a transform with a fixed
+output (``Resize(224, 224)``, or ``Compose(ResizeShorter(256), CenterCrop(224, 224))``);
+without one, a decoded batch's ``images`` is a list of differently shaped arrays (see
+``collate_padded``).
 """
 
 from __future__ import annotations
@@ -19,11 +32,21 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from storebench.formats.base import CorruptSampleError, Reader, check_index, check_indices
+from storebench.formats.base import (
+    CorruptSampleError,
+    Reader,
+    check_index,
+    check_indices,
+    sniff_encoding,
+)
+from storebench.formats.specs import fixed_size
 
 from .batching import Batch, stack_into
+from .transforms import ImageTransform, transform_output_shape
 
-DECODERS = ("pil", "simplejpeg")
+DECODERS = ("auto", "pil", "simplejpeg")
+# What simplejpeg.decode_jpeg_header calls the JPEG colour spaces that Pillow decodes instead.
+PIL_ONLY_JPEG_COLORSPACES = frozenset({"CMYK", "YCCK"})
 
 
 class InsufficientMemoryError(MemoryError):
@@ -62,8 +85,18 @@ class _MapDataset:
             if decode == "simplejpeg" and spec.encoding != "jpeg":
                 raise ValueError(
                     f"{reader.root}: simplejpeg decodes JPEG only, these samples are "
-                    f"{spec.encoding}; use decode='pil'"
+                    f"{spec.encoding}; use decode='auto' (simplejpeg for the JPEGs, Pillow "
+                    "for the rest) or decode='pil'"
                 )
+        if (
+            isinstance(transform, ImageTransform)
+            and decode is None
+            and spec.encoding != "raw"
+        ):
+            raise ValueError(
+                f"{reader.root}: {transform!r} works on decoded images and these samples "
+                f"are {spec.encoding} bytes; pass decode='auto'"
+            )
         self.reader = reader
         self.spec = spec
         self.decode = decode
@@ -90,14 +123,31 @@ class _MapDataset:
         return self.spec.encoding == "raw" or self.decode is not None or self.transform is not None
 
     @property
+    def fixed_size(self) -> bool:
+        """Whether every stored image has the spec's shape (False for imported sets of
+        encoded images of different sizes)."""
+        return fixed_size(self.spec)
+
+    @property
+    def is_ragged(self) -> bool:
+        """True when decoded samples come out with each image's own shape: a variable-size
+        set decoded without a transform. Batches then hold a list of arrays."""
+        return not self.fixed_size and self.decode is not None and self.transform is None
+
+    @property
     def sample_shape(self) -> tuple[int, ...] | None:
-        """Shape of every sample's image, or None when unknown in advance (encoded bytes, or
-        a transform without ``output_shape``)."""
+        """Shape of every sample's image, or None when unknown in advance (encoded bytes,
+        images of different sizes, or a transform that does not say: a plain callable
+        without ``output_shape=``, or ``ResizeShorter`` alone on a variable-size set)."""
         if self._output_shape is not None:
             return self._output_shape
-        if self.transform is None and (self.spec.encoding == "raw" or self.decode is not None):
-            return self.spec.image_shape
-        return None
+        decoded = self.spec.encoding == "raw" or self.decode is not None
+        stored_shape = self.spec.image_shape if decoded and self.fixed_size else None
+        if self.transform is None:
+            return stored_shape
+        if not decoded:
+            return None
+        return transform_output_shape(self.transform, stored_shape, self.spec.channels)
 
     @property
     def sample_dtype(self) -> np.dtype:
@@ -125,16 +175,29 @@ class _MapDataset:
     def get_batch(
         self, indices: Sequence[int] | np.ndarray, *, out: np.ndarray | None = None
     ) -> Batch:
-        """Samples ``indices`` in that order. Fixed-size images are written into ``out``
-        ((len(indices), *sample_shape) or larger along the first axis) when given. Indices
-        follow the Reader's rules (integers only, negative ones count from the end)."""
+        """Samples ``indices`` in that order. Indices follow the Reader's rules (integers
+        only, negative ones count from the end).
+
+        ``images`` is one (B, *sample_shape) array for fixed-size samples (raw, decoded from a
+        fixed-size set, or through a transform with a fixed output), written into ``out``
+        ((len(indices), *sample_shape) or larger along the first axis) when given. It is a
+        list for encoded bytes, and for a variable-size set decoded without a transform
+        (``is_ragged``): one (H, W, C) array per sample, each its own shape, always a list
+        even when they happen to agree; ``out`` is refused there, as nothing says what
+        shape to give them (pass a ``Resize``, or pad the list with ``collate_padded``).
+        """
         idx = check_indices(indices, len(self), where=self.reader.root)
         if out is not None:
             out = out[: len(idx)]
+            if self.is_ragged:
+                self._refuse_out_for_ragged(out)
         if self.spec.encoding == "raw" and self.transform is None:
             images, labels = self._stored_many(idx, out)
             return Batch(images, np.asarray(labels, dtype=np.int64), idx)
         stored, labels = self._stored_many(idx, None)
+        if self.is_ragged:
+            images = [self._decode(data, int(idx[k]), None) for k, data in enumerate(stored)]
+            return Batch(images, np.asarray(labels, dtype=np.int64), idx)
         if self.decode is not None and self.transform is None:
             target = (
                 out if out is not None else np.empty((len(idx), *self.spec.image_shape), np.uint8)
@@ -153,6 +216,17 @@ class _MapDataset:
         )
         return Batch(images, np.asarray(labels, dtype=np.int64), idx)
 
+    def _refuse_out_for_ragged(self, out: np.ndarray) -> None:
+        # Refused rather than filled when a batch's images happen to share out's shape: what
+        # a batch is should not depend on which samples it drew.
+        raise ValueError(
+            f"{self.reader.root}: the images of this dataset differ in size, so a batch of "
+            f"them cannot be written into one out array (shape {out.shape}); pass a "
+            "transform with a fixed output (storebench.loaders.Resize(h, w), or "
+            "Compose(ResizeShorter(s), CenterCrop(h, w))), or call get_batch without out= "
+            "for a list of arrays (storebench.loaders.collate_padded pads it into one)"
+        )
+
     def __getitems__(self, indices: Sequence[int]) -> Batch:
         """PyTorch's batched fetch: one ``read_many`` for the whole batch. The ``Batch`` is
         a sequence of ``(image, label)`` samples, as the protocol asks."""
@@ -165,29 +239,39 @@ class _MapDataset:
         elif self.spec.encoding != "raw" and not isinstance(stored, bytes):
             stored = bytes(stored)  # an arena slice or memoryview: hand out stored bytes
         if self.transform is not None:
-            stored = self.transform(stored)
+            try:
+                stored = self.transform(stored)
+            except Exception as err:
+                err.add_note(
+                    f"while applying {self.transform!r} to sample {index} "
+                    f"({self.reader._locate(index)})"
+                )
+                raise
         return stored
 
     def _decode(self, data, index: int, out: np.ndarray | None) -> np.ndarray:
-        expected = self.spec.image_shape
+        expected = self.spec.image_shape if self.fixed_size else None
         try:
-            if self.decode == "simplejpeg":
-                import simplejpeg
-
-                colorspace = "GRAY" if self.spec.channels == 1 else "RGB"
-                image = simplejpeg.decode_jpeg(data, colorspace=colorspace, buffer=out)
-            else:
-                from PIL import Image
-
-                with Image.open(io.BytesIO(data)) as img:
-                    mode = "L" if self.spec.channels == 1 else "RGB"
-                    image = np.asarray(img if img.mode == mode else img.convert(mode))
-                image = image.reshape(*image.shape[:2], -1)
+            use_simplejpeg = self.decode == "simplejpeg" or (
+                self.decode == "auto" and sniff_encoding(data) == "jpeg"
+            )
+            image = None
+            if use_simplejpeg:
+                image = self._decode_simplejpeg(data, out if expected is not None else None)
+            if image is None:
+                image = self._decode_pil(data)
         except (ValueError, OSError, SyntaxError) as err:
             raise CorruptSampleError(
                 self.reader._locate(index), index, f"cannot decode {self.spec.encoding}: {err}"
             ) from err
-        if image.shape != expected:
+        if expected is None:
+            if image.shape[2:] != (self.spec.channels,):  # decoders convert: a bug if not
+                raise CorruptSampleError(
+                    self.reader._locate(index),
+                    index,
+                    f"decoded to {image.shape}, not (H, W, {self.spec.channels})",
+                )
+        elif image.shape != expected:
             raise CorruptSampleError(
                 self.reader._locate(index),
                 index,
@@ -197,6 +281,27 @@ class _MapDataset:
             out[...] = image
             return out
         return image
+
+    def _decode_simplejpeg(self, data, out: np.ndarray | None) -> np.ndarray | None:
+        """The decoded JPEG, or None for one that Pillow should decode (CMYK, YCCK)."""
+        import simplejpeg
+
+        _, _, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        if colorspace in PIL_ONLY_JPEG_COLORSPACES:
+            return None
+        # Greyscale JPEGs come out as RGB too (the three channels equal) when the spec has 3.
+        wanted = "GRAY" if self.spec.channels == 1 else "RGB"
+        return simplejpeg.decode_jpeg(data, colorspace=wanted, buffer=out)
+
+    def _decode_pil(self, data) -> np.ndarray:
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as img:
+            # Every mode (L, P, RGBA, CMYK, ...) converts to the spec's: alpha is dropped
+            # and palettes expanded, as ImageFolder's img.convert("RGB") does.
+            mode = "L" if self.spec.channels == 1 else "RGB"
+            image = np.asarray(img if img.mode == mode else img.convert(mode))
+        return image.reshape(*image.shape[:2], -1)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.reader!r}, decode={self.decode!r})"

@@ -524,7 +524,8 @@ def _copy_into_slot(batch: Batch, images: np.ndarray, layout: SlotLayout) -> Non
     shapes = sorted({getattr(x, "shape", type(x).__name__) for x in stacked}, key=str)
     raise ValueError(
         f"ProcessPrefetcher slots hold {layout.dtype} samples of shape {layout.sample_shape}; "
-        f"this batch has {shapes}. Pass output_shape= to the dataset, or use ThreadPrefetcher "
+        f"this batch has {shapes}. Pass a transform with a fixed output "
+        "(storebench.loaders.Resize) or output_shape= to the dataset, or use ThreadPrefetcher "
         "for variable-size samples"
     )
 
@@ -706,7 +707,9 @@ class ProcessPrefetcher(WindowedPrefetcher):
     The workers run ``dataset.get_batch(indices, out=slot)`` and send back only a few bytes;
     the consumer receives numpy views of the slot, never a pickled array. Samples must have
     one fixed shape: ``dataset.sample_shape`` when known, else sample 0 is read once here to
-    find it. ``start_method`` is ``"fork"``, ``"spawn"``, ``"forkserver"`` or None (the
+    find it. A dataset of images of different sizes decoded without a transform
+    (``dataset.is_ragged``) is refused: give it a ``Resize`` (or ``CenterCrop``) transform.
+    ``start_method`` is ``"fork"``, ``"spawn"``, ``"forkserver"`` or None (the
     platform default); under spawn and forkserver the dataset is pickled to each worker.
 
     ``worker_init(worker_index)`` runs in each worker after start-up (seed RNGs there).
@@ -739,6 +742,14 @@ class ProcessPrefetcher(WindowedPrefetcher):
         self.start_method = self.context.get_start_method()
         if dataset.sample_shape is not None:
             shape, dtype = dataset.sample_shape, dataset.sample_dtype
+        elif getattr(dataset, "is_ragged", False):
+            raise ValueError(
+                f"ProcessPrefetcher writes batches into shared-memory slots of one shape, and "
+                f"the images of {dataset.reader.root} differ in size: give the dataset a "
+                "transform with a fixed output (transform=storebench.loaders.Resize(h, w), or "
+                "Compose(ResizeShorter(s), CenterCrop(h, w))), or use ThreadPrefetcher for "
+                "batches that are lists of differently shaped arrays"
+            )
         else:
             shape, dtype = dataset.probe()
         self._transport = _SharedMemoryTransport(

@@ -11,15 +11,20 @@
 
 Both yield ``(images, labels)``: uint8 (B, H, W, C) and int64 (B,) tensors. Importing this
 module does not import TensorFlow; the functions do.
+
+Imported sets of images of different sizes (``ImportedSpec.fixed_size`` False) go through
+``tfrecord_pipeline`` with ``resize=(height, width)``: each record is decoded to RGB at the
+size its record states, then resized, before batching.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
-from data_gen import DatasetSpec
+from storebench.formats.specs import fixed_size, spec_from_dict
 
 
 def tfrecord_pipeline(
@@ -34,6 +39,7 @@ def tfrecord_pipeline(
     drop_remainder: bool = False,
     deterministic: bool = True,
     cycle_length: int | None = None,
+    resize: Sequence[int] | None = None,
 ):
     """A ``tf.data.Dataset`` over the TFRecord shards of the dataset at ``root``.
 
@@ -42,6 +48,15 @@ def tfrecord_pipeline(
     buffer and, unless ``shuffle_shards=False``, also shuffles the shard order.
     ``decode=False`` yields the encoded image bytes for PNG/JPEG sets. ``cache=True`` keeps
     the records in RAM after the first epoch.
+
+    ``resize=(height, width)`` resizes every decoded image to that size (``tf.image.resize``,
+    bilinear without antialiasing, rounded to uint8); it is required for a set of images of
+    different sizes, which cannot be batched otherwise. Those records are decoded one by
+    one to RGB whatever the file (JPEG with libjpeg's accurate integer IDCT, as the
+    fixed-size path; PNG and anything else through ``tf.io.decode_image``), and each
+    decoded shape is checked against the height and width its record states.
+    TensorFlow's bilinear resize is not Pillow's (which antialiases when shrinking), so these
+    pixels differ from a ``Resize`` transform's on the other paths.
     """
     import tensorflow as tf
 
@@ -52,7 +67,19 @@ def tfrecord_pipeline(
     manifest = read_manifest(root)
     if manifest["format"] != "tfrecord":
         raise ValueError(f"{root}: is a {manifest['format']!r} dataset, not tfrecord")
-    spec = DatasetSpec.from_dict(manifest["spec"])
+    spec = spec_from_dict(manifest["spec"])
+    variable_size = not fixed_size(spec)
+    if resize is not None:
+        resize = tuple(int(n) for n in resize)
+        if len(resize) != 2 or min(resize) <= 0:
+            raise ValueError(f"resize must be (height, width) of positive sizes, got {resize}")
+        if spec.encoding != "raw" and not decode:
+            raise ValueError("resize= works on decoded images: it needs decode=True")
+    elif variable_size and decode:
+        raise ValueError(
+            f"{root}: the images of this dataset differ in size, so tf.data cannot batch them "
+            "as decoded: pass resize=(height, width) (or decode=False for the encoded bytes)"
+        )
     autotune = tf.data.AUTOTUNE
     paths = [str(p) for p in shard_paths(root)]
     shuffle_shards = shuffle_buffer > 0 if shuffle_shards is None else shuffle_shards
@@ -79,28 +106,61 @@ def tfrecord_pipeline(
         records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
 
     features = tf_feature_spec()
-    shape = spec.image_shape
+    shape = spec.image_shape if not variable_size else None
+    out_shape = (*resize, spec.channels) if resize is not None else shape
+
+    def resized(images):
+        """uint8 images resized to ``resize``, rounded as a uint8 pipeline would round."""
+        if resize is None:
+            return images
+        scaled = tf.image.resize(images, resize, method="bilinear", antialias=False)
+        return tf.cast(tf.clip_by_value(tf.round(scaled), 0, 255), tf.uint8)
+
+    def decode_jpeg(data, channels):
+        # The accurate integer IDCT is libjpeg's default, and so PIL's and simplejpeg's:
+        # with it every path decodes to the same pixels (TF's default is the fast one).
+        return tf.io.decode_jpeg(data, channels=channels, dct_method="INTEGER_ACCURATE")
+
+    def decode_any(data, channels):
+        """JPEG or PNG, told apart by the first bytes, as "mixed" sets need."""
+        is_jpeg = tf.equal(tf.strings.substr(data, 0, 3), b"\xff\xd8\xff")
+        return tf.cond(
+            is_jpeg,
+            lambda: decode_jpeg(data, channels),
+            lambda: tf.io.decode_image(data, channels=channels, expand_animations=False),
+        )
+
+    def decode_variable(record):
+        data, height, width, channels = record
+        image = decode_any(data, spec.channels)
+        check = tf.debugging.assert_equal(
+            tf.shape(image, out_type=tf.int64),
+            tf.stack([height, width, channels]),
+            message=f"{root}: a record decoded to another shape than the one it states",
+        )
+        with tf.control_dependencies([check]):
+            return resized(tf.ensure_shape(image, (None, None, spec.channels)))
 
     def parse_batch(serialized):
-        parsed = tf.io.parse_example(
-            serialized, {"image": features["image"], "label": features["label"]}
-        )
+        wanted = ["image", "label"] + (["height", "width", "channels"] if variable_size else [])
+        parsed = tf.io.parse_example(serialized, {name: features[name] for name in wanted})
         if spec.encoding == "raw":
             pixels = tf.io.decode_raw(parsed["image"], tf.uint8)
-            return tf.reshape(pixels, (-1, *shape)), parsed["label"]
+            return resized(tf.reshape(pixels, (-1, *shape))), parsed["label"]
         if not decode:
             return parsed["image"], parsed["label"]
-        if spec.encoding == "jpeg":
-            # The accurate integer IDCT is libjpeg's default, and so PIL's and simplejpeg's:
-            # with it every path decodes to the same pixels (TF's default is the fast one).
-            def decoder(data, channels):
-                return tf.io.decode_jpeg(data, channels=channels, dct_method="INTEGER_ACCURATE")
-        else:
-            decoder = tf.io.decode_png
+        if variable_size:
+            images = tf.map_fn(
+                decode_variable,
+                (parsed["image"], parsed["height"], parsed["width"], parsed["channels"]),
+                fn_output_signature=tf.TensorSpec(out_shape, tf.uint8),
+            )
+            return images, parsed["label"]
+        decoder = decode_jpeg if spec.encoding == "jpeg" else tf.io.decode_png
         images = tf.map_fn(
-            lambda data: tf.ensure_shape(decoder(data, channels=spec.channels), shape),
+            lambda data: resized(tf.ensure_shape(decoder(data, channels=spec.channels), shape)),
             parsed["image"],
-            fn_output_signature=tf.TensorSpec(shape, tf.uint8),
+            fn_output_signature=tf.TensorSpec(out_shape, tf.uint8),
         )
         return images, parsed["label"]
 

@@ -6,6 +6,11 @@ collates into tensors without a per-sample stack. In worker processes each batch
 straight into a shared-memory tensor, the way PyTorch's own ``default_collate`` allocates
 its output there, so that handing it to the main process copies nothing.
 
+Datasets of images of different sizes work the same way: with a fixed-output transform
+(``Resize``, ``CenterCrop``) on the dataset, each worker decodes and resizes per sample and
+writes into one (B, H, W, 3) tensor; decoded without one, a batch's images are a list of
+(H, W, 3) tensors, each its own shape.
+
 Importing this module imports torch.
 """
 
@@ -33,10 +38,7 @@ class TorchBatchDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int):
         image, label = self.dataset[index]
-        return (
-            torch.from_numpy(np.asarray(image)) if isinstance(image, np.ndarray) else image,
-            label,
-        )
+        return (as_tensor(image) if isinstance(image, np.ndarray) else image, label)
 
     def __getitems__(self, indices) -> Batch:
         idx = np.asarray(indices, dtype=np.int64)
@@ -54,13 +56,22 @@ class TorchBatchDataset(torch.utils.data.Dataset):
         return Batch(images, batch.labels, idx)
 
 
+def as_tensor(image: np.ndarray) -> torch.Tensor:
+    """A tensor sharing ``image``'s memory, or over a copy when it is read-only (Pillow's
+    arrays are): torch cannot guard a read-only buffer and warns about it."""
+    return torch.from_numpy(image if image.flags.writeable else image.copy())
+
+
 def collate_batch(batch):
     """``collate_fn`` for ``TorchBatchDataset``: a ``Batch`` -> ``(images, labels)`` tensors.
-    Encoded (list) images stay a list of bytes."""
+    Encoded (list) images stay a list of bytes; differently shaped decoded images (a
+    variable-size set without a resizing transform) become a list of tensors."""
     if isinstance(batch, Batch):
         images = batch.images
         if isinstance(images, np.ndarray):
             images = torch.from_numpy(images)
+        elif isinstance(images, list):
+            images = [as_tensor(x) if isinstance(x, np.ndarray) else x for x in images]
         return images, torch.from_numpy(np.ascontiguousarray(batch.labels))
     return torch.utils.data.default_collate(batch)
 

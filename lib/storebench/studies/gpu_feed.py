@@ -27,7 +27,7 @@ from ..results import Results, best_row, latest_runs, select, stat, summary_tabl
 from ..text import MULTIPLY, format_percent, format_ratio, format_value, grid_value, sig
 from .base import FigureSpec, Study
 from .grid import (
-    MissingDatasetError,
+    StudyNotApplicableError,
     batch_size_for,
     dataset_fields,
     pick,
@@ -45,6 +45,10 @@ FED_HEADROOM = 1.25
 FEED_LOADERS = (("none", 0), ("process", 2))
 
 
+# Warm-up batches (2) are discarded: an epoch needs more to measure anything.
+MIN_BATCHES = 4
+
+
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
          compute_ms: tuple[float, ...] = COMPUTE_MS) -> list[Case]:
     """See the module docstring."""
@@ -53,9 +57,14 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
     repeats = repeats_for(profile, repeats)
     picked = pick(profile_datasets(profile, data_dir), "raw", ("memmap", "lmdb", "hdf5"))
     if picked is None:
-        raise MissingDatasetError(f"{data_dir}: gpu_feed needs a raw dataset (for an "
+        raise StudyNotApplicableError(f"{data_dir}: gpu_feed needs a raw dataset (for an "
                                   "import: storebench import ... --resize HxW)")
     path, manifest = picked
+    batch_size = batch_size_for(manifest["num_samples"])
+    if manifest["num_samples"] < MIN_BATCHES * batch_size:
+        raise StudyNotApplicableError(
+            f"{path}: gpu_feed needs at least {MIN_BATCHES} batches of {batch_size} samples "
+            f"(warm-up batches are discarded); the dataset has {manifest['num_samples']}")
     fields = dataset_fields("gpu_feed", path, manifest)
     cuda = cuda_info()
     if cuda["torch_cuda_available"]:
@@ -74,7 +83,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
                     params["start_method"] = "fork"
                 cases.append(Case(
                     function=f"{CASES}:gpu_feed_case", loader="lazy", prefetcher=prefetcher,
-                    workers=workers, batch_size=batch_size_for(manifest["num_samples"]),
+                    workers=workers, batch_size=batch_size,
                     access="shuffle", cache="warm", repeats=repeats, params=params, **fields,
                 ))
     return cases
@@ -172,6 +181,8 @@ def feed_table(df: pd.DataFrame) -> pd.DataFrame:
             table = part[["median", "repeats"]].rename(columns={"median": metric})
         else:
             table[metric] = part["median"]
+    if table is None:  # every row failed or was skipped
+        return pd.DataFrame(columns=columns)
     table = table.reset_index()
     for metric in FEED_METRICS:
         if metric not in table:

@@ -11,9 +11,9 @@ from ..text import ENCODING_ORDER
 # knob variant's is ``<format>-<encoding>-<knob>=<value>``.
 
 
-class MissingDatasetError(FileNotFoundError):
-    """A study's grid needs a dataset that is not there (e.g. a raw copy of an import made
-    without ``--resize``)."""
+class StudyNotApplicableError(FileNotFoundError):
+    """A study cannot run on these datasets: one it needs is not there (e.g. a raw copy of
+    an import made without ``--resize``), or they are too small for its measurements."""
 
 
 def repeats_for(profile: str, repeats: int | None) -> int:
@@ -46,7 +46,7 @@ def profile_datasets(
                 variants or not is_variant(path, manifest)):
             found.append((path, manifest))
     if not found:
-        raise MissingDatasetError(
+        raise StudyNotApplicableError(
             f"{data_dir}: no datasets of profile {profile!r}; build them first "
             f"(storebench build --profile {profile})"
         )
