@@ -9,7 +9,10 @@ from __future__ import annotations
 import io
 import multiprocessing
 import os
+import sys
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
@@ -106,6 +109,22 @@ def sample(spec: DatasetSpec, index: int) -> tuple[np.ndarray | bytes, int]:
     return encode(spec, pixels), label
 
 
+class WorkersFailedToStartError(RuntimeError):
+    """The generator's worker processes died (most often while starting)."""
+
+
+def _broken_pool_message() -> str:
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    where = f"your main module {main}" if main else "your main program"
+    return (
+        "the sample generator's worker processes died. A spawned worker first re-runs "
+        f"{where}: if that builds datasets at top level, without an "
+        '`if __name__ == "__main__":` guard, every worker tries to start workers of its own '
+        "and fails (their tracebacks are on stderr). Put the top-level code under the guard, "
+        "or pass workers=1"
+    )
+
+
 def _sample_chunk(args: tuple[DatasetSpec, int, int]) -> list[tuple[np.ndarray | bytes, int]]:
     spec, start, stop = args
     return [sample(spec, i) for i in range(start, stop)]
@@ -143,7 +162,12 @@ def generate(
                 yield from _sample_chunk(chunk)
                 bar.update(chunk[2] - chunk[1])
             return
-        with multiprocessing.get_context("spawn").Pool(workers) as pool:
-            for (_, s, e), items in zip(chunks, pool.imap(_sample_chunk, chunks)):
-                yield from items
-                bar.update(e - s)
+        # An executor, not a multiprocessing.Pool: a Pool replaces workers that die while
+        # starting, forever, where an executor breaks and says so.
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            try:
+                for (_, s, e), items in zip(chunks, pool.map(_sample_chunk, chunks)):
+                    yield from items
+                    bar.update(e - s)
+            except BrokenProcessPool as err:
+                raise WorkersFailedToStartError(_broken_pool_message()) from err

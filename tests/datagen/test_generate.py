@@ -114,3 +114,28 @@ def test_profiles_are_sized_as_documented():
     assert small.spec_for("jpeg").height == 256
     assert data_gen.PROFILES["large"].raw_bytes > 24 * 2**30  # larger than this machine's RAM
     assert data_gen.DEFAULT_PROFILE == "small"
+
+
+def test_a_script_without_main_guard_fails_fast_with_the_fix(tmp_path):
+    """Spawned generator workers re-run the main script; without the guard they cannot
+    start. The build must end promptly with the fix in the message, not respawn forever."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = tmp_path / "build_unguarded.py"
+    out = tmp_path / "out"
+    script.write_text(textwrap.dedent(f"""
+        from data_gen import DatasetSpec
+        from storebench.formats import build_dataset
+        build_dataset(DatasetSpec(300, 16, 16, encoding="png"), "lmdb", {str(out)!r},
+                      workers=2)
+        print("built")
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert done.returncode != 0 and "built" not in done.stdout
+    assert "WorkersFailedToStartError" in done.stderr
+    assert f"re-runs your main module {script}" in done.stderr
+    assert 'if __name__ == "__main__":` guard' in done.stderr
+    assert list(out.iterdir()) == []  # the partial build was removed
