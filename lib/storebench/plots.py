@@ -114,17 +114,19 @@ def log_axis(ax, which: str = "y") -> None:
 
 def profile_caption(df: pd.DataFrame, encoding: str | None = None) -> str:
     """``"20,000 samples, 64×64×3, raw"``: the sample count and image size of the rows'
-    profile (one encoding, or every encoding present), from ``data_gen``'s profiles."""
+    profile (one encoding, or every encoding present), from ``data_gen``'s profiles; for an
+    imported dataset's rows (their profile is its name), ``"my_images, mixed"``."""
     import data_gen
 
     profiles = [p for p in dict.fromkeys(df.get("profile", pd.Series(dtype=str))) if p]
     encodings = [encoding] if encoding else ordered(df["encoding"].dropna(),
-                                                    ("raw", "png", "jpeg"))
+                                                    ("raw", "png", "jpeg", "mixed"))
     parts = []
     for name in profiles[:1]:
         try:
             profile = data_gen.get_profile(name)
         except KeyError:
+            parts += [f"{name}, {enc}" for enc in encodings]
             continue
         for enc in encodings:
             try:

@@ -13,8 +13,8 @@ import pandas as pd
 
 MULTIPLY = "\u00d7"
 DASH = "\u2013"
-ENCODING_ORDER = ("raw", "png", "jpeg")
-ENCODING_NAMES = {"raw": "raw arrays", "png": "PNG", "jpeg": "JPEG"}
+ENCODING_ORDER = ("raw", "png", "jpeg", "mixed")
+ENCODING_NAMES = {"raw": "raw arrays", "png": "PNG", "jpeg": "JPEG", "mixed": "JPEG and PNG"}
 
 
 def finite(value) -> bool:
