@@ -1,8 +1,30 @@
-"""storebench: how to store an image training set, and how to feed it to the accelerator."""
+"""storebench: how to store an image training set, and how to feed it to the accelerator.
 
+The entry points, importable from here (loaded on first use, so ``import storebench`` stays
+light): ``build_dataset`` (a synthetic spec in one format), ``import_images`` (your own
+folder or listing in every format that fits), ``open_dataset`` (any built dataset, from its
+manifest) and ``verify_dataset``. The loaders live in ``storebench.loaders``.
+"""
+
+from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 
 try:
     __version__ = version("storebench")
 except PackageNotFoundError:  # running from a source tree that was never installed
     __version__ = "0+unknown"
+
+_ENTRY_POINTS = {
+    "build_dataset": "storebench.formats",
+    "open_dataset": "storebench.formats",
+    "import_images": "storebench.importer",
+    "verify_dataset": "storebench.verify",
+}
+
+__all__ = ["__version__", *_ENTRY_POINTS]
+
+
+def __getattr__(name: str):
+    if name in _ENTRY_POINTS:
+        return getattr(import_module(_ENTRY_POINTS[name]), name)
+    raise AttributeError(f"module 'storebench' has no attribute {name!r}")
