@@ -10,9 +10,10 @@ without importing torch, and both add an optional decode step and a per-sample t
 - ``decode="auto"``: per sample, simplejpeg for JPEG bytes and Pillow for anything else: the
   decoder for "mixed" sets (a folder of JPEG and PNG files), allowed for any encoded set.
 
-CMYK (and YCCK) JPEGs are decoded by Pillow whichever decoder is asked for: simplejpeg
-converts them to RGB too, but with its own rounding (off by one from Pillow and TensorFlow),
-and one dataset should decode to the same pixels on every path.
+In imported sets, CMYK (and YCCK) JPEGs are decoded by Pillow whichever decoder is asked
+for: simplejpeg converts them to RGB too, but with its own rounding (off by one from Pillow
+and TensorFlow), and one dataset should decode to the same pixels on every path. (Synthetic
+sets hold no such JPEG, so their simplejpeg decodes skip the header check.)
 
 Batched access (``get_batch`` / ``__getitems__``) goes through ``Reader.read_many`` and writes
 fixed-size samples into one (B, H, W, C) buffer, the caller's when ``out`` is given.
@@ -39,7 +40,7 @@ from storebench.formats.base import (
     check_indices,
     sniff_encoding,
 )
-from storebench.formats.specs import fixed_size
+from storebench.formats.specs import fixed_size, is_imported
 
 from .batching import Batch, stack_into
 from .transforms import ImageTransform, transform_output_shape
@@ -100,6 +101,8 @@ class _MapDataset:
         self.reader = reader
         self.spec = spec
         self.decode = decode
+        # Only a user's own files can be CMYK/YCCK JPEGs: the check costs a header parse.
+        self._may_hold_cmyk = is_imported(spec)
         self.transform = transform
         self._output_shape = tuple(output_shape) if output_shape is not None else None
 
@@ -286,9 +289,10 @@ class _MapDataset:
         """The decoded JPEG, or None for one that Pillow should decode (CMYK, YCCK)."""
         import simplejpeg
 
-        _, _, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-        if colorspace in PIL_ONLY_JPEG_COLORSPACES:
-            return None
+        if self._may_hold_cmyk:
+            _, _, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+            if colorspace in PIL_ONLY_JPEG_COLORSPACES:
+                return None
         # Greyscale JPEGs come out as RGB too (the three channels equal) when the spec has 3.
         wanted = "GRAY" if self.spec.channels == 1 else "RGB"
         return simplejpeg.decode_jpeg(data, colorspace=wanted, buffer=out)

@@ -52,7 +52,8 @@ def _as_arrays(batch) -> tuple[np.ndarray, np.ndarray]:
         except AttributeError:
             raise TypeError(
                 "GpuFeeder needs fixed-size image arrays; got "
-                f"{type(images).__name__} (decode the samples first)"
+                f"{type(images).__name__} (decode the samples first; give images of different "
+                "sizes a transform with a fixed output, such as storebench.loaders.Resize)"
             ) from None
     labels = labels if isinstance(labels, np.ndarray) else labels.numpy()
     return images, labels

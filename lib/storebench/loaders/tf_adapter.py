@@ -156,7 +156,7 @@ def tfrecord_pipeline(
                 fn_output_signature=tf.TensorSpec(out_shape, tf.uint8),
             )
             return images, parsed["label"]
-        decoder = decode_jpeg if spec.encoding == "jpeg" else tf.io.decode_png
+        decoder = {"jpeg": decode_jpeg, "png": tf.io.decode_png}.get(spec.encoding, decode_any)
         images = tf.map_fn(
             lambda data: resized(tf.ensure_shape(decoder(data, channels=spec.channels), shape)),
             parsed["image"],
@@ -180,7 +180,8 @@ def gil_bound_generator_dataset(dataset, batches):
     if shape is None:
         raise ValueError(
             "gil_bound_generator_dataset needs fixed-size array samples: pass decode= to the "
-            "dataset (or output_shape= with a transform)"
+            "dataset, and for images of different sizes a transform with a fixed output "
+            "(storebench.loaders.Resize), or output_shape= with another transform"
         )
     dtype = tf.as_dtype(np.dtype(dataset.sample_dtype))
 

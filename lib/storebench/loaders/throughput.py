@@ -228,6 +228,11 @@ def target_thread_decode(
 
     if dataset.decode is None:
         raise ValueError("target_thread_decode needs a dataset with decode=...")
+    if dataset.sample_shape is None:
+        raise ValueError(
+            "target_thread_decode needs fixed-size samples: give a dataset of images of "
+            "different sizes a transform with a fixed output (storebench.loaders.Resize)"
+        )
     order = BatchSampler(ShuffleSampler(len(dataset), seed=seed), batch_size)
     out = batch_buffer(batch_size, dataset.sample_shape, dataset.sample_dtype)
     serial = measure(
