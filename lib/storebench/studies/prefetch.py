@@ -33,7 +33,7 @@ from ..plots import (
     tick_text,
 )
 from ..results import Results, best_row, ordered, params_of, select, stat, summary_table
-from ..text import DASH, format_ratio, format_value, relative_text
+from ..text import DASH, ENCODING_NAMES, format_ratio, format_value, relative_text
 from .base import FigureSpec, Study
 from .grid import (
     DECODERS_FOR,
@@ -255,13 +255,15 @@ def worker_sweep_findings(table: pd.DataFrame) -> list[str]:
 
 
 DECODER_PATHS = (("none", 0, None), ("thread", 2, None), ("process", 2, None))
+# The decoders compared, in figure order ("auto": an import's mixed JPEG/PNG set).
+DECODER_ORDER = ("pil", "simplejpeg", "auto")
 
 
 def decoder_table(df: pd.DataFrame) -> pd.DataFrame:
     """The JPEG set's one-thread, 2-thread and 2-process throughput with each decoder, and
     each path's speedup over one thread with the same decoder."""
     table = prefetch_table(df)
-    table = table[table["decode"].isin(["pil", "simplejpeg"])]
+    table = table[table["decode"].isin(DECODER_ORDER)]
     keys = {f"{p}/w{w}/{m or LOADER_PATHS[p].start_method or ''}" for p, w, m in DECODER_PATHS}
     columns = ["dataset", "decode", "path", "label", "samples_per_s", "low", "high", "speedup"]
     return table[table["path"].isin(keys)][columns].reset_index(drop=True)
@@ -270,7 +272,7 @@ def decoder_table(df: pd.DataFrame) -> pd.DataFrame:
 def decoder_findings(table: pd.DataFrame) -> list[str]:
     """How two threads scale each decoder, from ``prefetch_table``."""
     sentences = []
-    decoders = table[table["decode"].isin(["pil", "simplejpeg"])]
+    decoders = table[table["decode"].isin(DECODER_ORDER)]
     for dataset, part in decoders.groupby("dataset", sort=False):
         threads = {decode: _path(rows, "thread", 2)
                    for decode, rows in part.groupby("decode")}
@@ -402,7 +404,7 @@ def plot_decoders(df: pd.DataFrame) -> Figure:
     """GIL-holding vs GIL-releasing decoding: one thread, 2 threads and 2 processes for
     each JPEG decoder, as speedup over one thread with the same decoder."""
     table = decoder_table(df)
-    decoders = ordered(table["decode"], ("pil", "simplejpeg"))
+    decoders = ordered(table["decode"], DECODER_ORDER)
     if table.empty:
         return empty_figure("no decoder rows")
     labels = list(dict.fromkeys(table.sort_values("path")["label"]))
@@ -424,7 +426,8 @@ def plot_decoders(df: pd.DataFrame) -> Figure:
             ax.errorbar(x, median, yerr=[[median - low], [high - median]], fmt="none",
                         ecolor="black", capsize=2)
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=0.8)
-    names = {"pil": "PIL (holds the GIL)", "simplejpeg": "simplejpeg (releases the GIL)"}
+    names = {"pil": "PIL (holds the GIL)", "simplejpeg": "simplejpeg (releases the GIL)",
+             "auto": "auto (simplejpeg for JPEG, else PIL)"}
     ax.set_xticks(range(len(decoders)), [names.get(d, d) for d in decoders])
     ax.set_ylabel("throughput / one thread, same decoder")
     ax.legend(fontsize="small")
@@ -476,11 +479,12 @@ def guide(results: Results) -> list:
             question = (f"Decoded raw arrays from a cached {dataset}, one training process, "
                         f"{cores} cores: which loader path?")
         else:
-            question = (f"JPEG decoded with {decode} from a cached {dataset}, one training "
-                        f"process, {cores} cores: which loader path?")
+            question = (f"{ENCODING_NAMES.get(encoding, encoding)} decoded with {decode} from "
+                        f"a cached {dataset}, one training process, {cores} cores: which "
+                        "loader path?")
         candidates = [Candidate(key, f"{label}", stat(part, "samples_per_s", path=key))
                       for key, label in dict.fromkeys(zip(part["path"], part["label"]))]
-        if decode == "simplejpeg":
+        if decode in ("simplejpeg", "auto"):  # what tf.data's own decoder competes with
             candidates += [Candidate(key, f"{label} over {d}",
                                      stat(native, "samples_per_s", path=key))
                            for key, label, d in dict.fromkeys(
