@@ -337,3 +337,35 @@ def test_the_next_case_removes_what_a_killed_runner_left(tmp_path):
     assert outcome.status == "ok", outcome.error
     assert not stale.exists()
     assert _case_dirs_of(os.getpid()) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("rates, expected", [
+    ("100,101,100,150,50", 3),        # narrow after the minimum: stops at 3
+    ("100,150,60,140,70,130,80,120,90", 9),  # wide throughout: goes on to the maximum
+])
+def test_adaptive_repeats_stop_when_the_median_interval_is_narrow(tmp_path, rates, expected):
+    from storebench.bench.stats import AdaptiveRepeats, relative_halfwidth
+
+    case = Case(study="adaptive", function=f"{FNS}:scripted_rate_case", repeats=9,
+                min_repeats=3, stop_halfwidth=0.05, params={"rates": rates})
+    outcome = run_case(case, python_path=[HERE])
+    assert outcome.status == "ok", outcome.error
+    taken = [r["value"] for r in outcome.records if r["metric"] == "samples_per_s"]
+    assert len(taken) == expected
+    rule = AdaptiveRepeats(3, 9, 0.05)
+    assert [rule.done(taken[:n]) for n in range(1, expected + 1)] == (
+        [False] * (expected - 1) + [True])
+    whole = {r["metric"]: r["value"] for r in outcome.records if r["repeat"] == -1}
+    assert whole["repeats_run"] == expected
+    assert whole["median_ci_halfwidth"] == pytest.approx(relative_halfwidth(taken))
+    assert 0 < whole["case_startup_s"] < 30
+
+
+@pytest.mark.timeout(60)
+def test_fixed_repeats_take_exactly_that_many(tmp_path):
+    case = Case(study="fixed", function=f"{FNS}:scripted_rate_case", repeats=4,
+                params={"rates": "100,150,60,100"})
+    outcome = run_case(case, python_path=[HERE])
+    assert [r["repeat"] for r in outcome.records if r["metric"] == "samples_per_s"] == [
+        0, 1, 2, 3]

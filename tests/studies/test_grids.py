@@ -11,6 +11,7 @@ import pytest
 from data_gen import PROFILES
 from storebench.bench.plan import case_timeout_s, default_repeats, plan_for
 from storebench.bench.runner import Case, Trial, run_case
+from storebench.bench.stats import AdaptiveRepeats  # noqa: E402
 from storebench.formats import FORMATS, build_dataset
 from storebench.loaders.paths import LOADER_PATHS
 from storebench.studies import STUDIES
@@ -30,8 +31,10 @@ from storebench.studies.targets import grid as targets_study
 
 def test_repeats_and_timeout_depend_on_the_profile(ci_data_root):
     assert (default_repeats("ci"), case_timeout_s("ci")) == (3, 300.0)
-    assert (default_repeats("small"), case_timeout_s("small")) == (5, 600.0)
+    assert (default_repeats("small"), case_timeout_s("small")) == (3, 600.0)
     assert plan_for("ci").compact and not plan_for("small").compact
+    assert plan_for("ci").adaptive is None
+    assert plan_for("small").adaptive == AdaptiveRepeats(minimum=3, maximum=9, halfwidth=0.05)
     for name, study in STUDIES.items():
         if name == "out_of_core":
             continue  # three epochs per case: its own repeats rule (tested with its grid)
@@ -42,7 +45,21 @@ def test_repeats_and_timeout_depend_on_the_profile(ci_data_root):
         asked = [c for c in study.grid(profile="ci", data_dir=ci_data_root, repeats=2)
                  if not c.function.endswith(":build_cost_case")]
         assert {c.repeats for c in asked} == {2}, name
+        assert {c.min_repeats for c in timed + asked} == {None}, name  # fixed counts
 
+
+def test_default_plan_repeats_adaptively(ci_data_root, monkeypatch):
+    """What make study runs (the default plan, here on the ci data): every timed case of
+    the studies that follow the plan repeats adaptively (3..9, until the median's interval
+    is within 5 %)."""
+    from storebench.bench import plan
+
+    monkeypatch.setitem(plan.PLANS, "ci", plan.StudyPlan(compact=True))
+    for name in ("formats", "lazy_vs_preloaded", "prefetch", "gpu_feed", "targets"):
+        timed = [c for c in STUDIES[name].grid(profile="ci", data_dir=ci_data_root)
+                 if not c.function.endswith(":build_cost_case")]
+        assert {(c.min_repeats, c.repeats, c.stop_halfwidth) for c in timed} == {
+            (3, 9, 0.05)}, name
 
 @pytest.fixture(scope="module")
 def variant_data(tmp_path_factory):
@@ -132,11 +149,17 @@ def test_target_ratio_takes_the_best_numerator_path_and_the_summary_the_median()
     with pytest.raises(KeyError, match="did not measure"):
         target_ratio(tf_target, {"torch_dataloader.samples_per_s": 1.0})
     case = Case(study="targets", function="m:f", params={"target": "process_vs_pickled"})
-    records = [{"repeat": r, "metric": "target_ratio", "value": v}
-               for r, v in enumerate([2.0, 4.0, 3.5])]
-    assert summarise_target(case, records) == {
-        "target_value": (3.5, "ratio"), "target_threshold": (3.0, "ratio"),
-        "target_met": (1.0, "count")}
+    def summary(values):
+        records = [{"repeat": r, "metric": "target_ratio", "value": v}
+                   for r, v in enumerate(values)]
+        return summarise_target(case, records)
+
+    # Met only when the 95% interval's lower end clears the threshold, not the median alone.
+    assert summary([2.0, 4.0, 3.5]) == {
+        "target_value": (3.5, "ratio"), "target_low": (2.0, "ratio"),
+        "target_high": (4.0, "ratio"), "target_threshold": (3.0, "ratio"),
+        "target_met": (0.0, "count")}
+    assert summary([3.2, 3.5, 3.4, 3.3])["target_met"] == (1.0, "count")
 
 
 @pytest.mark.timeout(120)
@@ -150,7 +173,8 @@ def test_a_target_case_writes_its_value_threshold_and_verdict(ci_data_root):
     assert len(ratios) == 2
     assert whole["target_value"] == pytest.approx(float(np.median(ratios)))
     assert whole["target_threshold"] == 200.0
-    assert whole["target_met"] == float(whole["target_value"] >= 200.0)
+    assert whole["target_low"] <= whole["target_value"] <= whole["target_high"]
+    assert whole["target_met"] == float(whole["target_low"] >= 200.0)
 
 
 @pytest.mark.timeout(120)

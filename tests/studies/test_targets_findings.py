@@ -41,7 +41,7 @@ def targets_frame():
 
 def test_targets_table_reads_the_rows_written_by_each_target_case():
     table = targets.targets_table(targets_frame()).set_index("target")
-    assert list(table.index) == ["memmap gather vs DRAM read",
+    assert list(table.index) == ["memmap gather vs DRAM copy",
                                  "ProcessPrefetcher vs torch DataLoader",
                                  "ProcessPrefetcher vs pickled baseline"]  # TARGETS order
     versus_torch = table.loc["ProcessPrefetcher vs torch DataLoader"]
@@ -50,7 +50,7 @@ def test_targets_table_reads_the_rows_written_by_each_target_case():
     versus_pickled = table.loc["ProcessPrefetcher vs pickled baseline"]
     assert not versus_pickled["met"]
     assert versus_pickled["shortfall"] == pytest.approx(1 - 2.0 / 3.0)
-    assert table.loc["memmap gather vs DRAM read", "value"] == 0.25
+    assert table.loc["memmap gather vs DRAM copy", "value"] == 0.25
 
 
 def test_targets_markdown_and_sentences():
@@ -58,12 +58,12 @@ def test_targets_markdown_and_sentences():
     markdown = targets.targets_markdown(df)
     assert ("| ProcessPrefetcher vs torch DataLoader | 2.0\u00d7 (1.0\u00d7\u20133.0\u00d7, "
             "n=3) | \u2265 1.0\u00d7 | yes |") in markdown
-    assert ("| memmap gather vs DRAM read | 25% (25%\u201325%, n=2) | \u2265 50% | no (50% "
+    assert ("| memmap gather vs DRAM copy | 25% (25%\u201325%, n=2) | \u2265 50% | no (50% "
             "short) |") in markdown
     assert targets.targets_markdown(df.iloc[0:0]) == "No target was measured."
     sentences = targets.targets_findings(df)
     assert ("ProcessPrefetcher vs pickled baseline (shared memory vs pickled batches through "
-            "a multiprocessing.Queue): 2.0\u00d7 (median of 3 paired repeats, "
+            "a multiprocessing.Queue): 2.0\u00d7 (median of 3 paired repeats, 95% interval "
             "1.0\u00d7\u20133.0\u00d7); threshold 3.0\u00d7, missed by 33%.") in sentences
 
 
@@ -85,7 +85,7 @@ def test_target_ratio_takes_the_best_numerator_over_the_denominator():
         targets.target_ratio(tf, {"torch_dataloader.samples_per_s": 1.0})
     gather = targets.get_target("memmap_gather_vs_dram")
     assert gather.is_fraction
-    assert targets.target_ratio(gather, {"memmap.fraction_of_dram_read": 0.3}) == 0.3
+    assert targets.target_ratio(gather, {"memmap.fraction_of_dram_copy": 0.3}) == 0.3
 
 
 def test_target_figure_draws_each_value_against_its_threshold_from_the_rows():

@@ -149,7 +149,7 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     own time is ``epoch_seconds`` and the throughput figures use it."""
     from storebench.formats import open_dataset
 
-    max_batches = case.param("max_batches")
+    max_batches = trial.batches_wanted(case.param("max_batches"))
     reader = open_dataset(case.dataset, verify=False, **open_options(case))
     close = dataset = None
     samples = delivered = batches = 0

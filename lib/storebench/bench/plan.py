@@ -12,16 +12,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DEFAULT_REPEATS = 5
+from .stats import AdaptiveRepeats
+
+DEFAULT_REPEATS = 3
 DEFAULT_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
 class StudyPlan:
-    """``repeats``: timed repeats per case; ``timeout_s``: how long one case may run;
-    ``compact``: trim grid dimensions that only add more of the same kind of case."""
+    """``repeats``: timed repeats per case where a fixed count is used; ``adaptive``: the
+    rule most cases repeat by instead (at least 3, until the median's interval is narrow, at
+    most 9), None for fixed counts; ``timeout_s``: how long one case may run; ``compact``:
+    trim grid dimensions that only add more of the same kind of case."""
 
     repeats: int = DEFAULT_REPEATS
+    adaptive: AdaptiveRepeats | None = AdaptiveRepeats()
     timeout_s: float = DEFAULT_TIMEOUT_S
     compact: bool = False
 
@@ -34,7 +39,8 @@ class StudyPlan:
 
 # Profiles not named here get StudyPlan().
 PLANS: dict[str, StudyPlan] = {
-    "ci": StudyPlan(repeats=3, timeout_s=300.0, compact=True),
+    # Fixed 3 repeats: ci exercises every path quickly, its numbers are not the reference.
+    "ci": StudyPlan(repeats=3, adaptive=None, timeout_s=300.0, compact=True),
 }
 
 

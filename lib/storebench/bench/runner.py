@@ -86,6 +86,10 @@ class Case:
     cache: str = ""
     cache_files: tuple[str, ...] = ()
     repeats: int = DEFAULT_REPEATS
+    # Adaptive repeats when set: at least this many, then ``stats.AdaptiveRepeats`` decides,
+    # ``repeats`` being the most; None: exactly ``repeats``.
+    min_repeats: int | None = None
+    stop_halfwidth: float = 0.05
     warmup: bool = True
     timeout_s: float | None = None
     params: tuple[tuple[str, object], ...] = ()
@@ -113,6 +117,17 @@ class Case:
                 raise ValueError(f"case {self.case_id}: cache={self.cache!r} needs cache_files")
         if self.repeats < 1:
             raise ValueError(f"repeats must be at least 1, got {self.repeats}")
+        if self.min_repeats is not None:
+            self.adaptive_repeats  # noqa: B018 - validates minimum <= maximum, halfwidth
+
+    @property
+    def adaptive_repeats(self):
+        """The case's ``stats.AdaptiveRepeats``, or None for a fixed repeat count."""
+        if self.min_repeats is None:
+            return None
+        from .stats import AdaptiveRepeats
+
+        return AdaptiveRepeats(self.min_repeats, self.repeats, self.stop_halfwidth)
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
 
@@ -150,6 +165,9 @@ class Case:
         return cls(**data)
 
 
+WARMUP_BATCHES = 4
+
+
 class Trial:
     """What a case function gets for one call: which repeat it is, and ``measure()``.
 
@@ -166,6 +184,14 @@ class Trial:
     @property
     def warmup(self) -> bool:
         return self.repeat == CASE_REPEAT
+
+    def batches_wanted(self, max_batches: int | None) -> int | None:
+        """How many batches this call should read: ``WARMUP_BATCHES`` in the warm-up (it
+        exists to import, allocate and start threads, not to read an epoch: the cache state
+        of each timed repeat is set by the harness), else ``max_batches``."""
+        if not self.warmup:
+            return max_batches
+        return WARMUP_BATCHES if max_batches is None else min(max_batches, WARMUP_BATCHES)
 
     def measure(self, *, interval: float = 0.05):
         """Context manager timing the region it wraps (once per trial)."""
@@ -426,6 +452,7 @@ def run_case(
             "result_path": str(result),
             "phase_path": str(phase),
             "runner_pid": os.getpid(),
+            "spawned_at": time.time(),
         }))
         env = dict(os.environ)
         extra = [str(Path(p).resolve()) for p in python_path]

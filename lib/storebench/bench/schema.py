@@ -116,6 +116,13 @@ METRIC_UNITS: dict[str, str] = {
     "target_value": "ratio",
     "target_threshold": "ratio",
     "target_met": "count",
+    "target_low": "ratio",
+    "target_high": "ratio",
+    # every case (bench.worker): repeats taken, the relative half-width of the 95% bootstrap
+    # interval of its stop metric's median, and its process start-up time
+    "repeats_run": "count",
+    "median_ci_halfwidth": "ratio",
+    "case_startup_s": "s",
 }
 
 

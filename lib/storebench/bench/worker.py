@@ -32,6 +32,7 @@ from pathlib import Path
 from .cache import prepare
 from .runner import CASE_DIR_ENV, CASE_REPEAT, WATCH_DONE, Case, CaseSkipped, Trial
 from .schema import METRIC_UNITS, UNITS
+from .stats import relative_halfwidth, stop_metric
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
@@ -158,10 +159,18 @@ def _check_metrics(case: Case, metrics, harness: dict) -> dict:
 
 
 def run_job(job: dict) -> list[dict]:
+    """The case's records: each repeat's metrics, then the whole-case rows (``repeat`` -1):
+    the case's own summary, ``case_startup_s`` (from the runner starting this process to the
+    case function being ready), ``repeats_run`` and ``median_ci_halfwidth`` (the relative
+    half-width of the 95% bootstrap interval of the stop metric's median; what adaptive
+    repeats stop on)."""
     case = Case.from_dict(job["case"])
     phase_path = Path(job["phase_path"])
     function = resolve_function(case.function)
+    startup = time.time() - job["spawned_at"] if "spawned_at" in job else math.nan
+    adaptive = case.adaptive_repeats
     records = []
+    judged: list[float] = []
 
     def trial_for(repeat: int, label: str) -> Trial:
         _write_atomic(phase_path, f"{label} (preparing cache)")
@@ -173,8 +182,9 @@ def run_job(job: dict) -> list[dict]:
 
     if case.warmup:
         function(case, trial_for(CASE_REPEAT, "warm-up"))
+    most = f"up to {case.repeats}" if adaptive else f"{case.repeats}"
     for repeat in range(case.repeats):
-        trial = trial_for(repeat, f"repeat {repeat + 1} of {case.repeats}")
+        trial = trial_for(repeat, f"repeat {repeat + 1} of {most}")
         metrics = _check_metrics(case, function(case, trial), trial.harness_metrics())
         for name, (value, unit) in metrics.items():
             records.append({
@@ -184,14 +194,25 @@ def run_job(job: dict) -> list[dict]:
                 "unit": unit,
                 "resident_fraction": trial.resident_fraction,
             })
+        judge = stop_metric(metrics)
+        judged.append(metrics[judge][0] if judge else math.nan)
+        if adaptive is not None and (
+                adaptive.done(judged) if judge else len(judged) >= adaptive.minimum):
+            break
+    summary = {}
     if case.summarise:
         _write_atomic(phase_path, "summary")
         summary = _check_metrics(case, resolve_function(case.summarise)(case, records), {})
-        records += [
-            {"repeat": CASE_REPEAT, "metric": name, "value": value, "unit": unit,
-             "resident_fraction": math.nan}
-            for name, (value, unit) in summary.items()
-        ]
+    summary["repeats_run"] = (float(len(judged)), "count")
+    if all(math.isfinite(v) for v in judged):
+        summary["median_ci_halfwidth"] = (relative_halfwidth(judged), "ratio")
+    if math.isfinite(startup):
+        summary["case_startup_s"] = (startup, "s")
+    records += [
+        {"repeat": CASE_REPEAT, "metric": name, "value": value, "unit": unit,
+         "resident_fraction": math.nan}
+        for name, (value, unit) in summary.items()
+    ]
     return records
 
 

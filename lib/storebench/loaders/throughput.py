@@ -93,6 +93,62 @@ def dram_read_bandwidth(*, nbytes: int = 1 << 30, repeats: int = 5) -> float:
     return buffer.nbytes / float(np.median(seconds))
 
 
+def dram_copy_bandwidth(*, nbytes: int = 1 << 28, repeats: int = 5) -> float:
+    """Bytes/s copied by one thread from one pre-faulted ``nbytes`` buffer into another
+    (``np.copyto``: every byte read once and written once, as a gather does), the median of
+    ``repeats`` runs after one warm-up."""
+    source = np.ones(max(nbytes, 1), dtype=np.uint8)  # written once: pre-faulted
+    target = np.zeros_like(source)
+    target[:] = 1
+    np.copyto(target, source)
+    seconds = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        np.copyto(target, source)
+        seconds.append(time.perf_counter() - started)
+    return source.nbytes / float(np.median(seconds))
+
+
+def gather_against_copy(dataset, *, batch_size: int = 256, rounds: int = 20,
+                        seed: int = 0) -> tuple[Measurement, Measurement]:
+    """Shuffled batch assembly into one preallocated buffer and a plain copy of as many bytes
+    between two pre-faulted buffers, interleaved: ``rounds`` x (one copy, one epoch of
+    gathers), each timed on its own and summed. One epoch of a small set is a few ms, so
+    back-to-back alternation is what keeps both under the same machine state (clock,
+    neighbours); a copy measured once, apart, swings by a quarter on a shared machine.
+    Returns (gather, copy) measurements; their ``bytes_per_second`` ratio is the gather's
+    fraction of the DRAM copy bandwidth."""
+    shape = dataset.sample_shape
+    if shape is None:
+        raise ValueError("batch assembly needs fixed-size samples (raw, or decode=...)")
+    out = batch_buffer(batch_size, shape, dataset.sample_dtype)
+    batches = BatchSampler(ShuffleSampler(len(dataset), seed=seed), batch_size, drop_last=True)
+    if len(batches) == 0:
+        raise ValueError(f"{len(dataset)} samples make no batch of {batch_size}")
+    epoch_bytes = len(batches) * out.nbytes
+    source = np.ones(epoch_bytes, dtype=np.uint8)  # written once: pre-faulted
+    target = np.zeros_like(source)
+    target[:] = 1
+    orders = []
+    for epoch in range(rounds + 1):
+        batches.set_epoch(epoch)
+        orders.append([np.asarray(idx) for idx in batches])
+    gather_s = copy_s = 0.0
+    for epoch, order in enumerate(orders):  # the first round warms up, untimed
+        started = time.perf_counter()
+        np.copyto(target, source)
+        copied = time.perf_counter()
+        for idx in order:
+            dataset.get_batch(idx, out=out)
+        ended = time.perf_counter()
+        if epoch:
+            copy_s += copied - started
+            gather_s += ended - copied
+    count = rounds * len(batches)
+    return (Measurement("gather", count * batch_size, rounds * epoch_bytes, gather_s, count),
+            Measurement("copy", 0, rounds * epoch_bytes, copy_s, rounds))
+
+
 def shuffled_batch_assembly(
     dataset,
     *,

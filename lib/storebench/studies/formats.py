@@ -57,7 +57,7 @@ from ..text import (
     sig,
 )
 from .base import FigureSpec, Study
-from .grid import dataset_files, knob_params, profile_datasets, repeats_for
+from .grid import dataset_files, knob_params, profile_datasets, repeat_fields
 
 MB = 1e6
 CASES = "storebench.studies.formats"
@@ -101,7 +101,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
     from .grid import batch_size_for
 
     plan = plan_for(profile)
-    repeats = repeats_for(profile, repeats)
+    repeats = repeat_fields(profile, repeats)
     cases = []
     for path, manifest in profile_datasets(profile, data_dir, variants=True):
         common = {
@@ -118,7 +118,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
             cases.append(Case(
                 function=f"{CASES}:sequential_read_case", loader="reader",
                 access="sequential", batch_size=256, cache=cache.value, cache_files=files,
-                repeats=repeats, **common,
+                **repeats, **common,
             ))
         if manifest["encoding"] != "raw":
             continue
@@ -128,7 +128,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
             cases.append(Case(
                 function=f"{CASES}:random_read_case", loader="reader", access="shuffle",
                 batch_size=batch_size_for(count, 64), cache=cache.value, cache_files=files,
-                repeats=repeats,
+                **repeats,
                 **{**common, "params": {**common["params"],
                                         "random_samples": min(count, RANDOM_READ_SAMPLES)}},
             ))
@@ -170,6 +170,9 @@ def _timed_batched_reads(
     file_bytes = read_manifest(case.dataset)["bytes_apparent"]
     with open_dataset(case.dataset, verify=False, **open_options(case)) as reader:
         order = order_for(len(reader))
+        wanted = trial.batches_wanted(None)
+        if wanted is not None:
+            order = order[: wanted * batch_size]
         out = (
             np.empty((min(batch_size, len(order)), *reader.spec.image_shape), dtype=np.uint8)
             if reader.is_raw else None

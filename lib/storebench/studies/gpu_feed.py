@@ -32,7 +32,7 @@ from .grid import (
     dataset_fields,
     pick,
     profile_datasets,
-    repeats_for,
+    repeat_fields,
 )
 
 CASES = "storebench.studies.gpu_feed"
@@ -54,7 +54,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
     """See the module docstring."""
     from ..bench.envinfo import cuda_info
 
-    repeats = repeats_for(profile, repeats)
+    repeats = repeat_fields(profile, repeats)
     picked = pick(profile_datasets(profile, data_dir), "raw", ("memmap", "lmdb", "hdf5"))
     if picked is None:
         raise StudyNotApplicableError(f"{data_dir}: gpu_feed needs a raw dataset (for an "
@@ -84,7 +84,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
                 cases.append(Case(
                     function=f"{CASES}:gpu_feed_case", loader="lazy", prefetcher=prefetcher,
                     workers=workers, batch_size=batch_size,
-                    access="shuffle", cache="warm", repeats=repeats, params=params, **fields,
+                    access="shuffle", cache="warm", **repeats, params=params, **fields,
                 ))
     return cases
 
@@ -111,7 +111,7 @@ def gpu_feed_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
                                f"but copies go to {feeder.device}")
         with trial.measure():
             result = run_feed(feeder, accelerator, warmup_batches=int(case.param("warmup", 2)),
-                              max_batches=case.param("max_batches"))
+                              max_batches=trial.batches_wanted(case.param("max_batches")))
         stats = feeder.stats()
     finally:
         release(reader, dataset=dataset, close=close)

@@ -20,6 +20,17 @@ def repeats_for(profile: str, repeats: int | None) -> int:
     return plan_for(profile).repeats if repeats is None else repeats
 
 
+def repeat_fields(profile: str, repeats: int | None) -> dict:
+    """The Case fields that set a case's repeats: exactly ``repeats`` when given (the CLI's
+    ``--repeats``), else the plan's: adaptive (``stats.AdaptiveRepeats``) or a fixed count."""
+    plan = plan_for(profile)
+    if repeats is not None or plan.adaptive is None:
+        return {"repeats": repeats_for(profile, repeats)}
+    rule = plan.adaptive
+    return {"repeats": rule.maximum, "min_repeats": rule.minimum,
+            "stop_halfwidth": rule.halfwidth}
+
+
 def is_variant(path: Path, manifest: dict) -> bool:
     """Whether the build at ``path`` is a knob variant, not the default build."""
     return Path(path).name != f"{manifest['format']}-{manifest['encoding']}"

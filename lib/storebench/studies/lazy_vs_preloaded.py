@@ -63,7 +63,7 @@ from .grid import (
     dataset_fields,
     decode_params,
     profile_datasets,
-    repeats_for,
+    repeat_fields,
 )
 
 CASES = "storebench.bench.cases"
@@ -78,7 +78,7 @@ READAHEAD_KNOBS = (("memmap", "madvise_random"), ("lmdb", "readahead"))
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
     """See the module docstring."""
     plan = plan_for(profile)
-    repeats = repeats_for(profile, repeats)
+    repeats = repeat_fields(profile, repeats)
     cases = []
     for path, manifest in profile_datasets(profile, data_dir):
         raw = manifest["encoding"] == "raw"
@@ -95,7 +95,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
                     cases.append(Case(
                         function=f"{CASES}:loader_epoch_case", loader=loader,
                         prefetcher="none", workers=0, batch_size=batch_size, access=access,
-                        cache=cache.value, repeats=repeats,
+                        cache=cache.value, **repeats,
                         params=decoding, **fields,
                     ))
         for knob_format, option in READAHEAD_KNOBS:
@@ -105,7 +105,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
                 cases.append(Case(
                     function=f"{CASES}:loader_epoch_case", loader="lazy", prefetcher="none",
                     workers=0, batch_size=batch_size, access="shuffle", cache="cold",
-                    repeats=repeats, params={f"open_{option}": on}, **fields,
+                    **repeats, params={f"open_{option}": on}, **fields,
                 ))
     return cases
 

@@ -43,7 +43,7 @@ from .grid import (
     encoded_pick,
     pick,
     profile_datasets,
-    repeats_for,
+    repeat_fields,
 )
 
 CASES = "storebench.bench.cases"
@@ -96,7 +96,7 @@ COMPACT_RAW = (*COMPACT_CORE, PrefetchVariant("pickled_baseline", 2, "fork"),
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
     """See the module docstring."""
     plan = plan_for(profile)
-    repeats = repeats_for(profile, repeats)
+    repeats = repeat_fields(profile, repeats)
     datasets = profile_datasets(profile, data_dir)
     raw = pick(datasets, "raw", ("memmap", "lmdb", "hdf5"))
     encoded = encoded_pick(datasets, ("lmdb", "rawfiles", "hdf5"))
@@ -119,7 +119,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
                 function=f"{CASES}:loader_epoch_case", loader="lazy",
                 prefetcher=variant.prefetcher, workers=variant.workers,
                 batch_size=batch_size_for(manifest["num_samples"]), access="shuffle",
-                cache="warm", repeats=repeats, params=params, **fields,
+                cache="warm", **repeats, params=params, **fields,
             ))
     tfrecord = encoded_pick(datasets, ("tfrecord",))
     if tfrecord is not None and tfrecord[1]["format"] == "tfrecord":
@@ -127,7 +127,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
         cases.append(Case(
             function=f"{CASES}:loader_epoch_case", loader="lazy", prefetcher="tf_data",
             batch_size=batch_size_for(manifest["num_samples"]), access="shuffle",
-            cache="warm", repeats=repeats,
+            cache="warm", **repeats,
             params={**decode_params(manifest), "decode": "tf", "shuffle_buffer": 4096},
             **dataset_fields("prefetch", path, manifest),
         ))

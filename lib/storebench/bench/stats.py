@@ -1,0 +1,77 @@
+"""Bootstrap intervals of medians, and the adaptive-repeats rule that uses them.
+
+NumPy only: case workers import this to decide when to stop repeating, and the results layer
+(``storebench.results``) and the targets study use the same functions, so one rule holds
+everywhere.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+BOOTSTRAP_RESAMPLES = 4000
+INTERVAL_LEVEL = 0.95
+
+# The metric a case's repeats are judged by, the first one it reports.
+STOP_METRICS = ("target_ratio", "samples_per_s", "read_MBps", "wall_seconds")
+
+
+def median_interval(values: Sequence[float], *, resamples: int = BOOTSTRAP_RESAMPLES,
+                    level: float = INTERVAL_LEVEL, seed: int = 0) -> tuple[float, float, float]:
+    """(median, low, high): the ``level`` bootstrap interval of the median of ``values``
+    (``resamples`` resamples with replacement, a fixed seed: the same values always give the
+    same interval)."""
+    data = np.asarray(values, dtype=float)
+    if data.size == 0:
+        raise ValueError("no values: no median")
+    median = float(np.median(data))
+    if data.size == 1:
+        return median, median, median
+    picks = np.random.default_rng(seed).integers(0, data.size, size=(resamples, data.size))
+    medians = np.median(data[picks], axis=1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(medians, [tail, 1 - tail])
+    return median, float(low), float(high)
+
+
+def relative_halfwidth(values: Sequence[float], **kwargs) -> float:
+    """Half the width of the median's bootstrap interval, over the median (inf for a zero
+    median)."""
+    median, low, high = median_interval(values, **kwargs)
+    return (high - low) / 2 / abs(median) if median else float("inf")
+
+
+@dataclass(frozen=True)
+class AdaptiveRepeats:
+    """Repeat a case at least ``minimum`` times, then stop as soon as the 95% bootstrap
+    interval of the median of its stop metric (``STOP_METRICS``) has a half-width of at most
+    ``halfwidth`` of the median, or at ``maximum`` repeats."""
+
+    minimum: int = 3
+    maximum: int = 9
+    halfwidth: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.minimum <= self.maximum:
+            raise ValueError(f"need 1 <= minimum <= maximum, got {self.minimum}, {self.maximum}")
+        if self.halfwidth <= 0:
+            raise ValueError(f"halfwidth must be positive, got {self.halfwidth}")
+
+    @property
+    def rule(self) -> str:
+        return (f"at least {self.minimum} repeats, then stop when the 95% bootstrap interval "
+                f"of the median has a half-width of at most {self.halfwidth:.0%} of the "
+                f"median, at most {self.maximum} repeats")
+
+    def done(self, values: Sequence[float]) -> bool:
+        if len(values) < self.minimum:
+            return False
+        return len(values) >= self.maximum or relative_halfwidth(values) <= self.halfwidth
+
+
+def stop_metric(metrics: Mapping[str, object]) -> str | None:
+    """The metric of ``metrics`` that adaptive repeats judge a case by."""
+    return next((name for name in STOP_METRICS if name in metrics), None)

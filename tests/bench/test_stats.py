@@ -1,0 +1,58 @@
+"""The bootstrap interval of a median and the adaptive-repeats rule built on it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from storebench.bench.stats import (
+    AdaptiveRepeats,
+    median_interval,
+    relative_halfwidth,
+    stop_metric,
+)
+
+
+def test_median_interval_is_deterministic_and_brackets_the_median():
+    values = [10.0, 12.0, 11.0, 30.0, 11.5]
+    median, low, high = median_interval(values)
+    assert median == 11.5
+    assert low <= median <= high
+    assert (low, high) == median_interval(values)[1:]  # fixed seed
+    assert low >= min(values) and high <= max(values)
+    assert median_interval([7.0]) == (7.0, 7.0, 7.0)
+    with pytest.raises(ValueError, match="no values"):
+        median_interval([])
+
+
+def test_identical_values_have_a_zero_width_interval():
+    assert relative_halfwidth([5.0, 5.0, 5.0]) == 0.0
+    assert relative_halfwidth([0.0, 0.0, 0.0]) == float("inf")
+
+
+def test_adaptive_rule_minimum_width_and_maximum():
+    rule = AdaptiveRepeats(minimum=3, maximum=5, halfwidth=0.05)
+    assert not rule.done([100.0, 100.0])             # below the minimum, however narrow
+    assert rule.done([100.0, 101.0, 100.5])          # narrow at the minimum
+    assert not rule.done([100.0, 150.0, 60.0])       # wide
+    assert not rule.done([100.0, 150.0, 60.0, 100.0])
+    assert rule.done([100.0, 150.0, 60.0, 100.0, 70.0])  # the maximum
+    assert "at least 3 repeats" in rule.rule and "at most 5" in rule.rule
+    assert "5%" in rule.rule
+    with pytest.raises(ValueError, match="minimum <= maximum"):
+        AdaptiveRepeats(minimum=4, maximum=3)
+    with pytest.raises(ValueError, match="halfwidth must be positive"):
+        AdaptiveRepeats(halfwidth=0)
+
+
+def test_the_stop_metric_is_the_first_the_case_reports():
+    assert stop_metric({"wall_seconds": 1, "samples_per_s": 2}) == "samples_per_s"
+    assert stop_metric({"target_ratio": 1, "samples_per_s": 2}) == "target_ratio"
+    assert stop_metric({"write_seconds": 1}) is None
+
+
+def test_halfwidth_shrinks_as_repeats_agree():
+    rng = np.random.default_rng(0)
+    few = rng.normal(100, 5, 3)
+    many = np.concatenate([few, rng.normal(100, 5, 30)])
+    assert relative_halfwidth(many) < relative_halfwidth(few)
