@@ -124,6 +124,42 @@ def build_profile(
     return results
 
 
+def planned_cases(name: str, profile: str, data_dir: Path, repeats: int | None) -> list:
+    """The study's grid for ``profile`` over the datasets in ``data_dir``."""
+    from .studies import get_study
+
+    kwargs = {"profile": profile, "data_dir": data_dir}
+    if repeats is not None:
+        kwargs["repeats"] = repeats
+    return get_study(name).grid(**kwargs)
+
+
+def run_estimate(names, profile: str, data_dir: Path, repeats: int | None,
+                 results_dir: Path, label: str):
+    """A ``bench.eta.StudyEta`` over the cases of ``names`` not yet in ``results_dir``,
+    expecting each case to take what it took in the committed reference (same profile) or
+    in this results directory's earlier rows."""
+    from .bench.eta import StudyEta, expected_case_seconds
+    from .bench.schema import finished_case_ids
+    from .studies import get_study
+    from .studies.grid import StudyNotApplicableError
+
+    planned = {}
+    for name in names:
+        if get_study(name).synthetic_only and label != profile:
+            continue
+        try:
+            cases = planned_cases(name, profile, data_dir, repeats)
+        except StudyNotApplicableError:
+            continue
+        path = results_dir / f"{name}.csv"
+        done = finished_case_ids(path) if path.exists() else set()
+        planned[name] = [c.case_id for c in cases if c.case_id not in done]
+    expected = expected_case_seconds(REPO_ROOT / "results" / "reference", label)
+    expected.update(expected_case_seconds(results_dir, label))
+    return StudyEta(planned, expected)
+
+
 def imported_data_dir(dataset: Path | str) -> Path:
     """``dataset`` if it holds datasets written by ``storebench import``, else a clear error."""
     from .formats import find_datasets, read_manifest
@@ -178,6 +214,8 @@ def run_study(
     run_id: str | None = None,
     record_env: bool = True,
     dataset: Path | str | None = None,
+    on_case_done=None,
+    eta=None,
 ):
     """Run one study into ``<results_root>/<profile>/<name>.csv``; builds what is missing.
 
@@ -207,10 +245,7 @@ def run_study(
     if record_env:
         record_environment(profile, data_dir, results_dir, run_id=run_id, drop_caches=drop_caches,
                            label=label)
-    kwargs = {"profile": profile, "data_dir": data_dir}
-    if repeats is not None:
-        kwargs["repeats"] = repeats
-    cases = study.grid(**kwargs)
+    cases = planned_cases(name, profile, data_dir, repeats)
     results_path = results_dir / f"{name}.csv"
     if not resume and results_path.exists():
         results_path.unlink()
@@ -223,6 +258,8 @@ def run_study(
         drop_caches=drop_caches,
         timeout_s=case_timeout_s(profile),
         progress=progress,
+        on_case_done=on_case_done,
+        eta=eta,
     )
 
 
@@ -319,9 +356,12 @@ def run_full_study(
     results_dir.mkdir(parents=True, exist_ok=True)
     times = StudyTimes(label, runner.new_run_id())
 
+    estimate = None
+
     def stage(name, fn, *args, **kwargs):
         started = time.perf_counter()
-        print(f"storebench study: {name}", file=sys.stderr, flush=True)
+        left = f" ({estimate.text()})" if estimate is not None else ""
+        print(f"storebench study: {name}{left}", file=sys.stderr, flush=True)
         try:
             return fn(*args, **kwargs)
         finally:
@@ -340,6 +380,11 @@ def run_full_study(
         drop_caches=drop_caches,
         label=label,
     )
+    estimate = run_estimate(names, profile, data_dir, repeats, results_dir, label)
+
+    def case_done(case, outcome):
+        estimate.done(case.study, case.case_id, outcome.seconds)
+
     for name in names:
         if dataset is not None and get_study(name).synthetic_only:
             times.skipped_studies[name] = "applies to the synthetic profiles only"
@@ -359,6 +404,8 @@ def run_full_study(
                 run_id=times.run_id,
                 record_env=False,
                 dataset=dataset,
+                on_case_done=case_done,
+                eta=estimate.text,
             )
         except StudyNotApplicableError as err:
             if dataset is None:

@@ -31,8 +31,9 @@ from storebench.bench.memory_budget import (
 )
 from storebench.bench.runner import Case, case_rows, run_case
 from storebench.bench.schema import ResultsWriter, read_results
+from storebench.cases.out_of_core import MIN_ROOM_BYTES
 from storebench.cgroups import own_memory_cgroup, parse_mountinfo
-from storebench.studies.out_of_core import MIN_ROOM_BYTES, out_of_core_grid
+from storebench.studies.out_of_core import out_of_core_grid
 
 HERE = Path(__file__).resolve().parent
 MiB = 1 << 20

@@ -174,7 +174,7 @@ def test_run_case_reports_an_unknown_function_as_a_failure(tmp_path):
 def test_sequential_read_case_reads_the_real_dataset(ci_data_dir):
     """The case function a study uses returns the dataset's real sample count and bytes."""
     from storebench.bench.runner import Trial
-    from storebench.studies.formats import sequential_read_case
+    from storebench.cases.formats import sequential_read_case
     from storebench.studies.grid import dataset_files
 
     path = ci_data_dir / "memmap-raw"

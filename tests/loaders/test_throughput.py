@@ -28,3 +28,20 @@ def test_batch_assembly_runs_as_many_batches_as_asked(memmap_raw):
     )  # more than one epoch of 5 batches
     assert (m.batches, m.samples, m.bytes) == (12, 1200, 1200 * 32 * 32 * 3)
     assert T.dram_read_bandwidth(nbytes=1 << 20, repeats=2) > 0
+
+
+def test_gather_against_copy_times_three_interleaved_measurements(memmap_raw):
+    """Each round: a copy of one epoch's bytes, the dataset's gathers, a bare np.take of the
+    same batches; every measurement covers the same bytes."""
+    from storebench.loaders import throughput
+
+    dataset = PreloadedDataset(memmap_raw, progress=False)
+    timed = throughput.gather_against_copy(dataset, batch_size=32, rounds=2,
+                                           rows=dataset.images)
+    epoch = (len(dataset) // 32) * 32 * dataset.images[0].nbytes
+    assert sorted(timed) == ["bare_take", "copy", "gather"]
+    assert {m.bytes for m in timed.values()} == {2 * epoch}
+    assert timed["gather"].batches == timed["bare_take"].batches == 2 * (len(dataset) // 32)
+    assert all(m.seconds > 0 for m in timed.values())
+    without = throughput.gather_against_copy(dataset, batch_size=32, rounds=1)
+    assert sorted(without) == ["copy", "gather"]

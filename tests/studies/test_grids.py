@@ -12,6 +12,7 @@ from data_gen import PROFILES
 from storebench.bench.plan import case_timeout_s, default_repeats, plan_for
 from storebench.bench.runner import Case, Trial, run_case
 from storebench.bench.stats import AdaptiveRepeats  # noqa: E402
+from storebench.cases.targets import TARGETS, get_target, summarise_target, target_ratio
 from storebench.formats import FORMATS, build_dataset
 from storebench.loaders.paths import LOADER_PATHS
 from storebench.studies import STUDIES
@@ -20,12 +21,6 @@ from storebench.studies.formats import grid as formats_study
 from storebench.studies.gpu_feed import grid as gpu_feed_study
 from storebench.studies.lazy_vs_preloaded import grid as lazy_vs_preloaded_study
 from storebench.studies.prefetch import grid as prefetch_study
-from storebench.studies.targets import (
-    TARGETS,
-    get_target,
-    summarise_target,
-    target_ratio,
-)
 from storebench.studies.targets import grid as targets_study
 
 
@@ -89,7 +84,7 @@ def test_formats_study_measures_the_knob_variants_beside_the_default(variant_dat
 
 
 def test_random_read_case_reads_real_bytes_at_shuffled_indices(variant_data):
-    from storebench.studies.formats import random_read_case
+    from storebench.cases.formats import random_read_case
 
     root, variant = variant_data
     case = Case(study="formats", function="storebench.studies.formats:random_read_case",
@@ -138,7 +133,7 @@ def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
 
     targets = targets_study(profile="ci", data_dir=ci_data_root)
     assert [c.loader for c in targets] == [t.key for t in TARGETS]
-    assert all(c.summarise == "storebench.studies.targets:summarise_target" for c in targets)
+    assert all(c.summarise == "storebench.cases.targets:summarise_target" for c in targets)
 
 
 def test_target_ratio_takes_the_best_numerator_path_and_the_summary_the_median():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from storebench.bench.runner import Case
+from storebench.cases.targets import TARGETS, get_target, target_ratio
 from storebench.formats import open_dataset
-from storebench.studies.targets import TARGETS, get_target, target_ratio
 
 
 def _case(dataset, target, **fields) -> Case:

@@ -10,6 +10,7 @@ from result_rows import RUN, case_rows, frame
 
 from storebench import findings
 from storebench.bench.schema import make_row
+from storebench.cases.targets import target_ratio
 from storebench.results import Results
 from storebench.studies import targets
 
@@ -78,14 +79,14 @@ def test_the_thresholds_live_in_one_place():
 
 def test_target_ratio_takes_the_best_numerator_over_the_denominator():
     tf = targets.get_target("torch_vs_tf_data")
-    assert targets.target_ratio(tf, {"torch_process_prefetcher.samples_per_s": 300.0,
+    assert target_ratio(tf, {"torch_process_prefetcher.samples_per_s": 300.0,
                                      "torch_dataloader.samples_per_s": 400.0,
                                      "tf_data_autotune.samples_per_s": 200.0}) == 2.0
     with pytest.raises(KeyError, match="did not measure"):
-        targets.target_ratio(tf, {"torch_dataloader.samples_per_s": 1.0})
+        target_ratio(tf, {"torch_dataloader.samples_per_s": 1.0})
     gather = targets.get_target("memmap_gather_vs_dram")
     assert gather.is_fraction
-    assert targets.target_ratio(gather, {"memmap.fraction_of_dram_copy": 0.3}) == 0.3
+    assert target_ratio(gather, {"memmap.fraction_of_dram_copy": 0.3}) == 0.3
 
 
 def test_target_figure_draws_each_value_against_its_threshold_from_the_rows():

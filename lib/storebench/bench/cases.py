@@ -31,6 +31,16 @@ LOADER_KINDS = ("lazy", "preloaded")
 ACCESS_ORDERS = ("sequential", "shuffle", "block_shuffle")
 
 
+def dataset_files(dataset) -> tuple[str, ...]:
+    """The data files of a built dataset, from its manifest (what cache control acts on)."""
+    from pathlib import Path
+
+    from storebench.formats import read_manifest
+
+    root = Path(dataset)
+    return tuple(str(root / name) for name in read_manifest(root)["files"])
+
+
 def check_batch(reader, indices: np.ndarray, images, labels) -> None:
     """Compare a batch with the manifest's per-sample checksums (outside the timed region)."""
     from storebench.formats import CorruptSampleError, sample_checksum

@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -520,10 +520,14 @@ def run_study(
     timeout_s: float | None = None,
     python_path: Sequence[Path | str] = (),
     progress: bool = True,
+    on_case_done: Callable[[Case, CaseOutcome], None] | None = None,
+    eta: Callable[[], str] | None = None,
 ) -> StudyRun:
     """Run every case not already in ``results_path`` and append its rows there.
 
     ``resume=False`` refuses to append to an existing file instead of skipping its cases.
+    ``on_case_done(case, outcome)`` is called after each case's rows are written; ``eta()``
+    (the whole run's remaining time, as text) is shown beside the progress bar.
     """
     ids = [case.case_id for case in cases]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
@@ -546,7 +550,8 @@ def run_study(
                    disable=not progress, dynamic_ncols=True)
         try:
             for case in todo:
-                bar.set_postfix_str(case.case_id, refresh=True)
+                left = f"{eta()}; " if eta is not None else ""
+                bar.set_postfix_str(f"{left}{case.case_id}", refresh=True)
                 outcome = run_case(case, drop_caches=drop_caches, timeout_s=timeout_s,
                                    python_path=python_path)
                 rows = case_rows(case, outcome, run_id=summary.run_id, profile=profile)
@@ -564,6 +569,8 @@ def run_study(
                 if outcome.status != "ok":
                     first_line = outcome.error.splitlines()[0] if outcome.error else ""
                     bar.write(f"{case.case_id}: {outcome.status}: {first_line}")
+                if on_case_done is not None:
+                    on_case_done(case, outcome)
                 bar.update(1)
         finally:
             bar.close()

@@ -109,15 +109,20 @@ def dram_copy_bandwidth(*, nbytes: int = 1 << 28, repeats: int = 5) -> float:
     return source.nbytes / float(np.median(seconds))
 
 
-def gather_against_copy(dataset, *, batch_size: int = 256, rounds: int = 20,
-                        seed: int = 0) -> tuple[Measurement, Measurement]:
+def gather_against_copy(dataset, *, batch_size: int = 256, rounds: int = 20, seed: int = 0,
+                        rows: np.ndarray | None = None) -> dict[str, Measurement]:
     """Shuffled batch assembly into one preallocated buffer and a plain copy of as many bytes
     between two pre-faulted buffers, interleaved: ``rounds`` x (one copy, one epoch of
     gathers), each timed on its own and summed. One epoch of a small set is a few ms, so
     back-to-back alternation is what keeps both under the same machine state (clock,
     neighbours); a copy measured once, apart, swings by a quarter on a shared machine.
-    Returns (gather, copy) measurements; their ``bytes_per_second`` ratio is the gather's
-    fraction of the DRAM copy bandwidth."""
+    With ``rows`` (the samples as one (N, H, W, C) array: what the dataset gathers from),
+    each round also times a bare ``np.take`` of the same batches from it: the gather without
+    the loader around it, which says how much of a shortfall is the loader and how much the
+    access pattern itself.
+
+    Returns ``{"gather", "copy"[, "bare_take"]}`` measurements; a ``bytes_per_second`` ratio to
+    ``copy`` is a fraction of the DRAM copy bandwidth."""
     shape = dataset.sample_shape
     if shape is None:
         raise ValueError("batch assembly needs fixed-size samples (raw, or decode=...)")
@@ -133,20 +138,33 @@ def gather_against_copy(dataset, *, batch_size: int = 256, rounds: int = 20,
     for epoch in range(rounds + 1):
         batches.set_epoch(epoch)
         orders.append([np.asarray(idx) for idx in batches])
-    gather_s = copy_s = 0.0
+    flat_rows = rows.reshape(len(rows), -1) if rows is not None else None
+    flat_out = out.reshape(batch_size, -1)
+    gather_s = copy_s = bare_s = 0.0
     for epoch, order in enumerate(orders):  # the first round warms up, untimed
         started = time.perf_counter()
         np.copyto(target, source)
         copied = time.perf_counter()
         for idx in order:
             dataset.get_batch(idx, out=out)
+        gathered = time.perf_counter()
+        if flat_rows is not None:
+            for idx in order:
+                np.take(flat_rows, idx, axis=0, out=flat_out, mode="clip")
         ended = time.perf_counter()
         if epoch:
             copy_s += copied - started
-            gather_s += ended - copied
+            gather_s += gathered - copied
+            bare_s += ended - gathered
     count = rounds * len(batches)
-    return (Measurement("gather", count * batch_size, rounds * epoch_bytes, gather_s, count),
-            Measurement("copy", 0, rounds * epoch_bytes, copy_s, rounds))
+    measured = {
+        "gather": Measurement("gather", count * batch_size, rounds * epoch_bytes, gather_s, count),
+        "copy": Measurement("copy", 0, rounds * epoch_bytes, copy_s, rounds),
+    }
+    if flat_rows is not None:
+        measured["bare_take"] = Measurement("bare_take", count * batch_size,
+                                            rounds * epoch_bytes, bare_s, count)
+    return measured
 
 
 def shuffled_batch_assembly(

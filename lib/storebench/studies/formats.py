@@ -8,8 +8,7 @@ through the Reader (what a chunk, row group or shard costs a random batch).
 from __future__ import annotations
 
 import json
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,9 +18,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from ..bench.cache import CacheState
-from ..bench.cases import check_batch, open_options
 from ..bench.plan import plan_for
-from ..bench.runner import Case, Trial
+from ..bench.runner import Case
 from ..plots import (
     bars,
     empty_figure,
@@ -60,7 +58,7 @@ from .base import FigureSpec, Study
 from .grid import dataset_files, knob_params, profile_datasets, repeat_fields
 
 MB = 1e6
-CASES = "storebench.studies.formats"
+CASES = "storebench.cases.formats"
 
 
 @dataclass(frozen=True)
@@ -133,96 +131,6 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
                                         "random_samples": min(count, RANDOM_READ_SAMPLES)}},
             ))
     return cases
-
-
-def build_cost_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
-    """What building the dataset cost and how big it is, from its manifest (no timing here:
-    the build was timed when it ran, with ``os.sync`` included)."""
-    from storebench.formats import read_manifest
-
-    manifest = read_manifest(case.dataset)
-    write_seconds = float(manifest["write_seconds"])
-    raw = int(manifest["raw_bytes"])
-    return {
-        "write_seconds": (write_seconds, "s"),
-        "write_MBps": (raw / write_seconds / MB, "MB/s"),
-        "bytes_apparent": (manifest["bytes_apparent"], "bytes"),
-        "bytes_allocated": (manifest["bytes_allocated"], "bytes"),
-        "raw_bytes": (raw, "bytes"),
-        "size_ratio": (manifest["bytes_apparent"] / raw, "ratio"),
-        "file_count": (manifest["file_count"], "count"),
-    }
-
-
-def _timed_batched_reads(
-    case: Case, trial: Trial, order_for: Callable[[int], np.ndarray]
-) -> dict[str, tuple[float, str]]:
-    """Read the samples ``order_for(len(dataset))`` names, in batches of ``case.batch_size``
-    through ``Reader.read_many`` (raw batches into one reused buffer), without per-sample
-    checksum verification, which the last batch gets afterwards instead.
-
-    Params named ``open_<option>`` are passed to ``open_dataset`` as ``<option>`` (e.g.
-    ``open_madvise_random=True``).
-    """
-    from storebench.formats import open_dataset, read_manifest
-
-    batch_size = case.batch_size or 256
-    file_bytes = read_manifest(case.dataset)["bytes_apparent"]
-    with open_dataset(case.dataset, verify=False, **open_options(case)) as reader:
-        order = order_for(len(reader))
-        wanted = trial.batches_wanted(None)
-        if wanted is not None:
-            order = order[: wanted * batch_size]
-        out = (
-            np.empty((min(batch_size, len(order)), *reader.spec.image_shape), dtype=np.uint8)
-            if reader.is_raw else None
-        )
-        samples = returned_bytes = 0
-        first_batch_seconds = float("nan")
-        with trial.measure() as measurement:
-            started = time.perf_counter()
-            for start in range(0, len(order), batch_size):
-                indices = order[start:start + batch_size]
-                full = out is not None and len(indices) == len(out)
-                images, labels = reader.read_many(indices, out=out if full else None)
-                if samples == 0:
-                    first_batch_seconds = time.perf_counter() - started
-                samples += len(indices)
-                returned_bytes += (
-                    images.nbytes if reader.is_raw else sum(len(image) for image in images)
-                )
-        check_batch(reader, indices, images, labels)
-    if samples != len(order):
-        raise RuntimeError(f"{case.dataset}: read {samples} samples, asked for {len(order)}")
-    seconds = measurement.wall_seconds
-    return {
-        "samples": (samples, "count"),
-        "samples_per_s": (samples / seconds, "samples/s"),
-        "read_MBps": (returned_bytes / seconds / MB, "MB/s"),
-        # The whole dataset's bytes per second of reading: for random batches, how much of
-        # the file they cost, not what they delivered.
-        "file_MBps": (file_bytes / seconds / MB, "MB/s"),
-        "time_to_first_batch_s": (first_batch_seconds, "s"),
-        "cpu_utilisation": (measurement.cpu_seconds / seconds, "ratio"),
-    }
-
-
-def sequential_read_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
-    """Every sample in index order (see ``_timed_batched_reads``)."""
-    return _timed_batched_reads(case, trial, lambda count: np.arange(count))
-
-
-def random_read_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
-    """``random_samples`` samples (param; default every sample) at shuffled indices (see
-    ``_timed_batched_reads``): what a format's unit of I/O (chunk, row group, shard) costs a
-    random batch."""
-
-    def shuffled(count: int) -> np.ndarray:
-        wanted = min(int(case.param("random_samples", count)), count)
-        return np.random.default_rng(int(case.param("seed", 0))).permutation(count)[:wanted]
-
-    return _timed_batched_reads(case, trial, shuffled)
-
 
 
 # -- findings -----------------------------------------------------------------------
@@ -469,7 +377,6 @@ def knob_findings(df: pd.DataFrame) -> list[str]:
                      f"those with {slow['setting']}")
         sentences.append(text + ".")
     return sentences
-
 
 
 # -- figures ------------------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..bench.cases import dataset_files  # noqa: F401 - the grids' name for it
 from ..bench.plan import plan_for
 from ..text import ENCODING_ORDER
 
@@ -99,14 +100,6 @@ def pick(datasets, encoding: str, preferred: tuple[str, ...]):
             if manifest["format"] == name:
                 return path, manifest
     return of_encoding[0] if of_encoding else None
-
-
-def dataset_files(dataset: Path | str) -> tuple[str, ...]:
-    """The data files of a built dataset, from its manifest (what cache control acts on)."""
-    from storebench.formats import read_manifest
-
-    root = Path(dataset)
-    return tuple(str(root / name) for name in read_manifest(root)["files"])
 
 
 def dataset_fields(study: str, path: Path, manifest: dict) -> dict:

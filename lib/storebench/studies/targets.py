@@ -11,257 +11,22 @@ clears the threshold, else 0), so that a results file alone says whether each ta
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..bench.runner import Case, Trial
-from ..bench.stats import median_interval
+from ..bench.runner import Case
+from ..cases.targets import TARGETS, get_target
 from ..plots import PALETTE, empty_figure, log_axis, profile_caption, summarise
 from ..results import Results, latest_runs, stat
 from ..text import DASH, format_percent, format_ratio, markdown_table
 from .base import FigureSpec, Study
 from .grid import batch_size_for, dataset_fields, pick, profile_datasets, repeat_fields
 
-MB = 1e6
-CASES = "storebench.studies.targets"
-
-# What a measure function returns: {path: Measurement} and extra metrics.
-Measured = tuple[dict, dict]
-
-
-@dataclass(frozen=True)
-class TargetDataset:
-    """The dataset a target reads: the first built ``encoding`` set in ``preferred`` format
-    order; ``required``: only that format will do."""
-
-    encoding: str
-    preferred: tuple[str, ...]
-    required: str | None = None
-
-
-@dataclass(frozen=True)
-class Target:
-    """``max(numerator metrics) / denominator metric`` of one repeat must reach
-    ``threshold``; ``denominator=None``: the numerator metric is itself the figure (a
-    fraction of the same run's DRAM read bandwidth). ``measure(reader, case)`` times the
-    target's paths and returns ``({path: Measurement}, {metric: (value, unit)})``."""
-
-    key: str
-    name: str
-    description: str
-    dataset: TargetDataset
-    measure: Callable[..., Measured]
-    numerator: tuple[str, ...]
-    denominator: str | None
-    threshold: float
-    batch_size: int = 256
-    workers: int | None = None
-    params: tuple[tuple[str, object], ...] = ()
-
-    @property
-    def is_fraction(self) -> bool:
-        return self.denominator is None
-
-
-# -- measure functions --------------------------------------------------------------------
-def _gather(reader, case: Case, *, path: str) -> Measured:
-    """Shuffled batch assembly into one buffer, from RAM (``preloaded``) or from the warm
-    memmap (``memmap``), against the same run's DRAM copy bandwidth: a gather reads and
-    writes every byte, as a copy does, so a copy is its honest limit."""
-    from storebench.loaders import LazyDataset, PreloadedDataset, throughput
-
-    if path == "preloaded":
-        dataset = PreloadedDataset(reader, progress=False)
-    else:
-        # Warm data: map its pages first (MADV_POPULATE_READ), as a training job's later
-        # epochs find them; otherwise one page fault per 4 KiB is timed too.
-        reader.populate()
-        dataset = LazyDataset(reader)
-    measured, copy = throughput.gather_against_copy(
-        dataset, batch_size=case.batch_size or 256, rounds=int(case.param("rounds", 20)))
-    return {path: measured}, {
-        "dram_copy_GBps": (copy.bytes_per_second / 1e9, "GB/s"),
-        f"{path}.fraction_of_dram_copy": (measured.bytes_per_second / copy.bytes_per_second,
-                                          "ratio"),
-    }
-
-
-def measure_preloaded_gather(reader, case: Case) -> Measured:
-    return _gather(reader, case, path="preloaded")
-
-
-def measure_memmap_gather(reader, case: Case) -> Measured:
-    return _gather(reader, case, path="memmap")
-
-
-def _registry_paths(dataset, sampler_for: Callable[[], object], case: Case,
-                    paths: Mapping[str, str]) -> dict:
-    """Time each loader path of the registry (``{metric prefix: LOADER_PATHS name}``) over
-    the same order, workers and start method, one after the other."""
-    from storebench.loaders import throughput
-    from storebench.loaders.paths import PathOptions, get_loader_path
-
-    options = PathOptions(batch_size=case.batch_size or 256, workers=case.workers or 2,
-                          start_method=case.param("start_method"),
-                          seed=int(case.param("seed", 0)), root=case.dataset)
-    measured = {}
-    for prefix, name in paths.items():
-        batches, close = get_loader_path(name).open(dataset, sampler_for(), options)
-        try:
-            measured[prefix] = throughput.measure(iter(batches), name=prefix, warmup_batches=2,
-                                                  max_batches=case.param("max_batches"))
-        finally:
-            if close is not None:
-                close()
-    return measured
-
-
-def measure_process_vs_torch(reader, case: Case) -> Measured:
-    from storebench.loaders import LazyDataset, ShuffleSampler
-
-    dataset = LazyDataset(reader)
-    return _registry_paths(dataset, lambda: ShuffleSampler(len(dataset), seed=0), case,
-                           {"process_prefetcher": "process",
-                            "torch_dataloader": "torch"}), {}
-
-
-def measure_process_vs_pickled(reader, case: Case) -> Measured:
-    from storebench.loaders import LazyDataset, ShuffleSampler
-
-    dataset = LazyDataset(reader)
-    return _registry_paths(dataset, lambda: ShuffleSampler(len(dataset), seed=0), case,
-                           {"process_prefetcher": "process",
-                            "pickled_baseline": "pickled_baseline"}), {}
-
-
-def measure_thread_decode(reader, case: Case) -> Measured:
-    """Decoding with the GIL-releasing decoder from RAM (a ``PreloadedDataset`` isolates
-    decode from I/O): one thread, then ``ThreadPrefetcher`` and ``ProcessPrefetcher`` with
-    one worker per core; the best of the two over (cores x the one-thread rate)."""
-    import os
-
-    from storebench.loaders import PreloadedDataset, ShuffleSampler
-
-    decode = "simplejpeg" if reader.spec.encoding == "jpeg" else "pil"
-    dataset = PreloadedDataset(reader, decode=decode, progress=False)
-    measured = _registry_paths(dataset, lambda: ShuffleSampler(len(dataset), seed=0), case,
-                               {"serial": "none", "thread_prefetcher": "thread",
-                                "process_prefetcher": "process"})
-    cores = len(os.sched_getaffinity(0))
-    best = max(measured["thread_prefetcher"].samples_per_second,
-               measured["process_prefetcher"].samples_per_second)
-    return measured, {
-        "cores": (float(cores), "count"),
-        "best_prefetcher.fraction_of_cores": (
-            best / (cores * measured["serial"].samples_per_second), "ratio"),
-    }
-
-
-def measure_block_shuffle(reader, case: Case) -> Measured:
-    """One block-shuffled epoch (``read_many`` per batch) vs ``random_samples`` per-sample
-    reads at random indices (``reader[i]``)."""
-    from storebench.loaders import (
-        BatchSampler,
-        BlockShuffleSampler,
-        LazyDataset,
-        throughput,
-    )
-
-    dataset = LazyDataset(reader)
-    order = BatchSampler(BlockShuffleSampler.from_reader(reader, seed=0), case.batch_size or 256)
-    # No untimed block pass first: both measurements see the same (warm) cache state.
-    epoch = throughput.measure((dataset.get_batch(idx) for idx in order),
-                               name="block_shuffled_epoch", warmup_batches=0)
-    picks = np.random.default_rng(0).integers(0, len(reader),
-                                              size=int(case.param("random_samples", 200)))
-    started = time.perf_counter()
-    nbytes = 0
-    for i in picks:
-        image, _ = reader[int(i)]
-        nbytes += len(image) if isinstance(image, bytes) else image.nbytes
-    random_access = throughput.Measurement("random_row_access", len(picks), nbytes,
-                                           time.perf_counter() - started, len(picks))
-    return {"block_shuffled_epoch": epoch, "random_row_access": random_access}, {}
-
-
-def measure_tfrecord(reader, case: Case) -> Measured:
-    """TFRecord shards through tf.data (AUTOTUNE) vs our PyTorch paths over the same shards
-    (``ProcessPrefetcher`` and a DataLoader, simplejpeg decoding)."""
-    from storebench.loaders import BlockShuffleSampler, LazyDataset
-
-    decode = {"raw": None, "jpeg": "simplejpeg", "png": "pil"}[reader.spec.encoding]
-    dataset = LazyDataset(reader, decode=decode)
-    measured = _registry_paths(None, lambda: None, case, {"tf_data_autotune": "tf_data"})
-    measured.update(_registry_paths(
-        dataset, lambda: BlockShuffleSampler.from_reader(reader, seed=0), case,
-        {"torch_process_prefetcher": "process", "torch_dataloader": "torch"}))
-    return measured, {}
-
-
-TARGETS: tuple[Target, ...] = (
-    Target("preloaded_gather_vs_dram", "preloaded gather vs DRAM copy",
-           "shuffled batch assembly from PreloadedDataset / same-run DRAM copy",
-           TargetDataset("raw", ("memmap",), "memmap"), measure_preloaded_gather,
-           ("preloaded.fraction_of_dram_copy",), None, 0.85),
-    Target("memmap_gather_vs_dram", "memmap gather vs DRAM copy",
-           "shuffled batch assembly from the warm memmap / same-run DRAM copy",
-           TargetDataset("raw", ("memmap",), "memmap"), measure_memmap_gather,
-           ("memmap.fraction_of_dram_copy",), None, 0.75),
-    Target("process_vs_torch", "ProcessPrefetcher vs torch DataLoader",
-           "decoded arrays, same worker count", TargetDataset("raw", ("memmap", "lmdb")),
-           measure_process_vs_torch, ("process_prefetcher.samples_per_s",),
-           "torch_dataloader.samples_per_s", 1.0, workers=2,
-           params=(("start_method", "fork"),)),
-    Target("process_vs_pickled", "ProcessPrefetcher vs pickled baseline",
-           "shared memory vs pickled batches through a multiprocessing.Queue",
-           TargetDataset("raw", ("memmap", "lmdb")), measure_process_vs_pickled,
-           ("process_prefetcher.samples_per_s",), "pickled_baseline.samples_per_s", 3.0,
-           workers=2, params=(("start_method", "fork"),)),
-    Target("thread_vs_serial_decode", "best prefetcher decode vs cores x one thread",
-           "GIL-releasing JPEG decoder from RAM: the faster of ThreadPrefetcher and "
-           "ProcessPrefetcher (one worker per core) / (cores x one thread)",
-           TargetDataset("jpeg", ("lmdb", "hdf5", "rawfiles")), measure_thread_decode,
-           ("best_prefetcher.fraction_of_cores",), None, 0.85, batch_size=64,
-           workers=2, params=(("start_method", "fork"),)),
-    Target("block_vs_random_parquet", "block-shuffled vs random Parquet rows",
-           "row groups shuffled as blocks vs per-sample random row access",
-           TargetDataset("raw", ("parquet",), "parquet"), measure_block_shuffle,
-           ("block_shuffled_epoch.samples_per_s",), "random_row_access.samples_per_s",
-           200.0),
-    Target("torch_vs_tf_data", "our best PyTorch path vs tf.data over TFRecord",
-           "ProcessPrefetcher or torch DataLoader (the faster) vs tf.data AUTOTUNE",
-           TargetDataset("jpeg", ("tfrecord",), "tfrecord"), measure_tfrecord,
-           ("torch_process_prefetcher.samples_per_s", "torch_dataloader.samples_per_s"),
-           "tf_data_autotune.samples_per_s", 1.0, workers=2,
-           params=(("start_method", "fork"),)),
-)
-
-
-def get_target(key: str) -> Target:
-    for target in TARGETS:
-        if target.key == key:
-            return target
-    raise KeyError(f"unknown target {key!r}; targets are {[t.key for t in TARGETS]}")
-
-
-def target_ratio(target: Target, metrics: Mapping[str, float]) -> float:
-    """One repeat's figure from its path metrics (``{metric: value}``)."""
-    missing = [m for m in (*target.numerator, target.denominator) if m and m not in metrics]
-    if missing:
-        raise KeyError(f"target {target.key}: the case did not measure {missing}")
-    top = max(float(metrics[m]) for m in target.numerator)
-    if target.denominator is None:
-        return top
-    below = float(metrics[target.denominator])
-    if below <= 0:
-        raise ValueError(f"target {target.key}: {target.denominator} is {below}, no ratio")
-    return top / below
+CASES = "storebench.cases.targets"
 
 
 # -- grid, case, summary ----------------------------------------------------------------
@@ -286,41 +51,6 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
             **dataset_fields("targets", path, manifest),
         ))
     return cases
-
-
-def target_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
-    """One performance target (``case.param("target")``): every path it compares is
-    measured in this one call, so the repeat's ``target_ratio`` is fair."""
-    from storebench.formats import open_dataset
-
-    target = get_target(case.param("target"))
-    with open_dataset(case.dataset, verify=False) as reader, trial.measure():
-        measured, extra = target.measure(reader, case)
-    metrics = {}
-    for path, m in measured.items():
-        metrics[f"{path}.samples_per_s"] = (m.samples_per_second, "samples/s")
-        metrics[f"{path}.read_MBps"] = (m.bytes_per_second / MB, "MB/s")
-    metrics.update(extra)
-    values = {name: value for name, (value, _) in metrics.items()}
-    metrics["target_ratio"] = (target_ratio(target, values), "ratio")
-    return metrics
-
-
-def summarise_target(case, records: Sequence[Mapping]) -> dict[str, tuple[float, str]]:
-    """The whole-case rows of a target case: the median of its repeats' ``target_ratio``,
-    the threshold, and whether the median meets it."""
-    target = get_target(case.param("target"))
-    ratios = [float(r["value"]) for r in records if r["metric"] == "target_ratio"]
-    if not ratios:
-        raise ValueError(f"case {case.case_id}: no repeat reported target_ratio")
-    value, low, high = median_interval(ratios)
-    return {
-        "target_value": (value, "ratio"),
-        "target_low": (low, "ratio"),
-        "target_high": (high, "ratio"),
-        "target_threshold": (target.threshold, "ratio"),
-        "target_met": (1.0 if low >= target.threshold else 0.0, "count"),
-    }
 
 
 # -- findings -----------------------------------------------------------------------------
@@ -376,6 +106,21 @@ def targets_markdown(df: pd.DataFrame) -> str:
     return markdown_table(shown)
 
 
+def _bare_take_text(df: pd.DataFrame, key: str) -> str:
+    """For a gather target: what a bare ``np.take`` of the same batches reached in the same
+    repeats, which splits a shortfall into the access pattern's own limit and the loader's
+    cost (nothing for other targets, or results without it)."""
+    prefix = get_target(key).numerator[0].partition(".")[0]
+    rows = latest_runs(df[(df["study"] == "targets") & (df["loader"] == key)])
+    bare = rows.loc[rows["metric"] == f"{prefix}.bare_take_fraction_of_dram_copy", "value"]
+    share = rows.loc[rows["metric"] == f"{prefix}.fraction_of_bare_take", "value"]
+    if bare.empty or share.empty:
+        return ""
+    return (f" A bare np.take of the same batches from the same array reaches "
+            f"{format_percent(float(bare.median()))} of the copy: the access pattern's own "
+            f"limit; the loader delivers {format_percent(float(share.median()))} of that.")
+
+
 def targets_findings(df: pd.DataFrame) -> list[str]:
     """One sentence per target: value, interval, threshold, met (the interval's lower end
     clears it) or by how much the median misses it."""
@@ -392,7 +137,7 @@ def targets_findings(df: pd.DataFrame) -> list[str]:
             f"{row['target']} ({row['what']}): {fmt(row['value'])} (median of "
             f"{row['repeats']} paired repeats, 95% interval "
             f"{fmt(row['low'])}{DASH}{fmt(row['high'])}); threshold {fmt(row['threshold'])}, "
-            f"{verdict}.")
+            f"{verdict}." + _bare_take_text(df, row["key"]))
     return sentences
 
 

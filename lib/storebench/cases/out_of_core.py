@@ -1,0 +1,274 @@
+"""The out_of_core study's case function (epochs under a memory cap from a cold cache) and
+its helpers, apart from the study's figures and findings so that a case worker imports only
+what it runs. The grid lives in ``storebench.studies.out_of_core``."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from ..bench.cases import (
+    batch_size_bytes,
+    check_batch,
+    make_sampler,
+    open_batches,
+    open_options,
+    release,
+)
+from ..bench.runner import Case, CaseSkipped, Trial
+
+DEFAULT_EPOCHS = 3
+
+
+# Batches delivered before the baseline is taken (and the dataset evicted again), so that
+# the loader's working memory (buffers, worker heaps, lazily made state) is in the baseline
+# and the room above it is page cache.
+BASELINE_BATCHES = 2
+
+
+# The least room above a lazy loader's baseline: below a few MB the interpreter's own
+# allocations during an epoch would exceed the cap and the kernel would kill the case. Only
+# tiny sets (the ci profile's 1.5 MB) reach it; ``effective_k`` records the cap really
+# applied. A preload gets no floor: it must refuse (``does_not_fit``) whenever 1/k of the
+# set is all there is, as on any real set.
+MIN_ROOM_BYTES = 4 << 20
+
+
+MB = 1e6
+
+
+def _rss_bytes() -> int:
+    import psutil
+
+    return int(psutil.Process().memory_info().rss)
+
+
+@contextlib.contextmanager
+def _budget(case: Case) -> Iterator:
+    """An uncapped budget holding this process; CaseSkipped where none can be made."""
+    from ..bench.memory_budget import BudgetUnavailable, MemoryBudget
+
+    budget = MemoryBudget(None)
+    try:
+        budget.__enter__()
+    except BudgetUnavailable as err:
+        raise CaseSkipped(f"case {case.case_id}: no memory budget: {err.reason}") from err
+    try:
+        yield budget
+    finally:
+        budget.__exit__(None, None, None)
+
+
+def _cap(budget, *, k: int, dataset_bytes: int, baseline_rss: int, min_room: int) -> dict:
+    """Cap the budget at what it holds now plus ``dataset_bytes / k``, at least
+    ``min_room`` (nothing for k = 0); the metrics that describe the budget."""
+    from storebench.cgroups import available_memory
+
+    baseline = budget.charged_bytes()
+    metrics = {
+        "k": (k, "count"),
+        "dataset_bytes": (dataset_bytes, "bytes"),
+        "baseline_bytes": (baseline, "bytes"),
+        "baseline_rss_bytes": (baseline_rss, "bytes"),
+    }
+    budget.reset_peak()  # the peak of the capped part only
+    if k == 0:
+        # No cap: the budget is whatever the host (or an enclosing cgroup) leaves.
+        metrics["budget_bytes"] = (baseline_rss + available_memory()[0], "bytes")
+        return metrics
+    room = max(dataset_bytes // k, min_room)
+    budget.set_limit(baseline + room)
+    metrics["budget_bytes"] = (baseline_rss + room, "bytes")
+    metrics["cgroup_limit_bytes"] = (baseline + room, "bytes")
+    metrics["effective_k"] = (dataset_bytes / room, "ratio")
+    return metrics
+
+
+def _params(case: Case) -> tuple[int, int]:
+    k, epochs = int(case.param("k", 0)), int(case.param("epochs", DEFAULT_EPOCHS))
+    if k < 0 or epochs < 1:
+        raise ValueError(f"case {case.case_id}: k must be >= 0 and epochs >= 1, got k={k}, "
+                         f"epochs={epochs}")
+    return k, epochs
+
+
+def _budget_metrics(stats, start) -> dict:
+    return {
+        "cgroup_peak_bytes": (stats.peak_bytes, "bytes"),
+        "file_cache_bytes": (stats.file_cache_bytes, "bytes"),
+        "major_faults": (stats.major_faults - start.major_faults, "count"),
+        "device_read_bytes": (stats.device_read_bytes - start.device_read_bytes, "bytes"),
+    }
+
+
+class _Loader:
+    """The case's loader path over ``dataset``, one pass per epoch: a reusable prefetcher is
+    iterated again, a one-pass path (a generator) is opened again."""
+
+    def __init__(self, case: Case, dataset, sampler) -> None:
+        self.case, self.dataset, self.sampler = case, dataset, sampler
+        self.batches, self.close_batches = open_batches(case, dataset, sampler)
+        self.used = False
+
+    def epoch(self, epoch: int):
+        self.sampler.set_epoch(epoch)
+        if self.used and iter(self.batches) is self.batches:
+            self.close()
+            self.batches, self.close_batches = open_batches(self.case, self.dataset,
+                                                            self.sampler)
+        self.used = True
+        return iter(self.batches)
+
+    def close(self) -> None:
+        if self.close_batches is not None:
+            self.close_batches()
+            self.close_batches = None
+
+
+def _epochs(case: Case, trial: Trial, budget, loader: _Loader, reader, files, *,
+            epochs: int, seconds_limit: float | None) -> dict:
+    """Time ``epochs`` passes; per epoch: throughput, residency at start and end, and the
+    budget's counters. A pass still running after ``seconds_limit`` is cut short there
+    (``epoch<n>.complete`` 0): its rate is what it delivered in that time."""
+    from ..bench.cache import resident_fraction
+
+    metrics: dict[str, tuple[float, str]] = {}
+    start = budget.stats()
+    rates = []
+    last = None
+    with trial.measure():
+        for epoch in range(1, epochs + 1):
+            resident_start = resident_fraction(files)
+            before = budget.stats()
+            samples = delivered = 0
+            seen = []
+            began = time.perf_counter()
+            deadline = began + seconds_limit if seconds_limit else None
+            for batch in loader.epoch(epoch - 1):
+                n, nbytes, indices = batch_size_bytes(batch)
+                samples, delivered = samples + n, delivered + nbytes
+                seen.append(np.array(indices))
+                last = batch
+                if deadline is not None and time.perf_counter() > deadline:
+                    break
+            seconds = time.perf_counter() - began
+            after = budget.stats()
+            order = np.sort(np.concatenate(seen)) if seen else np.empty(0, np.int64)
+            complete = len(order) == len(reader)
+            if not (np.array_equal(order, np.arange(len(reader))) if complete
+                    else len(np.unique(order)) == len(order)):
+                raise RuntimeError(f"{case.dataset}: epoch {epoch} delivered a sample twice "
+                                   f"or missed one ({samples} samples, {len(reader)} in the set)")
+            rates.append(samples / seconds)
+            metrics |= {
+                f"epoch{epoch}.seconds": (seconds, "s"),
+                f"epoch{epoch}.samples": (samples, "count"),
+                f"epoch{epoch}.complete": (int(complete), "count"),
+                f"epoch{epoch}.samples_per_s": (samples / seconds, "samples/s"),
+                f"epoch{epoch}.read_MBps": (delivered / seconds / MB, "MB/s"),
+                f"epoch{epoch}.resident_start": (resident_start, "ratio"),
+                f"epoch{epoch}.resident_end": (resident_fraction(files), "ratio"),
+                f"epoch{epoch}.major_faults": (after.major_faults - before.major_faults,
+                                               "count"),
+                f"epoch{epoch}.device_read_bytes": (
+                    after.device_read_bytes - before.device_read_bytes, "bytes"),
+                f"epoch{epoch}.file_cache_bytes": (after.file_cache_bytes, "bytes"),
+            }
+    if reader.is_raw and last is not None and loader.dataset.yields_arrays:
+        check_batch(reader, last.indices, last.images, last.labels)
+    metrics["samples"] = (len(reader), "count")
+    if epochs >= 2:
+        metrics["epoch2_over_epoch1"] = (rates[1] / rates[0], "ratio")
+    return metrics | _budget_metrics(budget.stats(), start)
+
+
+def _primed_loader(case: Case, dataset, reader) -> _Loader:
+    """The case's loader, made after a first loader has delivered a few batches and been
+    closed with the reader's handles: what the interpreter allocated for them stays in its
+    heap (and in the baseline), while no page of the dataset stays mapped, which would keep
+    it from being evicted."""
+    primer = _Loader(case, dataset, make_sampler(case, reader))
+    try:
+        for count, _ in enumerate(primer.epoch(0), start=1):
+            if count >= BASELINE_BATCHES:
+                break
+    finally:
+        primer.close()
+    reader.close()  # re-opened on the next read
+    return _Loader(case, dataset, make_sampler(case, reader))
+
+
+def out_of_core_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """``epochs`` (param, default 3) passes over ``case.dataset`` in ``case.access`` order
+    through ``case.loader`` (``lazy``, or ``preloaded``) and the loader path
+    ``case.prefetcher``, in a memory budget of baseline + dataset bytes / ``k`` (param; 0 =
+    no cap), starting cold. Format open options come from params ``open_<option>``; param
+    ``epoch_seconds_limit`` cuts a pass short after that many seconds (thrashing paths)."""
+    from storebench.formats import open_dataset, read_manifest
+    from storebench.loaders import LazyDataset
+
+    from ..bench.cache import evict
+    from ..bench.cases import dataset_files
+
+    k, epochs = _params(case)
+    seconds_limit = case.param("epoch_seconds_limit")
+    files = list(case.cache_files) or list(dataset_files(case.dataset))
+    dataset_bytes = int(read_manifest(case.dataset)["bytes_apparent"])
+    decode = case.param("decode")
+    reader = open_dataset(case.dataset, verify=False, **open_options(case))
+    loader = dataset = None
+    try:
+        baseline_rss = _rss_bytes()
+        with _budget(case) as budget:
+            if case.loader == "preloaded":
+                evict(files)
+                described = _cap(budget, k=k, dataset_bytes=dataset_bytes,
+                                 baseline_rss=baseline_rss, min_room=0)
+                start = budget.stats()
+                dataset, preload = _preload(reader, decode)
+                if dataset is None:
+                    return described | preload | _budget_metrics(budget.stats(), start)
+            elif case.loader == "lazy":
+                dataset = LazyDataset(reader, decode=decode)
+                preload = {}
+            else:
+                raise ValueError(f"case {case.case_id}: loader must be lazy or preloaded")
+            loader = _primed_loader(case, dataset, reader)
+            evict(files)
+            if case.loader == "lazy":
+                described = _cap(budget, k=k, dataset_bytes=dataset_bytes,
+                                 baseline_rss=baseline_rss, min_room=MIN_ROOM_BYTES)
+            try:
+                measured = _epochs(case, trial, budget, loader, reader, files, epochs=epochs,
+                                   seconds_limit=seconds_limit)
+            finally:
+                loader.close()
+            return described | preload | measured
+    finally:
+        release(reader, dataset=dataset, close=loader.close if loader is not None else None)
+
+
+def _preload(reader, decode) -> tuple[object | None, dict]:
+    """(the PreloadedDataset, its metrics), or (None, the refusal's metrics) when it does not
+    fit the memory this process may use."""
+    from storebench.cgroups import available_memory
+    from storebench.loaders import InsufficientMemoryError, PreloadedDataset
+
+    needed = PreloadedDataset.estimate_bytes(reader)
+    began = time.perf_counter()
+    try:
+        dataset = PreloadedDataset(reader, decode=decode, progress=False)
+    except InsufficientMemoryError:
+        return None, {
+            "does_not_fit": (1, "count"),
+            "preload_needed_bytes": (needed, "bytes"),
+            "available_bytes": (available_memory()[0], "bytes"),
+        }
+    return dataset, {
+        "does_not_fit": (0, "count"),
+        "preload_needed_bytes": (needed, "bytes"),
+        "preload_seconds": (time.perf_counter() - began, "s"),
+    }
