@@ -178,6 +178,17 @@ def test_too_few_paired_repeats_leave_the_comparison_undecided():
     assert math.isfinite(ratio_interval(enough, many)[1])
 
 
+def test_unequal_repeat_counts_resample_each_side_and_bracket_the_ratio():
+    """Adaptive repeats stop cases at different counts: the interval is then about the same
+    full medians the ratio is, so it contains it (pairing the first n repeats would not)."""
+    many = stat_of([835.0, 700.0, 840.0, 820.0, 845.0, 830.0, 600.0, 838.0, 836.0])
+    few = stat_of([721.0, 500.0, 720.0])
+    ratio, low, high = ratio_interval(many, few)
+    assert ratio == pytest.approx(many.median / few.median)
+    assert low <= ratio <= high
+    assert (low, high) == ratio_interval(many, few)[1:]  # still deterministic
+
+
 def test_the_interval_is_deterministic():
     a = stat_of([100.0, 80.0, 120.0, 95.0, 105.0, 111.0, 87.0])
     b = stat_of([90.0, 115.0, 85.0, 110.0, 100.0, 93.0, 99.0])

@@ -33,9 +33,10 @@ TIE_RULE = (
     "The guide picks the candidate with the best median. It calls a tie (\"no measurable "
     "difference\") when the 95% bootstrap interval of the ratio of the two best medians "
     "contains 1.0, resampling repeats in pairs (repeat i of one path with repeat i of the "
-    f"other, {BOOTSTRAP_RESAMPLES} resamples, seed 0), or when fewer than "
-    f"{MIN_PAIRED_REPEATS} paired repeats exist (then it says so: no decision). Sizes and "
-    "file counts are exact: equal is a tie, anything else is not."
+    "other) when both took the same number of repeats, each path's repeats on their own "
+    f"when adaptive repeats gave them different numbers ({BOOTSTRAP_RESAMPLES} resamples, "
+    f"seed 0), or when either has fewer than {MIN_PAIRED_REPEATS} repeats (then it says so: "
+    "no decision). Sizes and file counts are exact: equal is a tie, anything else is not."
 )
 
 
@@ -203,18 +204,24 @@ def summary_table(df: pd.DataFrame, metric: str, by: Sequence[str]) -> pd.DataFr
 def ratio_interval(top: Stat, other: Stat, *, resamples: int = BOOTSTRAP_RESAMPLES,
                    level: float = INTERVAL_LEVEL, seed: int = 0) -> tuple[float, float, float]:
     """(ratio of medians, low, high): the bootstrap interval of ``top.median /
-    other.median``, resampling repeat pairs (repeat i with repeat i). With fewer than
-    ``MIN_PAIRED_REPEATS`` pairs the interval is (-inf, inf): undecided."""
+    other.median``. With equal repeat counts, repeat pairs are resampled (repeat i with
+    repeat i: the same moment of a paired measurement); with different counts (adaptive
+    repeats stop each case on its own) each side's repeats are resampled on their own, all of
+    them, so that the interval is about the same medians as the ratio. With fewer than
+    ``MIN_PAIRED_REPEATS`` repeats on either side the interval is (-inf, inf): undecided."""
     ratio = top.median / other.median if other.median else float("nan")
-    pairs = min(len(top.values), len(other.values))
-    if pairs < MIN_PAIRED_REPEATS:
+    a, b = np.asarray(top.values, dtype=float), np.asarray(other.values, dtype=float)
+    if min(len(a), len(b)) < MIN_PAIRED_REPEATS:
         return ratio, float("-inf"), float("inf")
-    a = np.asarray(top.values[:pairs])
-    b = np.asarray(other.values[:pairs])
     rng = np.random.default_rng(seed)
-    picks = rng.integers(0, pairs, size=(resamples, pairs))
+    if len(a) == len(b):
+        picks = rng.integers(0, len(a), size=(resamples, len(a)))
+        picks_a = picks_b = picks
+    else:
+        picks_a = rng.integers(0, len(a), size=(resamples, len(a)))
+        picks_b = rng.integers(0, len(b), size=(resamples, len(b)))
     with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = np.median(a[picks], axis=1) / np.median(b[picks], axis=1)
+        ratios = np.median(a[picks_a], axis=1) / np.median(b[picks_b], axis=1)
     tail = (1 - level) / 2
     low, high = np.quantile(ratios, [tail, 1 - tail])
     return ratio, float(low), float(high)

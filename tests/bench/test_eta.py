@@ -31,7 +31,7 @@ def test_expected_case_seconds_reads_ok_rows_of_the_profile(tmp_path):
         make_row(run_id="r", study="formats", case_id="c1", repeat=-1, metric="case_seconds",
                  value=4.0, unit="s", status="ok", profile="small"),
         make_row(run_id="r", study="formats", case_id="c2", repeat=-1, metric="case_seconds",
-                 value=9.0, unit="s", status="failed", profile="small"),
+                 value=9.0, unit="s", status="failed", error="boom", profile="small"),
         make_row(run_id="r", study="formats", case_id="c3", repeat=-1, metric="case_seconds",
                  value=1.0, unit="s", status="ok", profile="ci"),
     ]

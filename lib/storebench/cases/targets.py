@@ -215,9 +215,9 @@ TARGETS: tuple[Target, ...] = (
            TargetDataset("raw", ("memmap", "lmdb")), measure_process_vs_pickled,
            ("process_prefetcher.samples_per_s",), "pickled_baseline.samples_per_s", 3.0,
            workers=2, params=(("start_method", "fork"),)),
-    Target("thread_vs_serial_decode", "best prefetcher decode vs cores x one thread",
+    Target("thread_vs_serial_decode", "best prefetcher decode vs cores \u00d7 one thread",
            "GIL-releasing JPEG decoder from RAM: the faster of ThreadPrefetcher and "
-           "ProcessPrefetcher (one worker per core) / (cores x one thread)",
+           "ProcessPrefetcher (one worker per core) / (cores \u00d7 one thread)",
            TargetDataset("jpeg", ("lmdb", "hdf5", "rawfiles")), measure_thread_decode,
            ("best_prefetcher.fraction_of_cores",), None, 0.85, batch_size=64,
            workers=2, params=(("start_method", "fork"),)),

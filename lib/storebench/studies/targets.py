@@ -144,7 +144,8 @@ def targets_findings(df: pd.DataFrame) -> list[str]:
 # -- figures -----------------------------------------------------------------------------
 def plot_target_ratios(df: pd.DataFrame) -> Figure:
     """Each target's measured value against its threshold, as value / threshold on one log
-    axis (1 = just met); green when met, red when missed; bars span min-max of repeats."""
+    axis (1 = the threshold); green when met (the whole 95% interval clears it), red when
+    not; error bars span the interval (min-max of repeats for results without one)."""
     table = targets_table(df)
     if table.empty:
         return empty_figure("no target rows")
@@ -164,8 +165,9 @@ def plot_target_ratios(df: pd.DataFrame) -> Figure:
     ax.set_yticks(y, labels, fontsize="small")
     ax.invert_yaxis()
     log_axis(ax, "x")
-    ax.set_xlabel("measured / threshold (right of the line: met)")
-    fig.suptitle("Performance targets (green: met; red: missed)", fontsize="medium")
+    ax.set_xlabel("median / threshold, with its 95% interval (met: the whole interval right "
+                  "of the line)")
+    fig.suptitle("Performance targets (green: met; red: not met)", fontsize="medium")
     return fig
 
 
