@@ -462,15 +462,14 @@ class PreloadedDataset(_MapDataset):
         return self.arena[self.offsets[index] : self.offsets[index + 1]], int(self.labels[index])
 
     def _stored_many(self, indices: np.ndarray, out: np.ndarray | None):
-        if indices.size and (indices.min() < 0 or indices.max() >= len(self)):
-            bad = int(indices[(indices < 0) | (indices >= len(self))][0])
-            raise IndexError(f"{self.reader.root}: sample index {bad} out of range for {len(self)}")
+        # ``indices`` come from get_batch, which has checked them (check_indices): a second
+        # min/max pass here was a few percent of a shuffled 3 MiB gather, for nothing.
         labels = self.labels[indices]
         if self.images is not None:
             if out is None:
                 out = np.empty((len(indices), *self.images.shape[1:]), dtype=np.uint8)
             if out.flags.c_contiguous:
-                # Indices are checked above, so "clip" never clips; it lets numpy skip its
+                # Indices are checked in get_batch, so "clip" never clips; it lets numpy skip its
                 # own per-index checks and copy rows directly (about 1.7x faster gathers of
                 # 12 KiB rows than the default mode="raise" on the reference machine).
                 rows = self.images.reshape(len(self.images), -1)
