@@ -169,6 +169,12 @@ def imported_data_dir(dataset: Path | str) -> Path:
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: no such directory (import images with "
                                 "storebench import SRC --out DIR first)")
+    if root.resolve().name in data_gen.PROFILES:
+        # Results go to results/<name>/ and rows carry the name as their profile: a
+        # synthetic profile's name would mix the two.
+        raise ValueError(f"{root}: an imported dataset's directory cannot be named like a "
+                         f"synthetic profile ({', '.join(sorted(data_gen.PROFILES))}); "
+                         "rename it")
     if not any(read_manifest(p)["spec"].get("kind") == IMPORTED_KIND
                for p in find_datasets(root)):
         raise ValueError(f"{root}: holds no imported dataset; write one with "
@@ -225,7 +231,8 @@ def run_study(
 
     With ``dataset`` (a directory written by ``storebench import``) the study runs on those
     datasets instead, into ``<results_root>/<dataset name>/``, sized by ``profile``'s plan
-    (``ci`` or ``small``); its rows name the dataset as their profile.
+    (``ci`` or ``small``); its rows name the dataset as their profile. ``on_case_done`` and
+    ``eta`` are passed to ``bench.runner.run_study`` (a full study's time estimate).
     """
     from .bench import runner
     from .bench.plan import case_timeout_s

@@ -311,3 +311,16 @@ def test_cli_refuses_a_missing_source_in_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip() == (
         f"storebench import: {tmp_path / 'nope'}: no such folder or listing file")
+
+
+def test_a_study_refuses_an_import_named_like_a_profile(source, tmp_path):
+    from storebench.study import imported_data_dir
+
+    root, _ = source
+    out = tmp_path / "small"
+    import_images(root, out, formats=["lmdb"], progress=False)
+    with pytest.raises(ValueError, match="cannot be named like a synthetic profile"):
+        imported_data_dir(out)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="holds no imported dataset"):
+        imported_data_dir(tmp_path / "empty")
