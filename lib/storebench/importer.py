@@ -106,8 +106,9 @@ def _is_hidden(name: str) -> bool:
 
 
 def check_class_name(name: str, where: object) -> str:
-    if not name or name in (".", "..") or "/" in name or "\0" in name or name != name.strip(
-            "\n\r"):
+    """``name`` if it can be a class folder's name (the rawfiles copy makes one), else a
+    ``DatasetError`` naming ``where`` it came from."""
+    if not name or name in (".", "..") or any(c in name for c in "/\0\n\r"):
         raise DatasetError(
             f"{where}: class name {name!r} cannot be a folder name (empty, '.', '..', or "
             "containing '/', NUL or a line break)"

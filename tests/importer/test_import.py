@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from image_folder import CLASS_NAMES, make_image_folder
 from PIL import Image
 
-from storebench.formats import FORMATS, find_datasets, open_dataset, read_manifest
+from storebench.formats import FORMATS, DatasetError, find_datasets, open_dataset, read_manifest
 from storebench.formats.specs import ImportedSpec, VariableShapeError
 from storebench.importer import (
     SourceImageError,
@@ -260,11 +261,12 @@ def test_parquet_listing_with_integer_labels(source, tmp_path):
     ("file,label\na.jpg,x\n", "needs columns 'path' and 'label'; it lacks ['path']"),
     ("path,label\n", "the listing has no rows"),
     ("path,label\na.jpg,bad/name\n", "class name 'bad/name' cannot be a folder name"),
+    ('path,label\na.jpg,"two\nlines"\n', "class name 'two\\nlines' cannot be a folder name"),
 ])
 def test_bad_listings_are_refused_clearly(tmp_path, content, message):
     listing = tmp_path / "list.csv"
     listing.write_text(content)
-    with pytest.raises(Exception, match=message.replace("[", r"\[").replace("]", r"\]")):
+    with pytest.raises(DatasetError, match=re.escape(message)):
         scan_source(listing)
 
 
