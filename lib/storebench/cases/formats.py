@@ -9,13 +9,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..bench.cases import (
-    check_batch,
-    open_options,
-)
+from ..bench.cases import check_batch, open_options
 from ..bench.runner import Case, Trial
 
 MB = 1e6
+
 
 def build_cost_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     """What building the dataset cost and how big it is, from its manifest (no timing here:

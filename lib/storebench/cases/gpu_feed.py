@@ -3,13 +3,7 @@ worker imports only what it runs. The grid lives in ``storebench.studies.gpu_fee
 
 from __future__ import annotations
 
-from ..bench.cases import (
-    make_dataset,
-    make_sampler,
-    open_batches,
-    open_options,
-    release,
-)
+from ..bench.cases import make_dataset, make_sampler, open_batches, open_options, release
 from ..bench.runner import Case, Trial
 
 
