@@ -109,6 +109,19 @@ def dram_copy_bandwidth(*, nbytes: int = 1 << 28, repeats: int = 5) -> float:
     return source.nbytes / float(np.median(seconds))
 
 
+def _assembly_buffers(dataset, batch_size: int, seed: int):
+    """(one preallocated (B, H, W, C) batch buffer, full shuffled batches) for timing batch
+    assembly from ``dataset``; fixed-size samples and at least one batch required."""
+    shape = dataset.sample_shape
+    if shape is None:
+        raise ValueError("batch assembly needs fixed-size samples (raw, or decode=...)")
+    out = batch_buffer(batch_size, shape, dataset.sample_dtype)
+    batches = BatchSampler(ShuffleSampler(len(dataset), seed=seed), batch_size, drop_last=True)
+    if len(batches) == 0:
+        raise ValueError(f"{len(dataset)} samples make no batch of {batch_size}")
+    return out, batches
+
+
 def gather_against_copy(dataset, *, batch_size: int = 256, rounds: int = 20, seed: int = 0,
                         rows: np.ndarray | None = None) -> dict[str, Measurement]:
     """Shuffled batch assembly into one preallocated buffer and a plain copy of as many bytes
@@ -123,13 +136,7 @@ def gather_against_copy(dataset, *, batch_size: int = 256, rounds: int = 20, see
 
     Returns ``{"gather", "copy"[, "bare_take"]}`` measurements; a ``bytes_per_second`` ratio to
     ``copy`` is a fraction of the DRAM copy bandwidth."""
-    shape = dataset.sample_shape
-    if shape is None:
-        raise ValueError("batch assembly needs fixed-size samples (raw, or decode=...)")
-    out = batch_buffer(batch_size, shape, dataset.sample_dtype)
-    batches = BatchSampler(ShuffleSampler(len(dataset), seed=seed), batch_size, drop_last=True)
-    if len(batches) == 0:
-        raise ValueError(f"{len(dataset)} samples make no batch of {batch_size}")
+    out, batches = _assembly_buffers(dataset, batch_size, seed)
     epoch_bytes = len(batches) * out.nbytes
     source = np.ones(epoch_bytes, dtype=np.uint8)  # written once: pre-faulted
     target = np.zeros_like(source)
@@ -177,13 +184,7 @@ def shuffled_batch_assembly(
     name: str = "shuffled batch assembly",
 ) -> Measurement:
     """Gather shuffled batches into one preallocated (B, H, W, C) buffer, in this thread."""
-    shape = dataset.sample_shape
-    if shape is None:
-        raise ValueError("batch assembly needs fixed-size samples (raw, or decode=...)")
-    out = batch_buffer(batch_size, shape, dataset.sample_dtype)
-    batches = BatchSampler(ShuffleSampler(len(dataset), seed=seed), batch_size, drop_last=True)
-    if len(batches) == 0:
-        raise ValueError(f"{len(dataset)} samples make no batch of {batch_size}")
+    out, batches = _assembly_buffers(dataset, batch_size, seed)
     wanted = (num_batches if num_batches is not None else len(batches)) + warmup_batches
 
     def assembled():
