@@ -45,11 +45,17 @@ class DatasetSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> DatasetSpec:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - names
-        if unknown:
-            raise ValueError(f"unknown DatasetSpec fields: {sorted(unknown)}")
-        return cls(**data)
+        return spec_from_fields(cls, data)
+
+
+def spec_from_fields(cls, data: dict):
+    """A frozen spec dataclass ``cls`` from its ``to_dict()``, refusing unknown fields by
+    name (a manifest written by another version says so, rather than a TypeError)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(data) - names
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
+    return cls(**data)
 
 
 @dataclass(frozen=True)

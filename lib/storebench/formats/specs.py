@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from data_gen import DatasetSpec
+from data_gen.spec import spec_from_fields
 
 # "mixed": a folder of JPEG and PNG files, each kept in its own encoding.
 IMPORTED_ENCODINGS = ("raw", "jpeg", "png", "mixed")
@@ -101,11 +102,7 @@ class ImportedSpec:
 
     @classmethod
     def from_dict(cls, data: dict) -> ImportedSpec:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = set(data) - names
-        if unknown:
-            raise ValueError(f"unknown ImportedSpec fields: {sorted(unknown)}")
-        return cls(**data)
+        return spec_from_fields(cls, data)
 
 
 Spec = DatasetSpec | ImportedSpec
