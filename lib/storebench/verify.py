@@ -39,43 +39,48 @@ def verify_dataset(
     if is_imported(reader.spec):
         with reader:
             return verify_imported(path, reader, batch_size=batch_size, progress=progress)
-    checked = 0
     with reader:
-        spec = reader.spec
-        checksums = np.zeros(len(reader), dtype=np.uint32)
-        expected = data_gen.generate(
-            spec, workers=workers, progress=f"verify {path.name}" if progress else False
+        generated = data_gen.generate(
+            reader.spec, workers=workers, progress=f"verify {path.name}" if progress else False
         )
+        expected = ((image, label, "data_gen") for image, label in generated)
         try:
-            for start in range(0, len(reader), batch_size):
-                indices = np.arange(start, min(start + batch_size, len(reader)))
-                images, labels = reader.read_many(indices)
-                for k, i in enumerate(indices):
-                    want_image, want_label = next(expected)
-                    image, label = images[k], int(labels[k])
-                    same = (
-                        np.array_equal(image, want_image)
-                        if spec.encoding == "raw"
-                        else bytes(image) == want_image
-                    )
-                    if not same or label != want_label:
-                        what = "image bytes" if not same else f"label {label} != {want_label}"
-                        return VerifyResult(
-                            path,
-                            False,
-                            checked,
-                            f"{reader._locate(int(i))}: sample {i}: {what} differ from data_gen",
-                        )
-                    checksums[i] = sample_checksum(image, label)
-                    checked += 1
-        except DatasetError as err:
-            return VerifyResult(path, False, checked, str(err))
+            return compare_every_sample(path, reader, expected, batch_size=batch_size)
         finally:
-            expected.close()
+            generated.close()
+
+
+def compare_every_sample(path: Path, reader, expected, *, batch_size: int = 256,
+                         image_word: str = "image bytes", note: str = "") -> VerifyResult:
+    """Read every sample of ``reader`` in index order and compare it with ``expected``'s
+    ``(image, label, origin)`` for that index (arrays for raw samples, bytes otherwise), then
+    the content digest with the manifest's. The first difference ends it, naming the file,
+    the sample and ``origin``."""
+    checksums = np.zeros(len(reader), dtype=np.uint32)
+    checked = 0
+    try:
+        for start in range(0, len(reader), batch_size):
+            indices = np.arange(start, min(start + batch_size, len(reader)))
+            images, labels = reader.read_many(indices)
+            for k, i in enumerate(indices):
+                want_image, want_label, origin = next(expected)
+                image, label = images[k], int(labels[k])
+                same = (np.array_equal(image, want_image) if reader.is_raw
+                        else bytes(image) == want_image)
+                if not same or label != want_label:
+                    what = image_word if not same else f"label {label} != {want_label}"
+                    return VerifyResult(
+                        path, False, checked,
+                        f"{reader._locate(int(i))}: sample {i}: {what} differ from {origin}",
+                    )
+                checksums[i] = sample_checksum(image, label)
+                checked += 1
+    except DatasetError as err:
+        return VerifyResult(path, False, checked, str(err))
     digest = content_digest(checksums)
     if digest != reader.manifest["digest"]:
         return VerifyResult(path, False, checked, "content digest differs from the manifest")
-    return VerifyResult(path, True, checked, f"digest {digest[:16]}")
+    return VerifyResult(path, True, checked, f"digest {digest[:16]}{note}")
 
 
 def verify_imported(path: Path, reader, *, batch_size: int = 256, progress: bool = False):
@@ -88,7 +93,7 @@ def verify_imported(path: Path, reader, *, batch_size: int = 256, progress: bool
     from tqdm.auto import tqdm
 
     from .formats.manifest import SOURCES_NAME
-    from .importer import SourceImageError, read_source_bytes, resized_pixels
+    from .importer import read_source_bytes, resized_pixels
 
     sidecar = Path(path) / SOURCES_NAME
     try:
@@ -102,39 +107,21 @@ def verify_imported(path: Path, reader, *, batch_size: int = 256, progress: bool
                                             "import (SHA-256 mismatch)")
     spec = reader.spec
     root = Path(sources["root"])
-    checksums = np.zeros(len(reader), dtype=np.uint32)
-    checked = 0
-    bar = tqdm(total=len(reader), desc=f"verify {Path(path).name}", unit="img",
-               disable=None if progress else True, leave=False)
+
+    def expected():
+        for i in tqdm(range(len(reader)), desc=f"verify {Path(path).name}", unit="img",
+                      disable=None if progress else True, leave=False):
+            source = root / sources["paths"][i]
+            data = read_source_bytes(source)
+            if spec.encoding == "raw":
+                data = resized_pixels(data, source, spec.height, spec.width)
+            yield data, int(sources["labels"][i]), f"the source {source}"
+
+    samples = expected()
     try:
-        with bar:
-            for start in range(0, len(reader), batch_size):
-                indices = np.arange(start, min(start + batch_size, len(reader)))
-                images, labels = reader.read_many(indices)
-                for k, i in enumerate(indices):
-                    source = root / sources["paths"][i]
-                    want_label = int(sources["labels"][i])
-                    data = read_source_bytes(source)
-                    if spec.encoding == "raw":
-                        same = np.array_equal(
-                            images[k], resized_pixels(data, source, spec.height, spec.width))
-                    else:
-                        same = bytes(images[k]) == data
-                    label = int(labels[k])
-                    if not same or label != want_label:
-                        what = ("image bytes" if spec.encoding != "raw" else "resized pixels"
-                                ) if not same else f"label {label} != {want_label}"
-                        return VerifyResult(
-                            path, False, checked,
-                            f"{reader._locate(int(i))}: sample {i}: {what} differ from the "
-                            f"source {source}",
-                        )
-                    checksums[i] = sample_checksum(images[k], label)
-                    checked += 1
-                bar.update(len(indices))
-    except (DatasetError, SourceImageError) as err:
-        return VerifyResult(path, False, checked, str(err))
-    digest = content_digest(checksums)
-    if digest != reader.manifest["digest"]:
-        return VerifyResult(path, False, checked, "content digest differs from the manifest")
-    return VerifyResult(path, True, checked, f"digest {digest[:16]}, matches {root}")
+        return compare_every_sample(
+            path, reader, samples, batch_size=batch_size,
+            image_word="resized pixels" if spec.encoding == "raw" else "image bytes",
+            note=f", matches {root}")
+    finally:
+        samples.close()  # a difference ends the comparison early: close the progress bar
