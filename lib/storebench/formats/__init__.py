@@ -35,7 +35,15 @@ def open_dataset(path: Path | str, **options) -> Reader:
     digest, a known format, an encoding and knobs that format has), every data file's size
     and head/tail fingerprint against it, and the reader opens once to check the layout,
     index and labels. Any mismatch is a ``DatasetError`` naming the file.
+
+    An ``s3://bucket/prefix`` path opens a dataset uploaded there (``storebench.remote``):
+    the same checks over the network; ``s3=S3Config(...)`` says where the store is (default:
+    the AWS environment variables) and ``concurrency`` how many requests stay in flight.
     """
+    if isinstance(path, str) and path.startswith("s3://") or type(path).__name__ == "S3Path":
+        from ..remote.dataset import open_remote
+
+        return open_remote(path, **options)
     root = Path(path)
     manifest = read_manifest(root)
     module = FORMATS.get(manifest["format"])

@@ -7,7 +7,7 @@ import operator
 import os
 import threading
 from collections.abc import Iterator, Sequence
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import crc32c
 import numpy as np
@@ -31,6 +31,11 @@ def has_encoding_magic(encoding: str, data) -> bool:
     return found is not None and encoding in (found, "mixed")
 
 
+def as_path(path) -> PurePath:
+    """``path`` as a Path, leaving any PurePath as it is (an ``s3://`` path stays one)."""
+    return path if isinstance(path, PurePath) else Path(path)
+
+
 class DatasetError(Exception):
     """A dataset cannot be opened or read: missing, incomplete, or damaged."""
 
@@ -43,7 +48,7 @@ class CorruptSampleError(DatasetError):
     """One sample's stored bytes are damaged; the message names the file and the index."""
 
     def __init__(self, path: Path | str, index: int, reason: str) -> None:
-        self.path = Path(path)
+        self.path = as_path(path)
         self.index = int(index)
         self.reason = reason
         super().__init__(f"{self.path}: sample {self.index}: {reason}")
@@ -132,7 +137,7 @@ class Reader(abc.ABC):
     """
 
     def __init__(self, root: Path, manifest: dict, *, verify: bool = True) -> None:
-        self.root = Path(root)
+        self.root = as_path(root)
         self.manifest = manifest
         self.spec: Spec = spec_from_dict(manifest["spec"])
         self.verify = verify
@@ -294,13 +299,16 @@ class Reader(abc.ABC):
 
     def _verify(self, index: int, image: np.ndarray | bytes, label: int) -> None:
         if self._checksums is None:
-            from .manifest import load_checksums
-
-            self._checksums = load_checksums(self.root, len(self))
+            self._checksums = self._load_checksums()
         if sample_checksum(image, label) != int(self._checksums[index]):
             raise CorruptSampleError(
                 self._locate(index), index, "checksum mismatch: stored bytes or label damaged"
             )
+
+    def _load_checksums(self) -> np.ndarray:
+        from .manifest import load_checksums
+
+        return load_checksums(self.root, len(self))
 
     def _check_not_shrunk(
         self, handle, expected: int, path: Path, index: int, consequence: str

@@ -157,8 +157,8 @@ class Hdf5Reader(Reader):
 
         path = self.root / FILENAME
         try:
-            self._h_stat_file = io.FileIO(path, "r")
-            self._h_file = h5py.File(path, "r", rdcc_nbytes=self.chunk_cache_bytes)
+            self._h_file = h5py.File(self._file_object(path), "r",
+                                     rdcc_nbytes=self.chunk_cache_bytes)
             self._check_layout(self._h_file, path)
         except _H5_ERRORS as err:
             self._close()
@@ -166,6 +166,18 @@ class Hdf5Reader(Reader):
         except DatasetError:
             self._close()
             raise
+
+    def _file_object(self, path):
+        """What ``h5py.File`` opens: the path (an I/O hook: ``storebench.remote`` passes a
+        file object reading an S3 object). Also keeps a descriptor to notice truncation."""
+        self._h_stat_file = io.FileIO(path, "r")
+        return path
+
+    def _check_size(self, index: int) -> None:
+        self._check_not_shrunk(
+            self._h_stat_file, self.manifest["files"][FILENAME], self.root / FILENAME, index,
+            "libhdf5 would return zeros past its end",
+        )
 
     def _check_layout(self, f, path: Path) -> None:
         try:
@@ -220,10 +232,7 @@ class Hdf5Reader(Reader):
     def _read_span(self, lo: int, hi: int):
         """Samples ``lo..hi-1``: a (hi - lo, H, W, C) array, or for encoded data the bytes
         from sample ``lo``'s start to sample ``hi - 1``'s end."""
-        self._check_not_shrunk(
-            self._h_stat_file, self.manifest["files"][FILENAME], self.root / FILENAME, lo,
-            "libhdf5 would return zeros past its end",
-        )
+        self._check_size(lo)
         try:
             if self.is_raw:
                 return self._h_images[lo:hi]

@@ -19,13 +19,14 @@ import json
 import os
 import platform
 from importlib import metadata
-from pathlib import Path
+from pathlib import Path, PurePath
 
 import crc32c
 import numpy as np
 
 from .base import DatasetError, ManifestError
 from .npyfile import load as load_npy
+from .npyfile import loads as loads_npy
 from .specs import spec_from_dict
 
 MANIFEST_NAME = "manifest.json"
@@ -134,8 +135,18 @@ def read_manifest(root: Path | str) -> dict:
             "(an interrupted build leaves no manifest)"
         )
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
+        text = path.read_text()
+    except OSError as err:
+        raise ManifestError(f"{path}: unreadable manifest: {err}") from err
+    return parse_manifest(text, path)
+
+
+def parse_manifest(text: str | bytes, path) -> dict:
+    """A manifest's JSON ``text``, checked (version, fields, spec, its own digest); ``path``
+    names it in errors."""
+    try:
+        manifest = json.loads(text)
+    except ValueError as err:
         raise ManifestError(f"{path}: unreadable manifest: {err}") from err
     if not isinstance(manifest, dict):
         raise ManifestError(f"{path}: unreadable manifest: not a JSON object")
@@ -211,10 +222,15 @@ def save_checksums(root: Path, checksums: np.ndarray) -> None:
     np.save(root / CHECKSUMS_NAME, np.asarray(checksums, dtype="<u4"))
 
 
-def load_checksums(root: Path, num_samples: int) -> np.ndarray:
-    path = Path(root) / CHECKSUMS_NAME
+def load_checksums(root: Path, num_samples: int, data: bytes | None = None) -> np.ndarray:
+    """The per-sample CRC32Cs beside the data; ``data``: the file's bytes, already read
+    (from object storage, say), ``root`` then only names it."""
+    path = (root if isinstance(root, PurePath) else Path(root)) / CHECKSUMS_NAME
     try:
-        checksums = load_npy(path, dtype="<u4", ndim=1)
+        if data is None:
+            checksums = load_npy(path, dtype="<u4", ndim=1)
+        else:
+            checksums = loads_npy(data, path, dtype="<u4", ndim=1)
     except DatasetError as err:
         raise ManifestError(f"cannot read checksums: {err}") from err
     if checksums.shape != (num_samples,):

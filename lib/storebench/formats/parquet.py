@@ -30,7 +30,6 @@ from data_gen import DatasetSpec
 
 from .base import CorruptSampleError, DatasetError, ManifestError, Reader, sample_checksum
 from .manifest import fingerprint_span as default_span
-from .manifest import load_checksums
 
 NAME = "parquet"
 ENCODINGS = ("raw", "png", "jpeg", "mixed")
@@ -176,9 +175,14 @@ class ParquetReader(Reader):
         self._h_bounds: np.ndarray | None = None
         self._h_cached: _RowGroup | None = None
 
+    def _parquet_file(self, *, checked: bool = True) -> pq.ParquetFile:
+        """The file opened for reading, with page checksums verified when ``checked`` (an
+        I/O hook: ``storebench.remote`` opens an object instead)."""
+        return pq.ParquetFile(self.path, page_checksum_verification=checked)
+
     def _open(self) -> None:
         try:
-            parquet_file = pq.ParquetFile(self.path, page_checksum_verification=True)
+            parquet_file = self._parquet_file()
         except FileNotFoundError:
             raise DatasetError(f"{self.path}: missing") from None
         except _OPEN_ERRORS as err:
@@ -261,7 +265,7 @@ class ParquetReader(Reader):
             raise unreadable from err
         unchecked = None
         try:
-            unchecked = pq.ParquetFile(self.path)
+            unchecked = self._parquet_file(checked=False)
             rows = _load_row_group(unchecked, group, stop - first)
         except _OPEN_ERRORS:
             raise unreadable from err
@@ -282,7 +286,7 @@ class ParquetReader(Reader):
 
     def _manifest_checksums(self) -> np.ndarray:
         if self._checksums is None:
-            self._checksums = load_checksums(self.root, len(self))
+            self._checksums = self._load_checksums()
         return self._checksums
 
     def _refuse_damaged(self, rows: _RowGroup, requested) -> None:

@@ -96,18 +96,30 @@ class RawFilesReader(Reader):
         self._h_labels: np.ndarray | None = None
         self._h_exts: np.ndarray | None = None
 
+    def _list_class_dir(self, name: str) -> list[str]:
+        """The file names in one class directory (none if it does not exist)."""
+        folder = self.root / name
+        return [entry.name for entry in os.scandir(folder)] if folder.is_dir() else []
+
+    def _fetch(self, path, index: int) -> bytes:
+        """One sample file's bytes (an I/O hook: ``storebench.remote`` reads an object)."""
+        try:
+            with builtins.open(path, "rb", buffering=0) as f:
+                return f.read()
+        except OSError as err:
+            raise CorruptSampleError(path, index, f"cannot read: {err}") from err
+
     def _open(self) -> None:
         labels = np.full(len(self), -1, dtype=np.int64)
         allowed = extensions_for(self.spec.encoding)
         exts = np.zeros(len(self), dtype=np.uint8)  # index into ``allowed``
         for label, name in enumerate(class_dirs(self.spec)):
-            folder = self.root / name
-            if not folder.is_dir():
-                continue
-            for entry in os.scandir(folder):
-                stem, dot, suffix = entry.name.partition(".")
+            for entry in self._list_class_dir(name):
+                stem, dot, suffix = entry.partition(".")
                 if "." + suffix not in allowed or not stem.isdigit() or int(stem) >= len(self):
-                    raise DatasetError(f"{entry.path}: unexpected file in the ImageFolder layout")
+                    raise DatasetError(
+                        f"{self.root / name / entry}: unexpected file in the ImageFolder layout"
+                    )
                 labels[int(stem)] = label
                 exts[int(stem)] = allowed.index("." + suffix)
         missing = np.flatnonzero(labels < 0)
@@ -132,11 +144,11 @@ class RawFilesReader(Reader):
 
     def _read_bytes(self, index: int) -> bytes:
         path = self._locate(index)
-        try:
-            with builtins.open(path, "rb", buffering=0) as f:
-                data = f.read()
-        except OSError as err:
-            raise CorruptSampleError(path, index, f"cannot read: {err}") from err
+        return self._check_bytes(path, index, self._fetch(path, index))
+
+    def _check_bytes(self, path, index: int, data: bytes) -> bytes:
+        """``data`` if it is the file the manifest lists for sample ``index`` (its size and
+        fingerprint), else ``CorruptSampleError``."""
         rel = path.relative_to(self.root).as_posix()
         recorded = self.manifest["fingerprints"].get(rel)
         if recorded is None:
@@ -152,7 +164,10 @@ class RawFilesReader(Reader):
         return data
 
     def _read_one(self, index: int) -> tuple[np.ndarray | bytes, int]:
-        data = self._read_bytes(index)
+        return self._sample(index, self._read_bytes(index))
+
+    def _sample(self, index: int, data: bytes) -> tuple[np.ndarray | bytes, int]:
+        """Sample ``index`` from its file's checked bytes."""
         label = int(self._h_labels[index])
         if not self.is_raw:
             return data, label

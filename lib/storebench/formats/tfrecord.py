@@ -271,14 +271,7 @@ class TFRecordReader(Reader):
         self._h_lengths: np.ndarray | None = None
 
     def _open(self) -> None:
-        files = []
-        try:
-            for path in self.shards:
-                files.append(io.FileIO(path, "r"))
-        except OSError as err:
-            for f in files:
-                f.close()
-            raise DatasetError(f"{path}: cannot open shard: {err}") from err
+        files = self._open_shards()
         try:
             offsets, lengths = self._load_indexes(files)
         except BaseException:
@@ -299,12 +292,41 @@ class TFRecordReader(Reader):
             self._close()
             raise
 
-    def _load_indexes(self, files: list[io.FileIO]) -> tuple[np.ndarray, np.ndarray]:
+    # -- I/O hooks: local files here, objects in ``storebench.remote`` ----------------------
+    def _open_shards(self) -> list:
+        files = []
+        try:
+            for path in self.shards:
+                files.append(io.FileIO(path, "r"))
+        except OSError as err:
+            for f in files:
+                f.close()
+            raise DatasetError(f"{path}: cannot open shard: {err}") from err
+        return files
+
+    def _shard_size(self, files: list, shard: int) -> int:
+        return os.fstat(files[shard].fileno()).st_size
+
+    def _read_index_files(self, paths: list[Path]) -> list[bytes]:
+        return [read_index_bytes(path) for path in paths]
+
+    def _read_at(self, shard: int, offset: int, length: int) -> bytes:
+        return os.pread(self._h_files[shard].fileno(), length, offset)
+
+    def _fetch_runs(self, runs: list[tuple[int, int, int, int]]) -> list[bytes]:
+        """The bytes of each ``(shard, offset, length, first sample)`` run, in order, each
+        possibly short where the shard ends (the caller names the record cut off)."""
+        return [self._pread(shard, offset, length, index, allow_short=True)
+                for shard, offset, length, index in runs]
+
+    def _load_indexes(self, files: list) -> tuple[np.ndarray, np.ndarray]:
         offsets = np.empty(len(self), dtype=np.int64)
         lengths = np.empty(len(self), dtype=np.int64)
-        for shard, path in enumerate(self.shards):
-            ipath = index_path(path)
-            data = read_index_bytes(ipath)  # parsed and fingerprinted from one read
+        index_paths = [index_path(path) for path in self.shards]
+        # parsed and fingerprinted from one read
+        for shard, (path, ipath, data) in enumerate(
+            zip(self.shards, index_paths, self._read_index_files(index_paths))
+        ):
             index = read_index(ipath, data=data)
             start, stop = int(self.bounds[shard]), int(self.bounds[shard + 1])
             if len(index) != stop - start:
@@ -312,8 +334,7 @@ class TFRecordReader(Reader):
                     f"{ipath}: indexes {len(index)} records, shard {path.name} "
                     f"should hold samples {start}..{stop - 1} ({stop - start} records)"
                 )
-            size = os.fstat(files[shard].fileno()).st_size
-            check_index(ipath, index, path, size, start)
+            check_index(ipath, index, path, self._shard_size(files, shard), start)
             recorded = self.manifest["fingerprints"].get(ipath.name)
             if recorded is None:
                 raise DatasetError(f"{ipath}: not listed in the manifest")
@@ -358,6 +379,7 @@ class TFRecordReader(Reader):
         # Python lists: the loop below touches them per record, where NumPy scalars are slow.
         sorted_idx, order, shards = sorted_idx.tolist(), order.tolist(), shards.tolist()
         offsets, ends, follows = offsets.tolist(), ends.tolist(), follows.tolist()
+        runs, bounds = [], []
         a = 0
         while a < len(sorted_idx):
             stop = a + 1
@@ -365,17 +387,17 @@ class TFRecordReader(Reader):
                 ends[stop] - offsets[a] <= _MAX_RUN_BYTES
             ):
                 stop += 1
-            shard, base = shards[a], offsets[a]
-            buffer = memoryview(
-                self._pread(shard, base, ends[stop - 1] - base, sorted_idx[a], allow_short=True)
-            )
+            runs.append((shards[a], offsets[a], ends[stop - 1] - offsets[a], sorted_idx[a]))
+            bounds.append((a, stop))
+            a = stop
+        for (shard, base, _, _), (a, stop), data in zip(runs, bounds, self._fetch_runs(runs)):
+            buffer = memoryview(data)
             for j in range(a, stop):
                 index, k = sorted_idx[j], order[j]
                 lo, hi = offsets[j] - base, ends[j] - base
                 if hi > len(buffer):
                     raise self._cut_off(shard, index, base + len(buffer), ends[j])
                 images[k], labels[k] = self._decode(shard, index, buffer[lo:hi])
-            a = stop
         return images, labels
 
     # -- helpers --------------------------------------------------------------------------
@@ -384,7 +406,7 @@ class TFRecordReader(Reader):
         """``length`` bytes at ``offset``; fewer only with ``allow_short`` (the caller then
         finds which record the end of the file cuts)."""
         try:
-            data = os.pread(self._h_files[shard].fileno(), length, offset)
+            data = self._read_at(shard, offset, length)
         except OSError as err:
             raise CorruptSampleError(self.shards[shard], index, f"read failed: {err}") from err
         if len(data) < length and not allow_short:
