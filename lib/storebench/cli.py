@@ -1,4 +1,5 @@
-"""Command line: ``storebench build | import | verify | run | study | findings | plot | readme``."""
+"""Command line: ``storebench build | import | verify | upload | download | run | study |
+findings | plot | readme``."""
 
 from __future__ import annotations
 
@@ -47,6 +48,33 @@ def _import(args: argparse.Namespace) -> int:
     )
     print(f"imported into {args.out}: {len(results)} dataset(s); next: storebench verify "
           f"{args.out}, then storebench study --dataset {args.out}", flush=True)
+    return 0
+
+
+def _upload(args: argparse.Namespace) -> int:
+    from .formats import find_datasets
+    from .remote.dataset import upload_dataset
+    from .remote.s3 import S3Path
+
+    source, url = Path(args.source), S3Path.parse(args.url)
+    datasets = find_datasets(source)
+    if not datasets:
+        raise ValueError(f"{source}: holds no built dataset (no manifest.json)")
+    for path in datasets:
+        # A directory of datasets keeps its layout under the prefix.
+        target = url if path == source else url / path.relative_to(source).as_posix()
+        done = upload_dataset(path, target, progress=not args.quiet)
+        print(f"{path} -> {done.target}: {done.files} files, {done.bytes / 1e6:.1f} MB in "
+              f"{done.seconds:.1f} s", flush=True)
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    from .remote.dataset import download_dataset
+
+    done = download_dataset(args.url, Path(args.out), progress=not args.quiet)
+    print(f"{done.source} -> {done.target}: {done.files} files, {done.bytes / 1e6:.1f} MB in "
+          f"{done.seconds:.1f} s", flush=True)
     return 0
 
 
@@ -193,6 +221,23 @@ def parser() -> argparse.ArgumentParser:
     v.add_argument("--workers", type=int, default=None)
     v.add_argument("--quiet", action="store_true")
     v.set_defaults(func=_verify)
+
+    up = sub.add_parser(
+        "upload", help="copy a built dataset (or a directory of them) to s3://bucket/prefix; "
+        "the endpoint and keys come from AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, "
+        "AWS_SECRET_ACCESS_KEY")
+    up.add_argument("source", help="a dataset directory or a directory of datasets")
+    up.add_argument("url", help="s3://bucket/prefix")
+    up.add_argument("--quiet", action="store_true", help="no progress bars")
+    up.set_defaults(func=_upload)
+
+    down = sub.add_parser(
+        "download", help="stage a dataset from s3://bucket/prefix on local disk (what LMDB "
+        "and memmap need)")
+    down.add_argument("url", help="s3://bucket/prefix of one uploaded dataset")
+    down.add_argument("out", help="a new local directory")
+    down.add_argument("--quiet", action="store_true", help="no progress bars")
+    down.set_defaults(func=_download)
 
     for name, func, text in (
         ("run", _run, "run one study and write results/<profile>/<study>.csv"),

@@ -17,6 +17,7 @@ that reads (a forked child makes its own).
 from __future__ import annotations
 
 import os
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,7 @@ from urllib.parse import urlsplit
 from ..formats.base import DatasetError
 
 SCHEME = "s3://"
+_BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 # In-flight range requests per reader (per process): enough to hide a 20 ms round trip
 # behind 2 cores' worth of decode; the AWS SDK's own connection pool defaults to 25.
 DEFAULT_CONCURRENCY = 16
@@ -59,6 +61,9 @@ class S3Path(PurePosixPath):
             raise ValueError(f"{url!r} is not an s3://bucket/prefix URL")
         if parts.query or parts.fragment:
             raise ValueError(f"{url!r}: an s3:// URL takes no query or fragment")
+        if not _BUCKET_NAME.fullmatch(parts.netloc):
+            raise ValueError(f"{url!r}: {parts.netloc!r} is not a valid bucket name (3 to 63 "
+                             "lowercase letters, digits, dots and hyphens)")
         return cls(parts.netloc, parts.path.lstrip("/"))
 
     @property

@@ -1,0 +1,229 @@
+"""Datasets in a real S3 server (SeaweedFS): the same bytes, the same checks, clear refusals."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from storebench.formats import (
+    CorruptSampleError,
+    DatasetError,
+    ManifestError,
+    open_dataset,
+    tfrecord,
+)
+from storebench.loaders import BatchSampler, LazyDataset, ProcessPrefetcher, ShuffleSampler
+from storebench.remote.dataset import download_dataset, upload_dataset
+from storebench.remote.readers import REMOTE_READERS
+from storebench.remote.s3 import ObjectStore, ObjectStoreError, S3Config, S3Path
+from storebench.remote.seaweed import SeaweedServer
+
+REMOTE_CASES = [(f, e) for f in sorted(REMOTE_READERS) for e in ("raw", "jpeg", "png")]
+
+
+def same_samples(a, b) -> None:
+    (images_a, labels_a), (images_b, labels_b) = a, b
+    assert labels_a.tolist() == labels_b.tolist()
+    if isinstance(images_a, np.ndarray):
+        assert np.array_equal(images_a, images_b)
+    else:
+        assert [bytes(x) for x in images_a] == [bytes(y) for y in images_b]
+
+
+@pytest.mark.parametrize("format_name,encoding", REMOTE_CASES)
+def test_remote_reader_returns_the_local_bytes(uploaded, s3, format_name, encoding):
+    local_path, url = uploaded(format_name, encoding)
+    with open_dataset(local_path) as local, open_dataset(url, s3=s3) as remote:
+        n = len(local)
+        order = np.random.default_rng(3).permutation(n)
+        assert str(remote.root) == url
+        assert len(remote) == len(local)
+        assert remote.blocks().tolist() == local.blocks().tolist()
+        same_samples(remote.read_many(order), local.read_many(order))
+        middle = np.arange(10, n - 10)
+        same_samples(remote.read_many(middle), local.read_many(middle))
+        image, label = remote[-1]
+        expected_image, expected_label = local[n - 1]
+        assert label == expected_label
+        assert np.array_equal(np.asarray(image), np.asarray(expected_image)) if encoding == "raw" \
+            else bytes(image) == bytes(expected_image)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_process_workers_read_the_bucket(uploaded, s3, start_method):
+    local_path, url = uploaded("tfrecord", "jpeg")
+    with LazyDataset(open_dataset(local_path), decode="simplejpeg") as local:
+        batches = BatchSampler(ShuffleSampler(len(local), seed=5), 64)
+        expected = [local.__getitems__(list(b)) for b in batches]
+    remote = LazyDataset(open_dataset(url, s3=s3), decode="simplejpeg")
+    got = []
+    with ProcessPrefetcher(remote, batches, workers=2, start_method=start_method) as pf:
+        for batch in pf:
+            got.append((batch.images.copy(), batch.labels.copy()))
+        pids = pf.pids
+    assert len(got) == len(expected) == 4
+    for (images, labels), want in zip(got, expected):
+        want_images, want_labels = want.images, want.labels
+        assert labels.tolist() == want_labels.tolist()
+        assert np.array_equal(images, want_images)
+    assert not [p for p in pids if psutil.pid_exists(p)
+                and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+def damaged_copy(local_path: Path, tmp_path: Path, rel: str, offset: int) -> Path:
+    copy = tmp_path / local_path.name
+    shutil.copytree(local_path, copy)
+    with open(copy / rel, "r+b") as f:
+        f.seek(offset)
+        byte = f.read(1)
+        f.seek(offset)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    return copy
+
+
+def test_a_damaged_record_is_named_by_object_and_sample(uploaded, s3, tmp_path):
+    local_path, _ = uploaded("tfrecord", "jpeg")
+    shard = "data-00001-of-00004.tfrecord"
+    with open_dataset(local_path) as local:
+        first = int(local.blocks()[1])
+    # 200 bytes into record 5 of the shard: inside sample first + 5's image bytes
+    offset = int(tfrecord.read_index(local_path / shard.replace(".tfrecord", ".index"))[5, 0]) + 200
+    copy = damaged_copy(local_path, tmp_path, shard, offset)
+    url = "s3://ci-data/damaged/tfrecord-jpeg"
+    upload_dataset(copy, url, s3=s3)
+    for verify in (True, False):  # TFRecord's own CRC holds even without verify
+        with open_dataset(url, s3=s3, verify=verify) as remote:
+            remote.read_many(np.arange(first, first + 5))  # its neighbours stay readable
+            with pytest.raises(CorruptSampleError) as caught:
+                remote.read_many([first + 4, first + 5])
+            assert str(caught.value.path) == f"{url}/{shard}"
+            assert caught.value.index == first + 5
+
+
+def test_a_replaced_sample_object_is_refused(uploaded, s3, tmp_path):
+    local_path, _ = uploaded("rawfiles", "png")
+    with open_dataset(local_path) as local:
+        local.read_many([7])
+        rel = local._locate(7).relative_to(local_path).as_posix()
+    copy = damaged_copy(local_path, tmp_path, rel, 40)
+    url = "s3://ci-data/damaged/rawfiles-png"
+    upload_dataset(copy, url, s3=s3)
+    with open_dataset(url, s3=s3, verify=False) as remote, \
+            pytest.raises(CorruptSampleError, match="fingerprint differs") as caught:
+        remote.read_many(np.arange(0, 16))
+    assert str(caught.value.path) == f"{url}/{rel}" and caught.value.index == 7
+
+
+def test_a_truncated_or_missing_object_is_refused_at_open(uploaded, s3):
+    local_path, url = uploaded("parquet", "jpeg")
+    store = ObjectStore("s3://ci-data/broken/parquet-jpeg", s3)
+    upload_dataset(local_path, store.root, s3=s3)
+    store.write("data.parquet", (local_path / "data.parquet").read_bytes()[:-10])
+    with pytest.raises(ManifestError, match="bytes in the bucket, the manifest says"):
+        open_dataset(str(store.root), s3=s3)
+    store.delete(["data.parquet"])
+    with pytest.raises(ManifestError, match="data.parquet: listed in the manifest but missing"):
+        open_dataset(str(store.root), s3=s3)
+    store.delete(["manifest.json"])  # what an interrupted upload leaves
+    with pytest.raises(ManifestError, match="not an uploaded storebench dataset"):
+        open_dataset(str(store.root), s3=s3)
+
+
+@pytest.mark.parametrize("format_name,encoding", [("lmdb", "jpeg"), ("memmap", "raw")])
+def test_local_only_formats_refuse_and_download_stages_them(
+    uploaded, s3, tmp_path, format_name, encoding
+):
+    local_path, url = uploaded(format_name, encoding)
+    with pytest.raises(DatasetError, match=f"storebench download {url} DIR"):
+        open_dataset(url, s3=s3)
+    staged = tmp_path / "staged"
+    done = download_dataset(url, staged, s3=s3)
+    assert done.target == str(staged) and not list(tmp_path.glob(".staged.tmp-*"))
+    with open_dataset(staged) as copy, open_dataset(local_path) as local:
+        everything = np.arange(len(local))
+        same_samples(copy.read_many(everything), local.read_many(everything))
+    with pytest.raises(FileExistsError):
+        download_dataset(url, staged, s3=s3)
+
+
+def test_cli_upload_and_download(uploaded, s3, tmp_path):
+    local_path, _ = uploaded("hdf5", "jpeg")
+    env = {**__import__("os").environ, **s3.env()}
+    cli = [sys.executable, "-m", "storebench"]
+    url = "s3://ci-data/cli/hdf5-jpeg"
+    up = subprocess.run([*cli, "upload", str(local_path), url, "--quiet"], env=env,
+                        capture_output=True, text=True, timeout=120)
+    assert up.returncode == 0, up.stderr
+    assert f"-> {url}: " in up.stdout
+    down = subprocess.run([*cli, "download", url, str(tmp_path / "back"), "--quiet"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert down.returncode == 0, down.stderr
+    assert (tmp_path / "back" / "data.h5").read_bytes() == (local_path / "data.h5").read_bytes()
+    missing = subprocess.run([*cli, "download", "s3://ci-data/cli/nothing", str(tmp_path / "x")],
+                             env=env, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2
+    assert "s3://ci-data/cli/nothing/manifest.json: missing or unreadable" in missing.stderr
+
+
+def test_wrong_credentials_are_a_clear_error(seaweed, uploaded):
+    _, url = uploaded("tfrecord", "raw")
+    config = seaweed[1]
+    wrong = S3Config(endpoint_url=config.endpoint_url, access_key=config.access_key,
+                     secret_key="not-the-secret")
+    with pytest.raises(ManifestError, match=f"{url}/manifest.json: missing or unreadable"):
+        open_dataset(url, s3=wrong)
+    with pytest.raises(ObjectStoreError, match="ACCESS_DENIED"):
+        ObjectStore(url, wrong).read("manifest.json")
+
+
+def test_config_from_the_usual_environment_variables():
+    config = S3Config.from_env({
+        "AWS_ENDPOINT_URL": "http://10.0.0.1:9000", "AWS_ACCESS_KEY_ID": "id",
+        "AWS_SECRET_ACCESS_KEY": "secret", "AWS_DEFAULT_REGION": "eu-west-1",
+    })
+    assert (config.endpoint_url, config.access_key, config.secret_key, config.region) == (
+        "http://10.0.0.1:9000", "id", "secret", "eu-west-1")
+    assert S3Config.from_env(config.env()) == config
+    s3_specific = S3Config.from_env({"AWS_ENDPOINT_URL_S3": "https://s3.example:443",
+                                     "AWS_ENDPOINT_URL": "http://other:1"})
+    assert s3_specific.endpoint_url == "https://s3.example:443"
+    with pytest.raises(ValueError, match="endpoint_url must be http"):
+        S3Config(endpoint_url="10.0.0.1:9000")
+
+
+def test_s3_paths():
+    path = S3Path.parse("s3://bucket/some/prefix")
+    assert (path.bucket, path.key, str(path)) == ("bucket", "some/prefix", "s3://bucket/some/prefix")
+    assert str(path / "data.h5") == "s3://bucket/some/prefix/data.h5"
+    assert (path / "a" / "b.jpg").relative_to(path).as_posix() == "a/b.jpg"
+    for bad in ("bucket/prefix", "s3:///prefix", "http://bucket/x", "s3://b1/x?versionId=1",
+                "s3://ab/x", "s3://Bucket/x"):
+        with pytest.raises(ValueError):
+            S3Path.parse(bad)
+
+
+def port_open(url: str) -> bool:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.socket() as s:
+        return s.connect_ex((host, int(port))) == 0
+
+
+@pytest.mark.timeout(120)
+def test_server_stops_on_ctrl_c_leaving_nothing():
+    server = SeaweedServer()
+    with pytest.raises(KeyboardInterrupt), server as config:
+        pid, data_dir, ports = server.process.pid, server.data_dir, list(server.ports)
+        assert port_open(config.endpoint_url)
+        raise KeyboardInterrupt
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not port_open(config.endpoint_url)
+    assert not data_dir.exists()
+    assert not [p for port in ports for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
