@@ -15,6 +15,12 @@ module does not import TensorFlow; the functions do.
 Imported sets of images of different sizes (``ImportedSpec.fixed_size`` False) go through
 ``tfrecord_pipeline`` with ``resize=(height, width)``: each record is decoded to RGB at the
 size its record states, then resized, before batching.
+
+For several input pipelines (``tf.distribute.Strategy.distribute_datasets_from_function``, or
+one pipeline per data-parallel process), pass the ``tf.distribute.InputContext``:
+``tfrecord_pipeline(root, batch_size=global_batch, input_context=ctx)`` reads only pipeline
+``ctx.input_pipeline_id``'s share, with ``dataset.shard(num_input_pipelines,
+input_pipeline_id)`` as TensorFlow's guide does, and batches per replica.
 """
 
 from __future__ import annotations
@@ -25,6 +31,8 @@ from pathlib import Path
 import numpy as np
 
 from storebench.formats.specs import fixed_size, spec_from_dict
+
+SHARD_BY = ("auto", "file", "record")
 
 
 def tfrecord_pipeline(
@@ -40,6 +48,8 @@ def tfrecord_pipeline(
     deterministic: bool = True,
     cycle_length: int | None = None,
     resize: Sequence[int] | None = None,
+    input_context=None,
+    shard_by: str = "auto",
 ):
     """A ``tf.data.Dataset`` over the TFRecord shards of the dataset at ``root``.
 
@@ -57,6 +67,25 @@ def tfrecord_pipeline(
     decoded shape is checked against the height and width its record states.
     TensorFlow's bilinear resize is not Pillow's (which antialiases when shrinking), so these
     pixels differ from a ``Resize`` transform's on the other paths.
+
+    ``input_context`` (a ``tf.distribute.InputContext``) makes this one of
+    ``num_input_pipelines`` pipelines that together read every sample exactly once per epoch:
+    this one reads share ``input_pipeline_id``, and ``batch_size`` is then the *global* batch
+    size, of which each batch holds ``input_context.get_per_replica_batch_size(batch_size)``
+    (TensorFlow's convention; a ValueError unless it divides by ``num_replicas_in_sync``).
+    ``shard_by`` says how the shares are cut, as ``tf.data``'s auto-sharding policies do:
+
+    - ``"file"``: ``shard`` the list of TFRecord files (pipeline ``i`` reads files ``i``,
+      ``i + k``, ...), before their order is shuffled. Each pipeline reads only its own
+      files; shares are whole files, so they differ in size when the file count is not a
+      multiple of the pipeline count; needs at least as many files as pipelines;
+    - ``"record"``: ``shard`` the records (pipeline ``i`` keeps records ``i``, ``i + k``, ...
+      of the common order, before ``cache`` and the shuffle buffer): shares differ by at most
+      one sample, but every pipeline reads every file. With ``shuffle_buffer > 0`` it needs
+      ``deterministic=True``, so that all pipelines interleave the files into one record
+      order (with the same ``seed``);
+    - ``"auto"`` (the default): ``"file"`` when there are at least as many files as
+      pipelines, else ``"record"``.
     """
     import tensorflow as tf
 
@@ -83,8 +112,19 @@ def tfrecord_pipeline(
     autotune = tf.data.AUTOTUNE
     paths = [str(p) for p in shard_paths(root)]
     shuffle_shards = shuffle_buffer > 0 if shuffle_shards is None else shuffle_shards
+    shard = _how_to_shard(input_context, shard_by, num_files=len(paths), root=root)
+    if shard == "record" and shuffle_buffer > 0 and not deterministic:
+        raise ValueError(
+            "shard_by='record' with a shuffle buffer needs deterministic=True: every pipeline "
+            "must interleave the files into the same record order for their shares to "
+            "partition the dataset"
+        )
+    if input_context is not None:
+        batch_size = input_context.get_per_replica_batch_size(batch_size)
 
     files = tf.data.Dataset.from_tensor_slices(paths)
+    if shard == "file":  # before the shuffle: every pipeline keeps the same files each epoch
+        files = files.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if shuffle_shards:
         files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
 
@@ -100,6 +140,8 @@ def tfrecord_pipeline(
             num_parallel_calls=autotune,
             deterministic=deterministic,
         )
+    if shard == "record":
+        records = records.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
     if cache:
         records = records.cache()
     if shuffle_buffer > 0:
@@ -168,6 +210,27 @@ def tfrecord_pipeline(
     return batched.map(
         parse_batch, num_parallel_calls=autotune, deterministic=deterministic
     ).prefetch(autotune)
+
+
+def _how_to_shard(input_context, shard_by: str, *, num_files: int, root: Path) -> str | None:
+    """"file" or "record" (``shard_by`` with "auto" resolved), or None when there is no
+    input context or only one pipeline, which reads everything."""
+    if shard_by not in SHARD_BY:
+        raise ValueError(f"shard_by must be one of {SHARD_BY}, got {shard_by!r}")
+    if input_context is None:
+        return None
+    pipelines = input_context.num_input_pipelines
+    if pipelines == 1:
+        return None
+    if shard_by == "auto":
+        return "file" if num_files >= pipelines else "record"
+    if shard_by == "file" and num_files < pipelines:
+        raise ValueError(
+            f"{root}: shard_by='file' needs at least one TFRecord file per input pipeline, "
+            f"and there are {num_files} files for {pipelines} pipelines: use "
+            "shard_by='record', or build the dataset with more shards (num_shards)"
+        )
+    return shard_by
 
 
 def gil_bound_generator_dataset(dataset, batches):
