@@ -30,8 +30,11 @@ from ..formats.base import DatasetError
 SCHEME = "s3://"
 _BUCKET_NAME = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
 # In-flight range requests per reader (per process): enough to hide a 20 ms round trip
-# behind 2 cores' worth of decode; the AWS SDK's own connection pool defaults to 25.
-DEFAULT_CONCURRENCY = 16
+# behind 2 cores' worth of decode.
+DEFAULT_CONCURRENCY = 64
+# The AWS SDK pools 25 connections per client and pyarrow does not expose the setting: a
+# reader keeping more requests in flight spreads its threads over several clients.
+REQUESTS_PER_CLIENT = 16
 
 
 class ObjectStoreError(DatasetError):
@@ -184,10 +187,31 @@ class ObjectStore:
             if self._pid == pid:
                 return
             self._fs = self.config.filesystem()
+            self._clients = [self._fs] + [
+                self.config.filesystem()
+                for _ in range(1, -(-self.config.concurrency // REQUESTS_PER_CLIENT))
+            ]
+            self._thread_client = threading.local()
+            self._next_client = 0
             self._pool = ThreadPoolExecutor(self.config.concurrency,
                                             thread_name_prefix="storebench-s3")
             self._files: dict[str, object] = {}
+            self._count_lock = threading.Lock()
+            self._requests = self._bytes = 0
             self._pid = pid
+
+    def _count(self, data: bytes) -> bytes:
+        with self._count_lock:
+            self._requests += 1
+            self._bytes += len(data)
+        return data
+
+    def traffic(self) -> tuple[int, int]:
+        """(GET requests, bytes received) by this process since its client was made: what
+        the capacity model needs (samples per request, bytes per request)."""
+        if self._pid != os.getpid():
+            return 0, 0
+        return self._requests, self._bytes
 
     def close(self) -> None:
         if self._pid == os.getpid():
@@ -208,14 +232,24 @@ class ObjectStore:
             return ObjectStoreError(f"{self.path(name)}: no such object ({what})")
         return ObjectStoreError(f"{self.path(name)}: {what} failed: {text}")
 
+    def _client(self) -> tuple[int, object]:
+        """This thread's client (and its number): threads are spread over the clients."""
+        local = self._thread_client
+        if not hasattr(local, "number"):
+            with self._count_lock:
+                local.number = self._next_client % len(self._clients)
+                self._next_client += 1
+        return local.number, self._clients[local.number]
+
     def _file(self, name: str):
-        handle = self._files.get(name)
+        number, client = self._client()
+        handle = self._files.get((number, name))
         if handle is None:
             try:
-                handle = self._fs.open_input_file(self._arrow(name))
+                handle = client.open_input_file(self._arrow(name))
             except (OSError, FileNotFoundError) as err:
                 raise self._error(name, "open", err) from err
-            self._files[name] = handle
+            self._files[(number, name)] = handle
         return handle
 
     # -- reading --------------------------------------------------------------------------
@@ -224,7 +258,8 @@ class ObjectStore:
         return self._file(name).size()
 
     def sizes_of(self, names: Sequence[str]) -> list[int]:
-        """The size of each named object (one HEAD each, concurrently)."""
+        """The size of each named object (one HEAD each, concurrently; the handles stay
+        open for ranged reads)."""
         self._ensure()
         return list(self._pool.map(self.size, names))
 
@@ -256,8 +291,8 @@ class ObjectStore:
         """The whole object (one GET)."""
         self._ensure()
         try:
-            with self._fs.open_input_stream(self._arrow(name)) as stream:
-                return stream.read()
+            with self._client()[1].open_input_stream(self._arrow(name)) as stream:
+                return self._count(stream.read())
         except (OSError, FileNotFoundError) as err:
             raise self._error(name, "read", err) from err
 
@@ -265,7 +300,7 @@ class ObjectStore:
         """``length`` bytes at ``offset`` (one ranged GET); fewer only at the object's end."""
         self._ensure()
         try:
-            return self._file(name).read_at(length, offset)
+            return self._count(self._file(name).read_at(length, offset))
         except OSError as err:
             raise self._error(name, f"ranged read of {length} bytes at {offset}", err) from err
 
@@ -278,7 +313,8 @@ class ObjectStore:
         return list(self._pool.map(lambda request: self.read_range(*request), requests))
 
     def read_many(self, names: Sequence[str]) -> list[bytes]:
-        """Whole objects, ``config.concurrency`` at a time, in the order asked."""
+        """Whole objects, ``config.concurrency`` at a time, in the order asked (pyarrow
+        makes a HEAD before each GET: two round trips an object)."""
         if len(names) <= 1:
             return [self.read(name) for name in names]
         self._ensure()

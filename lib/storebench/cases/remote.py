@@ -1,0 +1,205 @@
+"""The remote study's case functions: epochs read from the object store through an emulated
+link, by 1 or more data-parallel ranks, and the single-core decode rate the capacity model
+needs. The grid, figures and findings live in ``storebench.studies.remote``.
+
+The study starts the object store (``studies.remote.object_store``) and passes it to every
+case through the environment: ``AWS_*`` for the endpoint and keys, ``REMOTE_ROOT_ENV`` for
+the prefix the datasets were uploaded under, or ``REMOTE_UNAVAILABLE_ENV`` with the reason
+it could not start (every S3 case is then a ``skipped`` row with that reason).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..bench.runner import Case, CaseSkipped, Trial
+
+REMOTE_ROOT_ENV = "STOREBENCH_REMOTE_ROOT"
+REMOTE_UNAVAILABLE_ENV = "STOREBENCH_REMOTE_UNAVAILABLE"
+MB = 1e6
+RANK_TIMEOUT_S = 240.0
+
+
+def remote_url(case: Case) -> str:
+    """Where the case's dataset was uploaded, or ``CaseSkipped`` with why there is none."""
+    reason = os.environ.get(REMOTE_UNAVAILABLE_ENV)
+    if reason:
+        raise CaseSkipped(reason)
+    root = os.environ.get(REMOTE_ROOT_ENV)
+    if not root:
+        raise CaseSkipped(f"no object store: {REMOTE_ROOT_ENV} is not set (storebench study "
+                          "starts SeaweedFS and uploads the datasets)")
+    return f"{root.rstrip('/')}/{Path(case.dataset).name}"
+
+
+def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """One epoch of ``case.dataset`` split across ``ranks`` (param) data-parallel ranks on
+    ``torch.distributed``, each with its own rank-sharded sampler (``case.access``) and its
+    own loader (``case.prefetcher``, ``case.workers``), read from the object store through
+    a link of ``rtt_ms`` (param; ``bandwidth_mbit`` optional), or from local disk when
+    param ``source`` is ``local``.
+
+    Rates are timed inside the ranks, from a barrier to each rank's last batch: the
+    aggregate is all samples over the slowest rank's time. ``time_to_first_batch_s`` runs
+    from opening the dataset (manifest, listing, fingerprints, indexes: several round trips)
+    to the first batch. Rows record the measured RTT (the configured one and the bandwidth are
+    params), and the GET requests and bytes each epoch cost.
+    """
+    from dataclasses import replace
+    from urllib.parse import urlsplit
+
+    from ..remote.network import DelayProxy, LinkError, LinkUnavailableError, measure_rtt
+    from ..remote.s3 import S3Config
+
+    ranks = int(case.param("ranks", 1))
+    max_batches = trial.batches_wanted(None)
+    if case.param("source", "s3") == "local":
+        per_rank = _run_ranks(case, ranks, str(case.dataset), None, max_batches)
+        return _metrics(case, per_rank, ranks, max_batches)
+    url = remote_url(case)
+    config = S3Config.from_env(concurrency=int(case.param("concurrency", 16)))
+    endpoint = urlsplit(config.endpoint_url)
+    rtt_ms = float(case.param("rtt_ms", 0.0))
+    bandwidth = case.param("bandwidth_mbit")
+    try:
+        proxy = DelayProxy((endpoint.hostname, endpoint.port), rtt_ms=rtt_ms,
+                           bandwidth_mbit=bandwidth)
+        proxy.__enter__()
+    except LinkUnavailableError as err:
+        raise CaseSkipped(f"cannot emulate the link: {err}") from err
+    except LinkError as err:
+        raise RuntimeError(f"the delaying proxy did not start: {err}") from err
+    try:
+        host, port = proxy.address
+        measured = measure_rtt(proxy.address)
+        through = replace(config, endpoint_url=f"http://{host}:{port}")
+        per_rank = _run_ranks(case, ranks, url, through, max_batches)
+    except BaseException as err:
+        proxy.__exit__(type(err), err, err.__traceback__)
+        raise
+    proxy.__exit__(None, None, None)
+    # The configured RTT and bandwidth are the case's params (in every row already).
+    return _metrics(case, per_rank, ranks, max_batches) | {
+        "measured_rtt_s": (measured / 1e3, "s")}
+
+
+def _run_ranks(case: Case, ranks: int, path: str, config, max_batches) -> list[dict]:
+    import torch.distributed  # noqa: F401 - imported once here, inherited by forked ranks
+
+    from ..ranks import run_ranks
+
+    job = {"case": case.to_dict(), "path": path, "s3": config, "max_batches": max_batches}
+    # fork: ranks start in milliseconds; this worker has started no threads (the proxy is
+    # a separate process and the dataset is opened in the ranks only).
+    return run_ranks(read_epoch_share, ranks, args=(job,), start_method="fork",
+                     timeout_s=RANK_TIMEOUT_S)
+
+
+def read_epoch_share(rank: int, world_size: int, job: dict) -> dict:
+    """One rank's share of an epoch (runs in a rank process; see ``remote_epoch_case``)."""
+    import torch.distributed as dist
+
+    from ..bench.cases import batch_size_bytes, make_dataset, open_batches, release
+    from ..formats import open_dataset
+    from ..loaders import BlockShuffleSampler, ShuffleSampler
+
+    case = Case.from_dict(job["case"])
+    seed = int(case.param("seed", 0))
+    options = {"s3": job["s3"]} if job["s3"] is not None else {}
+    started = time.perf_counter()
+    reader = open_dataset(job["path"], verify=False, **options)
+    shard = {"rank": rank, "world_size": world_size}
+    if case.access == "block_shuffle":
+        sampler = BlockShuffleSampler.from_reader(reader, seed=seed, **shard)
+    elif case.access == "shuffle":
+        sampler = ShuffleSampler(len(reader), seed=seed, **shard)
+    else:
+        raise ValueError(f"case {case.case_id}: access must be shuffle or block_shuffle")
+    dataset = close = None
+    samples = delivered = batches = 0
+    seen = []
+    try:
+        dataset = make_dataset(case, reader)
+        opened = time.perf_counter()
+        dist.barrier()
+        began = time.perf_counter()
+        loader, close = open_batches(case, dataset, sampler)
+        first = float("nan")
+        for batch in loader:
+            n, nbytes, indices = batch_size_bytes(batch)
+            if batches == 0:
+                first = time.perf_counter() - began
+            samples, delivered, batches = samples + n, delivered + nbytes, batches + 1
+            if indices is not None:
+                seen.append(np.asarray(indices))
+            if job["max_batches"] is not None and batches >= job["max_batches"]:
+                break
+        ended = time.perf_counter()
+        store = getattr(reader, "store", None)
+        requests, fetched = store.traffic() if store is not None else (0, 0)
+    finally:
+        release(reader, dataset=dataset, close=close)
+    return {
+        "samples": samples, "delivered_bytes": delivered, "seconds": ended - began,
+        "open_seconds": opened - started, "first_batch_seconds": first,
+        "requests": requests, "fetched_bytes": fetched,
+        "indices": np.concatenate(seen) if seen else np.empty(0, dtype=np.int64),
+        "expected": len(sampler), "num_samples": len(reader),
+    }
+
+
+def _metrics(case: Case, per_rank: list[dict], ranks: int, max_batches) -> dict:
+    samples = sum(r["samples"] for r in per_rank)
+    if max_batches is None:
+        for rank, r in enumerate(per_rank):
+            if r["samples"] != r["expected"]:
+                raise RuntimeError(f"{case.dataset}: rank {rank} delivered {r['samples']} "
+                                   f"samples, its share is {r['expected']}")
+        everything = np.concatenate([r["indices"] for r in per_rank])
+        if len(everything) and not np.array_equal(np.unique(everything),
+                                                  np.arange(per_rank[0]["num_samples"])):
+            raise RuntimeError(f"{case.dataset}: the ranks' epochs do not cover the dataset")
+    slowest = max(r["seconds"] for r in per_rank)
+    requests = sum(r["requests"] for r in per_rank)
+    fetched = sum(r["fetched_bytes"] for r in per_rank)
+    per_rank_rates = [r["samples"] / r["seconds"] for r in per_rank]
+    return {
+        "samples": (samples, "count"),
+        "samples_per_s": (samples / slowest, "samples/s"),
+        "per_rank_samples_per_s": (float(np.median(per_rank_rates)), "samples/s"),
+        "read_MBps": (sum(r["delivered_bytes"] for r in per_rank) / slowest / MB, "MB/s"),
+        "epoch_seconds": (slowest, "s"),
+        "time_to_first_batch_s": (
+            max(r["open_seconds"] + r["first_batch_seconds"] for r in per_rank), "s"),
+        "open_seconds": (max(r["open_seconds"] for r in per_rank), "s"),
+        "ranks": (ranks, "count"),
+        "requests": (requests if requests else float("nan"), "count"),
+        "samples_per_request": (samples / requests if requests else float("nan"), "ratio"),
+        "bytes_per_request": (fetched / requests if requests else float("nan"), "bytes"),
+    }
+
+
+def decode_rate_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """The single-core decode rate of ``case.dataset``'s samples (param ``decode``) from
+    RAM (a ``PreloadedDataset``, so no I/O): the capacity model's per-sample CPU cost,
+    measured in the same run."""
+    from ..formats import open_dataset
+    from ..loaders import PreloadedDataset
+
+    with open_dataset(case.dataset, verify=False) as reader:
+        dataset = PreloadedDataset(reader, decode=case.param("decode"), progress=False)
+        indices = list(range(min(int(case.param("samples", 1024)), len(dataset))))
+        with trial.measure() as measurement:
+            batch = dataset.__getitems__(indices)
+    if len(batch) != len(indices):
+        raise RuntimeError(f"{case.dataset}: decoded {len(batch)} of {len(indices)} samples")
+    seconds = measurement.wall_seconds
+    return {
+        "samples": (len(indices), "count"),
+        "decode_per_s": (len(indices) / seconds, "samples/s"),
+        "decode_seconds_per_sample": (seconds / len(indices), "s"),
+    }
