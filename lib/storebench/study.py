@@ -267,6 +267,7 @@ def run_study(
         progress=progress,
         on_case_done=on_case_done,
         eta=eta,
+        services=study.services,
     )
 
 

@@ -432,8 +432,11 @@ def run_case(
     drop_caches: bool = False,
     timeout_s: float | None = None,
     python_path: Sequence[Path | str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> CaseOutcome:
-    """Run one case in a fresh ``python -m storebench.bench.worker`` process group.
+    """Run one case in a fresh ``python -m storebench.bench.worker`` process group, with
+    ``env`` added to this process's environment (what the study's services say, e.g. the
+    object store's endpoint).
 
     The group is killed when the case ends (so no worker process of the case outlives it),
     when it times out, and on KeyboardInterrupt (which is re-raised).
@@ -454,7 +457,7 @@ def run_case(
             "runner_pid": os.getpid(),
             "spawned_at": time.time(),
         }))
-        env = dict(os.environ)
+        env = {**os.environ, **(env or {})}
         extra = [str(Path(p).resolve()) for p in python_path]
         if extra:
             env["PYTHONPATH"] = os.pathsep.join([*extra, env.get("PYTHONPATH", "")]).rstrip(
@@ -522,12 +525,16 @@ def run_study(
     progress: bool = True,
     on_case_done: Callable[[Case, CaseOutcome], None] | None = None,
     eta: Callable[[], str] | None = None,
+    services: Callable | None = None,
 ) -> StudyRun:
     """Run every case not already in ``results_path`` and append its rows there.
 
     ``resume=False`` refuses to append to an existing file instead of skipping its cases.
     ``on_case_done(case, outcome)`` is called after each case's rows are written; ``eta()``
     (the whole run's remaining time, as text) is shown beside the progress bar.
+    ``services(cases)``, when given and some case is left to run, is a context manager
+    entered around them (an S3 server, say) whose mapping is added to every case's
+    environment.
     """
     ids = [case.case_id for case in cases]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
@@ -549,30 +556,38 @@ def run_study(
         bar = tqdm(total=len(cases), initial=len(summary.skipped), desc=study, unit="case",
                    disable=not progress, dynamic_ncols=True)
         try:
-            for case in todo:
-                left = f"{eta()}; " if eta is not None else ""
-                bar.set_postfix_str(f"{left}{case.case_id}", refresh=True)
-                outcome = run_case(case, drop_caches=drop_caches, timeout_s=timeout_s,
-                                   python_path=python_path)
-                rows = case_rows(case, outcome, run_id=summary.run_id, profile=profile)
-                try:
-                    writer.write_rows(rows)
-                except SchemaError as err:
-                    # The case itself broke the schema: keep that as its failure.
-                    outcome = CaseOutcome("failed", outcome.seconds,
-                                          error=f"results rejected: {err}")
-                    writer.write_rows(case_rows(case, outcome, run_id=summary.run_id,
-                                                profile=profile))
-                summary.ran.append(case.case_id)
-                if outcome.status not in ("ok", "skipped"):
-                    summary.failed.append(case.case_id)
-                if outcome.status != "ok":
-                    first_line = outcome.error.splitlines()[0] if outcome.error else ""
-                    bar.write(f"{case.case_id}: {outcome.status}: {first_line}")
-                if on_case_done is not None:
-                    on_case_done(case, outcome)
-                bar.update(1)
+            with contextlib.ExitStack() as stack:
+                case_env = stack.enter_context(services(todo)) if services and todo else {}
+                for case in todo:
+                    _run_one(case, writer, summary, bar, profile=profile,
+                             drop_caches=drop_caches, timeout_s=timeout_s,
+                             python_path=python_path, on_case_done=on_case_done, eta=eta,
+                             env=case_env)
         finally:
             bar.close()
             summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _run_one(case: Case, writer, summary: StudyRun, bar, *, profile, drop_caches, timeout_s,
+             python_path, on_case_done, eta, env) -> None:
+    left = f"{eta()}; " if eta is not None else ""
+    bar.set_postfix_str(f"{left}{case.case_id}", refresh=True)
+    outcome = run_case(case, drop_caches=drop_caches, timeout_s=timeout_s,
+                       python_path=python_path, env=env)
+    rows = case_rows(case, outcome, run_id=summary.run_id, profile=profile)
+    try:
+        writer.write_rows(rows)
+    except SchemaError as err:
+        # The case itself broke the schema: keep that as its failure.
+        outcome = CaseOutcome("failed", outcome.seconds, error=f"results rejected: {err}")
+        writer.write_rows(case_rows(case, outcome, run_id=summary.run_id, profile=profile))
+    summary.ran.append(case.case_id)
+    if outcome.status not in ("ok", "skipped"):
+        summary.failed.append(case.case_id)
+    if outcome.status != "ok":
+        first_line = outcome.error.splitlines()[0] if outcome.error else ""
+        bar.write(f"{case.case_id}: {outcome.status}: {first_line}")
+    if on_case_done is not None:
+        on_case_done(case, outcome)
+    bar.update(1)

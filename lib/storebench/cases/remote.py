@@ -167,7 +167,14 @@ def _metrics(case: Case, per_rank: list[dict], ranks: int, max_batches) -> dict:
     requests = sum(r["requests"] for r in per_rank)
     fetched = sum(r["fetched_bytes"] for r in per_rank)
     per_rank_rates = [r["samples"] / r["seconds"] for r in per_rank]
-    return {
+    # Requests are counted where storebench makes them (TFRecord, raw files); pyarrow and
+    # libhdf5 make their own (Parquet, HDF5) and local disk none: no traffic rows then.
+    traffic = {
+        "requests": (requests, "count"),
+        "samples_per_request": (samples / requests, "ratio"),
+        "bytes_per_request": (fetched / requests, "bytes"),
+    } if requests else {}
+    return traffic | {
         "samples": (samples, "count"),
         "samples_per_s": (samples / slowest, "samples/s"),
         "per_rank_samples_per_s": (float(np.median(per_rank_rates)), "samples/s"),
@@ -177,9 +184,6 @@ def _metrics(case: Case, per_rank: list[dict], ranks: int, max_batches) -> dict:
             max(r["open_seconds"] + r["first_batch_seconds"] for r in per_rank), "s"),
         "open_seconds": (max(r["open_seconds"] for r in per_rank), "s"),
         "ranks": (ranks, "count"),
-        "requests": (requests if requests else float("nan"), "count"),
-        "samples_per_request": (samples / requests if requests else float("nan"), "ratio"),
-        "bytes_per_request": (fetched / requests if requests else float("nan"), "bytes"),
     }
 
 

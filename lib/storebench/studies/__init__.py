@@ -8,7 +8,7 @@ renders every finding.
 
 from __future__ import annotations
 
-from . import formats, gpu_feed, lazy_vs_preloaded, out_of_core, prefetch, targets
+from . import formats, gpu_feed, lazy_vs_preloaded, out_of_core, prefetch, remote, targets
 from .base import FigureSpec, Study
 
 # Run order: cheap and foundational first.
@@ -20,6 +20,7 @@ STUDIES: dict[str, Study] = {
         gpu_feed.STUDY,
         targets.STUDY,
         out_of_core.STUDY,
+        remote.STUDY,
     )
 }
 

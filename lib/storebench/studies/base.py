@@ -41,3 +41,7 @@ class Study:
     # Its questions are about the synthetic profiles (e.g. targets set for their shapes):
     # ``storebench study --dataset`` leaves it out.
     synthetic_only: bool = False
+    # ``services(cases)``: a context manager the runner enters around the cases left to
+    # run (an S3 server holding their datasets); its mapping goes into each case's
+    # environment. None: the cases need nothing outside their own process.
+    services: Callable | None = None
