@@ -30,15 +30,16 @@ def ci_workdir(tmp_path_factory):
     return workdir
 
 
-def test_readme_has_the_three_loader_snippets():
-    assert len(SNIPPETS) == 3
+def test_readme_has_the_four_loader_snippets():
+    assert len(SNIPPETS) == 4
+    assert any("SeaweedServer" in s and "s3://" in s for s in SNIPPETS)
     assert any("torch_dataloader" in s for s in SNIPPETS)
     assert any("ProcessPrefetcher" in s for s in SNIPPETS)
     assert any("tfrecord_pipeline" in s for s in SNIPPETS)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("index", range(3))
+@pytest.mark.parametrize("index", range(4))
 def test_snippet_runs(ci_workdir, index):
     script = ci_workdir / f"snippet_{index}.py"
     body = "\n".join("    " + line for line in SNIPPETS[index].splitlines())

@@ -84,3 +84,9 @@ def scripted_rate_case(case, trial):
     with trial.measure():
         np.ones(1 << 16).sum()
     return {"samples_per_s": (rates[max(trial.repeat, 0) % len(rates)], "samples/s")}
+
+
+def environment_value_case(case, trial):
+    """The value of the environment variable the case's param ``variable`` names: what a
+    study's services told the case."""
+    return {"samples": (int(os.environ[case.param("variable")]), "count")}

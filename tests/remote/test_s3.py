@@ -19,7 +19,14 @@ from storebench.formats import (
     open_dataset,
     tfrecord,
 )
-from storebench.loaders import BatchSampler, LazyDataset, ProcessPrefetcher, ShuffleSampler
+from storebench.loaders import (
+    BatchSampler,
+    BlockShuffleSampler,
+    LazyDataset,
+    ProcessPrefetcher,
+    ShuffleSampler,
+    ThreadPrefetcher,
+)
 from storebench.remote.dataset import download_dataset, upload_dataset
 from storebench.remote.readers import REMOTE_READERS
 from storebench.remote.s3 import ObjectStore, ObjectStoreError, S3Config, S3Path
@@ -76,6 +83,21 @@ def test_process_workers_read_the_bucket(uploaded, s3, start_method):
         assert np.array_equal(images, want_images)
     assert not [p for p in pids if psutil.pid_exists(p)
                 and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+
+
+@pytest.mark.parametrize("format_name", ["parquet", "hdf5", "tfrecord"])
+def test_prefetch_threads_share_a_remote_reader(uploaded, s3, format_name):
+    local_path, url = uploaded(format_name, "jpeg")
+    with LazyDataset(open_dataset(local_path), decode="simplejpeg") as local:
+        batches = BatchSampler(BlockShuffleSampler.from_reader(local.reader, seed=2), 32)
+        expected = [local.__getitems__(list(b)) for b in batches]
+    with LazyDataset(open_dataset(url, s3=s3), decode="simplejpeg") as remote, \
+            ThreadPrefetcher(remote, batches, workers=3) as loader:
+        got = [(batch.images.copy(), batch.labels.copy()) for batch in loader]
+    assert len(got) == len(expected) == 8
+    for (images, labels), want in zip(got, expected):
+        assert labels.tolist() == want.labels.tolist()
+        assert np.array_equal(images, want.images)
 
 
 def damaged_copy(local_path: Path, tmp_path: Path, rel: str, offset: int) -> Path:

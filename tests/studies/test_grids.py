@@ -50,7 +50,7 @@ def test_default_plan_repeats_adaptively(ci_data_root, monkeypatch):
     from storebench.bench import plan
 
     monkeypatch.setitem(plan.PLANS, "ci", plan.StudyPlan(compact=True))
-    for name in ("formats", "lazy_vs_preloaded", "prefetch", "gpu_feed", "targets"):
+    for name in ("formats", "lazy_vs_preloaded", "prefetch", "gpu_feed", "targets", "remote"):
         timed = [c for c in STUDIES[name].grid(profile="ci", data_dir=ci_data_root)
                  if not c.function.endswith(":build_cost_case")]
         assert {(c.min_repeats, c.repeats, c.stop_halfwidth) for c in timed} == {

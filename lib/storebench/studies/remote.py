@@ -6,7 +6,8 @@ datasets are uploaded to it (``object_store``, the study's services). Every case
 through a delaying TCP proxy (``remote.network``) at an emulated round-trip time of 0, 2 or
 20 ms (0 ms goes through the proxy too, so every row pays its overhead), into ranks on
 ``torch.distributed`` (gloo), each with its own rank-sharded sampler and prefetch threads
-(2, or 4 where the capacity model says that hides 20 ms) decoding with simplejpeg. The same epochs from local disk give the reference.
+(2, or 4 where the capacity model says that hides 20 ms) decoding with simplejpeg. The
+same epochs from local disk give the reference.
 
 Per path (format, access order, requests in flight) the rows give the aggregate and per-rank
 throughput, time to first batch (opening included: manifest, listing, fingerprints and
@@ -332,7 +333,13 @@ def plot_remote_capacity(df: pd.DataFrame) -> Figure:
     left.set_title("Batches in flight that hide a distance (requests per worker as "
                    "measured)", fontsize="medium")
     left.legend(fontsize="x-small")
-    best = zero.sort_values("samples_per_s").iloc[-1]
+    modelled = [(row["samples_per_s"], row) for _, row in zero.iterrows()
+                 if pipeline_at_zero(table, row) is not None]
+    if not modelled:
+        right.text(0.5, 0.5, "no path with counted requests", ha="center", va="center",
+                   transform=right.transAxes, color="grey")
+        return fig
+    best = max(modelled, key=lambda pair: pair[0])[1]
     pipeline = pipeline_at_zero(table, best)
     nodes = np.unique(np.geomspace(1, 1024, 30).astype(int))
     for store_gbps, style, colour in ((math.inf, "-", "tab:blue"), (100.0, "--", "tab:orange"),
@@ -345,7 +352,8 @@ def plot_remote_capacity(df: pd.DataFrame) -> Figure:
     log_axis(right)
     right.set_xlabel("nodes (one rank each, this machine's measured pipeline)")
     right.set_ylabel("samples per second, all nodes")
-    right.set_title(f"Extrapolated at {TARGET_RTT_MS} ms: {best['path']}", fontsize="medium")
+    right.set_title(f"Extrapolated at {TARGET_RTT_MS} ms: {best['path']}\n(the fastest path "
+                    "whose requests storebench counts)", fontsize="medium")
     right.legend(fontsize="x-small")
     fig.suptitle("Capacity model (assumptions in storebench.remote.capacity), from this run's "
                  "0 ms measurements", fontsize="medium")
@@ -387,9 +395,11 @@ def remote_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
     for _, row in far.iloc[1:].iterrows():
         kept = keep_at(df, row["path"], row["rtt_ms"])
         if kept is not None:
+            per_get = (f" ({row['samples_per_request']:.2g} samples per GET)"
+                       if np.isfinite(row["samples_per_request"]) else "")
             out.append(f"{row['path']}: {format_value(row['samples_per_s'], 'samples/s')} at "
-                       f"{row['rtt_ms']:g} ms, {format_percent(kept[0])} of its 0 ms rate "
-                       f"({row['samples_per_request']:.2g} samples per GET).")
+                       f"{row['rtt_ms']:g} ms, {format_percent(kept[0])} of its 0 ms rate"
+                       f"{per_get}.")
     for source, path in (("s3", f"{_ranked_label()}, {RANKED_PATH[2]} in flight"),
                          ("local", _ranked_label())):
         rtts = sorted(table[(table["source"] == source) & (table["path"] == path)]["rtt_ms"]

@@ -1,0 +1,86 @@
+"""The remote study's parts that need no S3 server: the capacity model's arithmetic, the
+study's services reaching its cases, and a missing server becoming skipped rows."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from storebench.bench.runner import Case, run_case, run_study
+from storebench.bench.schema import read_results
+from storebench.cases.remote import REMOTE_ROOT_ENV, REMOTE_UNAVAILABLE_ENV
+from storebench.remote import seaweed
+from storebench.remote.capacity import Pipeline, predicted_rate, scale_out, workers_to_keep
+from storebench.studies import remote
+
+HERE = Path(__file__).resolve().parent.parent / "bench"
+PIPELINE = Pipeline(rate0=1000.0, workers=2, batch_size=100, samples_per_request=1.0,
+                    concurrency=50, sample_bytes=1000.0)
+
+
+def test_the_model_adds_one_round_trip_per_round_of_requests():
+    # 0.2 s of work a batch per worker at 0 ms; 100 requests, 25 in flight per worker:
+    # 4 rounds of 10 ms.
+    assert predicted_rate(PIPELINE, 0.0) == 1000.0
+    assert predicted_rate(PIPELINE, 0.010) == pytest.approx(200 / 0.24)
+    assert predicted_rate(PIPELINE, 0.010, concurrency=200) == pytest.approx(200 / 0.21)
+    # More workers share the cores (0.4 s a batch each) but keep more batches waiting.
+    assert predicted_rate(PIPELINE, 0.010, workers=4) == pytest.approx(400 / 0.44)
+    # A 1 MB/s link adds 0.1 s a batch of 100 kB.
+    assert predicted_rate(PIPELINE, 0.0, bandwidth_Bps=1e6) == pytest.approx(200 / 0.3)
+
+
+def test_the_model_sizes_workers_and_nodes():
+    assert workers_to_keep(PIPELINE, 0.010, 0.8) == 2  # 1 worker: 100 / 0.14 = 714 < 800
+    assert workers_to_keep(PIPELINE, 0.0, 0.8) == 1
+    assert workers_to_keep(PIPELINE, 10.0, 0.99, most=8) == 9  # out of reach: most + 1
+    assert scale_out(PIPELINE, 0.010, 10) == pytest.approx(10 * 200 / 0.24)
+    assert scale_out(PIPELINE, 0.010, 10, store_bandwidth_Bps=1e6) == pytest.approx(1000.0)
+
+
+@contextlib.contextmanager
+def counted_services(entered: list, value: str):
+    entered.append(value)
+    yield {"STOREBENCH_TEST_VALUE": value}
+
+
+def test_a_study_s_services_reach_its_cases_and_start_only_when_needed(tmp_path):
+    cases = [Case(study="svc", function="bench_case_functions:environment_value_case",
+                  repeats=1, warmup=False, params={"variable": "STOREBENCH_TEST_VALUE", "n": n})
+             for n in range(2)]
+    results = tmp_path / "svc.csv"
+    entered = []
+    run_study(cases, results, python_path=[HERE], progress=False,
+              services=lambda todo: counted_services(entered, str(len(todo) * 21)))
+    rows = read_results(results)
+    values = rows[(rows["metric"] == "samples") & (rows["repeat"] == 0)]["value"]
+    assert values.tolist() == [42.0, 42.0] and entered == ["42"]
+    run_study(cases, results, python_path=[HERE], progress=False,
+              services=lambda todo: counted_services(entered, "never"))
+    assert entered == ["42"]  # every case done: nothing started
+
+
+def test_without_a_server_the_s3_cases_are_skipped_rows_with_the_reason(monkeypatch, tmp_path):
+    def missing():
+        raise seaweed.SeaweedUnavailableError("SeaweedFS's weed binary is not installed")
+
+    monkeypatch.setattr(seaweed, "weed_binary", missing)
+    case = Case(study="remote", function="storebench.cases.remote:remote_epoch_case",
+                dataset=str(tmp_path / "tfrecord-jpeg"), access="shuffle", repeats=1,
+                warmup=False, params={"source": "s3", "rtt_ms": 20, "ranks": 1})
+    with remote.object_store([case]) as env:
+        assert env == {REMOTE_UNAVAILABLE_ENV: "no S3 server: SeaweedFS's weed binary is "
+                                               "not installed"}
+        outcome = run_case(case, env=env)
+    assert outcome.status == "skipped" and outcome.error == env[REMOTE_UNAVAILABLE_ENV]
+    no_store = run_case(case, env={REMOTE_ROOT_ENV: ""})
+    assert no_store.status == "skipped" and "no object store" in no_store.error
+
+
+def test_no_s3_case_no_server():
+    local = Case(study="remote", function="storebench.cases.remote:remote_epoch_case",
+                 dataset="x", params={"source": "local"})
+    with remote.object_store([local]) as env:
+        assert env == {}
