@@ -10,6 +10,7 @@ it could not start (every S3 case is then a ``skipped`` row with that reason).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -53,7 +54,7 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     from urllib.parse import urlsplit
 
     from ..remote.network import DelayProxy, LinkError, LinkUnavailableError, measure_rtt
-    from ..remote.s3 import S3Config
+    from ..remote.s3 import DEFAULT_CONCURRENCY, S3Config
 
     ranks = int(case.param("ranks", 1))
     max_batches = trial.batches_wanted(None)
@@ -61,27 +62,22 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         per_rank = _run_ranks(case, ranks, str(case.dataset), None, max_batches)
         return _metrics(case, per_rank, ranks, max_batches)
     url = remote_url(case)
-    config = S3Config.from_env(concurrency=int(case.param("concurrency", 16)))
+    config = S3Config.from_env(concurrency=int(case.param("concurrency", DEFAULT_CONCURRENCY)))
     endpoint = urlsplit(config.endpoint_url)
     rtt_ms = float(case.param("rtt_ms", 0.0))
     bandwidth = case.param("bandwidth_mbit")
-    try:
-        proxy = DelayProxy((endpoint.hostname, endpoint.port), rtt_ms=rtt_ms,
-                           bandwidth_mbit=bandwidth)
-        proxy.__enter__()
-    except LinkUnavailableError as err:
-        raise CaseSkipped(f"cannot emulate the link: {err}") from err
-    except LinkError as err:
-        raise RuntimeError(f"the delaying proxy did not start: {err}") from err
-    try:
+    with contextlib.ExitStack() as stack:
+        try:
+            proxy = stack.enter_context(DelayProxy((endpoint.hostname, endpoint.port),
+                                                   rtt_ms=rtt_ms, bandwidth_mbit=bandwidth))
+        except LinkUnavailableError as err:
+            raise CaseSkipped(f"cannot emulate the link: {err}") from err
+        except LinkError as err:
+            raise RuntimeError(f"the delaying proxy did not start: {err}") from err
         host, port = proxy.address
         measured = measure_rtt(proxy.address)
         through = replace(config, endpoint_url=f"http://{host}:{port}")
         per_rank = _run_ranks(case, ranks, url, through, max_batches)
-    except BaseException as err:
-        proxy.__exit__(type(err), err, err.__traceback__)
-        raise
-    proxy.__exit__(None, None, None)
     # The configured RTT and bandwidth are the case's params (in every row already).
     return _metrics(case, per_rank, ranks, max_batches) | {
         "measured_rtt_s": (measured / 1e3, "s")}

@@ -59,6 +59,9 @@ PATHS = (
 COMPACT_PATHS = (("tfrecord", "shuffle", 64, 2), ("rawfiles", "shuffle", 64, 2))
 COMPACT_RTTS_MS = (0, 20)
 RANKED_PATH = ("tfrecord", "shuffle", 64, 2)  # also at 2 ranks, and from local disk
+# The ranked path also at 20 ms through a tbf bandwidth cap below its 0 ms need (1.6k
+# samples/s of 16 kB JPEGs is about 200 Mbit/s): the model's bandwidth term, measured.
+CAPPED_MBIT = 100
 PREFETCHER = "thread"
 TARGET_KEEP = 0.8  # of a path's own 0 ms rate, at 20 ms
 TARGET_RTT_MS = 20
@@ -80,8 +83,8 @@ def remote_grid(*, profile: str, data_dir: Path | str, repeats: int | None = Non
                 ) -> list[Case]:
     """One rank over S3 for every path of ``PATHS`` at every RTT of ``RTTS_MS``;
     ``RANKED_PATH`` also with 2 ranks, and from local disk with 1 and 2; the single-core
-    decode rate of the JPEG set. Compact plans (ci): ``COMPACT_PATHS`` at
-    ``COMPACT_RTTS_MS``."""
+    decode rate of the JPEG set; ``RANKED_PATH`` at 20 ms under a ``CAPPED_MBIT`` tbf cap.
+    Compact plans (ci): ``COMPACT_PATHS`` at ``COMPACT_RTTS_MS``."""
     plan = plan_for(profile)
     fields = {**repeat_fields(profile, repeats), "timeout_s": plan.timeout_s}
     paths = COMPACT_PATHS if plan.compact else PATHS
@@ -99,6 +102,10 @@ def remote_grid(*, profile: str, data_dir: Path | str, repeats: int | None = Non
                                            "concurrency": concurrency}))
     found = _encoded(datasets, RANKED_PATH[0])
     if found is not None:
+        fmt, access, concurrency, workers = RANKED_PATH
+        cases.append(_case(*found, access=access, fields=fields, workers=workers, params={
+            "source": "s3", "rtt_ms": TARGET_RTT_MS, "ranks": 1, "concurrency": concurrency,
+            "bandwidth_mbit": CAPPED_MBIT}))
         for ranks in (1, 2):
             cases.append(_case(*found, access=RANKED_PATH[1], fields=fields,
                                params={"source": "local", "ranks": ranks}))
@@ -145,23 +152,28 @@ def object_store(cases):
 
 # -- the one table figures, findings and the guide read ---------------------------------
 def remote_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The study's epoch rows with ``source``, ``rtt_ms``, ``ranks``, ``concurrency`` and
-    ``path`` (format, order, requests in flight) columns."""
+    """The study's epoch rows with ``source``, ``rtt_ms``, ``ranks``, ``concurrency``,
+    ``bandwidth_mbit`` (NaN: no cap), ``base_path`` (format, order, threads, requests in
+    flight) and ``path`` (the base path, and its cap where it has one) columns."""
     rows = df[(df["study"] == NAME) & (df["case_id"].str.startswith("remote_epoch"))]
     params = params_of(rows) if not rows.empty else pd.Series(dtype=object)
+    base = [f"{f}, {a.replace('_', ' ')}, {int(w)} threads"
+            + (f", {p.get('concurrency')} in flight" if p.get("source", "s3") == "s3" else "")
+            for f, a, w, p in zip(rows["format"], rows["access"], rows["workers"], params)]
+    caps = params.map(lambda p: float(p.get("bandwidth_mbit") or np.nan))
     return rows.assign(
         source=params.map(lambda p: p.get("source", "s3")),
         rtt_ms=params.map(lambda p: float(p.get("rtt_ms", 0.0))),
         ranks=params.map(lambda p: int(p.get("ranks", 1))),
         concurrency=params.map(lambda p: int(p.get("concurrency", 0))),
-        path=[f"{f}, {a.replace('_', ' ')}, {int(w)} threads"
-              + (f", {p.get('concurrency')} in flight" if p.get("source", "s3") == "s3" else "")
-              for f, a, w, p in zip(rows["format"], rows["access"], rows["workers"], params)],
+        bandwidth_mbit=caps,
+        base_path=base,
+        path=[b if np.isnan(c) else f"{b}, {c:g} Mbit/s" for b, c in zip(base, caps)],
     )
 
 
-KEYS = ["path", "format", "access", "source", "concurrency", "ranks", "rtt_ms", "batch_size",
-        "workers"]
+KEYS = ["path", "base_path", "format", "access", "source", "concurrency", "ranks", "rtt_ms",
+        "batch_size", "workers", "bandwidth_mbit"]
 
 
 def remote_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -190,10 +202,11 @@ def remote_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def pipeline_at_zero(table: pd.DataFrame, row) -> Pipeline | None:
-    """The capacity model's inputs, from ``row``'s path measured at 0 ms (same ranks); None
-    where that row is missing or its requests were not counted."""
-    zero = table[(table["path"] == row["path"]) & (table["ranks"] == row["ranks"])
-                 & (table["source"] == "s3") & (table["rtt_ms"] == 0)]
+    """The capacity model's inputs, from ``row``'s path measured at 0 ms without a cap
+    (same ranks); None where that row is missing or its requests were not counted."""
+    zero = table[(table["base_path"] == row["base_path"]) & (table["ranks"] == row["ranks"])
+                 & (table["source"] == "s3") & (table["rtt_ms"] == 0)
+                 & table["bandwidth_mbit"].isna()]
     if zero.empty or not np.isfinite(zero["samples_per_s"].iloc[0]):
         return None
     z = zero.iloc[0]
@@ -212,7 +225,9 @@ def _predict(table: pd.DataFrame, row) -> float:
     pipeline = pipeline_at_zero(table, row)
     if pipeline is None:
         return float("nan")
-    return row["ranks"] * predicted_rate(pipeline, row["rtt_ms"] / 1e3)
+    cap = row["bandwidth_mbit"]
+    bandwidth = math.inf if np.isnan(cap) else cap * 1e6 / 8 / row["ranks"]
+    return row["ranks"] * predicted_rate(pipeline, row["rtt_ms"] / 1e3, bandwidth_Bps=bandwidth)
 
 
 def _ranked_label() -> str:
@@ -413,6 +428,14 @@ def remote_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
             out.append(f"2 ranks vs 1 ({where}): {format_ratio(ratio)} the aggregate "
                        f"(interval {format_ratio(low)}\u2013{format_ratio(high)}) on this "
                        "machine's 2 cores, which the ranks share.")
+    for _, row in table[table["bandwidth_mbit"].notna()].iterrows():
+        link_MBps = row["bandwidth_mbit"] / 8
+        out.append(
+            f"Through a {row['bandwidth_mbit']:g} Mbit/s tbf cap ({link_MBps:g} MB/s) at "
+            f"{row['rtt_ms']:g} ms, {row['base_path']} reads "
+            f"{format_value(row['samples_per_s'], 'samples/s')}; the model, with the cap as "
+            f"its bandwidth term, predicts "
+            f"{format_value(row['predicted_samples_per_s'], 'samples/s')}.")
     modelled = table[(table["source"] == "s3") & (table["rtt_ms"] > 0)]
     errors = (modelled["predicted_over_measured"] - 1).abs().dropna()
     if not errors.empty:
