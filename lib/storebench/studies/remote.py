@@ -288,12 +288,13 @@ def plot_remote_rtt(df: pd.DataFrame) -> Figure:
                       marker="o", color=colour, label=path, capsize=3)
         model = mine.sort_values("rtt_ms")
         left.plot([xs[r] for r in model["rtt_ms"]], model["predicted_samples_per_s"],
-                  linestyle="--", color=colour, alpha=0.7)
+                  linestyle="--", marker="x", color=colour, alpha=0.7)
     left.set_xticks(range(len(rtts)), [f"{r:g} ms" for r in rtts])
     left.set_xlabel("emulated round-trip time")
     left.set_ylabel("samples per second")
     log_axis(left)
-    left.set_title("One rank, by path (dashed: capacity model from 0 ms)", fontsize="medium")
+    left.set_title("One rank, by path (dashed, \u00d7: capacity model from 0 ms)",
+                   fontsize="medium")
     left.legend(fontsize="x-small")
     ranked = table[table["path"].str.startswith(_ranked_label())]
     s3 = ranked[(ranked["source"] == "s3") & (ranked["concurrency"] == RANKED_PATH[2])]
