@@ -84,3 +84,22 @@ def test_no_s3_case_no_server():
                  dataset="x", params={"source": "local"})
     with remote.object_store([local]) as env:
         assert env == {}
+
+
+def test_the_ci_study_started_and_stopped_its_own_s3_server(ci_study):
+    """The ci study (``make study``'s path) ran the remote cases against a SeaweedFS it
+    started, and left no server behind: any ``weed`` still running is this test session's
+    own (the remote tests' fixture), never an orphan of the study."""
+    import os
+
+    import psutil
+
+    from storebench.bench.schema import read_results
+
+    rows = read_results(ci_study[0] / "remote.csv")
+    s3_rows = rows[rows["params"].str.contains('"source": "s3"') & (rows["status"] == "ok")]
+    assert not s3_rows.empty
+    leftovers = [p for p in psutil.process_iter(["name", "cmdline", "ppid"])
+                 if "storebench-seaweed-" in " ".join(p.info["cmdline"] or ())
+                 and p.info["ppid"] != os.getpid()]
+    assert leftovers == []

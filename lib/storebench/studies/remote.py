@@ -270,7 +270,7 @@ def plot_remote_rtt(df: pd.DataFrame) -> Figure:
     if table.empty:
         return empty_figure("no remote rows")
     rows = remote_rows(df)
-    fig = Figure(figsize=(11, 4.4), layout="constrained")
+    fig = Figure(figsize=(11, 5.6), layout="constrained")
     left, right = fig.subplots(1, 2)
     one = _s3_one_rank(table)
     rtts = sorted(one["rtt_ms"].unique())
@@ -295,9 +295,11 @@ def plot_remote_rtt(df: pd.DataFrame) -> Figure:
     log_axis(left)
     left.set_title("One rank, by path (dashed, \u00d7: capacity model from 0 ms)",
                    fontsize="medium")
-    left.legend(fontsize="x-small")
+    handles, labels = left.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower left", ncols=2, fontsize="x-small")
     ranked = table[table["path"].str.startswith(_ranked_label())]
-    s3 = ranked[(ranked["source"] == "s3") & (ranked["concurrency"] == RANKED_PATH[2])]
+    s3 = ranked[(ranked["source"] == "s3") & (ranked["concurrency"] == RANKED_PATH[2])
+                & ranked["bandwidth_mbit"].isna()]
     for ranks, marker in ((1, "o"), (2, "s")):
         mine = s3[s3["ranks"] == ranks].sort_values("rtt_ms")
         if mine.empty:
