@@ -40,7 +40,9 @@ def open_dataset(path: Path | str, **options) -> Reader:
     the same checks over the network; ``s3=S3Config(...)`` says where the store is (default:
     the AWS environment variables) and ``concurrency`` how many requests stay in flight.
     """
-    if isinstance(path, str) and path.startswith("s3://") or type(path).__name__ == "S3Path":
+    from ..remote.s3 import is_s3_url
+
+    if is_s3_url(path):
         from ..remote.dataset import open_remote
 
         return open_remote(path, **options)

@@ -22,7 +22,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from pathlib import PurePath, PurePosixPath
+from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
 from ..formats.base import DatasetError
@@ -85,9 +85,8 @@ class S3Path(PurePosixPath):
 
 
 def is_s3_url(path) -> bool:
-    return isinstance(path, S3Path) or (
-        isinstance(path, str) and not isinstance(path, PurePath) and path.startswith(SCHEME)
-    )
+    """Whether ``path`` names an object-store location (an S3Path or an s3:// string)."""
+    return isinstance(path, S3Path) or (isinstance(path, str) and path.startswith(SCHEME))
 
 
 @dataclass(frozen=True)
