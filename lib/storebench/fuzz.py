@@ -569,7 +569,7 @@ class TaskResult:
 
 def _pool_worker(conn, parent_pid: int, log_path: str, timeout_s: float,
                  memory_limit_bytes: int | None) -> None:
-    from .bench.worker import die_with_parent
+    from .processes import die_with_parent
 
     die_with_parent(parent_pid)
     # Ctrl-C reaches the whole process group; the parent decides, and kills its workers.

@@ -42,7 +42,6 @@ Importing this module does not import torch; the ranks do.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import math
 import os
 import pickle
@@ -56,6 +55,8 @@ from dataclasses import dataclass
 from multiprocessing import connection
 from pathlib import Path
 
+from .processes import die_with_parent
+
 __all__ = [
     "RankDiedError",
     "RankError",
@@ -66,7 +67,6 @@ __all__ = [
 ]
 
 START_METHODS = ("spawn", "fork")
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 # What a rank sends: that it runs our code, then its result or its failure.
 _RUNNING, _OK, _FAILED = "running", "ok", "failed"
 
@@ -377,7 +377,7 @@ def _rank_main(
     parent_pid: int,
 ) -> None:
     """A rank's life: tie it to the caller, join the group, run, report, leave the group."""
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
     conn.send((_RUNNING, None))
     joined = False
@@ -434,19 +434,6 @@ def _captured(exc: BaseException) -> tuple[float, str, bytes | None]:
 
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Be SIGKILLed when the caller ends (Linux), and end now if it already has (as
-    ``storebench.bench.worker.die_with_parent``: the caller's thread waits in ``run_ranks``,
-    so it outlives the rank)."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno)}")
-    if os.getppid() != parent_pid:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _loopback_interface() -> str:

@@ -286,7 +286,7 @@ def test_a_case_worker_dies_with_its_parent():
         import os, subprocess, sys, time
         child = subprocess.Popen([sys.executable, "-c",
             "import os, sys, time\\n"
-            "from storebench.bench.worker import die_with_parent\\n"
+            "from storebench.processes import die_with_parent\\n"
             f"die_with_parent({os.getpid()})\\n"
             "print('armed', flush=True)\\n"
             "time.sleep(600)"], stdout=subprocess.PIPE)
@@ -303,7 +303,7 @@ def test_a_case_worker_dies_with_its_parent():
 
 
 def test_a_worker_whose_parent_is_already_gone_ends_at_once():
-    code = ("from storebench.bench.worker import die_with_parent\n"
+    code = ("from storebench.processes import die_with_parent\n"
             f"die_with_parent({_dead_pid()})\n"
             "print('still running')")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60)

@@ -23,7 +23,7 @@ after itself, so the runner removes the ``/dev/shm`` segments its processes stil
 (shared-memory prefetch slots) as it kills them.
 
 A SIGKILLed runner leaves nothing either: its case worker dies with it (a parent-death
-signal, see ``worker.die_with_parent``), and a watcher process started beside each case
+signal, see ``processes.die_with_parent``), and a watcher process started beside each case
 kills what the case started and removes the case's temporary directory once the runner is
 gone (``worker.watch_case``). Case directories are named ``storebench-case-<runner pid>-*``;
 a runner removes those whose runner is dead before each case, in case a watcher was killed
@@ -50,6 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from ..loaders.prefetch import SHM_DIR
+from ..processes import pid_alive
 from .cache import CacheState
 from .memory_budget import remove_stale_budgets
 from .plan import DEFAULT_REPEATS, DEFAULT_TIMEOUT_S
@@ -353,13 +354,6 @@ def _removed_text(removed: Sequence[str]) -> str:
     return f"\nremoved {len(removed)} shared-memory segment(s) it left: {', '.join(removed)}"
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
     return True
 
 
@@ -377,7 +371,7 @@ def remove_stale_temp_dirs(prefix: str, directory: Path | str | None = None) -> 
         if not entry.name.startswith(prefix):
             continue
         pid, sep, _ = entry.name[len(prefix):].partition("-")
-        if not (sep and pid.isdigit()) or _pid_alive(int(pid)):
+        if not (sep and pid.isdigit()) or pid_alive(int(pid)):
             continue
         with contextlib.suppress(OSError):
             if entry.is_dir(follow_symlinks=False):

@@ -17,7 +17,6 @@ and remove the case's temporary directory.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import json
 import math
@@ -29,29 +28,11 @@ import time
 import traceback
 from pathlib import Path
 
+from ..processes import die_with_parent
 from .cache import prepare
 from .runner import CASE_DIR_ENV, CASE_REPEAT, WATCH_DONE, Case, CaseSkipped, Trial
 from .schema import METRIC_UNITS, UNITS
 from .stats import relative_halfwidth, stop_metric
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Be SIGKILLed as soon as the process that started this one ends (Linux), and end now
-    if it already has: it may have died before the request was made, and then the kernel
-    would never send the signal.
-
-    The kernel signals when the parent *thread* that started this process exits, so the
-    parent must start it from a thread that outlives it (``run_case`` waits in its thread).
-    """
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-            errno = ctypes.get_errno()
-            raise OSError(errno, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno)}")
-    if os.getppid() != parent_pid:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _marked_pids(case_dir: str) -> list[int]:

@@ -24,6 +24,7 @@ import numpy as np
 import data_gen
 from data_gen import DatasetSpec
 
+from ..processes import pid_alive
 from .base import DatasetError, ManifestError, crc32c_of_ints, sample_checksum
 from .manifest import (
     CHECKSUMS_NAME,
@@ -274,18 +275,11 @@ def remove_stale_builds(out_dir: Path) -> None:
     for entry in out_dir.iterdir():
         if entry.name.startswith(TMP_PREFIX) and entry.is_dir():
             pid = entry.name.split("-")[-2] if entry.name.count("-") >= 3 else ""
-            if pid.isdigit() and _pid_alive(int(pid)):
+            if pid.isdigit() and pid_alive(int(pid)):
                 continue
             shutil.rmtree(entry, ignore_errors=True)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 

@@ -515,13 +515,6 @@ def link_unavailable_reason() -> str | None:
     return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
     return True
 
 
@@ -547,6 +540,9 @@ def _remove_link(netns: str) -> None:
 def remove_stale_links() -> list[str]:
     """Remove the namespaces and veths that runs whose process is dead left behind (a
     killed run's); return their names. Safe to call any time: live runs' links stay."""
+    from storebench.processes import pid_alive  # not at the top: the proxy child runs
+    # this file as a script, outside the package
+
     if shutil.which("ip") is None:
         return []
     removed = []
@@ -555,7 +551,7 @@ def remove_stale_links() -> list[str]:
         match = _NETNS_NAME.match(name)
         if not match:
             continue
-        if _pid_alive(int(match.group(1))):
+        if pid_alive(int(match.group(1))):
             live_tags.add(match.group(2))
         else:
             _remove_link(name)

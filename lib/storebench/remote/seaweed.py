@@ -15,7 +15,7 @@ directory a killed run left.
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import functools
 import json
 import os
 import secrets
@@ -28,11 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..processes import die_with_parent
 from .s3 import ObjectStoreError, S3Config
 
 DATA_DIR_PREFIX = "storebench-seaweed-"
 READY_BUCKET = "storebench-ready"
-_PR_SET_PDEATHSIG = 1
 
 
 class SeaweedUnavailableError(RuntimeError):
@@ -65,11 +65,6 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     finally:
         for s in sockets:
             s.close()
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class SeaweedServer:
@@ -137,7 +132,8 @@ class SeaweedServer:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 command, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.data_dir, start_new_session=True, preexec_fn=_die_with_parent,
+                cwd=self.data_dir, start_new_session=True,
+                preexec_fn=functools.partial(die_with_parent, os.getpid()),
             )
         self.config = S3Config(endpoint_url=f"http://{self.host}:{s3}", access_key=access_key,
                                secret_key=secret_key)
