@@ -21,6 +21,7 @@ Grid vocabulary of the loader cases (the Case fields' values):
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -63,16 +64,18 @@ def open_options(case: Case) -> dict:
     }
 
 
-def make_sampler(case: Case, reader):
+def make_sampler(case: Case, reader, *, rank: int = 0, world_size: int = 1):
+    """The sampler of ``case.access`` over ``reader``, this rank's share of each epoch."""
     from storebench.loaders import BlockShuffleSampler, SequentialSampler, ShuffleSampler
 
     seed = int(case.param("seed", 0))
+    shard = {"rank": rank, "world_size": world_size}
     if case.access == "sequential":
-        return SequentialSampler(len(reader))
+        return SequentialSampler(len(reader), **shard)
     if case.access == "shuffle":
-        return ShuffleSampler(len(reader), seed=seed)
+        return ShuffleSampler(len(reader), seed=seed, **shard)
     if case.access == "block_shuffle":
-        return BlockShuffleSampler.from_reader(reader, seed=seed)
+        return BlockShuffleSampler.from_reader(reader, seed=seed, **shard)
     raise ValueError(f"case {case.case_id}: access must be one of {ACCESS_ORDERS}")
 
 
@@ -152,6 +155,38 @@ def batch_size_bytes(batch) -> tuple[int, int, np.ndarray | None]:
     return n, int(sum(len(x) for x in images)), None
 
 
+@dataclass
+class EpochTally:
+    """What draining a loader delivered: samples, image bytes, batches, seconds from
+    ``started`` to the first batch, and the indices of batches that carry them."""
+
+    samples: int = 0
+    delivered: int = 0
+    batches: int = 0
+    first_batch_seconds: float = float("nan")
+    seen: list = field(default_factory=list)
+
+    def indices(self) -> np.ndarray:
+        return np.concatenate(self.seen) if self.seen else np.empty(0, dtype=np.int64)
+
+
+def drain(loader, *, started: float, max_batches: int | None) -> EpochTally:
+    """Iterate ``loader`` to its end (or ``max_batches``), counting what it delivers."""
+    tally = EpochTally()
+    for batch in loader:
+        n, nbytes, indices = batch_size_bytes(batch)
+        if tally.batches == 0:
+            tally.first_batch_seconds = time.perf_counter() - started
+        tally.samples += n
+        tally.delivered += nbytes
+        tally.batches += 1
+        if indices is not None:
+            tally.seen.append(np.array(indices))
+        if max_batches is not None and tally.batches >= max_batches:
+            break
+    return tally
+
+
 def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     """One epoch (or ``max_batches`` batches) through reader -> dataset -> sampler ->
     loader path, timed from before the dataset is made: a preload counts in
@@ -162,39 +197,29 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     max_batches = trial.batches_wanted(case.param("max_batches"))
     reader = open_dataset(case.dataset, verify=False, **open_options(case))
     close = dataset = None
-    samples = delivered = batches = 0
-    seen: list[np.ndarray] = []
     try:
         with trial.measure() as measurement:
             started = time.perf_counter()
             dataset = make_dataset(case, reader)
             ready = time.perf_counter()
             loader, close = open_batches(case, dataset, make_sampler(case, reader))
-            first = float("nan")
-            for batch in loader:
-                n, nbytes, indices = batch_size_bytes(batch)
-                if batches == 0:
-                    first = time.perf_counter() - started
-                samples, delivered, batches = samples + n, delivered + nbytes, batches + 1
-                if indices is not None:
-                    seen.append(np.array(indices))
-                if max_batches is not None and batches >= max_batches:
-                    break
+            tally = drain(loader, started=started, max_batches=max_batches)
             ended = time.perf_counter()
     finally:
         release(reader, dataset=dataset, close=close)
+    samples = tally.samples
     if max_batches is None:
         if samples != len(reader):
             raise RuntimeError(f"{case.dataset}: an epoch delivered {samples} samples, "
                                f"the dataset has {len(reader)}")
-        if seen and not np.array_equal(np.sort(np.concatenate(seen)), np.arange(len(reader))):
+        if tally.seen and not np.array_equal(np.sort(tally.indices()), np.arange(len(reader))):
             raise RuntimeError(f"{case.dataset}: an epoch did not deliver every sample once")
     epoch = ended - ready
     return {
         "samples": (samples, "count"),
         "samples_per_s": (samples / epoch, "samples/s"),
-        "read_MBps": (delivered / epoch / MB, "MB/s"),
-        "time_to_first_batch_s": (first, "s"),
+        "read_MBps": (tally.delivered / epoch / MB, "MB/s"),
+        "time_to_first_batch_s": (tally.first_batch_seconds, "s"),
         "epoch_seconds": (epoch, "s"),
         "preload_seconds": (ready - started, "s"),
         "cpu_utilisation": (measurement.cpu_seconds / measurement.wall_seconds, "ratio"),

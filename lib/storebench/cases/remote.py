@@ -99,51 +99,32 @@ def read_epoch_share(rank: int, world_size: int, job: dict) -> dict:
     """One rank's share of an epoch (runs in a rank process; see ``remote_epoch_case``)."""
     import torch.distributed as dist
 
-    from ..bench.cases import batch_size_bytes, make_dataset, open_batches, release
+    from ..bench.cases import drain, make_dataset, make_sampler, open_batches, release
     from ..formats import open_dataset
-    from ..loaders import BlockShuffleSampler, ShuffleSampler
 
     case = Case.from_dict(job["case"])
-    seed = int(case.param("seed", 0))
     options = {"s3": job["s3"]} if job["s3"] is not None else {}
     started = time.perf_counter()
     reader = open_dataset(job["path"], verify=False, **options)
-    shard = {"rank": rank, "world_size": world_size}
-    if case.access == "block_shuffle":
-        sampler = BlockShuffleSampler.from_reader(reader, seed=seed, **shard)
-    elif case.access == "shuffle":
-        sampler = ShuffleSampler(len(reader), seed=seed, **shard)
-    else:
-        raise ValueError(f"case {case.case_id}: access must be shuffle or block_shuffle")
+    sampler = make_sampler(case, reader, rank=rank, world_size=world_size)
     dataset = close = None
-    samples = delivered = batches = 0
-    seen = []
     try:
         dataset = make_dataset(case, reader)
         opened = time.perf_counter()
         dist.barrier()
         began = time.perf_counter()
         loader, close = open_batches(case, dataset, sampler)
-        first = float("nan")
-        for batch in loader:
-            n, nbytes, indices = batch_size_bytes(batch)
-            if batches == 0:
-                first = time.perf_counter() - began
-            samples, delivered, batches = samples + n, delivered + nbytes, batches + 1
-            if indices is not None:
-                seen.append(np.asarray(indices))
-            if job["max_batches"] is not None and batches >= job["max_batches"]:
-                break
+        tally = drain(loader, started=began, max_batches=job["max_batches"])
         ended = time.perf_counter()
         store = getattr(reader, "store", None)
         requests, fetched = store.traffic() if store is not None else (0, 0)
     finally:
         release(reader, dataset=dataset, close=close)
     return {
-        "samples": samples, "delivered_bytes": delivered, "seconds": ended - began,
-        "open_seconds": opened - started, "first_batch_seconds": first,
-        "requests": requests, "fetched_bytes": fetched,
-        "indices": np.concatenate(seen) if seen else np.empty(0, dtype=np.int64),
+        "samples": tally.samples, "delivered_bytes": tally.delivered,
+        "seconds": ended - began, "open_seconds": opened - started,
+        "first_batch_seconds": tally.first_batch_seconds,
+        "requests": requests, "fetched_bytes": fetched, "indices": tally.indices(),
         "expected": len(sampler), "num_samples": len(reader),
     }
 
