@@ -395,6 +395,7 @@ def remote_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
         reason = str(skipped["error"].iloc[0]).splitlines()[0]
         out.append(f"{skipped['case_id'].nunique()} remote cases could not run here: {reason}.")
     one = _s3_one_rank(table)
+    one = one[one["bandwidth_mbit"].isna()]  # the capped row has its own sentence
     if one.empty:
         return out or ["No remote rows."]
     far = one[one["rtt_ms"] == one["rtt_ms"].max()].sort_values("samples_per_s",
@@ -463,11 +464,12 @@ def remote_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
 
 
 def guide(results: Results) -> list:
-    """Per RTT: every one-rank S3 path measured is a candidate, by samples/s."""
+    """Per RTT: every one-rank S3 path measured without a bandwidth cap is a candidate, by
+    samples/s."""
     from ..guide import Candidate, choose
 
     rows = remote_rows(results.df)
-    rows = rows[(rows["source"] == "s3") & (rows["ranks"] == 1)]
+    rows = rows[(rows["source"] == "s3") & (rows["ranks"] == 1) & rows["bandwidth_mbit"].isna()]
     out = []
     for rtt, part in rows.groupby("rtt_ms", sort=True):
         candidates = []

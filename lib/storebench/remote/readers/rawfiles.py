@@ -14,15 +14,15 @@ OPEN_OPTIONS = rawfiles.OPEN_OPTIONS
 
 class RemoteRawFilesReader(RemoteReader, rawfiles.RawFilesReader):
     def _open(self) -> None:
-        self._listing: dict[str, list[str]] = {}
+        self._h_listing: dict[str, list[str]] = {}
         for name in self.store.sizes():
             folder, _, file_name = name.rpartition("/")
             if folder:
-                self._listing.setdefault(folder, []).append(file_name)
+                self._h_listing.setdefault(folder, []).append(file_name)
         super()._open()
 
     def _list_class_dir(self, name: str) -> list[str]:
-        return self._listing.get(name, [])
+        return self._h_listing.get(name, [])
 
     def _fetch(self, path, index: int) -> bytes:
         return self.store.read(self.name_of(path))
