@@ -30,7 +30,7 @@ from storebench.loaders import (
 from storebench.remote.dataset import download_dataset, upload_dataset
 from storebench.remote.readers import REMOTE_READERS
 from storebench.remote.s3 import ObjectStore, ObjectStoreError, S3Config, S3Path
-from storebench.remote.seaweed import SeaweedServer
+from storebench.remote.seaweed import SeaweedServer, remove_stale_sockets
 
 REMOTE_CASES = [(f, e) for f in sorted(REMOTE_READERS) for e in ("raw", "jpeg", "png")]
 
@@ -230,6 +230,18 @@ def test_s3_paths():
                 "s3://ab/x", "s3://Bucket/x"):
         with pytest.raises(ValueError):
             S3Path.parse(bad)
+
+
+def test_sockets_a_killed_server_left_are_removed_live_ones_kept(tmp_path):
+    stale = tmp_path / "seaweedfs-s3-1.sock"
+    with socket.socket(socket.AF_UNIX) as dead:
+        dead.bind(str(stale))  # bound, never listening, then closed: what a SIGKILL leaves
+    live = tmp_path / "seaweedfs-s3-2.sock"
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(live))
+        listening.listen()
+        assert remove_stale_sockets(tmp_path) == [stale]
+        assert live.exists() and not stale.exists()
 
 
 def port_open(url: str) -> bool:

@@ -9,7 +9,7 @@ free loopback ports, with a temporary data directory and one access key (so requ
 signed and checked, as against real S3). The server is ready when an object written through
 the S3 API reads back. It is stopped on exit, on an error in the body and on Ctrl-C; if this
 process dies, the kernel kills it (``PR_SET_PDEATHSIG``), and the next start removes the data
-directory a killed run left.
+directory and the unix sockets a killed run left.
 """
 
 from __future__ import annotations
@@ -51,6 +51,26 @@ def weed_binary() -> Path:
             "(make setup does)"
         )
     return Path(found)
+
+
+def remove_stale_sockets(directory: Path | str | None = None) -> list[Path]:
+    """Remove the ``seaweedfs-*.sock`` files in ``directory`` (default: the system's
+    temporary directory) that nothing listens on any more: what a killed server left (a
+    server stopped by ``SeaweedServer.stop`` has its removed). Returns the paths removed."""
+    removed = []
+    for path in Path(directory or tempfile.gettempdir()).glob("seaweedfs-*.sock"):
+        with socket.socket(socket.AF_UNIX) as probe:
+            try:
+                probe.connect(str(path))
+                continue  # a live server's
+            except ConnectionRefusedError:
+                pass
+            except OSError:
+                continue
+        with contextlib.suppress(OSError):
+            path.unlink()
+            removed.append(path)
+    return removed
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -98,6 +118,7 @@ class SeaweedServer:
             raise RuntimeError("SeaweedServer already started")
         weed = weed_binary()
         remove_stale_temp_dirs(DATA_DIR_PREFIX)
+        remove_stale_sockets()
         self.data_dir = Path(tempfile.mkdtemp(prefix=f"{DATA_DIR_PREFIX}{os.getpid()}-"))
         try:
             self._launch(weed)
