@@ -354,9 +354,6 @@ def _removed_text(removed: Sequence[str]) -> str:
     return f"\nremoved {len(removed)} shared-memory segment(s) it left: {', '.join(removed)}"
 
 
-    return True
-
-
 def remove_stale_temp_dirs(prefix: str, directory: Path | str | None = None) -> list[Path]:
     """Remove the ``<prefix><pid>-*`` directories in ``directory`` (default: the system's
     temporary directory) whose owner ``pid`` is no longer running: what a SIGKILLed owner

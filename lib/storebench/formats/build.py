@@ -280,9 +280,6 @@ def remove_stale_builds(out_dir: Path) -> None:
             shutil.rmtree(entry, ignore_errors=True)
 
 
-    return True
-
-
 def build_dataset(
     spec: Spec,
     format_name: str,

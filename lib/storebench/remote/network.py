@@ -515,9 +515,6 @@ def link_unavailable_reason() -> str | None:
     return None
 
 
-    return True
-
-
 def _netns_names() -> list[str]:
     listing = _ip("netns", "list", check=False).stdout
     return [line.split()[0] for line in listing.splitlines() if line.strip()]
