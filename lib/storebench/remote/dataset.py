@@ -15,7 +15,7 @@ import os
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..formats.base import DatasetError, ManifestError, Reader
@@ -47,8 +47,6 @@ class Transfer:
 def _store(url, s3: S3Config | None, concurrency: int | None = None) -> ObjectStore:
     config = s3 if s3 is not None else S3Config.from_env()
     if concurrency is not None:
-        from dataclasses import replace
-
         config = replace(config, concurrency=concurrency)
     return ObjectStore(url if isinstance(url, S3Path) else S3Path.parse(str(url)), config)
 

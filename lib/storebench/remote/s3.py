@@ -154,9 +154,9 @@ class ObjectStore:
     """Read and write the objects under one ``s3://bucket/prefix``.
 
     Names are relative to the prefix, as file names are relative to a dataset directory.
-    ``read_ranges`` fetches many byte ranges at once with ``config.concurrency`` threads; a
-    missing object, a short read or a refused request raises ``ObjectStoreError`` naming the
-    object.
+    ``read_ranges`` fetches many byte ranges at once with ``config.concurrency`` threads. A
+    missing object or a refused request raises ``ObjectStoreError`` naming the object; a
+    range past an object's end reads short (the caller knows what length to expect).
     """
 
     def __init__(self, root: S3Path | str, config: S3Config | None = None) -> None:
@@ -194,7 +194,7 @@ class ObjectStore:
             self._next_client = 0
             self._pool = ThreadPoolExecutor(self.config.concurrency,
                                             thread_name_prefix="storebench-s3")
-            self._files: dict[str, object] = {}
+            self._files: dict[tuple[int, str], object] = {}  # (client, name): open object
             self._count_lock = threading.Lock()
             self._requests = self._bytes = 0
             self._pid = pid
