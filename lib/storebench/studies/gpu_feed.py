@@ -283,7 +283,9 @@ def plot_feed(df: pd.DataFrame) -> Figure:
         axes[1].invert_yaxis()
         axes[1].set_xlim(0, 1.02)
         axes[1].set_xlabel("fraction of wall time (medians)")
-        axes[1].legend(fontsize="x-small", loc="lower right")
+        # Below the axis: inside it, the legend covered the last bar.
+        axes[1].legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.18),
+                       ncols=4, frameon=False)
     devices = feed_devices(df)
     real = sorted(set(devices.loc[~devices["emulated"], "device_name"]))
     where = (f"copies to {', '.join(real)}" if real
