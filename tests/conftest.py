@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 import data_gen
-from storebench.formats import FORMATS, build_dataset
+from storebench.formats import FORMATS, build_dataset, unavailable_reason
 
 
 @pytest.fixture(scope="session")
@@ -17,11 +17,12 @@ def ci_profile() -> data_gen.Profile:
 
 @pytest.fixture(scope="session")
 def ci_data_root(tmp_path_factory, ci_profile) -> Path:
-    """Every format x encoding of the ci profile, built once for the whole session."""
+    """Every format x encoding of the ci profile, built once for the whole session (the
+    peer formats where this interpreter has their library)."""
     root = tmp_path_factory.mktemp("ci-data")
     for spec in ci_profile.specs:
         for name, module in FORMATS.items():
-            if spec.encoding in module.ENCODINGS:
+            if spec.encoding in module.ENCODINGS and unavailable_reason(name) is None:
                 build_dataset(spec, name, root, workers=1)
     return root
 

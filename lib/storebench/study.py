@@ -85,18 +85,25 @@ def build_profile(
     force: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> list:
-    """Build (or find already built) every format x encoding of ``profile`` (or those named),
-    and with ``knob_variants`` the formats study's variants (``studies.formats.KNOB_VARIANTS``)
-    of its encodings. ``log`` receives one line per dataset built, found or skipped."""
-    from .formats import FORMATS, build_dataset, get_format
+    """Build (or find already built) every core format x encoding of ``profile`` (or the
+    formats named, peer formats included), and with ``knob_variants`` the formats study's
+    variants (``studies.formats.KNOB_VARIANTS``) of its encodings. ``log`` receives one line
+    per dataset built, found or skipped. The peers study builds the peer formats itself, in
+    the peers environment (``Study.prepare``)."""
+    from .formats import CORE_FORMATS, build_dataset, get_format, unavailable_reason
     from .formats.build import SampleCache
     from .studies.formats import KNOB_VARIANTS
 
     chosen = data_gen.get_profile(profile)
-    formats = list(formats or FORMATS)
+    formats = list(formats or CORE_FORMATS)
     modules = {name: get_format(name) for name in formats}
-    specs = [chosen.spec_for(e) for e in encodings] if encodings else list(chosen.specs)
     say = log or (lambda line: None)
+    for name in list(formats):
+        reason = unavailable_reason(name)
+        if reason:
+            say(f"skip   {name}: {reason}")
+            formats.remove(name)
+    specs = [chosen.spec_for(e) for e in encodings] if encodings else list(chosen.specs)
     results = []
     for spec in specs:
         builds = [(name, {}, None) for name in formats if spec.encoding in modules[name].ENCODINGS]
@@ -246,6 +253,8 @@ def run_study(
     else:
         data_dir, label = data_dir_for(profile, data_root), profile
         build_profile(profile, data_dir, progress=progress)
+        if study.prepare is not None:
+            study.prepare(profile=profile, data_dir=data_dir, progress=progress)
     results_dir = results_dir_for(label, results_root)
     results_dir.mkdir(parents=True, exist_ok=True)
     run_id = run_id or runner.new_run_id()

@@ -90,3 +90,10 @@ def environment_value_case(case, trial):
     """The value of the environment variable the case's param ``variable`` names: what a
     study's services told the case."""
     return {"samples": (int(os.environ[case.param("variable")]), "count")}
+
+
+def interpreter_case(case, trial):
+    """Which interpreter runs the case: 1 when it is the one the param ``python`` names."""
+    import sys
+
+    return {"samples": (int(sys.executable == case.param("python")), "count")}

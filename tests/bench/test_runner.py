@@ -369,3 +369,33 @@ def test_fixed_repeats_take_exactly_that_many(tmp_path):
     outcome = run_case(case, python_path=[HERE])
     assert [r["repeat"] for r in outcome.records if r["metric"] == "samples_per_s"] == [
         0, 1, 2, 3]
+
+
+def test_a_case_runs_with_its_environments_interpreter(monkeypatch, tmp_path):
+    """param ``environment``: the runner starts the worker with that environment's python
+    (here ``STOREBENCH_PEERS_PYTHON`` names a link to this one outside its venv, so the
+    worker must report the link's path as its ``sys.executable``)."""
+    import site
+
+    import storebench
+
+    link = tmp_path / "python"
+    link.symlink_to(sys.executable)
+    monkeypatch.setenv("STOREBENCH_PEERS_PYTHON", str(link))
+    case = Case(study="s", function=f"{FNS}:interpreter_case", repeats=1, warmup=False,
+                params={"environment": "peers", "python": str(link)})
+    # Outside its venv the link finds neither the venv's packages nor the editable install.
+    packages = [*site.getsitepackages(), Path(storebench.__file__).parents[1]]
+    outcome = run_case(case, python_path=[HERE, *packages])
+    assert outcome.status == "ok", outcome.error
+    assert [r["value"] for r in outcome.records if r["metric"] == "samples"] == [1]
+
+
+def test_a_case_whose_environment_is_missing_is_skipped_with_the_reason(monkeypatch, tmp_path):
+    monkeypatch.setenv("STOREBENCH_PEERS_PYTHON", str(tmp_path / "no-such-python"))
+    case = Case(study="s", function=f"{FNS}:interpreter_case", repeats=1,
+                params={"environment": "peers"})
+    outcome = run_case(case, python_path=[HERE])
+    assert outcome.status == "skipped"
+    assert "the peers environment is not installed" in outcome.error
+    assert "no-such-python" in outcome.error and "make peers" in outcome.error

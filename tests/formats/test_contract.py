@@ -12,6 +12,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 import pytest
+from format_cases import format_cases
 
 import data_gen
 from storebench.formats import FORMATS, open_dataset, read_manifest
@@ -47,7 +48,7 @@ def spawn_pool():
         yield pool
 
 
-@pytest.mark.parametrize(("format_name", "encoding"), CASES, ids=IDS)
+@pytest.mark.parametrize(("format_name", "encoding"), format_cases(CASES, IDS))
 class TestReaderContract:
     def test_random_access_is_bit_identical(self, ci_dataset, ci_profile, format_name, encoding):
         spec = ci_profile.spec_for(encoding)
@@ -135,7 +136,7 @@ class TestReaderContract:
             assert same_image(single[k][0], want_image) and single[k][1] == want_label
 
 
-@pytest.mark.parametrize(("format_name", "encoding"), CASES, ids=IDS)
+@pytest.mark.parametrize(("format_name", "encoding"), format_cases(CASES, IDS))
 def test_threads_sharing_an_unopened_reader(ci_dataset, ci_profile, format_name, encoding):
     """Several threads hitting a fresh reader at once open it once and all read right."""
     import threading
@@ -187,7 +188,7 @@ def test_memmap_populate_maps_every_page(ci_dataset, ci_profile):
         assert np.array_equal(reader[3][0], data_gen.sample(spec, 3)[0])
 
 
-@pytest.mark.parametrize(("format_name", "encoding"), CASES, ids=IDS)
+@pytest.mark.parametrize(("format_name", "encoding"), format_cases(CASES, IDS))
 def test_indices_are_integers_and_negative_ones_count_from_the_end(
     ci_dataset, ci_profile, format_name, encoding
 ):

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from format_cases import format_cases, format_param
 
 import data_gen
 from storebench.formats import (
@@ -47,7 +48,7 @@ def read_everything(reader):
         reader.read_many(np.arange(start, min(start + 64, len(reader))))
 
 
-@pytest.mark.parametrize(("format_name", "encoding"), CASES, ids=IDS)
+@pytest.mark.parametrize(("format_name", "encoding"), format_cases(CASES, IDS))
 def test_flipped_byte_in_a_sample_names_file_and_sample(
     dataset_copy, ci_profile, format_name, encoding
 ):
@@ -81,7 +82,7 @@ def test_flipped_byte_in_a_sample_names_file_and_sample(
         )
 
 
-@pytest.mark.parametrize(("format_name", "encoding"), CASES, ids=IDS)
+@pytest.mark.parametrize(("format_name", "encoding"), format_cases(CASES, IDS))
 def test_truncated_file_is_refused(dataset_copy, format_name, encoding):
     root = dataset_copy(format_name, encoding)
     manifest = read_manifest(root)
@@ -98,7 +99,7 @@ def test_truncated_file_is_refused(dataset_copy, format_name, encoding):
     reader.close()
 
 
-@pytest.mark.parametrize(("format_name", "encoding"), CASES, ids=IDS)
+@pytest.mark.parametrize(("format_name", "encoding"), format_cases(CASES, IDS))
 def test_garbage_in_the_middle_of_the_largest_file_never_yields_a_wrong_sample(
     dataset_copy, ci_profile, format_name, encoding
 ):
@@ -194,7 +195,7 @@ def same_size_pairs(root):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("verify", [False, True])
-@pytest.mark.parametrize(("format_name", "encoding"), CASES, ids=IDS)
+@pytest.mark.parametrize(("format_name", "encoding"), format_cases(CASES, IDS))
 def test_swapped_files_are_refused(dataset_copy, format_name, encoding, verify):
     root = dataset_copy(format_name, encoding)
     pair = same_size_pairs(root)
@@ -223,7 +224,7 @@ def donors(tmp_path_factory, ci_profile):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("verify", [False, True])
-@pytest.mark.parametrize("format_name", sorted(FORMATS))
+@pytest.mark.parametrize("format_name", [format_param(n) for n in sorted(FORMATS)])
 def test_file_replaced_by_another_datasets_is_refused(dataset_copy, donors, format_name, verify):
     root = dataset_copy(format_name, "raw")
     manifest = read_manifest(root)
@@ -341,7 +342,7 @@ def edit_manifest(root, edit, *, reseal: bool):
     path.write_text(json.dumps(manifest))
 
 
-@pytest.mark.parametrize(("format_name", "encoding"), CASES, ids=IDS)
+@pytest.mark.parametrize(("format_name", "encoding"), format_cases(CASES, IDS))
 def test_manifest_edited_by_hand_is_refused(dataset_copy, format_name, encoding):
     root = dataset_copy(format_name, encoding)
     edit_manifest(root, lambda m: m["spec"].update(seed=m["spec"]["seed"] + 1), reseal=False)
@@ -349,7 +350,7 @@ def test_manifest_edited_by_hand_is_refused(dataset_copy, format_name, encoding)
         open_dataset(root, verify=False)
 
 
-@pytest.mark.parametrize("format_name", sorted(FORMATS))
+@pytest.mark.parametrize("format_name", [format_param(n) for n in sorted(FORMATS)])
 def test_resealed_manifest_claiming_another_encoding_is_refused(dataset_copy, format_name):
     """Even with a recomputed digest, a manifest calling raw data png is refused at open."""
     root = dataset_copy(format_name, "raw")
@@ -362,7 +363,7 @@ def test_resealed_manifest_claiming_another_encoding_is_refused(dataset_copy, fo
         open_dataset(root, verify=False)
 
 
-@pytest.mark.parametrize("format_name", sorted(FORMATS))
+@pytest.mark.parametrize("format_name", [format_param(n) for n in sorted(FORMATS)])
 def test_resealed_manifest_with_another_shape_is_refused(dataset_copy, format_name):
     root = dataset_copy(format_name, "raw")
 
@@ -421,7 +422,7 @@ def test_damaged_npy_header_is_a_dataset_error_naming_the_file(
 # -- truncation under an open reader ---------------------------------------------------------
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("verify", [False, True])
-@pytest.mark.parametrize(("format_name", "encoding"), CASES, ids=IDS)
+@pytest.mark.parametrize(("format_name", "encoding"), format_cases(CASES, IDS))
 def test_file_truncated_under_an_open_reader_is_an_error_not_a_crash(
     dataset_copy, ci_profile, format_name, encoding, verify
 ):

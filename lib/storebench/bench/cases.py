@@ -124,7 +124,8 @@ def open_batches(case: Case, dataset, sampler):
         batch_size=case.batch_size or 256, workers=case.workers or 0,
         start_method=case.param("start_method"), seed=int(case.param("seed", 0)),
         root=case.dataset, shuffle_buffer=int(case.param("shuffle_buffer", 4096)),
-        resize=resize_size(case))
+        resize=resize_size(case), shuffle=case.access != "sequential",
+        decode=case.param("decode"))
     return path.open(dataset, sampler, options)
 
 
@@ -223,4 +224,26 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         "epoch_seconds": (epoch, "s"),
         "preload_seconds": (ready - started, "s"),
         "cpu_utilisation": (measurement.cpu_seconds / measurement.wall_seconds, "ratio"),
+    }
+
+
+def decode_rate_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """The single-core decode rate of ``case.dataset``'s samples (param ``decode``) from
+    RAM (a ``PreloadedDataset``, so no I/O): the denominator of "how close to the cores'
+    limit" and the capacity model's per-sample CPU cost, measured in the same run."""
+    from storebench.formats import open_dataset
+    from storebench.loaders import PreloadedDataset
+
+    with open_dataset(case.dataset, verify=False) as reader:
+        dataset = PreloadedDataset(reader, decode=case.param("decode"), progress=False)
+        indices = list(range(min(int(case.param("samples", 1024)), len(dataset))))
+        with trial.measure() as measurement:
+            batch = dataset.__getitems__(indices)
+    if len(batch) != len(indices):
+        raise RuntimeError(f"{case.dataset}: decoded {len(batch)} of {len(indices)} samples")
+    seconds = measurement.wall_seconds
+    return {
+        "samples": (len(indices), "count"),
+        "decode_per_s": (len(indices) / seconds, "samples/s"),
+        "decode_seconds_per_sample": (seconds / len(indices), "s"),
     }

@@ -429,10 +429,20 @@ def run_case(
     ``env`` added to this process's environment (what the study's services say, e.g. the
     object store's endpoint).
 
+    The interpreter is this one, or the one of the case's ``environment`` param (``peers``:
+    ``storebench.environments``); where that environment is not installed the case is
+    ``skipped`` with the reason.
+
     The group is killed when the case ends (so no worker process of the case outlives it),
     when it times out, and on KeyboardInterrupt (which is re-raised).
     """
+    from ..environments import EnvironmentUnavailableError, python_for
+
     timeout_s = case.timeout_s or timeout_s or DEFAULT_TIMEOUT_S
+    try:
+        python = python_for(case.param("environment", ""))
+    except EnvironmentUnavailableError as err:
+        return CaseOutcome("skipped", 0.0, error=str(err))
     remove_stale_temp_dirs(CASE_DIR_PREFIX)
     with tempfile.TemporaryDirectory(prefix=f"{CASE_DIR_PREFIX}{os.getpid()}-") as tmp:
         tmp = Path(tmp)
@@ -458,7 +468,7 @@ def run_case(
         started = time.perf_counter()
         with _case_watcher(tmp, env) as watch, open(log, "wb") as log_file:
             process = subprocess.Popen(
-                [sys.executable, "-m", "storebench.bench.worker", str(job)],
+                [str(python), "-m", "storebench.bench.worker", str(job)],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
                 env={**env, CASE_DIR_ENV: str(tmp)}, start_new_session=True,
             )

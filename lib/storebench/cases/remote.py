@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..bench.cases import decode_rate_case  # noqa: F401 - the remote grid's case
 from ..bench.runner import Case, CaseSkipped, Trial
 
 REMOTE_ROOT_ENV = "STOREBENCH_REMOTE_ROOT"
@@ -164,23 +165,3 @@ def _metrics(case: Case, per_rank: list[dict], ranks: int, max_batches) -> dict:
     }
 
 
-def decode_rate_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
-    """The single-core decode rate of ``case.dataset``'s samples (param ``decode``) from
-    RAM (a ``PreloadedDataset``, so no I/O): the capacity model's per-sample CPU cost,
-    measured in the same run."""
-    from ..formats import open_dataset
-    from ..loaders import PreloadedDataset
-
-    with open_dataset(case.dataset, verify=False) as reader:
-        dataset = PreloadedDataset(reader, decode=case.param("decode"), progress=False)
-        indices = list(range(min(int(case.param("samples", 1024)), len(dataset))))
-        with trial.measure() as measurement:
-            batch = dataset.__getitems__(indices)
-    if len(batch) != len(indices):
-        raise RuntimeError(f"{case.dataset}: decoded {len(batch)} of {len(indices)} samples")
-    seconds = measurement.wall_seconds
-    return {
-        "samples": (len(indices), "count"),
-        "decode_per_s": (len(indices) / seconds, "samples/s"),
-        "decode_seconds_per_sample": (seconds / len(indices), "s"),
-    }

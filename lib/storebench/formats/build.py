@@ -31,6 +31,7 @@ from .manifest import (
     MANIFEST_NAME,
     MANIFEST_VERSION,
     SIDECAR_NAMES,
+    VERSIONED_PACKAGES,
     content_digest,
     data_files,
     disk_usage,
@@ -301,13 +302,16 @@ def build_dataset(
     the manifest), as ``sources.json`` for imports. A killed build leaves only a ``.tmp-*``
     directory, never a directory with a manifest.
     """
-    from . import get_format
+    from . import get_format, unavailable_reason
 
     module = get_format(format_name)
     check_encoding(module, spec)
     knobs = resolve_knobs(module, knobs)
     out_dir = Path(out_dir)
     target = out_dir / (name or dataset_dirname(format_name, spec.encoding))
+    reason = unavailable_reason(format_name)
+    if reason:
+        raise DatasetError(f"{target}: cannot build: {reason}")
     if not force:
         existing = matching_manifest(target, spec, format_name, knobs)
         if existing is not None:
@@ -409,7 +413,9 @@ def _write_into(
         "sidecars": sidecar_digests,
         "write_seconds": write_seconds,
         "generate_seconds": stream.source_seconds,
-        "versions": package_versions(),
+        # The peer library that wrote the files too (its PyPI name is in DISTRIBUTIONS).
+        "versions": package_versions((*VERSIONED_PACKAGES,
+                                      *getattr(module, "DISTRIBUTIONS", ()))),
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     manifest["manifest_digest"] = manifest_digest(manifest)

@@ -8,10 +8,19 @@ loader say, is one ``LoaderPath`` entry; nothing keys on the display label.
 A factory takes the dataset (``LazyDataset`` / ``PreloadedDataset``), the sampler and the
 knobs, and returns ``(batches, close)``: an iterable of batches and a function that releases
 its workers (or ``None``).
+
+Peer paths (family ``peer``) are the peer libraries' own recommended pipelines, in modules of
+``storebench.loaders.peers`` imported only when used, run in the ``peers`` environment
+(``storebench.environments``). Those that read a peer format's files themselves
+(``reads_dataset_files``) get ``dataset=None, sampler=None`` and read ``options.root``;
+every iteration of their batches is one epoch, reshuffled from ``options.seed`` and the
+epoch number, and yields ``Batch(images, labels, indices)`` with each sample's index (kept
+in the peer's files as its key), so that an epoch can be checked for exactly its samples.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +44,10 @@ class PathOptions:
     # (height, width) for imported images of mixed sizes: paths that decode themselves
     # resize to it before batching (datasets get a Resize transform instead).
     resize: tuple[int, int] | None = None
+    # Peer paths that read files themselves: shuffle each epoch or read in stored order,
+    # and the decoder for encoded samples (None: raw pixels).
+    shuffle: bool = True
+    decode: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,12 @@ class LoaderPath:
     start_method: str | None = None
     decode: str = "dataset"
     reads_dataset_files: bool = False
+    # Peer paths: the environment whose interpreter runs them, the modules they import, the
+    # format they read ("": any, through our reader) and what their shuffle is.
+    environment: str = ""
+    libraries: tuple[str, ...] = ()
+    dataset_format: str = ""
+    shuffle: str = "full permutation (the sampler's)"
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -144,6 +163,21 @@ def _tf_generator(dataset, sampler, options: PathOptions) -> Batches:
     return pipeline.prefetch(tf.data.AUTOTUNE), None
 
 
+def _imported(target: str) -> Callable[..., Batches]:
+    """A factory importing ``"module:function"`` only when called (peer libraries are
+    heavy, and live in the peers environment only)."""
+
+    def factory(dataset, sampler, options: PathOptions) -> Batches:
+        module, _, name = target.partition(":")
+        return getattr(importlib.import_module(module), name)(dataset, sampler, options)
+
+    factory.__qualname__ = factory.__name__ = target.rpartition(":")[2]
+    return factory
+
+
+_PEERS = "storebench.loaders.peers"
+SHARD_SHUFFLE = "shard order shuffled, then a {buffer}-sample shuffle buffer"
+
 LOADER_PATHS: dict[str, LoaderPath] = {
     path.name: path for path in (
         LoaderPath("none", "one thread, no prefetcher", "storebench", _serial),
@@ -158,6 +192,42 @@ LOADER_PATHS: dict[str, LoaderPath] = {
         LoaderPath("locked_list_baseline", "locked-list baseline", "baseline", _locked_list),
         LoaderPath("pickled_baseline", "pickled-queue baseline", "baseline", _pickled,
                    start_method="fork"),
+        LoaderPath("webdataset", "WebDataset + DataLoader", "peer",
+                   _imported(f"{_PEERS}.wds:webdataset_batches"), start_method="fork",
+                   decode="simplejpeg", reads_dataset_files=True, environment="peers",
+                   libraries=("webdataset", "torch"), dataset_format="webdataset",
+                   shuffle=SHARD_SHUFFLE.format(buffer="1,000")),
+        LoaderPath("litdata", "LitData StreamingDataLoader", "peer",
+                   _imported(f"{_PEERS}.litdata_loader:litdata_batches"),
+                   decode="simplejpeg", reads_dataset_files=True, environment="peers",
+                   libraries=("litdata", "torch"), dataset_format="litdata",
+                   shuffle="chunk order shuffled per worker, samples shuffled within the "
+                           "chunks a worker holds"),
+        LoaderPath("mds", "MDS StreamingDataset + DataLoader", "peer",
+                   _imported(f"{_PEERS}.mds_loader:mds_batches"), start_method="fork",
+                   decode="simplejpeg", reads_dataset_files=True, environment="peers",
+                   libraries=("streaming", "torch"), dataset_format="mds",
+                   shuffle="py1e: shards shuffled, samples shuffled within a window of "
+                           "shards"),
+        LoaderPath("dali_file", "DALI CPU readers.file", "peer",
+                   _imported(f"{_PEERS}.dali:dali_file_batches"),
+                   decode="dali (libjpeg-turbo)", reads_dataset_files=True,
+                   environment="peers", libraries=("nvidia.dali",), dataset_format="rawfiles",
+                   shuffle="random_shuffle: a 1,024-sample shuffle buffer over the file list"),
+        LoaderPath("dali_tfrecord", "DALI CPU readers.tfrecord", "peer",
+                   _imported(f"{_PEERS}.dali:dali_tfrecord_batches"),
+                   decode="dali (libjpeg-turbo)", reads_dataset_files=True,
+                   environment="peers", libraries=("nvidia.dali",), dataset_format="tfrecord",
+                   shuffle="random_shuffle: a 1,024-sample shuffle buffer over the records"),
+        LoaderPath("ffcv", "FFCV Loader", "peer",
+                   _imported(f"{_PEERS}.ffcv_loader:ffcv_batches"),
+                   decode="ffcv (libjpeg-turbo)", reads_dataset_files=True,
+                   environment="peers", libraries=("ffcv",), dataset_format="ffcv",
+                   shuffle="full permutation (OrderOption.RANDOM)"),
+        LoaderPath("torchdata", "torchdata StatefulDataLoader", "peer",
+                   _imported(f"{_PEERS}.torchdata_loader:torchdata_batches"),
+                   start_method="fork", environment="peers",
+                   libraries=("torchdata", "torch")),
     )
 }
 

@@ -45,3 +45,7 @@ class Study:
     # run (an S3 server holding their datasets); its mapping goes into each case's
     # environment. None: the cases need nothing outside their own process.
     services: Callable | None = None
+    # ``prepare(*, profile, data_dir, progress)``: builds what the study needs beyond the
+    # profile's core formats (the peers study: the peer formats, in the peers environment),
+    # called by ``storebench study`` before the grid is laid out. None: nothing more.
+    prepare: Callable | None = None

@@ -38,13 +38,14 @@ def is_variant(path: Path, manifest: dict) -> bool:
 
 
 def profile_datasets(
-    profile: str, data_dir: Path | str, *, variants: bool = False
+    profile: str, data_dir: Path | str, *, variants: bool = False, peers: bool = False
 ) -> list[tuple[Path, dict]]:
     """(path, manifest) of every default build under ``data_dir`` made from ``profile``'s
-    specs (and the knob variants too with ``variants=True``), sorted by the formats
-    registry's order, then encoding, then directory name."""
+    specs (and the knob variants too with ``variants=True``; the peer formats' builds too
+    with ``peers=True``), sorted by the formats registry's order, then encoding, then
+    directory name."""
     from data_gen import get_profile
-    from storebench.formats import FORMATS, find_datasets, read_manifest
+    from storebench.formats import CORE_FORMATS, FORMATS, find_datasets, read_manifest
     from storebench.formats.specs import IMPORTED_KIND
 
     specs = {spec.encoding: spec.to_dict() for spec in get_profile(profile).specs}
@@ -55,7 +56,8 @@ def profile_datasets(
     # the profile then sizes the plan only.
     for path, manifest in imported or everything:
         if (imported or manifest["spec"] == specs.get(manifest["spec"]["encoding"])) and (
-                variants or not is_variant(path, manifest)):
+                variants or not is_variant(path, manifest)) and (
+                peers or manifest["format"] in CORE_FORMATS):
             found.append((path, manifest))
     if not found:
         raise StudyNotApplicableError(

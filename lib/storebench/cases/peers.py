@@ -1,0 +1,193 @@
+"""The peers study's case functions: two epochs through one loader path (ours, a
+framework's or a peer library's own pipeline), and the skipped row of a peer dataset that
+could not be built. The grid, figures and findings live in ``storebench.studies.peers``.
+
+A case runs in the environment its path and format need (param ``environment``; the runner
+picks the interpreter). It is timed from before the loader is made, so the first epoch's
+time to first batch holds everything a user waits for before training starts: worker start,
+index reading, FFCV's JIT compilation, DALI's pipeline build. Each epoch's rate counts the
+samples after its first batch over the time after it, so start-up and throughput are
+reported apart. Epoch 2 runs on the same loader object, as a training loop's second epoch
+does.
+
+Shuffle quality is measured from the delivered order of epoch 1 (paths that report each
+sample's index): ``order_correlation``, the Spearman correlation of delivery position with
+sample index (0 for a random permutation, 1 for stored order), and ``shuffle_spread``, the
+median distance between consecutively delivered samples over what a uniform random
+permutation gives (1 - 1/sqrt 2 of the dataset): near 1 for a full permutation, small where
+a shuffle buffer only mixes neighbours.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from ..bench.cases import (
+    batch_size_bytes,
+    make_dataset,
+    make_sampler,
+    open_batches,
+    release,
+)
+from ..bench.runner import Case, CaseSkipped, Trial
+
+# The median |i - j| of two independent uniform positions, as a fraction of n.
+UNIFORM_SPREAD = 1 - 1 / math.sqrt(2)
+EPOCHS = (1, 2)
+CHECKED_BATCHES = 2  # per epoch: the first ones' images are compared with the build
+
+
+def _path_unavailable(case: Case) -> str | None:
+    from ..environments import needs_text
+    from ..formats import unavailable_reason
+    from ..loaders.paths import get_loader_path
+
+    path = get_loader_path(case.prefetcher)
+    return (needs_text(path.libraries, what=f"loader path {path.name!r}")
+            or unavailable_reason(case.format))
+
+
+def missing_dataset_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """The row of a path whose dataset is not built: ``skipped``, saying why."""
+    reason = _path_unavailable(case)
+    raise CaseSkipped(reason or f"{case.dataset} is not built: storebench build --formats "
+                      f"{case.format} (in the environment that has its library)")
+
+
+class _Epoch:
+    """What one epoch delivered, and the first batches' images kept for checking."""
+
+    def __init__(self) -> None:
+        self.samples = self.batches = 0
+        self.first_samples = 0
+        self.first_batch_at = self.ended_at = math.nan
+        self.begun_at = math.nan
+        self.indices: list[np.ndarray] = []
+        self.kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def add(self, batch) -> None:
+        n, _, indices = batch_size_bytes(batch)
+        if self.batches == 0:
+            self.first_batch_at = time.perf_counter()
+            self.first_samples = n
+        self.samples += n
+        self.batches += 1
+        if indices is not None:
+            self.indices.append(np.array(indices, dtype=np.int64))
+            if len(self.kept) < CHECKED_BATCHES:
+                self.kept.append((self.indices[-1], np.array(batch.labels, dtype=np.int64),
+                                  np.array(batch.images)))
+
+    def order(self) -> np.ndarray:
+        return np.concatenate(self.indices) if self.indices else np.empty(0, np.int64)
+
+    def rate(self) -> float:
+        after = self.samples - self.first_samples
+        seconds = self.ended_at - self.first_batch_at
+        return after / seconds if after and seconds > 0 else math.nan
+
+
+def _run_epoch(loader, max_batches: int | None) -> _Epoch:
+    epoch = _Epoch()
+    for batch in loader:
+        epoch.add(batch)
+        if max_batches is not None and epoch.batches >= max_batches:
+            break
+    epoch.ended_at = time.perf_counter()
+    return epoch
+
+
+def shuffle_quality(order: np.ndarray, n: int) -> tuple[float, float]:
+    """(order_correlation, shuffle_spread) of a delivered order of ``n`` samples."""
+    if len(order) < 3:
+        return math.nan, math.nan
+    position = np.arange(len(order), dtype=np.float64)
+    ranks = np.argsort(np.argsort(order)).astype(np.float64)
+    correlation = float(np.corrcoef(position, ranks)[0, 1])
+    gaps = np.abs(np.diff(order.astype(np.int64)))
+    spread = float(np.median(gaps)) / (UNIFORM_SPREAD * n)
+    return abs(correlation), spread
+
+
+def _check_epoch(case: Case, reader, epoch: _Epoch, number: int, *, complete: bool) -> None:
+    """Exactly the epoch's samples, and the build's labels and images in the first batches
+    (a peer's own decoder within one grey level of ours on average)."""
+    from ..formats import CorruptSampleError
+    from ..loaders import LazyDataset
+
+    n = len(reader)
+    where = f"{case.dataset}: {case.prefetcher} epoch {number}"
+    if complete and epoch.samples != n:
+        raise RuntimeError(f"{where} delivered {epoch.samples} samples, the dataset has {n}")
+    if not epoch.indices:
+        return
+    order = epoch.order()
+    if complete and not np.array_equal(np.sort(order), np.arange(n)):
+        repeated = int(len(order) - len(np.unique(order)))
+        raise RuntimeError(f"{where} did not deliver every sample once ({repeated} repeated)")
+    from ..loaders.paths import get_loader_path
+
+    exact = get_loader_path(case.prefetcher).decode in ("dataset", "simplejpeg")
+    with LazyDataset(reader, decode=case.param("decode")) as reference:
+        for indices, labels, images in epoch.kept:
+            wanted = [reference[int(i)] for i in indices]
+            if [label for _, label in wanted] != labels.tolist():
+                raise RuntimeError(f"{where} delivered labels that differ from the build")
+            want = np.stack([image for image, _ in wanted])
+            if images.shape != want.shape:
+                raise RuntimeError(f"{where} delivered images of shape {images.shape}, "
+                                   f"expected {want.shape}")
+            difference = np.abs(images.astype(np.int16) - want.astype(np.int16))
+            bad = difference.reshape(len(indices), -1).mean(axis=1) > (0 if exact else 1.0)
+            if bad.any():
+                raise CorruptSampleError(reader.root, int(indices[np.argmax(bad)]),
+                                         f"{case.prefetcher} delivered an image that differs "
+                                         "from the build")
+
+
+def peer_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """Epochs 1 and 2 of ``case.dataset`` through loader path ``case.prefetcher`` (ours over
+    our reader and sampler, or a peer's pipeline over its own files), ``case.workers``
+    workers, batch ``case.batch_size``; see the module docstring for what is reported."""
+    from ..formats import open_dataset
+
+    reason = _path_unavailable(case)
+    if reason:
+        raise CaseSkipped(reason)
+    max_batches = trial.batches_wanted(None)
+    reader = open_dataset(case.dataset, verify=False)
+    close = dataset = None
+    epochs: list[_Epoch] = []
+    try:
+        with trial.measure():
+            started = time.perf_counter()
+            dataset = make_dataset(case, reader)
+            sampler = make_sampler(case, reader) if dataset is not None else None
+            loader, close = open_batches(case, dataset, sampler)
+            for number in EPOCHS:
+                if sampler is not None:
+                    sampler.set_epoch(number - 1)
+                begun = started if number == 1 else time.perf_counter()
+                epochs.append(_run_epoch(loader, max_batches))
+                epochs[-1].begun_at = begun
+                if trial.warmup:
+                    break
+        complete = max_batches is None
+        for number, epoch in zip(EPOCHS, epochs):
+            _check_epoch(case, reader, epoch, number, complete=complete)
+    finally:
+        release(reader, dataset=dataset, close=close)
+    if trial.warmup:
+        return {"samples": (epochs[0].samples, "count")}
+    metrics: dict[str, tuple[float, str]] = {"samples": (epochs[0].samples, "count")}
+    for number, epoch in zip(EPOCHS, epochs):
+        metrics[f"epoch{number}_samples_per_s"] = (epoch.rate(), "samples/s")
+        metrics[f"epoch{number}_first_batch_s"] = (epoch.first_batch_at - epoch.begun_at, "s")
+    if epochs[0].indices:
+        correlation, spread = shuffle_quality(epochs[0].order(), len(reader))
+        metrics["order_correlation"] = (correlation, "ratio")
+        metrics["shuffle_spread"] = (spread, "ratio")
+    return {name: value for name, value in metrics.items() if not math.isnan(value[0])}
