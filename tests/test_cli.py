@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from storebench.formats import FORMATS
+from storebench.formats import CORE_FORMATS, FORMATS
 
 
 def storebench(*args, check=False):
@@ -33,12 +33,13 @@ def built(tmp_path_factory):
 
 
 def test_build_writes_every_format_and_encoding(built):
+    """Every core format by default; the peer formats are the peers study's to build."""
     out, stdout = built
     expected = {
         f"{name}-{enc}"
         for name, m in FORMATS.items()
         for enc in ("raw", "png", "jpeg")
-        if enc in m.ENCODINGS
+        if enc in m.ENCODINGS and name in CORE_FORMATS
     }
     assert {p.name for p in out.iterdir()} == expected
     assert "skip   memmap-png" in stdout
@@ -87,8 +88,8 @@ def test_verify_fails_on_a_damaged_dataset(built, tmp_path):
 
 
 def test_bad_arguments_give_clear_errors(tmp_path):
-    result = storebench("build", "--profile", "ci", "--out", str(tmp_path), "--formats", "zarr")
-    assert result.returncode == 2 and "unknown format 'zarr'" in result.stderr
+    result = storebench("build", "--profile", "ci", "--out", str(tmp_path), "--formats", "n5")
+    assert result.returncode == 2 and "unknown format 'n5'" in result.stderr
     result = storebench("verify", str(tmp_path / "missing"))
     assert result.returncode == 2 and "no such directory" in result.stderr
     result = storebench("verify", str(tmp_path))
@@ -148,3 +149,17 @@ def test_findings_prints_the_guide_and_json_lists_the_candidates():
         assert row["best"] == row["candidates"][0]["key"]
         assert row["choice"].startswith("no measurable difference") == (
             row["tie"] and not row["undecided"])
+
+
+def test_building_a_peer_format_without_its_library_says_where_it_is(tmp_path):
+    """In the main environment a peer format is skipped with the reason, not an error."""
+    from storebench.formats import unavailable_reason
+
+    if unavailable_reason("lance") is None:
+        pytest.skip("this interpreter has lance")
+    result = storebench("build", "--profile", "ci", "--out", str(tmp_path), "--formats",
+                        "lance", "memmap", "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "skip   lance: format 'lance' needs lance, not installed in" in result.stdout
+    assert "make peers" in result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["memmap-raw"]

@@ -21,6 +21,7 @@ from storebench.formats import (
     get_format,
     open_dataset,
     read_manifest,
+    unavailable_reason,
 )
 
 CASES = [
@@ -155,8 +156,8 @@ def test_mismatched_manifest_is_refused(tmp_path, ci_dataset):
 
 
 def test_unknown_format_and_refused_encoding(tmp_path):
-    with pytest.raises(KeyError, match="unknown format 'zarr'; known formats: .*hdf5"):
-        get_format("zarr")
+    with pytest.raises(KeyError, match="unknown format 'n5'; known formats: .*hdf5"):
+        get_format("n5")
     png = data_gen.DatasetSpec(8, 8, 8, encoding="png")
     with pytest.raises(ValueError, match="'memmap' stores raw only and cannot hold 'png'"):
         build_dataset(png, "memmap", tmp_path)
@@ -218,7 +219,8 @@ def donors(tmp_path_factory, ci_profile):
     spec = ci_profile.spec_for("raw")
     other = data_gen.DatasetSpec(**{**spec.to_dict(), "seed": spec.seed + 100})
     for name in FORMATS:
-        build_dataset(other, name, root, workers=1)
+        if unavailable_reason(name) is None:
+            build_dataset(other, name, root, workers=1)
     return root
 
 
@@ -378,8 +380,8 @@ def test_resealed_manifest_with_another_shape_is_refused(dataset_copy, format_na
 @pytest.mark.parametrize("reseal", [False, True])
 def test_unknown_format_in_manifest_is_a_manifest_error(dataset_copy, reseal):
     root = dataset_copy("hdf5", "raw")
-    edit_manifest(root, lambda m: m.update(format="zarr"), reseal=reseal)
-    match = "unknown format 'zarr'" if reseal else "edited after the build"
+    edit_manifest(root, lambda m: m.update(format="n5"), reseal=reseal)
+    match = "unknown format 'n5'" if reseal else "edited after the build"
     with pytest.raises(ManifestError, match=match):
         open_dataset(root)
 

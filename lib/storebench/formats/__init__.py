@@ -3,6 +3,12 @@
 A format module has ``NAME``, ``ENCODINGS``, ``DEFAULT_KNOBS``, ``OPEN_OPTIONS``,
 ``write(samples, root, spec, **knobs)`` and ``open(root, manifest, **options) -> Reader``.
 Adding a format is one module plus one line below; the contract tests cover it.
+
+A peer's format (WebDataset, LitData, MDS, Lance, Zarr, FFCV) also has ``PEER = True`` and
+``LIBRARIES``, the modules it imports to write and read. The peers study covers those; the
+other studies cover the ``CORE_FORMATS``. Where a library is missing (the main environment
+has none of the peers'), ``unavailable_reason`` says so, and building or opening the format
+is a ``DatasetError`` naming the environment that has it.
 """
 
 from __future__ import annotations
@@ -10,14 +16,46 @@ from __future__ import annotations
 from pathlib import Path
 from types import ModuleType
 
-from . import hdf5, lmdb, memmap, parquet, rawfiles, tfrecord
+from . import (
+    ffcv_beton,
+    hdf5,
+    lance_table,
+    litdata_chunks,
+    lmdb,
+    mds,
+    memmap,
+    parquet,
+    rawfiles,
+    tfrecord,
+    webdataset_tar,
+    zarr_array,
+)
 from .base import CorruptSampleError, DatasetError, ManifestError, Reader, sample_checksum
 from .build import BuildResult, build_dataset, dataset_dirname
 from .manifest import MANIFEST_NAME, check_files, read_manifest
 
 FORMATS: dict[str, ModuleType] = {
-    module.NAME: module for module in (rawfiles, hdf5, lmdb, memmap, tfrecord, parquet)
+    module.NAME: module for module in (
+        rawfiles, hdf5, lmdb, memmap, tfrecord, parquet,
+        # The peers' formats (PEER = True): the peers study's.
+        webdataset_tar, litdata_chunks, mds, lance_table, zarr_array, ffcv_beton,
+    )
 }
+
+
+CORE_FORMATS: tuple[str, ...] = tuple(
+    name for name, module in FORMATS.items() if not getattr(module, "PEER", False))
+
+
+def is_peer_format(name: str) -> bool:
+    return bool(getattr(get_format(name), "PEER", False))
+
+
+def unavailable_reason(name: str) -> str | None:
+    """None when format ``name`` can be written and read in this interpreter, else why not."""
+    from ..environments import needs_text
+
+    return needs_text(getattr(get_format(name), "LIBRARIES", ()), what=f"format {name!r}")
 
 
 def get_format(name: str) -> ModuleType:
@@ -63,6 +101,9 @@ def open_dataset(path: Path | str, **options) -> Reader:
             f"{where}: knobs {sorted(manifest['knobs'])} are not {module.NAME!r}'s "
             f"{sorted(module.DEFAULT_KNOBS)}"
         )
+    reason = unavailable_reason(module.NAME)
+    if reason:
+        raise DatasetError(f"{root}: {reason}")
     unknown = set(options) - {"verify", *module.OPEN_OPTIONS}
     if unknown:
         raise TypeError(
@@ -84,6 +125,7 @@ def find_datasets(root: Path | str) -> list[Path]:
 
 
 __all__ = [
+    "CORE_FORMATS",
     "FORMATS",
     "BuildResult",
     "CorruptSampleError",
@@ -94,7 +136,9 @@ __all__ = [
     "dataset_dirname",
     "find_datasets",
     "get_format",
+    "is_peer_format",
     "open_dataset",
     "read_manifest",
     "sample_checksum",
+    "unavailable_reason",
 ]

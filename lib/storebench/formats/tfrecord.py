@@ -4,6 +4,7 @@ Layout under the dataset root, for ``num_shards`` = S::
 
     data-00000-of-0000S.tfrecord   records of samples [0, n/S), in index order
     data-00000-of-0000S.index      .npy int64 (records, 2): (offset, framed length) per record
+    data-00000-of-0000S.idx        the same pairs as text, "offset size" per line: DALI's index
     ...
 
 Shard ``k`` holds the contiguous index range ``[k * n // S, (k + 1) * n // S)``, so index order
@@ -21,6 +22,11 @@ access with one ``pread`` per record and no TensorFlow import. Every read checks
 whatever ``verify`` says. At open every index is checked whole against the manifest's
 fingerprint and for structure: records back to back from offset 0, each at least a frame
 header long, the last ending where the shard ends.
+
+The ``.idx`` file beside each shard is the index DALI's ``fn.readers.tfrecord`` needs
+(``index_path``), in the text format its ``tfrecord2idx`` script writes, written from the same
+offsets at build time so that DALI reads the dataset as built. It is part of the dataset (in
+the manifest, fingerprinted whole); our reader does not read it.
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ SIZE_OVERHEAD = {"raw": 1.05, "png": 1.05, "jpeg": 1.05, "mixed": 1.05}
 
 SHARD_PATTERN = "data-{shard:05d}-of-{count:05d}.tfrecord"
 INDEX_SUFFIX = ".index"
+DALI_INDEX_SUFFIX = ".idx"
 _SHARD_RE = re.compile(r"^data-(\d{5})-of-(\d{5})\.tfrecord$")
 
 HEADER = struct.Struct("<QI")  # length, masked CRC32C of the 8 length bytes
@@ -90,6 +97,17 @@ def index_path(shard_path: Path | str) -> Path:
     return shard_path.with_suffix(INDEX_SUFFIX)
 
 
+def dali_index_path(shard_path: Path | str) -> Path:
+    """DALI's text index beside a shard: ``data-00000-of-00004.idx`` for ``...tfrecord``."""
+    return Path(shard_path).with_suffix(DALI_INDEX_SUFFIX)
+
+
+def dali_index_text(index: np.ndarray) -> str:
+    """A shard's (offset, framed length) index as DALI's ``tfrecord2idx`` writes it: one
+    ``"offset size"`` line per record."""
+    return "".join(f"{offset} {size}\n" for offset, size in index.tolist())
+
+
 def shard_paths(root: Path | str) -> list[Path]:
     """Every shard of the dataset at ``root``, in shard (and so sample index) order."""
     root = Path(root)
@@ -109,8 +127,8 @@ def shard_bounds(num_samples: int, num_shards: int) -> np.ndarray:
 
 
 def fingerprint_span(rel: str, path: Path, size: int) -> tuple[int, int]:
-    """Offset indexes are small and read whole at open: fingerprint all of them."""
-    return (size, 0) if rel.endswith(INDEX_SUFFIX) else default_span(size)
+    """Offset indexes (ours and DALI's) are small: fingerprint all of them."""
+    return (size, 0) if rel.endswith((INDEX_SUFFIX, DALI_INDEX_SUFFIX)) else default_span(size)
 
 
 def read_index_bytes(path: Path) -> bytes:
@@ -249,6 +267,7 @@ def write(samples: Iterable, root: Path, spec: DatasetSpec, *, num_shards: int) 
                 offset += len(frame)
         with io.FileIO(index_path(path), "w") as f:
             np.save(f, index, allow_pickle=False)
+        dali_index_path(path).write_text(dali_index_text(index), encoding="ascii")
     if next(samples, None) is not None:
         raise DatasetError(f"{root}: got more samples than the spec's {spec.num_samples}")
 

@@ -201,8 +201,8 @@ LOADER_PATHS: dict[str, LoaderPath] = {
                    _imported(f"{_PEERS}.litdata_loader:litdata_batches"),
                    decode="simplejpeg", reads_dataset_files=True, environment="peers",
                    libraries=("litdata", "torch"), dataset_format="litdata",
-                   shuffle="chunk order shuffled per worker, samples shuffled within the "
-                           "chunks a worker holds"),
+                   shuffle="chunk order shuffled, then cut into per-worker runs; samples "
+                           "shuffled within each chunk in blocks of 256"),
         LoaderPath("mds", "MDS StreamingDataset + DataLoader", "peer",
                    _imported(f"{_PEERS}.mds_loader:mds_batches"), start_method="fork",
                    decode="simplejpeg", reads_dataset_files=True, environment="peers",
@@ -221,7 +221,7 @@ LOADER_PATHS: dict[str, LoaderPath] = {
                    shuffle="random_shuffle: a 1,024-sample shuffle buffer over the records"),
         LoaderPath("ffcv", "FFCV Loader", "peer",
                    _imported(f"{_PEERS}.ffcv_loader:ffcv_batches"),
-                   decode="ffcv (libjpeg-turbo)", reads_dataset_files=True,
+                   decode="ffcv (libjpeg-turbo, fast DCT)", reads_dataset_files=True,
                    environment="peers", libraries=("ffcv",), dataset_format="ffcv",
                    shuffle="full permutation (OrderOption.RANDOM)"),
         LoaderPath("torchdata", "torchdata StatefulDataLoader", "peer",

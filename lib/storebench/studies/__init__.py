@@ -8,7 +8,16 @@ renders every finding.
 
 from __future__ import annotations
 
-from . import formats, gpu_feed, lazy_vs_preloaded, out_of_core, prefetch, remote, targets
+from . import (
+    formats,
+    gpu_feed,
+    lazy_vs_preloaded,
+    out_of_core,
+    peers,
+    prefetch,
+    remote,
+    targets,
+)
 from .base import FigureSpec, Study
 
 # Run order: cheap and foundational first.
@@ -21,6 +30,7 @@ STUDIES: dict[str, Study] = {
         targets.STUDY,
         out_of_core.STUDY,
         remote.STUDY,
+        peers.STUDY,
     )
 }
 

@@ -19,6 +19,9 @@ REMOTE_READERS: dict[str, ModuleType] = {
 LOCAL_ONLY: dict[str, str] = {
     "lmdb": "LMDB maps its database file into memory (mmap), which needs a local file",
     "memmap": "a memory-mapped .npy needs a local file to map",
+    **{name: (f"storebench has no S3 reader for the peer format {name!r} (the peers study "
+              "reads local files); its own library may read from S3")
+       for name in ("webdataset", "litdata", "mds", "lance", "zarr", "ffcv")},
 }
 
 __all__ = ["LOCAL_ONLY", "REMOTE_READERS"]

@@ -1,0 +1,233 @@
+"""WebDataset's own loader pipeline over a storebench ``webdataset`` dataset (tar shards).
+
+What WebDataset recommends (its README, "WebDataset + DataLoader"): a ``wds.WebDataset(urls,
+shardshuffle=...)`` pipeline that splits the shard list between DataLoader workers
+(``split_by_worker``), shuffles the shards a worker holds, streams their tars, shuffles
+samples in a buffer (``.shuffle(1000)``), decodes by file extension (``.decode(...)``),
+picks the fields (``.to_tuple(...)``) and batches in the worker (``.batched(batch_size)``),
+inside ``torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=...)`` so that
+workers hand over whole batches (``wds.WebLoader`` is that DataLoader with a fluent API).
+
+What is used: exactly that, with ``torch.utils.data.DataLoader`` (non-persistent workers,
+``options.start_method`` when given, PyTorch's defaults otherwise), ``shardshuffle`` = the
+number of shards (a full permutation of each worker's shards), a 1,000-sample buffer, and
+these decoders, all run in the workers: ``.npy`` raw pixels by WebDataset's default handler
+(``numpy.lib.format``), JPEG through a custom handler calling
+``simplejpeg.decode_jpeg(data, colorspace="RGB")`` (``"GRAY"`` for one-channel specs),
+``decode="pil"`` through Pillow and ``decode="auto"`` simplejpeg for JPEG, Pillow for PNG
+(``storebench.loaders.datasets``' rules); ``decode=None`` on an encoded set yields the
+stored bytes. ``.cls`` is WebDataset's own int decoder; a sample's index is its key.
+
+Epochs and shuffle. Each ``iter(batches)`` is one epoch: a fresh pipeline and DataLoader,
+seeded with ``(options.seed, epoch number)`` for both the shard shuffle and the sample
+buffer, so epochs differ and a run is reproducible. WebDataset's seeds are the same in every
+worker (its own ``seed=`` design); the workers' shards differ. Worker ``w`` of ``W`` always
+holds shards ``w, w + W, ...`` (``split_by_worker``): shuffling permutes shards within a
+worker, then samples within a 1,000-sample window, never across workers. The DataLoader
+takes batches from the workers in turn.
+
+Shuffle off: ``shardshuffle=False`` and no buffer, so each worker yields its shards in
+order, samples in stored order; the epoch interleaves the workers' batches (with 2 workers:
+samples 0.. of shard 0, then those of shard 1, then the next batch of shard 0...). With
+``workers <= 1`` that is plain index order.
+
+Compromises. Batches are made in the workers, so each worker's last batch of an epoch may
+be short: an epoch holds up to ``workers`` short batches, not one. ``split_by_worker`` gives
+a worker without a shard nothing to do (and WebDataset then raises "No samples found"), so
+the DataLoader runs ``min(options.workers, number of shards)`` workers (``batches.workers``).
+WebDataset checks little: Python's ``tarfile`` takes a shard cut short at a member boundary
+for the end of the archive (samples go missing silently), one cut inside a member gives a
+partial sample (a missing field in ``to_tuple``), a damaged image is its decoder's error, and
+none of these name the shard. So the manifest's file sizes and fingerprints are checked
+before the first epoch, an epoch that delivers another number of samples than the dataset
+holds is an error, and any failure is re-raised as ``DatasetError`` naming the damaged file
+where the manifest's checks find one (the worker's exception chained).
+
+``close()`` shuts down the workers of an epoch left unfinished, through the DataLoader
+iterator's ``_shutdown_workers`` (what its ``__del__`` calls).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ...formats import DatasetError, read_manifest
+from ...formats.manifest import check_files
+from ...formats.specs import fixed_size, spec_from_dict
+from ...formats.webdataset_tar import IMAGE_EXTS, LABEL_EXT, shard_paths
+from ...formats.webdataset_tar import NAME as FORMAT_NAME
+from ..batching import Batch
+from ..datasets import DECODERS
+from ..paths import PathOptions
+
+SHUFFLE_BUFFER = 1000  # samples: the size WebDataset's README uses
+
+
+def webdataset_batches(dataset, sampler, options: PathOptions):
+    """``(batches, close)`` over the ``webdataset`` dataset at ``options.root``."""
+    batches = WebDatasetBatches(Path(options.root), options)
+    return batches, batches.close
+
+
+def epoch_seed(seed: int, epoch: int) -> int:
+    """The seed of epoch ``epoch`` of a run seeded with ``seed``."""
+    return int(np.random.SeedSequence([seed, epoch]).generate_state(1)[0])
+
+
+def decode_simplejpeg(data: bytes, *, colorspace: str) -> np.ndarray:
+    import simplejpeg
+
+    image = simplejpeg.decode_jpeg(data, colorspace=colorspace)
+    return image.reshape(*image.shape[:2], -1)
+
+
+def decode_pil(data: bytes, *, mode: str) -> np.ndarray:
+    import io
+
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data)) as img:
+        image = np.asarray(img if img.mode == mode else img.convert(mode))
+    return image.reshape(*image.shape[:2], -1)
+
+
+def image_handlers(decode: str | None, channels: int) -> list:
+    """WebDataset decoder handlers (by extension) for ``decode``."""
+    import webdataset as wds
+
+    jpeg = functools.partial(decode_simplejpeg, colorspace="GRAY" if channels == 1 else "RGB")
+    pil = functools.partial(decode_pil, mode="L" if channels == 1 else "RGB")
+    if decode is None:
+        return []
+    if decode == "simplejpeg":
+        return [wds.handle_extension("jpg", jpeg)]
+    if decode == "pil":
+        return [wds.handle_extension("jpg png", pil)]
+    return [wds.handle_extension("jpg", jpeg), wds.handle_extension("png", pil)]  # auto
+
+
+def _identity(x):
+    return x
+
+
+class WebDatasetBatches:
+    """Re-iterable epochs of ``Batch``es from WebDataset's pipeline (see the module doc)."""
+
+    def __init__(self, root: Path, options: PathOptions) -> None:
+        manifest = read_manifest(root)
+        if manifest["format"] != FORMAT_NAME:
+            raise DatasetError(
+                f"{root}: the webdataset loader reads {FORMAT_NAME!r} datasets (tar shards), "
+                f"this one is {manifest['format']!r}"
+            )
+        check_files(root, manifest)  # sizes and fingerprints: WebDataset checks nothing
+        self.root = root
+        self._manifest = manifest
+        self.options = options
+        self.spec = spec_from_dict(manifest["spec"])
+        self.urls = [str(path) for path in shard_paths(root, manifest)]
+        self.workers = min(max(int(options.workers), 0), len(self.urls))
+        encoding, decode = self.spec.encoding, options.decode
+        if decode is not None:
+            if decode not in DECODERS:
+                raise ValueError(f"decode must be None or one of {DECODERS}, got {decode!r}")
+            if encoding == "raw":
+                raise ValueError(f"{root}: samples are raw pixels, pass decode=None")
+            if decode == "simplejpeg" and encoding != "jpeg":
+                raise ValueError(
+                    f"{root}: simplejpeg decodes JPEG only, these samples are {encoding}; use "
+                    "decode='auto' or 'pil'"
+                )
+        arrays = encoding == "raw" or decode is not None
+        if options.resize and not arrays:
+            raise ValueError(f"{root}: resizing needs decoded images; pass decode='auto'")
+        if arrays and not fixed_size(self.spec) and not options.resize:
+            raise ValueError(
+                f"{root}: the images differ in size and a batch is one array; pass resize="
+            )
+        self._handlers = image_handlers(decode, self.spec.channels)
+        self._arrays = arrays
+        self._image_field = ";".join(IMAGE_EXTS[encoding])
+        self.epoch = 0
+        self._iterator = None
+
+    def pipeline(self, epoch: int):
+        """Epoch ``epoch``'s ``wds.WebDataset`` pipeline, as WebDataset's README builds it."""
+        import webdataset as wds
+
+        seed = epoch_seed(self.options.seed, epoch)
+        shuffle = self.options.shuffle
+        dataset = wds.WebDataset(
+            self.urls, shardshuffle=len(self.urls) if shuffle else False, seed=seed
+        )
+        if shuffle:
+            dataset = dataset.shuffle(SHUFFLE_BUFFER, seed=seed)
+        transform = _identity
+        if self.options.resize:
+            from ..transforms import Resize
+
+            transform = Resize(*self.options.resize)
+        return (
+            dataset.decode(*self._handlers)
+            .to_tuple(self._image_field, LABEL_EXT, "__key__")
+            .map_tuple(transform, _identity, int)
+            .batched(self.options.batch_size)
+        )
+
+    def __iter__(self) -> Iterator[Batch]:
+        from torch.utils.data import DataLoader
+
+        self.close()  # an epoch left unfinished
+        epoch, self.epoch = self.epoch, self.epoch + 1
+        extra = {"multiprocessing_context": self.options.start_method} if (
+            self.workers and self.options.start_method) else {}
+        loader = DataLoader(self.pipeline(epoch), batch_size=None, num_workers=self.workers,
+                            **extra)
+        self._iterator = iter(loader)
+        return self._batches(self._iterator)
+
+    def _batches(self, iterator) -> Iterator[Batch]:
+        delivered = 0
+        try:
+            for images, labels, keys in iterator:
+                if self._arrays:
+                    images = images.numpy()
+                delivered += len(labels)
+                yield Batch(images, labels.numpy().astype(np.int64, copy=False),
+                            keys.numpy().astype(np.int64, copy=False))
+        except Exception as err:
+            summary = (str(err).strip().splitlines() or [""])[-1]
+            raise self._failure(
+                f"WebDataset's pipeline failed: {type(err).__name__}: {summary}") from err
+        finally:
+            if self._iterator is iterator:
+                self.close()
+        if delivered != self.spec.num_samples:
+            # tarfile takes a shard cut at a member boundary for its end: samples go missing
+            # without an error from WebDataset.
+            raise self._failure(
+                f"an epoch delivered {delivered} samples, the dataset has "
+                f"{self.spec.num_samples}")
+
+    def _failure(self, reason: str) -> DatasetError:
+        """``reason`` as a DatasetError naming the damaged file when the manifest's sizes
+        and fingerprints find one (WebDataset's errors do not name the shard)."""
+        try:
+            check_files(self.root, self._manifest)
+        except DatasetError as damaged:
+            return DatasetError(f"{reason}; {damaged}")
+        return DatasetError(f"{self.root}: {reason}")
+
+    def close(self) -> None:
+        """Stop the current epoch's workers (if any are left)."""
+        iterator, self._iterator = self._iterator, None
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({str(self.root)!r}, workers={self.workers})"
