@@ -254,7 +254,12 @@ class _ChecksummedSamples:
 
 
 def matching_manifest(path: Path, spec: Spec, format_name: str, knobs: dict) -> dict | None:
-    """The existing manifest at ``path`` if it describes exactly this build, else None."""
+    """The existing manifest at ``path`` if it describes exactly this build, else None: the
+    same format, spec and knobs, written by the format's current layout (``LAYOUT``: a
+    format that starts writing another file, such as TFRecord's DALI index, raises it, so
+    older builds are rebuilt rather than found lacking)."""
+    from . import get_format
+
     if not (path / MANIFEST_NAME).is_file():
         return None
     try:
@@ -265,6 +270,7 @@ def matching_manifest(path: Path, spec: Spec, format_name: str, knobs: dict) -> 
         manifest["format"] == format_name
         and manifest["spec"] == spec.to_dict()
         and manifest["knobs"] == knobs
+        and manifest.get("layout", 1) == getattr(get_format(format_name), "LAYOUT", 1)
     )
     return manifest if same else None
 
@@ -397,6 +403,7 @@ def _write_into(
         "encoding": spec.encoding,
         "spec": spec.to_dict(),
         "knobs": knobs,
+        "layout": getattr(module, "LAYOUT", 1),
         "num_samples": spec.num_samples,
         "digest": content_digest(checksums),
         "files": {rel: os.stat(tmp / rel).st_size for rel in files},

@@ -56,6 +56,8 @@ ENCODINGS = ("raw", "png", "jpeg", "mixed")
 # tens to hundreds of MB, the range TensorFlow's input-pipeline guide recommends.
 DEFAULT_KNOBS: dict = {"num_shards": 4}
 OPEN_OPTIONS: tuple = ()
+# 2: DALI's text index (.idx) beside each shard; builds of layout 1 are rebuilt.
+LAYOUT = 2
 # Stored bytes per sample byte: 16 bytes of framing and ~30 of Example per record.
 SIZE_OVERHEAD = {"raw": 1.05, "png": 1.05, "jpeg": 1.05, "mixed": 1.05}
 
