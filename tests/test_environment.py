@@ -43,3 +43,15 @@ def test_same_version_constraints_in_both():
     assert {k: env[k] for k in project} == project
     assert project["torch"] == "torch==2.13.0"
     assert project["h5py"].endswith("<3.15")  # TensorFlow 2.21's cap
+
+
+def test_the_peers_environment_is_described_in_both():
+    """environment.yml's comment block lists exactly pyproject's `peers` and `ffcv` extras
+    (conda describes one environment per file; the peers one is built on top of it)."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    text = (ROOT / "environment.yml").read_text()
+    block = text[text.index("#   peers:"):]
+    described = sorted(line.strip().removeprefix("#").strip().removeprefix("- ").strip()
+                       for line in block.splitlines()[1:] if line.strip().startswith("#     -"))
+    assert described == sorted(extras["peers"] + extras["ffcv"])

@@ -1,0 +1,128 @@
+"""The peers study's reading of its rows (targets, guide, skipped paths, shuffle quality) on
+synthetic rows whose values are chosen, and the parts of its case that need no peer library."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from result_rows import case_rows, frame
+
+from storebench.cases.peers import UNIFORM_SPREAD, shuffle_quality
+from storebench.results import Results
+from storebench.studies import peers
+
+RATES = {  # (path, format, family) -> epoch 2 samples/s, three repeats
+    ("process", "lmdb"): [3000.0, 3100.0, 3050.0],
+    ("thread", "lmdb"): [2000.0, 2050.0, 1990.0],
+    ("ffcv", "ffcv"): [2400.0, 2450.0, 2420.0],
+    ("webdataset", "webdataset"): [1000.0, 1010.0, 990.0],
+}
+
+
+def peer_case(path: str, fmt: str, values, *, encoding: str = "jpeg", cache: str = "warm",
+              status: str = "ok") -> list[dict]:
+    params = {"decode": "simplejpeg" if encoding == "jpeg" else None}
+    metrics = {"epoch2_samples_per_s": values, "epoch1_samples_per_s": [v / 2 for v in values],
+               "fresh_process_first_batch_s": [0.5 if path == "ffcv" else 0.05],
+               "shuffle_spread": [0.3 if path == "webdataset" else 1.0] * len(values)}
+    rows = case_rows("peers", f"peer_epochs:{fmt}-{encoding}/{path}/{cache}",
+                     metrics if status == "ok" else {}, params=params, format=fmt,
+                     encoding=encoding, prefetcher=path, workers=2, batch_size=64,
+                     access="shuffle", cache=cache)
+    rows += case_rows("peers", f"peer_epochs:{fmt}-{encoding}/{path}/{cache}",
+                      {"case_seconds": [1.0]}, params=params, format=fmt, encoding=encoding,
+                      prefetcher=path, workers=2, batch_size=64, access="shuffle",
+                      cache=cache, status=status)
+    for row in rows:
+        row["repeat"] = -1 if row["metric"] == "case_seconds" else row["repeat"]
+        if status == "skipped":
+            row["error"] = "format 'mds' needs streaming, not installed"
+    return rows
+
+
+def results(*groups, cores: int = 2) -> Results:
+    decode = case_rows("peers", "decode_rate:lmdb-jpeg", {"decode_per_s": [2000.0] * 3},
+                       format="lmdb", encoding="jpeg")
+    return Results(frame(decode, *groups), {"cpus_usable": cores})
+
+
+def all_rates(**extra):
+    return [peer_case(path, fmt, values) for (path, fmt), values in RATES.items()]
+
+
+def test_the_target_compares_our_best_path_with_the_best_peer():
+    found = peers.best_against_peers(results(*all_rates()).df, "jpeg")
+    ours, peer, (ratio, low, high) = found
+    assert ours[0] == "process:lmdb" and peer[0] == "ffcv:ffcv"
+    assert ratio == pytest.approx(3050 / 2420)
+    assert low <= ratio <= high
+    text = " ".join(peers.findings(results(*all_rates())))
+    assert "ProcessPrefetcher \u00d72 (lmdb) at 3.05k samples/s" in text
+    assert "FFCV Loader \u00d72 (ffcv) at 2.42k samples/s" in text
+    assert "the target of 1.2\u00d7 is met" in text
+
+
+def test_decode_efficiency_is_over_cores_times_the_single_core_rate():
+    best, fraction, single = peers.decode_efficiency(results(*all_rates()).df, 2)
+    assert best[0] == "process:lmdb" and single.median == 2000.0
+    assert fraction == pytest.approx(3050 / (2 * 2000))
+    assert "76% of 2 cores" in " ".join(peers.findings(results(*all_rates())))
+
+
+def test_the_guide_takes_every_measured_path_and_lists_skipped_ones():
+    rows = all_rates() + [peer_case("mds", "mds", [], status="skipped"),
+                          peer_case("process", "lmdb", [900.0, 950.0, 920.0], cache="cold"),
+                          peer_case("webdataset", "webdataset", [800.0, 810.0, 790.0],
+                                    cache="cold")]
+    res = results(*rows)
+    guide = peers.guide(res)
+    warm = next(row for row in guide if "warm cache, epoch 2" in row.question)
+    assert [c.key for c in warm.candidates] == [
+        "process:lmdb", "ffcv:ffcv", "thread:lmdb", "webdataset:webdataset"]
+    cold = next(row for row in guide if "cold cache, epoch 1" in row.question)
+    assert [c.key for c in cold.candidates] == ["process:lmdb", "webdataset:webdataset"]
+    assert peers.skipped_paths(res.df) == [
+        ("MDS StreamingDataset + DataLoader \u00d72 (mds), jpeg",
+         "skipped: format 'mds' needs streaming, not installed")]
+    assert any(line.startswith("Not measured: MDS") for line in peers.findings(res))
+
+
+def test_the_table_names_each_path_s_decoder_and_shuffle():
+    table = peers.peers_table(results(*all_rates()).df)
+    by_label = table.set_index("label")
+    assert by_label.loc["FFCV Loader \u00d72 (ffcv)", "decoder"].startswith("ffcv")
+    assert by_label.loc["ProcessPrefetcher \u00d72 (lmdb)", "decoder"] == "simplejpeg"
+    assert "buffer" in by_label.loc["WebDataset + DataLoader \u00d72 (webdataset)", "shuffle"]
+    assert list(table["label"])[0] == "ProcessPrefetcher \u00d72 (lmdb)"  # best first
+
+
+def test_shuffle_quality_tells_a_permutation_from_a_buffer():
+    n = 4000
+    stored = np.arange(n)
+    assert shuffle_quality(stored, n)[0] == pytest.approx(1.0)
+    permutation = np.random.default_rng(0).permutation(n)
+    correlation, spread = shuffle_quality(permutation, n)
+    assert correlation < 0.05 and spread == pytest.approx(1.0, abs=0.05)
+    # A 100-sample shuffle buffer over stored order: neighbours stay close.
+    rng = np.random.default_rng(1)
+    buffer, out = list(range(100)), []
+    for i in range(100, n):
+        out.append(buffer.pop(rng.integers(len(buffer))))
+        buffer.append(i)
+    out += list(rng.permutation(buffer))
+    correlation, spread = shuffle_quality(np.array(out), n)
+    assert correlation > 0.95 and spread < 0.1
+    assert pytest.approx(1 - 1 / math.sqrt(2)) == UNIFORM_SPREAD
+
+
+def test_the_grid_runs_peer_cases_in_the_peers_environment_with_no_warm_up(ci_data_root):
+    cases = peers.peers_grid(profile="ci", data_dir=ci_data_root)
+    epochs = [c for c in cases if c.function.endswith(":peer_epochs_case")
+              or c.function.endswith(":missing_dataset_case")]
+    assert epochs and not any(c.warmup for c in epochs)
+    for case in epochs:
+        needs_peers = case.prefetcher not in ("process", "thread", "torch", "tf_data") or (
+            case.format in peers.peer_formats())
+        assert (case.param("environment") == "peers") == needs_peers, case.case_id
