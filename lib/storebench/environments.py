@@ -73,3 +73,42 @@ def needs_text(modules, *, what: str) -> str | None:
         return None
     return (f"{what} needs {', '.join(missing)}, not installed in {sys.executable}; the peers "
             "environment has it (`make peers`, then .venv-peers/bin/storebench)")
+
+
+# The distributions whose versions a run records for the peers environment.
+PEER_DISTRIBUTIONS = (
+    "webdataset", "litdata", "mosaicml-streaming", "pylance", "zarr", "torchdata",
+    "nvidia-dali-cuda120", "ffcv", "numba", "numpy", "torch", "torchvision", "simplejpeg",
+)
+
+
+def describe_peers(*, timeout_s: float = 60.0) -> dict:
+    """What env.json records of the peers environment: its interpreter and the versions of
+    ``PEER_DISTRIBUTIONS`` there (None: not installed), or why it is unavailable."""
+    import json
+    import subprocess
+
+    try:
+        python = python_for(PEERS)
+    except EnvironmentUnavailableError as err:
+        return {"unavailable": str(err)}
+    script = (
+        "import json, platform, sys\n"
+        "from importlib import metadata\n"
+        "def version(name):\n"
+        "    try:\n"
+        "        return metadata.version(name)\n"
+        "    except metadata.PackageNotFoundError:\n"
+        "        return None\n"
+        "print(json.dumps({'python': platform.python_version(),\n"
+        "                  'packages': {n: version(n) for n in sys.argv[1:]}}))\n"
+    )
+    try:
+        completed = subprocess.run([str(python), "-c", script, *PEER_DISTRIBUTIONS],
+                                   capture_output=True, text=True, timeout=timeout_s,
+                                   check=True)
+        described = json.loads(completed.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as err:
+        return {"unavailable": f"{python} could not report its packages: {err}"}
+    return {"interpreter": str(python), **described,
+            "unavailable_here": dict(UNAVAILABLE_HERE)}

@@ -17,6 +17,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from storebench.environments import describe_peers
 from storebench.formats.manifest import package_versions
 
 ENV_VERSION = 1
@@ -28,7 +29,10 @@ REPORTED_PACKAGES = (
 ENV_KEYS = (
     "env_version", "utc_time", "profile", "cpu_model", "cpu_count", "cpus_usable", "ram_bytes",
     "kernel", "os", "python", "packages", "storage", "git", "cuda", "limits",
+    "peers_environment",
 )
+# Keys that runs before they existed lack: read_env accepts an env.json without them.
+LATER_ENV_KEYS = ("peers_environment",)
 
 
 def cpu_model() -> str:
@@ -183,6 +187,8 @@ def collect_env(data_dir: Path | str, *, profile: str | None = None,
         "git": git_state(repo_dir),
         "cuda": cuda_info(),
         "limits": limits or {},
+        # The second interpreter the peers study's cases run with (storebench.environments).
+        "peers_environment": describe_peers(),
     }
 
 
@@ -201,7 +207,7 @@ def read_env(path: Path | str) -> dict:
         env = json.loads(path.read_text())
     except (OSError, ValueError) as err:
         raise ValueError(f"{path}: cannot read env.json: {err}") from err
-    missing = [key for key in ENV_KEYS if key not in env]
+    missing = [key for key in ENV_KEYS if key not in env and key not in LATER_ENV_KEYS]
     if missing:
         raise ValueError(f"{path}: env.json lacks {missing}")
     return env
