@@ -4,6 +4,7 @@ synthetic rows whose values are chosen, and the parts of its case that need no p
 from __future__ import annotations
 
 import math
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from storebench.cases.peers import UNIFORM_SPREAD, shuffle_quality
 from storebench.results import Results
 from storebench.studies import peers
 
-RATES = {  # (path, format, family) -> epoch 2 samples/s, three repeats
+RATES = {  # (path, format) -> later epochs' samples/s, three repeats
     ("process", "lmdb"): [3000.0, 3100.0, 3050.0],
     ("thread", "lmdb"): [2000.0, 2050.0, 1990.0],
     ("ffcv", "ffcv"): [2400.0, 2450.0, 2420.0],
@@ -24,7 +25,8 @@ RATES = {  # (path, format, family) -> epoch 2 samples/s, three repeats
 def peer_case(path: str, fmt: str, values, *, encoding: str = "jpeg", cache: str = "warm",
               status: str = "ok") -> list[dict]:
     params = {"decode": "simplejpeg" if encoding == "jpeg" else None}
-    metrics = {"epoch2_samples_per_s": values, "epoch1_samples_per_s": [v / 2 for v in values],
+    metrics = {"later_epochs_samples_per_s": values,
+               "epoch1_samples_per_s": [v / 2 for v in values],
                "fresh_process_first_batch_s": [0.5 if path == "ffcv" else 0.05],
                "shuffle_spread": [0.3 if path == "webdataset" else 1.0] * len(values)}
     rows = case_rows("peers", f"peer_epochs:{fmt}-{encoding}/{path}/{cache}",
@@ -78,7 +80,7 @@ def test_the_guide_takes_every_measured_path_and_lists_skipped_ones():
                                     cache="cold")]
     res = results(*rows)
     guide = peers.guide(res)
-    warm = next(row for row in guide if "warm cache, epoch 2" in row.question)
+    warm = next(row for row in guide if "warm cache, epochs 2 and on" in row.question)
     assert [c.key for c in warm.candidates] == [
         "process:lmdb", "ffcv:ffcv", "thread:lmdb", "webdataset:webdataset"]
     cold = next(row for row in guide if "cold cache, epoch 1" in row.question)
@@ -126,3 +128,21 @@ def test_the_grid_runs_peer_cases_in_the_peers_environment_with_no_warm_up(ci_da
         needs_peers = case.prefetcher not in ("process", "thread", "torch", "tf_data") or (
             case.format in peers.peer_formats())
         assert (case.param("environment") == "peers") == needs_peers, case.case_id
+
+
+def test_a_peer_whose_library_is_missing_is_a_skipped_row_saying_so(
+        ci_data_root, monkeypatch):
+    """Laid out over data the main environment built (no FFCV there), the FFCV case runs
+    and reports why it was not measured: a skipped row, not an error."""
+    from storebench.bench.runner import run_case
+    from storebench.formats import unavailable_reason
+
+    if unavailable_reason("ffcv") is None:
+        pytest.skip("this interpreter has ffcv: its dataset would be built")
+    monkeypatch.setenv("STOREBENCH_PEERS_PYTHON", sys.executable)  # lacks ffcv too
+    cases = peers.peers_grid(profile="ci", data_dir=ci_data_root)
+    (ffcv,) = [c for c in cases if c.format == "ffcv" and c.encoding == "jpeg"]
+    assert ffcv.function.endswith(":missing_dataset_case")
+    outcome = run_case(ffcv)
+    assert outcome.status == "skipped", outcome.error
+    assert outcome.error.startswith("loader path 'ffcv' needs ffcv, not installed in")

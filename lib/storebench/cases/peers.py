@@ -7,9 +7,13 @@ picks the interpreter). It is timed from before the loader is made, so the first
 time to first batch holds what a user waits for before training starts: worker start, index
 reading, DALI's pipeline build. The case has no untimed warm-up: its first repeat runs in the
 fresh process, so it also pays the library's imports and FFCV's JIT compilation, reported
-as ``fresh_process_first_batch_s`` (that repeat only). Each epoch's rate counts the samples
+as ``fresh_process_first_batch_s`` (that repeat only). Epoch 1's rate counts the samples
 after its first batch over the time after it, so start-up and throughput are reported
-apart. Epoch 2 runs on the same loader object, as a training loop's second epoch does.
+apart. The later epochs run on the same loader object, as a training loop's do, until they
+took ``LATER_EPOCHS_MIN_S`` (a cached raw epoch lasts milliseconds):
+``later_epochs_samples_per_s`` is all their samples over all their time, epoch boundaries
+included (the steady state a training job sees); ``epoch2_first_batch_s`` is the wait at
+the first boundary.
 
 Shuffle quality is measured from the delivered order of epoch 1 (paths that report each
 sample's index): ``order_correlation``, the Spearman correlation of delivery position with
@@ -37,7 +41,10 @@ from ..bench.runner import Case, CaseSkipped, Trial
 
 # The median |i - j| of two independent uniform positions, as a fraction of n.
 UNIFORM_SPREAD = 1 - 1 / math.sqrt(2)
-EPOCHS = (1, 2)
+# Epochs after the first run until they took LATER_EPOCHS_MIN_S (at least one, at most
+# LATER_EPOCHS_MAX): a 20 ms epoch of cached raw arrays is too short to time alone.
+LATER_EPOCHS_MIN_S = 1.0
+LATER_EPOCHS_MAX = 20
 CHECKED_BATCHES = 2  # per epoch: the first ones' images are compared with the build
 PEER_DECODER_TOLERANCE = 2.0  # mean absolute grey levels per image
 
@@ -90,6 +97,14 @@ class _Epoch:
         after = self.samples - self.first_samples
         seconds = self.ended_at - self.first_batch_at
         return after / seconds if after and seconds > 0 else math.nan
+
+
+def _enough_epochs(epochs: list[_Epoch], *, warmup: bool, min_seconds: float) -> bool:
+    if warmup:
+        return len(epochs) >= 1
+    later = epochs[1:]
+    seconds = sum(epoch.ended_at - epoch.begun_at for epoch in later)
+    return bool(later) and (seconds >= min_seconds or len(later) >= LATER_EPOCHS_MAX)
 
 
 def _run_epoch(loader, max_batches: int | None) -> _Epoch:
@@ -154,9 +169,10 @@ def _check_epoch(case: Case, reader, epoch: _Epoch, number: int, *, complete: bo
 
 
 def peer_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
-    """Epochs 1 and 2 of ``case.dataset`` through loader path ``case.prefetcher`` (ours over
-    our reader and sampler, or a peer's pipeline over its own files), ``case.workers``
-    workers, batch ``case.batch_size``; see the module docstring for what is reported."""
+    """Epoch 1, then the later epochs, of ``case.dataset`` through loader path
+    ``case.prefetcher`` (ours over our reader and sampler, or a peer's pipeline over its
+    own files), ``case.workers`` workers, batch ``case.batch_size``; see the module
+    docstring for what is reported."""
     from ..formats import open_dataset
 
     reason = _path_unavailable(case)
@@ -173,29 +189,35 @@ def peer_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
             dataset = make_dataset(case, reader)
             sampler = make_sampler(case, reader) if dataset is not None else None
             loader, close = open_batches(case, dataset, sampler)
-            for number in EPOCHS:
+            while not _enough_epochs(epochs, warmup=trial.warmup, min_seconds=float(
+                    case.param("later_epochs_min_s", LATER_EPOCHS_MIN_S))):
                 if sampler is not None:
-                    sampler.set_epoch(number - 1)
-                begun = started if number == 1 else time.perf_counter()
+                    sampler.set_epoch(len(epochs))
+                begun = started if not epochs else time.perf_counter()
                 epochs.append(_run_epoch(loader, max_batches))
                 epochs[-1].begun_at = begun
-                if trial.warmup:
-                    break
         complete = max_batches is None
-        for number, epoch in zip(EPOCHS, epochs):
+        for number, epoch in enumerate(epochs, start=1):
             _check_epoch(case, reader, epoch, number, complete=complete)
     finally:
         release(reader, dataset=dataset, close=close)
     if trial.warmup:
         return {"samples": (epochs[0].samples, "count")}
-    metrics: dict[str, tuple[float, str]] = {"samples": (epochs[0].samples, "count")}
-    for number, epoch in zip(EPOCHS, epochs):
-        metrics[f"epoch{number}_samples_per_s"] = (epoch.rate(), "samples/s")
-        metrics[f"epoch{number}_first_batch_s"] = (epoch.first_batch_at - epoch.begun_at, "s")
+    first, later = epochs[0], epochs[1:]
+    later_seconds = sum(epoch.ended_at - epoch.begun_at for epoch in later)
+    metrics: dict[str, tuple[float, str]] = {
+        "samples": (first.samples, "count"),
+        "epoch1_samples_per_s": (first.rate(), "samples/s"),
+        "epoch1_first_batch_s": (first.first_batch_at - first.begun_at, "s"),
+        "epoch2_first_batch_s": (later[0].first_batch_at - later[0].begun_at, "s"),
+        "later_epochs": (len(later), "count"),
+        "later_epochs_samples_per_s": (sum(e.samples for e in later) / later_seconds,
+                                       "samples/s"),
+    }
     if fresh:
         metrics["fresh_process_first_batch_s"] = metrics["epoch1_first_batch_s"]
-    if epochs[0].indices:
-        correlation, spread = shuffle_quality(epochs[0].order(), len(reader))
+    if first.indices:
+        correlation, spread = shuffle_quality(first.order(), len(reader))
         metrics["order_correlation"] = (correlation, "ratio")
         metrics["shuffle_spread"] = (spread, "ratio")
     return {name: value for name, value in metrics.items() if not math.isnan(value[0])}
