@@ -15,6 +15,7 @@ KEY_FIGURES = (
     "prefetch_paths",
     "gpu_feed_utilisation",
     "targets_met",
+    "peers_rate",
 )
 
 
@@ -55,11 +56,23 @@ def study_time_text(results_dir: Path, base: Path) -> str:
             "resuming the earlier (finished cases are reused): " + "; then ".join(parts) + ".")
 
 
+def peers_target_findings(results_dir: Path) -> list[str]:
+    """The peers study's target sentences, where the results hold its rows."""
+    from .results import Results
+    from .studies.peers import target_findings
+
+    results = Results.load(results_dir)
+    if (results.df["study"] != "peers").all():
+        return []
+    return target_findings(results)
+
+
 def render_findings_block(results_dir: Path | str, *, relative_to: Path | None = None) -> str:
     """Machine line, decision guide, targets and key figures, as README markdown."""
     from .bench.schema import read_all_results
     from .findings import readme_findings_table
     from .studies.targets import targets_markdown
+    from .text import bullets
 
     results_dir = Path(results_dir)
     base = relative_to or results_dir.resolve().parents[1]
@@ -69,6 +82,10 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
         parts += ["", timing_text]
     parts += ["", "**Performance targets**", ""]
     parts.append(targets_markdown(read_all_results(results_dir)).rstrip("\n"))
+    against_peers = peers_target_findings(results_dir)
+    if against_peers:
+        parts += ["", "**Against the peer libraries** (the `peers` study)", "",
+                  bullets(against_peers).rstrip("\n")]
     for stem in KEY_FIGURES:
         png = results_dir / "figures" / f"{stem}.png"
         if png.exists():
