@@ -25,9 +25,13 @@ from .results import format_order, ordered, summary_table
 from .text import MULTIPLY, format_value
 
 CACHE_HATCHES = {"cold": "//", "warm": "", "": ""}
+# matplotlib's tab10, then tab20's light shades: one colour each for every format and every
+# loader path of the registries (the peers' included).
 PALETTE = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     "#bcbd22", "#17becf",
+    "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7",
+    "#dbdb8d", "#9edae5",
 )
 # Axis titles: words and units, never a column name.
 METRIC_TITLES = {

@@ -179,7 +179,7 @@ def peers_rows(df: pd.DataFrame) -> pd.DataFrame:
     rows have no path: empty strings)."""
     rows = df[df["study"] == NAME].copy()
     if rows.empty:
-        return rows
+        return rows.assign(path="", family="", label="")
     rows["path"] = rows["prefetcher"].fillna("")
     rows["family"] = rows["path"].map(
         lambda p: LOADER_PATHS[p].family if p in LOADER_PATHS else "")
