@@ -1,6 +1,7 @@
-"""The peers study's case functions: two epochs through one loader path (ours, a
-framework's or a peer library's own pipeline), and the skipped row of a peer dataset that
-could not be built. The grid, figures and findings live in ``storebench.studies.peers``.
+"""The peers study's case functions: epoch 1 and the later epochs through one loader path
+(ours, a framework's or a peer library's own pipeline), and the skipped row of a peer
+dataset that could not be built. The grid, figures and findings live in
+``storebench.studies.peers``.
 
 A case runs in the environment its path and format need (param ``environment``; the runner
 picks the interpreter). It is timed from before the loader is made, so the first epoch's
@@ -45,7 +46,11 @@ UNIFORM_SPREAD = 1 - 1 / math.sqrt(2)
 # LATER_EPOCHS_MAX): a 20 ms epoch of cached raw arrays is too short to time alone.
 LATER_EPOCHS_MIN_S = 1.0
 LATER_EPOCHS_MAX = 20
-CHECKED_BATCHES = 2  # per epoch: the first ones' images are compared with the build
+# Samples of the first batches of epochs 1 and 2 compared with the build after timing: a
+# few, so that the copies kept for it add little to the peak memory measured.
+CHECKED_BATCHES = 2
+CHECKED_SAMPLES = 8
+CHECKED_EPOCHS = 2
 PEER_DECODER_TOLERANCE = 2.0  # mean absolute grey levels per image
 
 
@@ -69,7 +74,8 @@ def missing_dataset_case(case: Case, trial: Trial) -> dict[str, tuple[float, str
 class _Epoch:
     """What one epoch delivered, and the first batches' images kept for checking."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, keep: bool) -> None:
+        self.keep = keep
         self.samples = self.batches = 0
         self.first_samples = 0
         self.first_batch_at = self.ended_at = math.nan
@@ -86,9 +92,11 @@ class _Epoch:
         self.batches += 1
         if indices is not None:
             self.indices.append(np.array(indices, dtype=np.int64))
-            if len(self.kept) < CHECKED_BATCHES:
-                self.kept.append((self.indices[-1], np.array(batch.labels, dtype=np.int64),
-                                  np.array(batch.images)))
+            if self.keep and len(self.kept) < CHECKED_BATCHES:
+                k = CHECKED_SAMPLES
+                self.kept.append((self.indices[-1][:k],
+                                  np.array(batch.labels[:k], dtype=np.int64),
+                                  np.array(batch.images[:k])))
 
     def order(self) -> np.ndarray:
         return np.concatenate(self.indices) if self.indices else np.empty(0, np.int64)
@@ -107,8 +115,8 @@ def _enough_epochs(epochs: list[_Epoch], *, warmup: bool, min_seconds: float) ->
     return bool(later) and (seconds >= min_seconds or len(later) >= LATER_EPOCHS_MAX)
 
 
-def _run_epoch(loader, max_batches: int | None) -> _Epoch:
-    epoch = _Epoch()
+def _run_epoch(loader, max_batches: int | None, *, keep: bool) -> _Epoch:
+    epoch = _Epoch(keep=keep)
     for batch in loader:
         epoch.add(batch)
         if max_batches is not None and epoch.batches >= max_batches:
@@ -194,7 +202,8 @@ def peer_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
                 if sampler is not None:
                     sampler.set_epoch(len(epochs))
                 begun = started if not epochs else time.perf_counter()
-                epochs.append(_run_epoch(loader, max_batches))
+                epochs.append(_run_epoch(loader, max_batches,
+                                         keep=len(epochs) < CHECKED_EPOCHS))
                 epochs[-1].begun_at = begun
         complete = max_batches is None
         for number, epoch in enumerate(epochs, start=1):
