@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import CorruptSampleError, DatasetError, ManifestError, Reader
+from .manifest import check_files
 from .manifest import fingerprint_span as default_span
 from .specs import Spec
 
@@ -235,7 +236,8 @@ class LanceReader(Reader):
 
     # -- open -----------------------------------------------------------------------------
     def _open(self) -> None:
-        self._check_sizes()
+        # Every listed file at its built size (open_dataset checked the fingerprints).
+        check_files(self.root, self.manifest, fingerprints=False)
         lance = _lance()
         try:
             dataset = lance.dataset(str(self.uri), version=VERSION)
@@ -264,20 +266,6 @@ class LanceReader(Reader):
             )
         self._h_dataset, self._h_bounds, self._h_paths = dataset, bounds, paths
         self._check_index_and_labels()
-
-    def _check_sizes(self) -> None:
-        """Every file the manifest lists has the size it was written with (Lance would read
-        a cut-off file's footer from the wrong place)."""
-        for rel, size in self.manifest["files"].items():
-            path = self.root / rel
-            try:
-                actual = path.stat().st_size
-            except FileNotFoundError:
-                raise DatasetError(f"{path}: listed in the manifest but missing") from None
-            if actual != size:
-                raise DatasetError(
-                    f"{path}: {actual} bytes, the manifest says {size} (truncated or replaced)"
-                )
 
     def _check_schema(self, arrow_schema) -> None:
         for field in schema(self.spec):

@@ -53,6 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from .base import CorruptSampleError, DatasetError, ManifestError, Reader, sample_checksum
+from .manifest import check_files
 from .specs import Spec
 
 NAME = "zarr"
@@ -174,7 +175,8 @@ class ZarrReader(Reader):
     def _open(self) -> None:
         import zarr
 
-        self._check_sizes()
+        # Every listed file at its built size (open_dataset checked the fingerprints).
+        check_files(self.root, self.manifest, fingerprints=False)
         where = self.group_path / "zarr.json"
         try:
             with _quiet_vlen():
@@ -195,19 +197,6 @@ class ZarrReader(Reader):
         self._h_images = images
         self._h_cached = None
         self._h_lock = threading.Lock()
-
-    def _check_sizes(self) -> None:
-        """Every file the manifest lists has the size it was written with."""
-        for rel, size in self.manifest["files"].items():
-            path = self.root / rel
-            try:
-                actual = path.stat().st_size
-            except FileNotFoundError:
-                raise DatasetError(f"{path}: listed in the manifest but missing") from None
-            if actual != size:
-                raise DatasetError(
-                    f"{path}: {actual} bytes, the manifest says {size} (truncated or replaced)"
-                )
 
     def _check_images(self, images) -> None:
         from zarr.codecs import Crc32cCodec

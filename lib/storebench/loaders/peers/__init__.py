@@ -7,10 +7,14 @@ are what several of them share.
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 
+from ...formats import DatasetError, read_manifest
 from ...formats.base import has_encoding_magic
+from ...formats.manifest import check_files
+from ...formats.specs import Spec, fixed_size, spec_from_dict
 
 
 def decode_image(data, decode: str | None, channels: int) -> np.ndarray | bytes:
@@ -29,3 +33,55 @@ def decode_image(data, decode: str | None, channels: int) -> np.ndarray | bytes:
         mode = "L" if channels == 1 else "RGB"
         image = np.asarray(img if img.mode == mode else img.convert(mode))
     return image.reshape(*image.shape[:2], -1)
+
+
+def open_peer_dataset(root: Path, format_name: str, *, what: str) -> tuple[dict, Spec]:
+    """(manifest, spec) of the dataset at ``root``, refused unless it is ``format_name``
+    (``what`` names its files in the message); its files' sizes and fingerprints are checked
+    first, since the peers' own readers check little or nothing."""
+    manifest = read_manifest(root)
+    if manifest["format"] != format_name:
+        raise DatasetError(f"{root}: the {format_name} loader reads {format_name!r} datasets "
+                           f"({what}), this one is {manifest['format']!r}")
+    check_files(root, manifest)
+    return manifest, spec_from_dict(manifest["spec"])
+
+
+def decoded_arrays(root: Path, spec: Spec, decode: str | None,
+                   resize: tuple[int, int] | None) -> bool:
+    """Whether batches are arrays (raw pixels, or decoded images), refusing what cannot make
+    one uint8 array per batch: an unknown decoder, decoding raw pixels, simplejpeg on
+    another encoding, a resize without decoding, images of several sizes without a resize."""
+    from ..datasets import DECODERS
+
+    encoding = spec.encoding
+    if decode is not None:
+        if decode not in DECODERS:
+            raise ValueError(f"decode must be None or one of {DECODERS}, got {decode!r}")
+        if encoding == "raw":
+            raise ValueError(f"{root}: samples are raw pixels, pass decode=None")
+        if decode == "simplejpeg" and encoding != "jpeg":
+            raise ValueError(f"{root}: simplejpeg decodes JPEG only, these samples are "
+                             f"{encoding}; use decode='auto' or 'pil'")
+    arrays = encoding == "raw" or decode is not None
+    if resize and not arrays:
+        raise ValueError(f"{root}: resizing needs decoded images; pass decode='auto'")
+    if arrays and not fixed_size(spec) and not resize:
+        raise ValueError(f"{root}: the images differ in size and a batch is one array; "
+                         "pass resize=")
+    return arrays
+
+
+def tracked_loader_class(base: type) -> type:
+    """A subclass of a peer's DataLoader (LitData's, streaming's) that remembers the worker
+    iterator of the running epoch, so that ``close()`` can stop an epoch left unfinished."""
+
+    class TrackedLoader(base):
+        live_iterator = None
+
+        def _get_iterator(self):
+            self.live_iterator = super()._get_iterator()
+            return self.live_iterator
+
+    TrackedLoader.__name__ = TrackedLoader.__qualname__ = f"Tracked{base.__name__}"
+    return TrackedLoader

@@ -57,14 +57,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ...formats import DatasetError, read_manifest
+from ...formats import DatasetError
 from ...formats.litdata_chunks import NAME as FORMAT_NAME
-from ...formats.manifest import check_files
-from ...formats.specs import fixed_size, spec_from_dict
 from ..batching import Batch
-from ..datasets import DECODERS
 from ..paths import PathOptions
-from . import decode_image
+from . import decode_image, decoded_arrays, open_peer_dataset, tracked_loader_class
 
 DATASET_CLASS = "DecodingStreamingDataset"
 
@@ -135,51 +132,18 @@ def __getattr__(name: str):
 def _make_loader_class():
     from litdata import StreamingDataLoader
 
-    class TrackedStreamingDataLoader(StreamingDataLoader):
-        """LitData's StreamingDataLoader, remembering the worker iterator of the running
-        epoch so that ``close()`` can stop an epoch left unfinished."""
-
-        live_iterator = None
-
-        def _get_iterator(self):
-            self.live_iterator = super()._get_iterator()
-            return self.live_iterator
-
-    return TrackedStreamingDataLoader
+    return tracked_loader_class(StreamingDataLoader)
 
 
 class LitDataBatches:
     """Re-iterable epochs of ``Batch``es from LitData's pipeline (see the module doc)."""
 
     def __init__(self, root: Path, options: PathOptions) -> None:
-        manifest = read_manifest(root)
-        if manifest["format"] != FORMAT_NAME:
-            raise DatasetError(
-                f"{root}: the litdata loader reads {FORMAT_NAME!r} datasets (LitData chunks), "
-                f"this one is {manifest['format']!r}"
-            )
-        check_files(root, manifest)  # sizes and fingerprints: LitData checks item counts only
+        _, self.spec = open_peer_dataset(root, FORMAT_NAME, what="LitData chunks")
         self.root = root
         self.options = options
-        self.spec = spec_from_dict(manifest["spec"])
-        encoding, decode = self.spec.encoding, options.decode
-        if decode is not None:
-            if decode not in DECODERS:
-                raise ValueError(f"decode must be None or one of {DECODERS}, got {decode!r}")
-            if encoding == "raw":
-                raise ValueError(f"{root}: samples are raw pixels, pass decode=None")
-            if decode == "simplejpeg" and encoding != "jpeg":
-                raise ValueError(
-                    f"{root}: simplejpeg decodes JPEG only, these samples are {encoding}; use "
-                    "decode='auto' or 'pil'"
-                )
-        arrays = encoding == "raw" or decode is not None
-        if options.resize and not arrays:
-            raise ValueError(f"{root}: resizing needs decoded images; pass decode='auto'")
-        if arrays and not fixed_size(self.spec) and not options.resize:
-            raise ValueError(
-                f"{root}: the images differ in size and a batch is one array; pass resize="
-            )
+        decode = options.decode
+        decoded_arrays(root, self.spec, decode, options.resize)  # refuses what cannot batch
         resize = None
         if options.resize:
             from ..transforms import Resize

@@ -71,15 +71,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ...formats import DatasetError, read_manifest
-from ...formats.manifest import check_files
+from ...formats import DatasetError
 from ...formats.mds import NAME as FORMAT_NAME
-from ...formats.specs import fixed_size, spec_from_dict
 from ...streaming_import import import_streaming
 from ..batching import Batch
-from ..datasets import DECODERS
 from ..paths import PathOptions
-from . import decode_image
+from . import decode_image, decoded_arrays, open_peer_dataset, tracked_loader_class
 
 DATASET_CLASS = "DecodingStreamingDataset"
 SHUFFLE_ALGO = "py1e"
@@ -168,32 +165,15 @@ def __getattr__(name: str):
 
 
 def _make_loader_class():
-    streaming = import_streaming()
-
-    class TrackedStreamingDataLoader(streaming.StreamingDataLoader):
-        """streaming's StreamingDataLoader, remembering the worker iterator of the running
-        epoch so that ``close()`` can stop an epoch left unfinished."""
-
-        live_iterator = None
-
-        def _get_iterator(self):
-            self.live_iterator = super()._get_iterator()
-            return self.live_iterator
-
-    return TrackedStreamingDataLoader
+    return tracked_loader_class(import_streaming().StreamingDataLoader)
 
 
 class MDSBatches:
     """Re-iterable epochs of ``Batch``es from streaming's pipeline (see the module doc)."""
 
     def __init__(self, root: Path, options: PathOptions) -> None:
-        manifest = read_manifest(root)
-        if manifest["format"] != FORMAT_NAME:
-            raise DatasetError(f"{root}: the mds loader reads {FORMAT_NAME!r} datasets (MDS "
-                               f"shards), this one is {manifest['format']!r}")
-        check_files(root, manifest)  # sizes and fingerprints: streaming checks neither
+        _, self.spec = open_peer_dataset(root, FORMAT_NAME, what="MDS shards")
         self.root = root
-        self.spec = spec_from_dict(manifest["spec"])
         self.num_samples = self.spec.num_samples
         decode, resize = self._check_decode(options)
         self.dataset = _make_dataset_class()(
@@ -223,21 +203,8 @@ class MDSBatches:
     def _check_decode(self, options: PathOptions):
         """``(decode, resize transform)`` for this dataset, refusing combinations that
         cannot make one uint8 array per batch."""
-        root, encoding, decode = self.root, self.spec.encoding, options.decode
-        if decode is not None:
-            if decode not in DECODERS:
-                raise ValueError(f"decode must be None or one of {DECODERS}, got {decode!r}")
-            if encoding == "raw":
-                raise ValueError(f"{root}: samples are raw pixels, pass decode=None")
-            if decode == "simplejpeg" and encoding != "jpeg":
-                raise ValueError(f"{root}: simplejpeg decodes JPEG only, these samples are "
-                                 f"{encoding}; use decode='auto' or 'pil'")
-        arrays = encoding == "raw" or decode is not None
-        if options.resize and not arrays:
-            raise ValueError(f"{root}: resizing needs decoded images; pass decode='auto'")
-        if arrays and not fixed_size(self.spec) and not options.resize:
-            raise ValueError(f"{root}: the images differ in size and a batch is one array; "
-                             "pass resize=")
+        decode = options.decode
+        decoded_arrays(self.root, self.spec, decode, options.resize)
         if not options.resize:
             return decode, None
         from ..transforms import Resize

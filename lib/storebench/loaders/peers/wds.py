@@ -55,14 +55,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ...formats import DatasetError, read_manifest
+from ...formats import DatasetError
 from ...formats.manifest import check_files
-from ...formats.specs import fixed_size, spec_from_dict
 from ...formats.webdataset_tar import IMAGE_EXTS, LABEL_EXT, shard_paths
 from ...formats.webdataset_tar import NAME as FORMAT_NAME
 from ..batching import Batch
-from ..datasets import DECODERS
 from ..paths import PathOptions
+from . import decoded_arrays, open_peer_dataset
 
 SHUFFLE_BUFFER = 1000  # samples: the size WebDataset's README uses
 
@@ -118,37 +117,14 @@ class WebDatasetBatches:
     """Re-iterable epochs of ``Batch``es from WebDataset's pipeline (see the module doc)."""
 
     def __init__(self, root: Path, options: PathOptions) -> None:
-        manifest = read_manifest(root)
-        if manifest["format"] != FORMAT_NAME:
-            raise DatasetError(
-                f"{root}: the webdataset loader reads {FORMAT_NAME!r} datasets (tar shards), "
-                f"this one is {manifest['format']!r}"
-            )
-        check_files(root, manifest)  # sizes and fingerprints: WebDataset checks nothing
+        manifest, self.spec = open_peer_dataset(root, FORMAT_NAME, what="tar shards")
         self.root = root
         self._manifest = manifest
         self.options = options
-        self.spec = spec_from_dict(manifest["spec"])
         self.urls = [str(path) for path in shard_paths(root, manifest)]
         self.workers = min(max(int(options.workers), 0), len(self.urls))
         encoding, decode = self.spec.encoding, options.decode
-        if decode is not None:
-            if decode not in DECODERS:
-                raise ValueError(f"decode must be None or one of {DECODERS}, got {decode!r}")
-            if encoding == "raw":
-                raise ValueError(f"{root}: samples are raw pixels, pass decode=None")
-            if decode == "simplejpeg" and encoding != "jpeg":
-                raise ValueError(
-                    f"{root}: simplejpeg decodes JPEG only, these samples are {encoding}; use "
-                    "decode='auto' or 'pil'"
-                )
-        arrays = encoding == "raw" or decode is not None
-        if options.resize and not arrays:
-            raise ValueError(f"{root}: resizing needs decoded images; pass decode='auto'")
-        if arrays and not fixed_size(self.spec) and not options.resize:
-            raise ValueError(
-                f"{root}: the images differ in size and a batch is one array; pass resize="
-            )
+        arrays = decoded_arrays(root, self.spec, decode, options.resize)
         self._handlers = image_handlers(decode, self.spec.channels)
         self._arrays = arrays
         self._image_field = ";".join(IMAGE_EXTS[encoding])
