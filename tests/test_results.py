@@ -273,3 +273,19 @@ def test_ordered_sort_rows_and_best_row():
         ("raw", registry[0]), ("raw", registry[-1]), ("jpeg", registry[0])]
     assert results.best_row(table)["median"] == 3.0
     assert results.best_row(table, lowest=True)["median"] == 1.0
+
+
+def test_a_study_run_on_its_own_reads_its_own_environment(tmp_path):
+    """A study run apart (its env in env-<run id>.json) is described by that run's env; one
+    of the main run by env.json; one with neither by nothing."""
+    from result_rows import OLDER_RUN, RUN, case_rows, write_results
+
+    write_results(tmp_path, case_rows("formats", "a", {"samples_per_s": [1.0]}, run_id=RUN),
+                  case_rows("peers", "b", {"samples_per_s": [1.0]}, run_id=OLDER_RUN),
+                  env={"run_id": RUN, "cpu_model": "main"})
+    results = Results.load(tmp_path)
+    assert results.study_env("formats")["cpu_model"] == "main"
+    assert results.study_env("peers") == {}
+    (tmp_path / f"env-{OLDER_RUN}.json").write_text(json.dumps({"run_id": OLDER_RUN,
+                                                                "cpu_model": "apart"}))
+    assert results.study_env("peers")["cpu_model"] == "apart"

@@ -74,6 +74,18 @@ class Results:
     def limits(self) -> dict:
         return dict(self.env.get("limits") or {})
 
+    def study_env(self, name: str) -> Mapping:
+        """The environment of the run that wrote ``name``'s latest rows: ``env.json``, or
+        ``env-<run id>.json`` beside it for a study run on its own (empty if neither)."""
+        rows = latest_runs(self.study(name))
+        if rows.empty or self.directory is None:
+            return self.env
+        run_id = str(rows["run_id"].iloc[-1])
+        if self.env.get("run_id") == run_id:
+            return self.env
+        path = self.directory / f"env-{run_id}.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
 
 def latest_runs(df: pd.DataFrame) -> pd.DataFrame:
     """Only each case's latest run (run ids sort by their UTC start time)."""
