@@ -341,6 +341,9 @@ def build_dataset(
             os.rename(tmp, target)
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        # Spawned workers that re-ran an unguarded main script started builds of their own
+        # and may have been killed mid-way: their directories go too, once they are gone.
+        remove_stale_builds(out_dir)
         if is_disk_error(err) or isinstance(err, DatasetError):
             raise DatasetError(
                 f"{target}: build failed, the partial {tmp.name} was removed: {err}"
