@@ -384,7 +384,9 @@ from storebench.loaders import {cls}, Batch, BatchSampler, SequentialSampler
 {indent}        return Batch(images, indices, indices)
 """
 SCRIPT_RUN = """
-{indent}pf = {cls}(Counting(), BatchSampler(SequentialSampler(64), 8), start_method={method!r})
+{indent}pf = {cls}(
+{indent}    Counting(), BatchSampler(SequentialSampler(64), 8), start_method={method!r}, workers={workers}
+{indent})
 {indent}print("delivered", sum(len(b) for b in pf))
 """
 GUARD = 'if __name__ == "__main__":\n    pass\n'
@@ -416,8 +418,9 @@ def run_script(tmp_path: Path, source: str, *, as_file: bool = True):
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize(("cls", "method"), SCRIPT_CASES)
 def test_a_script_without_the_main_guard_fails_fast_with_the_fix(tmp_path, cls, method):
+    # One worker: two would write their tracebacks to the shared stderr at once, interleaved.
     source = SCRIPT_DATASET.format(cls=cls, indent="") + SCRIPT_RUN.format(
-        cls=cls, method=method, indent=""
+        cls=cls, method=method, indent="", workers=1
     )
     done = run_script(tmp_path, source)
     assert done.returncode != 0 and "delivered" not in done.stdout
@@ -436,11 +439,11 @@ def test_a_script_without_the_main_guard_fails_fast_with_the_fix(tmp_path, cls, 
 def test_a_dataset_class_workers_cannot_find_is_named_with_the_fix(tmp_path, cls, method, how):
     if how == "run with -c":  # __main__ has no file, as in a notebook or the REPL
         source = SCRIPT_DATASET.format(cls=cls, indent="") + GUARD
-        source += SCRIPT_RUN.format(cls=cls, method=method, indent="    ")
+        source += SCRIPT_RUN.format(cls=cls, method=method, indent="    ", workers=2)
     else:
         source = SCRIPT_DATASET.format(cls=cls, indent="    ").replace(
             "\n    class", f"\n{GUARD}    class", 1
-        ) + SCRIPT_RUN.format(cls=cls, method=method, indent="    ")
+        ) + SCRIPT_RUN.format(cls=cls, method=method, indent="    ", workers=2)
     done = run_script(tmp_path, source, as_file=how != "run with -c")
     assert done.returncode != 0 and "delivered" not in done.stdout
     last = [line for line in done.stderr.splitlines() if "WorkerDiedError: " in line][-1]
@@ -453,7 +456,7 @@ def test_a_dataset_class_workers_cannot_find_is_named_with_the_fix(tmp_path, cls
 @pytest.mark.parametrize(("cls", "method"), SCRIPT_CASES)
 def test_a_guarded_script_with_a_module_level_dataset_runs(tmp_path, cls, method):
     source = SCRIPT_DATASET.format(cls=cls, indent="") + GUARD
-    source += SCRIPT_RUN.format(cls=cls, method=method, indent="    ")
+    source += SCRIPT_RUN.format(cls=cls, method=method, indent="    ", workers=2)
     done = run_script(tmp_path, source)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["delivered", "64"]
