@@ -385,7 +385,10 @@ from storebench.loaders import {cls}, Batch, BatchSampler, SequentialSampler
 """
 SCRIPT_RUN = """
 {indent}pf = {cls}(
-{indent}    Counting(), BatchSampler(SequentialSampler(64), 8), start_method={method!r}, workers={workers}
+{indent}    Counting(),
+{indent}    BatchSampler(SequentialSampler(64), 8),
+{indent}    start_method={method!r},
+{indent}    workers={workers},
 {indent})
 {indent}print("delivered", sum(len(b) for b in pf))
 """
