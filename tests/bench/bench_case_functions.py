@@ -79,8 +79,12 @@ def total_of_repeats(case, records):
 
 def scripted_rate_case(case, trial):
     """Reports the ``rates`` param's value for this repeat (comma-separated) as its
-    samples_per_s, after real work: what adaptive repeats judge, made predictable."""
+    samples_per_s, after real work: what adaptive repeats judge, made predictable. Param
+    ``sleep_s``: each repeat also takes at least that long (what a repeat budget counts)."""
+    import time
+
     rates = [float(x) for x in case.param("rates").split(",")]
+    time.sleep(float(case.param("sleep_s", 0.0)))
     with trial.measure():
         np.ones(1 << 16).sum()
     return {"samples_per_s": (rates[max(trial.repeat, 0) % len(rates)], "samples/s")}

@@ -294,7 +294,8 @@ def test_the_out_of_core_case_runs_on_ci_with_and_without_a_cap(ci_data_root):
     size = results[0]["dataset_bytes"]
     for k, m in results.items():
         assert m["k"] == k and m["samples"] == 512
-        for epoch in (1, 2, 3):
+        assert "epoch3.samples_per_s" not in m  # DEFAULT_EPOCHS: two
+        for epoch in (1, 2):
             assert m[f"epoch{epoch}.samples_per_s"] > 0
             assert 0 <= m[f"epoch{epoch}.resident_end"] <= 1
             assert m[f"epoch{epoch}.complete"] == 1 and m[f"epoch{epoch}.samples"] == 512
@@ -311,6 +312,26 @@ def test_the_out_of_core_case_runs_on_ci_with_and_without_a_cap(ci_data_root):
     assert capped["cgroup_limit_bytes"] == capped["baseline_bytes"] + room
     assert capped["effective_k"] == pytest.approx(size / room)
     assert capped["cgroup_peak_bytes"] <= capped["cgroup_limit_bytes"]
+
+
+@needs_cgroup
+@pytest.mark.timeout(120)
+def test_an_epoch_past_its_time_limit_is_cut_short_and_the_next_one_starts_afresh(
+        ci_data_root):
+    """A limit every batch passes: each epoch delivers its first batch only, without a
+    sample twice, and says it is incomplete; the loader is stopped and opened again."""
+    from dataclasses import replace
+
+    case = _ci_case(ci_data_root, loader="lazy", access="shuffle", k=5)
+    params = {**dict(case.params), "epoch_seconds_limit": 1e-9}
+    outcome = run_case(replace(case, params=params))
+    assert outcome.status == "ok", outcome.error
+    m = _metrics(outcome)
+    for epoch in (1, 2):
+        assert m[f"epoch{epoch}.complete"] == 0
+        assert m[f"epoch{epoch}.samples"] == case.batch_size < m["samples"]
+        assert m[f"epoch{epoch}.samples_per_s"] == pytest.approx(
+            case.batch_size / m[f"epoch{epoch}.seconds"])
 
 
 @needs_cgroup

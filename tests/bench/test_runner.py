@@ -362,6 +362,22 @@ def test_adaptive_repeats_stop_when_the_median_interval_is_narrow(tmp_path, rate
     assert 0 < whole["case_startup_s"] < 30
 
 
+@pytest.mark.timeout(120)
+def test_a_repeat_budget_stops_costly_wide_repeats_at_the_minimum(tmp_path):
+    # Wide throughout (9 repeats without a budget), but each repeat sleeps 0.4 s: after 3,
+    # a fourth would take the repeats past 1.5 s.
+    case = Case(study="adaptive", function=f"{FNS}:scripted_rate_case", repeats=9,
+                min_repeats=3, stop_halfwidth=0.05, repeat_budget_s=1.5,
+                params={"rates": "100,150,60,140,70,130,80,120,90", "sleep_s": 0.4})
+    outcome = run_case(case, python_path=[HERE])
+    assert outcome.status == "ok", outcome.error
+    whole = {r["metric"]: r["value"] for r in outcome.records if r["repeat"] == -1}
+    assert whole["repeats_run"] == 3
+    assert 1.2 <= whole["repeats_seconds"] < 30
+    assert [r["value"] for r in outcome.records if r["metric"] == "samples_per_s"] == [
+        100.0, 150.0, 60.0]
+
+
 @pytest.mark.timeout(60)
 def test_fixed_repeats_take_exactly_that_many(tmp_path):
     case = Case(study="fixed", function=f"{FNS}:scripted_rate_case", repeats=4,

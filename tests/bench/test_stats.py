@@ -45,6 +45,20 @@ def test_adaptive_rule_minimum_width_and_maximum():
         AdaptiveRepeats(halfwidth=0)
 
 
+def test_a_time_budget_stops_wide_repeats_that_cost_too_much():
+    rule = AdaptiveRepeats(minimum=3, maximum=9, halfwidth=0.05, budget_s=10.0)
+    wide = [100.0, 150.0, 60.0]
+    assert not rule.done(wide[:2], elapsed_s=100.0)   # the minimum comes first
+    assert rule.done(wide, elapsed_s=9.0)             # a 4th at 3 s each: 12 s > 10 s
+    assert not rule.done(wide, elapsed_s=6.0)         # a 4th: 8 s, within the budget
+    assert not rule.done(wide)                        # no elapsed time: no budget applied
+    assert not AdaptiveRepeats(budget_s=None).done(wide, elapsed_s=1e9)
+    assert "another repeat would take the repeats past 10 s" in rule.rule
+    assert "past" not in AdaptiveRepeats().rule
+    with pytest.raises(ValueError, match="budget_s must be positive"):
+        AdaptiveRepeats(budget_s=0)
+
+
 def test_the_stop_metric_is_the_first_the_case_reports():
     assert stop_metric({"wall_seconds": 1, "samples_per_s": 2}) == "samples_per_s"
     assert stop_metric({"target_ratio": 1, "samples_per_s": 2}) == "target_ratio"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from data_gen import PROFILES
-from storebench.bench.plan import case_timeout_s, default_repeats, plan_for
+from storebench.bench.plan import REPEAT_BUDGET_S, case_timeout_s, default_repeats, plan_for
 from storebench.bench.runner import Case, Trial, run_case
 from storebench.bench.stats import AdaptiveRepeats  # noqa: E402
 from storebench.cases.targets import TARGETS, get_target, summarise_target, target_ratio
@@ -29,10 +29,11 @@ def test_repeats_and_timeout_depend_on_the_profile(ci_data_root):
     assert (default_repeats("small"), case_timeout_s("small")) == (3, 600.0)
     assert plan_for("ci").compact and not plan_for("small").compact
     assert plan_for("ci").adaptive is None
-    assert plan_for("small").adaptive == AdaptiveRepeats(minimum=3, maximum=9, halfwidth=0.05)
+    assert plan_for("small").adaptive == AdaptiveRepeats(minimum=3, maximum=9, halfwidth=0.05,
+                                                         budget_s=REPEAT_BUDGET_S)
     for name, study in STUDIES.items():
         if name == "out_of_core":
-            continue  # three epochs per case: its own repeats rule (tested with its grid)
+            continue  # two epochs per case: its own repeats rule (tested with its grid)
         # Build costs come from the manifest: one repeat whatever the plan says.
         timed = [c for c in study.grid(profile="ci", data_dir=ci_data_root)
                  if not c.function.endswith(":build_cost_case")]
@@ -46,15 +47,16 @@ def test_repeats_and_timeout_depend_on_the_profile(ci_data_root):
 def test_default_plan_repeats_adaptively(ci_data_root, monkeypatch):
     """What make study runs (the default plan, here on the ci data): every timed case of
     the studies that follow the plan repeats adaptively (3..9, until the median's interval
-    is within 5 %)."""
+    is within 5 % or the repeat budget is spent; the targets without the budget)."""
     from storebench.bench import plan
 
     monkeypatch.setitem(plan.PLANS, "ci", plan.StudyPlan(compact=True))
     for name in ("formats", "lazy_vs_preloaded", "prefetch", "gpu_feed", "targets", "remote"):
         timed = [c for c in STUDIES[name].grid(profile="ci", data_dir=ci_data_root)
                  if not c.function.endswith(":build_cost_case")]
-        assert {(c.min_repeats, c.repeats, c.stop_halfwidth) for c in timed} == {
-            (3, 9, 0.05)}, name
+        budget = None if name == "targets" else REPEAT_BUDGET_S
+        assert {(c.min_repeats, c.repeats, c.stop_halfwidth, c.repeat_budget_s)
+                for c in timed} == {(3, 9, 0.05, budget)}, name
 
 @pytest.fixture(scope="module")
 def variant_data(tmp_path_factory):

@@ -146,3 +146,22 @@ def test_a_peer_whose_library_is_missing_is_a_skipped_row_saying_so(
     outcome = run_case(ffcv)
     assert outcome.status == "skipped", outcome.error
     assert outcome.error.startswith("loader path 'ffcv' needs ffcv, not installed in")
+
+
+def test_only_the_warm_target_rows_repeat_without_the_time_budget(ci_data_root, monkeypatch):
+    """The default plan: the warm paths the targets compare (ours, the frameworks', each
+    peer's own pipeline) repeat until narrow; our loader over peer formats and the cold
+    rows stop at the repeat budget."""
+    from storebench.bench import plan
+
+    monkeypatch.setitem(plan.PLANS, "ci", plan.StudyPlan())
+    cases = [c for c in peers.peers_grid(profile="ci", data_dir=ci_data_root)
+             if c.function.endswith(":peer_epochs_case")]
+    assert cases
+    for case in cases:
+        over_peer_format = (case.prefetcher == peers.OUR_LOADER_OVER_PEER_FORMATS
+                            and case.format in peers.peer_formats())
+        budgeted = case.cache == "cold" or over_peer_format
+        assert case.repeat_budget_s == (plan.REPEAT_BUDGET_S if budgeted else None), (
+            case.case_id)
+    assert {c.cache for c in cases} == {"warm", "cold"}

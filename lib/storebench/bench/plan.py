@@ -16,17 +16,23 @@ from .stats import AdaptiveRepeats
 
 DEFAULT_REPEATS = 3
 DEFAULT_TIMEOUT_S = 600.0
+# Past their minimum, a case's repeats stop once another would take them past this: the
+# reference run's costliest cases (a cold epoch of 20,000 raw files, a shuffled Zarr epoch)
+# took 3 to 9 repeats of several seconds each, most of the study's time, for intervals the
+# guide's tie rule mostly did not need narrower.
+REPEAT_BUDGET_S = 6.0
 
 
 @dataclass(frozen=True)
 class StudyPlan:
     """``repeats``: timed repeats per case where a fixed count is used; ``adaptive``: the
-    rule most cases repeat by instead (at least 3, until the median's interval is narrow, at
-    most 9), None for fixed counts; ``timeout_s``: how long one case may run; ``compact``:
-    trim grid dimensions that only add more of the same kind of case."""
+    rule most cases repeat by instead (at least 3, until the median's interval is narrow or
+    the repeat budget is spent, at most 9), None for fixed counts; ``timeout_s``: how long
+    one case may run; ``compact``: trim grid dimensions that only add more of the same kind
+    of case."""
 
     repeats: int = DEFAULT_REPEATS
-    adaptive: AdaptiveRepeats | None = AdaptiveRepeats()
+    adaptive: AdaptiveRepeats | None = AdaptiveRepeats(budget_s=REPEAT_BUDGET_S)
     timeout_s: float = DEFAULT_TIMEOUT_S
     compact: bool = False
 

@@ -91,6 +91,8 @@ class Case:
     # ``repeats`` being the most; None: exactly ``repeats``.
     min_repeats: int | None = None
     stop_halfwidth: float = 0.05
+    # Adaptive repeats only: stop early once another repeat would pass this many seconds.
+    repeat_budget_s: float | None = None
     warmup: bool = True
     timeout_s: float | None = None
     params: tuple[tuple[str, object], ...] = ()
@@ -120,6 +122,8 @@ class Case:
             raise ValueError(f"repeats must be at least 1, got {self.repeats}")
         if self.min_repeats is not None:
             self.adaptive_repeats  # noqa: B018 - validates minimum <= maximum, halfwidth
+        if self.timeout_s is not None and self.timeout_s <= 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
 
     @property
     def adaptive_repeats(self):
@@ -128,9 +132,8 @@ class Case:
             return None
         from .stats import AdaptiveRepeats
 
-        return AdaptiveRepeats(self.min_repeats, self.repeats, self.stop_halfwidth)
-        if self.timeout_s is not None and self.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        return AdaptiveRepeats(self.min_repeats, self.repeats, self.stop_halfwidth,
+                               self.repeat_budget_s)
 
     @property
     def case_id(self) -> str:

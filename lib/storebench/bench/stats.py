@@ -49,28 +49,42 @@ def relative_halfwidth(values: Sequence[float], **kwargs) -> float:
 class AdaptiveRepeats:
     """Repeat a case at least ``minimum`` times, then stop as soon as the 95% bootstrap
     interval of the median of its stop metric (``STOP_METRICS``) has a half-width of at most
-    ``halfwidth`` of the median, or at ``maximum`` repeats."""
+    ``halfwidth`` of the median, or at ``maximum`` repeats, or (with ``budget_s``) when one
+    more repeat, at the mean pace of those so far, would take the repeats past ``budget_s``
+    seconds: the cases that cost most per repeat stop at the minimum instead of dominating
+    the study's time, while the quick ones still narrow their intervals."""
 
     minimum: int = 3
     maximum: int = 9
     halfwidth: float = 0.05
+    budget_s: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.minimum <= self.maximum:
             raise ValueError(f"need 1 <= minimum <= maximum, got {self.minimum}, {self.maximum}")
         if self.halfwidth <= 0:
             raise ValueError(f"halfwidth must be positive, got {self.halfwidth}")
+        if self.budget_s is not None and self.budget_s <= 0:
+            raise ValueError(f"budget_s must be positive, got {self.budget_s}")
 
     @property
     def rule(self) -> str:
+        budget = ("" if self.budget_s is None else
+                  f", or once another repeat would take the repeats past {self.budget_s:g} s")
         return (f"at least {self.minimum} repeats, then stop when the 95% bootstrap interval "
                 f"of the median has a half-width of at most {self.halfwidth:.0%} of the "
-                f"median, at most {self.maximum} repeats")
+                f"median{budget}, at most {self.maximum} repeats")
 
-    def done(self, values: Sequence[float]) -> bool:
-        if len(values) < self.minimum:
+    def done(self, values: Sequence[float], *, elapsed_s: float | None = None) -> bool:
+        """Whether to stop after ``values`` (one per repeat so far), which took
+        ``elapsed_s`` seconds in all (the budget is not applied without it)."""
+        count = len(values)
+        if count < self.minimum:
             return False
-        return len(values) >= self.maximum or relative_halfwidth(values) <= self.halfwidth
+        if count >= self.maximum or relative_halfwidth(values) <= self.halfwidth:
+            return True
+        return (self.budget_s is not None and elapsed_s is not None
+                and elapsed_s * (count + 1) / count > self.budget_s)
 
 
 def stop_metric(metrics: Mapping[str, object]) -> str | None:

@@ -142,9 +142,10 @@ def _check_metrics(case: Case, metrics, harness: dict) -> dict:
 def run_job(job: dict) -> list[dict]:
     """The case's records: each repeat's metrics, then the whole-case rows (``repeat`` -1):
     the case's own summary, ``case_startup_s`` (from the runner starting this process to the
-    case function being ready), ``repeats_run`` and ``median_ci_halfwidth`` (the relative
-    half-width of the 95% bootstrap interval of the stop metric's median; what adaptive
-    repeats stop on)."""
+    case function being ready), ``repeats_run``, ``repeats_seconds`` (the timed repeats with
+    their cache preparation: what a repeat budget counts) and ``median_ci_halfwidth`` (the
+    relative half-width of the 95% bootstrap interval of the stop metric's median; what
+    adaptive repeats stop on)."""
     case = Case.from_dict(job["case"])
     phase_path = Path(job["phase_path"])
     function = resolve_function(case.function)
@@ -164,6 +165,7 @@ def run_job(job: dict) -> list[dict]:
     if case.warmup:
         function(case, trial_for(CASE_REPEAT, "warm-up"))
     most = f"up to {case.repeats}" if adaptive else f"{case.repeats}"
+    repeats_began = time.perf_counter()  # the budget counts cache preparation too
     for repeat in range(case.repeats):
         trial = trial_for(repeat, f"repeat {repeat + 1} of {most}")
         metrics = _check_metrics(case, function(case, trial), trial.harness_metrics())
@@ -177,14 +179,17 @@ def run_job(job: dict) -> list[dict]:
             })
         judge = stop_metric(metrics)
         judged.append(metrics[judge][0] if judge else math.nan)
+        elapsed = time.perf_counter() - repeats_began
         if adaptive is not None and (
-                adaptive.done(judged) if judge else len(judged) >= adaptive.minimum):
+                adaptive.done(judged, elapsed_s=elapsed) if judge
+                else len(judged) >= adaptive.minimum):
             break
     summary = {}
     if case.summarise:
         _write_atomic(phase_path, "summary")
         summary = _check_metrics(case, resolve_function(case.summarise)(case, records), {})
     summary["repeats_run"] = (float(len(judged)), "count")
+    summary["repeats_seconds"] = (time.perf_counter() - repeats_began, "s")
     if all(math.isfinite(v) for v in judged):
         summary["median_ci_halfwidth"] = (relative_halfwidth(judged), "ratio")
     if math.isfinite(startup):

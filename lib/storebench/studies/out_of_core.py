@@ -107,8 +107,8 @@ def _case(path: Path, manifest: dict, *, access: str, k: int, repeats: int, time
 def out_of_core_grid(
     *, profile: str, data_dir: Path | str, repeats: int | None = None
 ) -> list[Case]:
-    """The out_of_core cases, each 3 epochs from cold under k in ``K_VALUES``, lazy reads
-    through two prefetch threads:
+    """The out_of_core cases, each ``DEFAULT_EPOCHS`` epochs from cold under k in
+    ``K_VALUES``, lazy reads through two prefetch threads:
 
     - raw, every format: block shuffle and full shuffle at every k (no full shuffle for
       ``BLOCK_ONLY_FORMATS``); sequential at k = 0 and the largest k only (a cyclic scan
@@ -120,13 +120,13 @@ def out_of_core_grid(
     - ``PreloadedDataset`` of the memmap raw set at every k: it fits at k = 0 only.
 
     Compact plans (``ci``) keep one raw format (memmap) and one JPEG format (lmdb) and the
-    open knobs of those two. ``repeats=None`` means 1 (each case is already three epochs, and
+    open knobs of those two. ``repeats=None`` means 1 (each case is already two epochs, and
     the effects compared here, cache or no cache, are large against run-to-run noise), except
     ``GUIDE_REPEATS`` for the shuffled raw cases at a capped k that the guide compares.
     """
     plan = plan_for(profile)
     # The guide's candidates (shuffled lazy reads at a capped k) get the repeats its tie
-    # rule needs; the rest one (three epochs each, effects far larger than the noise).
+    # rule needs; the rest one (two epochs each, effects far larger than the noise).
     guided = GUIDE_REPEATS if repeats is None and not plan.compact else repeats
     repeats = 1 if repeats is None else repeats
     timeout_s = plan.timeout_s
@@ -329,7 +329,7 @@ def _target_sentences(table: pd.DataFrame, env: Mapping | None) -> list[str]:
 
 # -- figures ----------------------------------------------------------------------------
 def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
-    """Samples/s in epochs 1, 2 and 3 of raw arrays read lazily, one line per format
+    """Samples/s in each epoch (``DEFAULT_EPOCHS``) of raw arrays read lazily, one line per format
     (default knobs), one panel per access order (rows) and k (columns): where the cache
     helps epoch 2, and where it cannot."""
     rows = ooc_rows(df)
