@@ -74,7 +74,7 @@ def test_empty_files_and_directories(tmp_path):
     sub = tmp_path / "sub"
     sub.mkdir()
     write_synced(sub / "data.bin", 1 << 20)
-    assert cache.expand_files([tmp_path]) == [tmp_path / "empty", sub / "data.bin"]
+    assert cache.expand_files([tmp_path]) == [str(tmp_path / "empty"), str(sub / "data.bin")]
     assert cache.prepare([tmp_path], "cold") < 0.01
     assert cache.prewarm([tmp_path]) == 1 << 20
 
