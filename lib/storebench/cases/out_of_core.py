@@ -141,9 +141,12 @@ def _epochs(case: Case, trial: Trial, budget, loader: _Loader, reader, files, *,
     start = budget.stats()
     rates = []
     last = None
+    # An epoch starts with what the previous one ended with (nothing runs in between but
+    # the loader's restart), so each residency is measured once.
+    resident_end = None
     with trial.measure():
         for epoch in range(1, epochs + 1):
-            resident_start = resident_fraction(files)
+            resident_start = resident_fraction(files) if resident_end is None else resident_end
             before = budget.stats()
             samples = delivered = 0
             seen = []
@@ -173,6 +176,7 @@ def _epochs(case: Case, trial: Trial, budget, loader: _Loader, reader, files, *,
                 raise RuntimeError(f"{case.dataset}: epoch {epoch} delivered a sample twice "
                                    f"or missed one ({samples} samples, {len(reader)} in the set)")
             rates.append(samples / seconds)
+            resident_end = resident_fraction(files)
             metrics |= {
                 f"epoch{epoch}.seconds": (seconds, "s"),
                 f"epoch{epoch}.samples": (samples, "count"),
@@ -180,7 +184,7 @@ def _epochs(case: Case, trial: Trial, budget, loader: _Loader, reader, files, *,
                 f"epoch{epoch}.samples_per_s": (samples / seconds, "samples/s"),
                 f"epoch{epoch}.read_MBps": (delivered / seconds / MB, "MB/s"),
                 f"epoch{epoch}.resident_start": (resident_start, "ratio"),
-                f"epoch{epoch}.resident_end": (resident_fraction(files), "ratio"),
+                f"epoch{epoch}.resident_end": (resident_end, "ratio"),
                 f"epoch{epoch}.major_faults": (after.major_faults - before.major_faults,
                                                "count"),
                 f"epoch{epoch}.device_read_bytes": (
