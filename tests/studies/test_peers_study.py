@@ -148,10 +148,10 @@ def test_a_peer_whose_library_is_missing_is_a_skipped_row_saying_so(
     assert outcome.error.startswith("loader path 'ffcv' needs ffcv, not installed in")
 
 
-def test_only_the_warm_target_rows_repeat_without_the_time_budget(ci_data_root, monkeypatch):
+def test_the_warm_target_rows_get_a_longer_repeat_budget(ci_data_root, monkeypatch):
     """The default plan: the warm paths the targets compare (ours, the frameworks', each
-    peer's own pipeline) repeat until narrow; our loader over peer formats and the cold
-    rows stop at the repeat budget."""
+    peer's own pipeline) get the target budget; our loader over peer formats and the cold
+    rows the plan's."""
     from storebench.bench import plan
 
     monkeypatch.setitem(plan.PLANS, "ci", plan.StudyPlan())
@@ -162,6 +162,6 @@ def test_only_the_warm_target_rows_repeat_without_the_time_budget(ci_data_root, 
         over_peer_format = (case.prefetcher == peers.OUR_LOADER_OVER_PEER_FORMATS
                             and case.format in peers.peer_formats())
         budgeted = case.cache == "cold" or over_peer_format
-        assert case.repeat_budget_s == (plan.REPEAT_BUDGET_S if budgeted else None), (
-            case.case_id)
+        assert case.repeat_budget_s == (
+            plan.REPEAT_BUDGET_S if budgeted else peers.TARGET_REPEAT_BUDGET_S), case.case_id
     assert {c.cache for c in cases} == {"warm", "cold"}

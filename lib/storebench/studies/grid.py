@@ -21,18 +21,20 @@ def repeats_for(profile: str, repeats: int | None) -> int:
     return plan_for(profile).repeats if repeats is None else repeats
 
 
-def repeat_fields(profile: str, repeats: int | None, *, budget: bool = True) -> dict:
+def repeat_fields(profile: str, repeats: int | None, *,
+                  budget_s: float | None | str = "plan") -> dict:
     """The Case fields that set a case's repeats: exactly ``repeats`` when given (the CLI's
     ``--repeats``), else the plan's: adaptive (``stats.AdaptiveRepeats``) or a fixed count.
-    ``budget=False`` drops the rule's time budget: repeats then stop on the interval's width
-    or the maximum only (the targets, whose verdict is the interval's lower end)."""
+    ``budget_s`` replaces the rule's time budget (``"plan"``: keep it); None drops it, so
+    repeats stop on the interval's width or the maximum only (the targets, whose verdict is
+    the interval's lower end)."""
     plan = plan_for(profile)
     if repeats is not None or plan.adaptive is None:
         return {"repeats": repeats_for(profile, repeats)}
     rule = plan.adaptive
     return {"repeats": rule.maximum, "min_repeats": rule.minimum,
             "stop_halfwidth": rule.halfwidth,
-            "repeat_budget_s": rule.budget_s if budget else None}
+            "repeat_budget_s": rule.budget_s if budget_s == "plan" else budget_s}
 
 
 def is_variant(path: Path, manifest: dict) -> bool:

@@ -35,7 +35,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
     built is left out)."""
     # No time budget: a target is met by its interval's lower end, so it gets every repeat
     # the width rule asks for.
-    repeats = repeat_fields(profile, repeats, budget=False)
+    repeats = repeat_fields(profile, repeats, budget_s=None)
     datasets = profile_datasets(profile, data_dir)
     cases = []
     for target in TARGETS:
