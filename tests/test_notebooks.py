@@ -188,3 +188,36 @@ def test_committed_reference_notebooks_carry_no_temporary_paths():
     for path in executed:
         text = path.read_text()
         assert "/tmp/" not in text and "/work/" not in text, path.name
+
+
+def _notebook_file(path: Path, source: str) -> None:
+    notebook = nbformat.v4.new_notebook()
+    parameters = nbformat.v4.new_code_cell(
+        'profile = "ci"\nresults_dir = "results"\ndata_root = "data"\nmeasure = False')
+    parameters.metadata["tags"] = ["parameters"]
+    notebook.cells = [parameters, nbformat.v4.new_code_cell(source)]
+    notebook.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                       "language": "python"}
+    nbformat.write(notebook, path)
+
+
+@pytest.mark.timeout(300)
+def test_notebooks_run_two_at_a_time_and_a_failure_names_its_notebook(tmp_path):
+    from storebench.study import execute_notebooks
+
+    notebooks, results = tmp_path / "notebooks", tmp_path / "results"
+    notebooks.mkdir()
+    _notebook_file(notebooks / "01_fine.ipynb", "import os\nprint('pid', os.getpid())")
+    _notebook_file(notebooks / "02_fine.ipynb", "import os\nprint('pid', os.getpid())")
+    written = execute_notebooks(results, profile="ci", notebooks_dir=notebooks,
+                                progress=False, jobs=2)
+    assert [p.name for p in written] == ["01_fine.ipynb", "02_fine.ipynb"]
+    for path in written:
+        executed = nbformat.read(path, as_version=4)
+        assert _errors(executed) == []
+        assert executed.metadata["papermill"]["parameters"]["profile"] == "ci"
+    _notebook_file(notebooks / "03_broken.ipynb", "raise ValueError('no such results')")
+    with pytest.raises(Exception, match="no such results") as caught:
+        execute_notebooks(results, profile="ci", notebooks_dir=notebooks, progress=False,
+                          jobs=2)
+    assert "while executing notebook 03_broken.ipynb" in caught.value.__notes__

@@ -288,36 +288,67 @@ def execute_notebooks(
     measure: bool = False,
     notebooks_dir: Path = NOTEBOOKS_DIR,
     progress: bool = True,
+    jobs: int | None = None,
 ) -> list[Path]:
-    """Execute every notebook with papermill into ``<results_dir>/notebooks/``.
+    """Execute every notebook with papermill into ``<results_dir>/notebooks/``, ``jobs`` at
+    a time (default: one per core, at most two: each is a kernel that starts, imports and
+    draws, mostly on one core).
 
     The notebooks read ``results_dir`` (and re-measure first only if ``measure``). Paths
     are passed relative to the repository when they lie inside it, so executed notebooks
     carry no temporary or machine-specific paths."""
-    import papermill
+    import concurrent.futures
+    import multiprocessing
+
+    from tqdm.auto import tqdm
 
     results_dir = Path(results_dir).resolve()
     out_dir = results_dir / "notebooks"
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for notebook in sorted(notebooks_dir.glob("[0-9]*.ipynb")):
-        target = out_dir / notebook.name
-        papermill.execute_notebook(
-            str(notebook),
-            str(target),
-            parameters={
-                "profile": profile,
-                "results_dir": repo_relative(results_dir),
-                "data_root": repo_relative(Path(data_root).resolve()),
-                "measure": measure,
-            },
-            cwd=str(notebooks_dir),
-            kernel_name="python3",
-            progress_bar=progress,
-        )
-        _relative_papermill_paths(target)
-        written.append(target)
-    return written
+    parameters = {
+        "profile": profile,
+        "results_dir": repo_relative(results_dir),
+        "data_root": repo_relative(Path(data_root).resolve()),
+        "measure": measure,
+    }
+    notebooks = sorted(notebooks_dir.glob("[0-9]*.ipynb"))
+    targets = [out_dir / notebook.name for notebook in notebooks]
+    jobs = jobs or min(2, os.cpu_count() or 1)
+    if measure or jobs == 1:
+        # Measuring notebooks time things: one at a time, nothing beside them.
+        for notebook, target in zip(notebooks, targets, strict=True):
+            _execute_notebook(notebook, target, parameters, notebooks_dir, progress)
+        return targets
+    # Spawned: the pool's processes start clean, not as copies of a study's threads.
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool, tqdm(
+            total=len(notebooks), desc="notebooks", unit="notebook",
+            disable=not progress) as bar:
+        running = {
+            pool.submit(_execute_notebook, notebook, target, parameters, notebooks_dir, False):
+            notebook.name
+            for notebook, target in zip(notebooks, targets, strict=True)
+        }
+        for done in concurrent.futures.as_completed(running):
+            try:
+                done.result()
+            except BaseException as err:
+                for other in running:
+                    other.cancel()
+                err.add_note(f"while executing notebook {running[done]}")
+                raise
+            bar.set_postfix_str(running[done])
+            bar.update(1)
+    return targets
+
+
+def _execute_notebook(notebook: Path, target: Path, parameters: dict, cwd: Path,
+                      progress: bool) -> None:
+    import papermill
+
+    papermill.execute_notebook(str(notebook), str(target), parameters=parameters,
+                               cwd=str(cwd), kernel_name="python3", progress_bar=progress)
+    _relative_papermill_paths(target)
 
 
 def _relative_papermill_paths(path: Path) -> None:

@@ -40,7 +40,8 @@ def remote_url(case: Case) -> str:
 
 def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     """One epoch of ``case.dataset`` split across ``ranks`` (param) data-parallel ranks on
-    ``torch.distributed``, each with its own rank-sharded sampler (``case.access``) and its
+    ``torch.distributed`` (one rank: the case's own process, no group), each with its own
+    rank-sharded sampler (``case.access``) and its
     own loader (``case.prefetcher``, ``case.workers``), read from the object store through
     a link of ``rtt_ms`` (param; ``bandwidth_mbit`` optional), or from local disk when
     param ``source`` is ``local``.
@@ -85,11 +86,15 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
 
 
 def _run_ranks(case: Case, ranks: int, path: str, config, max_batches) -> list[dict]:
+    job = {"case": case.to_dict(), "path": path, "s3": config, "max_batches": max_batches}
+    if ranks == 1:
+        # One rank needs no process group: it reads here, and the case does not import
+        # torch (a second per case).
+        return [read_epoch_share(0, 1, job)]
     import torch.distributed  # noqa: F401 - imported once here, inherited by forked ranks
 
     from ..ranks import run_ranks
 
-    job = {"case": case.to_dict(), "path": path, "s3": config, "max_batches": max_batches}
     # fork: ranks start in milliseconds; this worker has started no threads (the proxy is
     # a separate process and the dataset is opened in the ranks only).
     return run_ranks(read_epoch_share, ranks, args=(job,), start_method="fork",
@@ -97,9 +102,8 @@ def _run_ranks(case: Case, ranks: int, path: str, config, max_batches) -> list[d
 
 
 def read_epoch_share(rank: int, world_size: int, job: dict) -> dict:
-    """One rank's share of an epoch (runs in a rank process; see ``remote_epoch_case``)."""
-    import torch.distributed as dist
-
+    """One rank's share of an epoch (runs in a rank process, or in the case's own for a
+    single rank; see ``remote_epoch_case``)."""
     from ..bench.cases import drain, make_dataset, make_sampler, open_batches, release
     from ..formats import open_dataset
 
@@ -112,7 +116,10 @@ def read_epoch_share(rank: int, world_size: int, job: dict) -> dict:
     try:
         dataset = make_dataset(case, reader)
         opened = time.perf_counter()
-        dist.barrier()
+        if world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
         began = time.perf_counter()
         loader, close = open_batches(case, dataset, sampler)
         tally = drain(loader, started=began, max_batches=job["max_batches"])
