@@ -69,10 +69,12 @@ def evict(paths: Iterable[Path | str]) -> None:
     so only the files that ``mincore`` still shows resident after a first pass are fsynced
     and advised again.
     """
-    files = expand_files(paths)
+    _evict_files(expand_files(paths), _Libc())
+
+
+def _evict_files(files: list[str], libc: _Libc) -> None:
     for path in files:
         _fadvise_dontneed(path, sync=False)
-    libc = _Libc()
     for path in files:
         if resident_bytes(path, libc=libc)[0]:
             _fadvise_dontneed(path, sync=True)
@@ -100,10 +102,14 @@ _drop_whole_page_cache = drop_caches
 
 def prewarm(paths: Iterable[Path | str]) -> int:
     """Read every byte of the files so that they are resident; returns the bytes read."""
+    return _prewarm_files(expand_files(paths))
+
+
+def _prewarm_files(files: list[str]) -> int:
     buffer = bytearray(_READ_CHUNK)
     view = memoryview(buffer)
     total = 0
-    for path in expand_files(paths):
+    for path in files:
         with open(path, "rb", buffering=0) as f:
             while True:
                 got = f.readinto(view)
@@ -184,9 +190,12 @@ def resident_fraction(paths: Iterable[Path | str]) -> float:
     Files of zero bytes carry no weight; a set with no bytes at all is fully resident (1.0):
     reading it needs no I/O.
     """
-    libc = _Libc()
+    return _resident_fraction_of(expand_files(paths), _Libc())
+
+
+def _resident_fraction_of(files: list[str], libc: _Libc) -> float:
     resident = total = 0
-    for path in expand_files(paths):
+    for path in files:
         got, size = resident_bytes(path, libc=libc)
         resident += got
         total += size
@@ -202,11 +211,12 @@ def prepare(
     library code too, so callers should have done an untimed pass first).
     """
     state = CacheState(state)
-    files = expand_files(paths)
+    files = expand_files(paths)  # once: the steps below take the expanded list
+    libc = _Libc()
     if state is CacheState.COLD:
-        evict(files)
+        _evict_files(files, libc)
         if drop_caches:
             _drop_whole_page_cache()
     else:
-        prewarm(files)
-    return resident_fraction(files)
+        _prewarm_files(files)
+    return _resident_fraction_of(files, libc)
