@@ -7,6 +7,7 @@ are what several of them share.
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +34,32 @@ def decode_image(data, decode: str | None, channels: int) -> np.ndarray | bytes:
         mode = "L" if channels == 1 else "RGB"
         image = np.asarray(img if img.mode == mode else img.convert(mode))
     return image.reshape(*image.shape[:2], -1)
+
+
+# torch's SIGCHLD check, as it words a worker that died.
+_WORKER_DIED = re.compile(
+    r"DataLoader worker \(pid(?:\(s\))? [\d, ]+\) (is killed by signal|exited unexpectedly)"
+)
+
+
+def shut_down_dataloader_workers(iterator) -> None:
+    """Stop a torch DataLoader iterator's workers (what its ``__del__`` calls); no-op for
+    None or an iterator without workers.
+
+    A worker told to exit sometimes dies on the way out (LitData's spawned workers abort
+    now and then: "terminate called without an active exception"), and torch's SIGCHLD
+    check raises that in the middle of the shutdown. The shutdown's own ``finally`` has by
+    then terminated and joined every worker, and the epoch it abandons delivers nothing
+    more, so only that error is swallowed here; a worker that dies while an epoch is read
+    still raises from the loader's ``__next__``."""
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is None:
+        return
+    try:
+        shutdown()
+    except RuntimeError as error:
+        if not _WORKER_DIED.match(str(error)):
+            raise
 
 
 def open_peer_dataset(root: Path, format_name: str, *, what: str) -> tuple[dict, Spec]:

@@ -61,7 +61,13 @@ from ...formats import DatasetError
 from ...formats.litdata_chunks import NAME as FORMAT_NAME
 from ..batching import Batch
 from ..paths import PathOptions
-from . import decode_image, decoded_arrays, open_peer_dataset, tracked_loader_class
+from . import (
+    decode_image,
+    decoded_arrays,
+    open_peer_dataset,
+    shut_down_dataloader_workers,
+    tracked_loader_class,
+)
 
 DATASET_CLASS = "DecodingStreamingDataset"
 
@@ -198,9 +204,7 @@ class LitDataBatches:
 
     def _stop_workers(self) -> None:
         iterator, self.loader.live_iterator = self.loader.live_iterator, None
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        shut_down_dataloader_workers(iterator)
 
     def close(self) -> None:
         """Stop the current epoch's workers (if any are left) and remove the cache dir."""

@@ -76,7 +76,13 @@ from ...formats.mds import NAME as FORMAT_NAME
 from ...streaming_import import import_streaming
 from ..batching import Batch
 from ..paths import PathOptions
-from . import decode_image, decoded_arrays, open_peer_dataset, tracked_loader_class
+from . import (
+    decode_image,
+    decoded_arrays,
+    open_peer_dataset,
+    shut_down_dataloader_workers,
+    tracked_loader_class,
+)
 
 DATASET_CLASS = "DecodingStreamingDataset"
 SHUFFLE_ALGO = "py1e"
@@ -244,9 +250,7 @@ class MDSBatches:
 
     def _stop_workers(self) -> None:
         iterator, self.loader.live_iterator = self.loader.live_iterator, None
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        shut_down_dataloader_workers(iterator)
 
     def close(self) -> None:
         """Stop the current epoch's workers (if any), end the dataset's threads and remove

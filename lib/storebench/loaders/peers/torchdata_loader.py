@@ -35,6 +35,7 @@ import numpy as np
 
 from ..batching import Batch
 from ..paths import PathOptions
+from . import shut_down_dataloader_workers
 
 
 class WorkerSafeBatchDataset:
@@ -113,9 +114,7 @@ class StatefulBatches:
         self.loader.load_state_dict(state)
 
     def close(self) -> None:
-        iterator = getattr(self.loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()  # what the iterator's __del__ calls
+        shut_down_dataloader_workers(getattr(self.loader, "_iterator", None))
         self.loader._iterator = None
 
 

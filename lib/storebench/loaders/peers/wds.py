@@ -61,7 +61,7 @@ from ...formats.webdataset_tar import IMAGE_EXTS, LABEL_EXT, shard_paths
 from ...formats.webdataset_tar import NAME as FORMAT_NAME
 from ..batching import Batch
 from ..paths import PathOptions
-from . import decoded_arrays, open_peer_dataset
+from . import decoded_arrays, open_peer_dataset, shut_down_dataloader_workers
 
 SHUFFLE_BUFFER = 1000  # samples: the size WebDataset's README uses
 
@@ -201,9 +201,7 @@ class WebDatasetBatches:
     def close(self) -> None:
         """Stop the current epoch's workers (if any are left)."""
         iterator, self._iterator = self._iterator, None
-        shutdown = getattr(iterator, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        shut_down_dataloader_workers(iterator)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.root)!r}, workers={self.workers})"
