@@ -463,3 +463,67 @@ def test_a_guarded_script_with_a_module_level_dataset_runs(tmp_path, cls, method
     done = run_script(tmp_path, source)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["delivered", "64"]
+
+
+class LoggedDataset(LazyDataset):
+    """Sleeps ``delay`` seconds per batch and appends (first index, time.monotonic() at the
+    start) of every batch it reads to the file ``log`` (workers may be processes)."""
+
+    def __init__(self, reader, log: Path, delay: float = 0.0) -> None:
+        super().__init__(reader)
+        self.log, self.delay = log, delay
+
+    def get_batch(self, indices, *, out=None):
+        with open(self.log, "a") as f:
+            f.write(f"{int(indices[0])} {time.monotonic()!r}\n")
+        time.sleep(self.delay)
+        return super().get_batch(indices, out=out)
+
+
+def reads(log: Path) -> list[tuple[int, float]]:
+    return [(int(a), float(b)) for a, b in (line.split() for line in log.read_text().splitlines())]
+
+
+def prefetcher(kind: str, dataset, batches):
+    if kind == "thread":
+        return ThreadPrefetcher(dataset, batches, workers=2, depth=4)
+    return ProcessPrefetcher(dataset, batches, workers=2, depth=4, start_method="fork")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_a_pass_past_its_deadline_reads_only_its_first_batch(memmap_raw, batches, tmp_path,
+                                                             kind):
+    log = tmp_path / "reads.log"
+    want = serial(LazyDataset(memmap_raw), batches)
+    with prefetcher(kind, LoggedDataset(memmap_raw, log), batches) as pf:
+        assert_same(collected(pf.iter_until(time.monotonic() - 1.0)), want[:1])
+        assert [first for first, _ in reads(log)] == [int(next(iter(batches))[0])]
+        # The next pass runs whole, in order, on fresh workers.
+        assert_same(collected(pf), want)
+    assert our_children() == set()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_a_pass_cut_short_starts_no_batch_after_its_deadline(memmap_raw, batches, tmp_path,
+                                                             kind):
+    log = tmp_path / "reads.log"
+    want = serial(LazyDataset(memmap_raw), batches)
+    firsts = [int(b[0]) for b in batches]
+    with prefetcher(kind, LoggedDataset(memmap_raw, log, delay=0.2), batches) as pf:
+        deadline = time.monotonic() + 0.3  # the epoch's 11 batches take at least 1.1 s
+        got = collected(pf.iter_until(deadline))
+        assert 1 <= len(got) < len(want)
+        assert_same(got, want[: len(got)])
+        started = reads(log)
+        assert all(when <= deadline for first, when in started if first != firsts[0])
+        assert {first for first, _ in started} <= set(firsts)
+    assert our_children() == set()
+
+
+@pytest.mark.timeout(60)
+def test_a_deadline_far_ahead_changes_nothing(memmap_raw, batches):
+    dataset = LazyDataset(memmap_raw)
+    with ThreadPrefetcher(dataset, batches, workers=2) as tp:
+        assert_same(collected(tp.iter_until(time.monotonic() + 3600)), serial(dataset, batches))

@@ -115,13 +115,18 @@ class _Loader:
         self.batches, self.close_batches = open_batches(case, dataset, sampler)
         self.used = False
 
-    def epoch(self, epoch: int):
+    def epoch(self, epoch: int, *, until: float | None = None):
+        """Epoch ``epoch``'s batches; a prefetcher that can (``iter_until``) starts no
+        batch after ``time.monotonic()`` ``until``, so a pass cut short there stops without
+        reading batches that would not count."""
         self.sampler.set_epoch(epoch)
         if self.used and iter(self.batches) is self.batches:
             self.close()
             self.batches, self.close_batches = open_batches(self.case, self.dataset,
                                                             self.sampler)
         self.used = True
+        if until is not None and hasattr(self.batches, "iter_until"):
+            return self.batches.iter_until(until)
         return iter(self.batches)
 
     def close(self) -> None:
@@ -150,20 +155,20 @@ def _epochs(case: Case, trial: Trial, budget, loader: _Loader, reader, files, *,
             before = budget.stats()
             samples = delivered = 0
             seen = []
-            began = time.perf_counter()
+            began = time.monotonic()
             deadline = began + seconds_limit if seconds_limit else None
-            batches = loader.epoch(epoch - 1)
+            batches = loader.epoch(epoch - 1, until=deadline)
             try:
                 for batch in batches:
                     n, nbytes, indices = batch_size_bytes(batch)
                     samples, delivered = samples + n, delivered + nbytes
                     seen.append(np.array(indices))
                     last = batch
-                    if deadline is not None and time.perf_counter() > deadline:
+                    if deadline is not None and time.monotonic() > deadline:
                         break
                 # Before the loader stops: stopping a pass cut short waits for the batches
                 # still being read, which deliver nothing to this epoch.
-                seconds = time.perf_counter() - began
+                seconds = time.monotonic() - began
             finally:
                 close = getattr(batches, "close", None)
                 if close is not None:

@@ -45,6 +45,7 @@ import secrets
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -55,6 +56,7 @@ import numpy as np
 
 from .batching import Batch, batch_buffer
 from .window import (
+    NotStarted,
     WindowedPrefetcher,
     WorkerDiedError,
     WorkerError,
@@ -122,7 +124,12 @@ class _ThreadPool:
             task = self.tasks.get()
             if task is None or self.stopping.is_set():
                 return
-            seq, slot, indices = task
+            seq, slot, indices, not_after = task
+            if not_after is not None and time.monotonic() > not_after:
+                with self.done:
+                    self.results[seq] = NotStarted()
+                    self.done.notify_all()
+                continue
             try:
                 out = self.buffers[slot] if self.buffers is not None else None
                 outcome = dataset.get_batch(indices, out=out)
@@ -148,6 +155,7 @@ class _ThreadTransport:
         self.dataset = dataset
         self.workers = workers
         self.buffers = buffers
+        self.not_after: float | None = None
         self._pool: _ThreadPool | None = None
 
     def start(self) -> None:
@@ -160,7 +168,7 @@ class _ThreadTransport:
             self._pool = None
 
     def submit(self, seq: int, slot: int, indices: np.ndarray) -> None:
-        self._pool.tasks.put((seq, slot, indices))
+        self._pool.tasks.put((seq, slot, indices, self.not_after))
 
     def wait(self) -> list[tuple[int, object]]:
         pool = self._pool
@@ -216,6 +224,8 @@ class ThreadPrefetcher(WindowedPrefetcher):
 # ---------------------------------------------------------------------------------------
 _HEADER_BYTES = 64  # byte 0: the consumer sets it to ask workers to stop at once
 _STOP = 0
+# What a worker sends for a batch it took after the pass's deadline (a failure is a tuple).
+_NOT_STARTED = "not started"
 
 
 @dataclass(frozen=True)
@@ -489,7 +499,10 @@ def _process_worker(conn, inherited, layout: SlotLayout, worker: int) -> None:
             task = conn.recv()
             if task is None or control[_STOP]:
                 return
-            seq, slot, indices = task
+            seq, slot, indices, not_after = task
+            if not_after is not None and time.monotonic() > not_after:
+                conn.send((seq, _NOT_STARTED))
+                continue
             images, labels = slots[slot]
             try:
                 batch = dataset.get_batch(indices, out=images)
@@ -578,6 +591,7 @@ class _SharedMemoryTransport:
         self.dtype = dtype
         self.pids: list[int] = []
         self.shm_name = ""
+        self.not_after: float | None = None
         self._slots: _SharedSlots | None = None
         self._processes: list = []
         self._conns: list = []
@@ -642,7 +656,7 @@ class _SharedMemoryTransport:
             )
         worker = min(range(self.workers), key=self._outstanding.__getitem__)
         try:
-            self._conns[worker].send((seq, slot, indices))
+            self._conns[worker].send((seq, slot, indices, self.not_after))
         except OSError:  # it is gone: raise what it said before it went, if anything
             while self._conns[worker].poll():
                 self._receive(worker)
@@ -680,7 +694,11 @@ class _SharedMemoryTransport:
             )
         self._outstanding[worker] -= 1
         self._assigned.pop(seq, None)
-        return [(seq, None if info is None else failure_from(self.label, worker, info))]
+        if info is None:
+            return [(seq, None)]
+        if info == _NOT_STARTED:
+            return [(seq, NotStarted())]
+        return [(seq, failure_from(self.label, worker, info))]
 
     def _died(self, worker: int) -> WorkerDiedError:
         process = self._processes[worker]

@@ -19,6 +19,11 @@ What the window guarantees whatever the transport:
 - **errors**: a worker's exception is raised in the consumer as ``WorkerError`` carrying the
   worker's traceback; any exception raised inside ``next()`` (a worker error, a dead worker,
   a ``KeyboardInterrupt`` while waiting) closes the prefetcher;
+- **deadlines**: ``iter_until(t)`` is a pass cut short at ``time.monotonic()`` ``t``: it
+  ends after the first batch handed out past ``t``, and workers that honour deadlines (the
+  thread and shared-memory transports) read no batch but the pass's first that they take
+  after ``t``, so the stop waits only for batches begun before it (a thrashing read takes
+  seconds per batch);
 - **no leaks**: a pass left before its end (``break``, an exception or ``KeyboardInterrupt``
   in the loop body, an iterator dropped) stops the workers and frees the transport's memory
   in the generator's ``close()``, which CPython runs as soon as the loop unwinds. The next
@@ -28,6 +33,7 @@ What the window guarantees whatever the transport:
 from __future__ import annotations
 
 import numbers
+import time
 import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -75,6 +81,11 @@ class WorkerFailure:
     cause: BaseException | None = None
 
 
+@dataclass(frozen=True)
+class NotStarted:
+    """A batch a worker took after its pass's deadline and did not read."""
+
+
 class Transport(Protocol):
     """How one kind of worker pool takes batches and gives them back."""
 
@@ -85,7 +96,10 @@ class Transport(Protocol):
         """Stop the workers and free their memory; ``start()`` may follow. Idempotent."""
 
     def submit(self, seq: int, slot: int, indices: np.ndarray) -> None:
-        """Have a worker read batch ``seq`` (sample ``indices``) into slot ``slot``."""
+        """Have a worker read batch ``seq`` (sample ``indices``) into slot ``slot``. A
+        transport that honours deadlines has an attribute ``not_after`` (a
+        ``time.monotonic()`` value or None), set by the window for each pass: a worker that
+        takes a batch after it reports ``NotStarted()`` instead of reading it."""
 
     def wait(self) -> list[tuple[int, object]]:
         """Block until workers report; return the ``(seq, result)`` pairs that arrived
@@ -124,6 +138,8 @@ class OrderedWindow:
         self._task_info: dict[int, np.ndarray] = {}
         self._results: dict[int, object] = {}
         self._pass = 0
+        self._until: float | None = None  # the pass's deadline, and its first batch
+        self._first = 0
 
     def close(self) -> None:
         """Stop the workers for good and free their memory."""
@@ -131,8 +147,11 @@ class OrderedWindow:
         self._forget()
         self.transport.stop()
 
-    def run(self, batches: Iterable, *, owner: object) -> Iterator[Batch]:
-        """One pass over ``batches``. ``owner`` (the prefetcher) is held by the generator so
+    def run(
+        self, batches: Iterable, *, owner: object, until: float | None = None
+    ) -> Iterator[Batch]:
+        """One pass over ``batches``, cut short at ``time.monotonic()`` ``until`` if given
+        (see the module docstring). ``owner`` (the prefetcher) is held by the generator so
         that ``for b in Prefetcher(...)`` does not finalise the prefetcher mid-loop."""
         self._pass += 1
         token = self._pass
@@ -143,6 +162,7 @@ class OrderedWindow:
             self.transport.start()
             tasks = iter(batches)
             first = self._send_idx
+            self._until, self._first = until, first
             exhausted = False
             while True:
                 while not exhausted and self._send_idx < self._rcvd_idx + self.depth:
@@ -154,6 +174,9 @@ class OrderedWindow:
                     self._collect()
                 result = self._results.pop(seq)
                 indices = self._task_info.pop(seq)
+                if isinstance(result, NotStarted):
+                    self._cut_short()
+                    return
                 if isinstance(result, WorkerFailure):
                     raise WorkerError(
                         failure_message(
@@ -168,17 +191,25 @@ class OrderedWindow:
                 if self._pass != token:
                     raise RuntimeError(f"a newer pass over this {self.name} was started")
                 self._rcvd_idx += 1
+                if until is not None and time.monotonic() > until:
+                    self._cut_short()
+                    return
         except GeneratorExit:
             # Left early: the consumer broke out, raised (KeyboardInterrupt included) or
             # dropped the iterator. Stop now rather than when the prefetcher is collected.
             if self._pass == token:
-                self._forget()
-                self.transport.stop()
+                self._cut_short()
             raise
         except BaseException:
             if self._pass == token:  # a stale pass must not close the one that replaced it
                 self.close()
             raise
+
+    def _cut_short(self) -> None:
+        """End a pass before its end: stop the workers (they finish the batch in hand) and
+        drop what is in flight; the next pass starts fresh workers."""
+        self._forget()
+        self.transport.stop()
 
     def _try_put_index(self, tasks: Iterator) -> bool:
         """Submit the next batch of ``tasks``; False when there is none."""
@@ -187,6 +218,8 @@ class OrderedWindow:
             return False
         indices = np.asarray(indices, dtype=np.int64)
         seq = self._send_idx
+        if hasattr(self.transport, "not_after"):  # a pass's first batch is always read
+            self.transport.not_after = self._until if seq > self._first else None
         self.transport.submit(seq, seq % self.depth, indices)
         self._task_info[seq] = indices
         self._send_idx += 1
@@ -235,6 +268,15 @@ class WindowedPrefetcher:
         if self._window.closed:
             raise RuntimeError(f"this {type(self).__name__} is closed")
         return self._window.run(self.batches, owner=self)
+
+    def iter_until(self, deadline: float) -> Iterator[Batch]:
+        """A pass cut short at ``time.monotonic()`` ``deadline``: it ends after the first
+        batch handed out past it (or at the pass's end), and no worker starts a batch after
+        it but the pass's first, so stopping waits only for batches begun before it. For
+        time-boxed epochs (a thrashing pass, a training budget in minutes)."""
+        if self._window.closed:
+            raise RuntimeError(f"this {type(self).__name__} is closed")
+        return self._window.run(self.batches, owner=self, until=float(deadline))
 
     def close(self) -> None:
         """Stop the workers and free their memory. Batches already handed out stay
