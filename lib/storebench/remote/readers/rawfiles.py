@@ -24,16 +24,16 @@ class RemoteRawFilesReader(RemoteReader, rawfiles.RawFilesReader):
     def _list_class_dir(self, name: str) -> list[str]:
         return self._h_listing.get(name, [])
 
-    def _fetch(self, path, index: int) -> bytes:
-        return self.store.read(self.name_of(path))
+    def _fetch(self, name: str, index: int) -> bytes:
+        return self.store.read(name)
 
     def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
         labels = np.empty(len(indices), dtype=np.int64)
         images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
-        paths = [self._locate(int(i)) for i in indices]
-        fetched = self.store.read_many([self.name_of(path) for path in paths])
-        for k, (index, path, data) in enumerate(zip(indices.tolist(), paths, fetched)):
-            images[k], labels[k] = self._sample(index, self._check_bytes(path, index, data))
+        names = [self._name_of(i) for i in indices.tolist()]
+        fetched = self.store.read_many(names)
+        for k, (index, name, data) in enumerate(zip(indices.tolist(), names, fetched)):
+            images[k], labels[k] = self._sample(index, self._check_bytes(name, index, data))
         return images, labels
 
 
