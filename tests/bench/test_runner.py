@@ -415,3 +415,43 @@ def test_a_case_whose_environment_is_missing_is_skipped_with_the_reason(monkeypa
     assert outcome.status == "skipped"
     assert "the peers environment is not installed" in outcome.error
     assert "no-such-python" in outcome.error and "make peers" in outcome.error
+
+
+def test_the_warm_up_reads_a_few_batches_and_repeats_read_what_they_ask():
+    from storebench.bench.runner import WARMUP_BATCHES, Trial
+    from storebench.bench.schema import CASE_REPEAT
+
+    case = Case(study="s", function=f"{FNS}:no_such_case", repeats=1)
+    warmup, repeat = Trial(case, CASE_REPEAT), Trial(case, 0)
+    assert warmup.warmup and not repeat.warmup
+    assert warmup.batches_wanted(None) == WARMUP_BATCHES
+    assert warmup.batches_wanted(1) == 1
+    assert repeat.batches_wanted(None) is None and repeat.batches_wanted(7) == 7
+
+
+def test_a_preloaded_case_warms_up_without_preloading(ci_data_dir, monkeypatch):
+    """The warm-up's few batches come through the case's loader path over a lazy dataset
+    (a preload would read the whole set for nothing); a timed repeat preloads."""
+    import storebench.loaders
+    from storebench.bench.cases import loader_epoch_case
+    from storebench.bench.runner import WARMUP_BATCHES, Trial
+    from storebench.bench.schema import CASE_REPEAT
+
+    path = ci_data_dir / "memmap-raw"
+    case = Case(study="s", function="storebench.bench.cases:loader_epoch_case",
+                format="memmap", encoding="raw", dataset=str(path), loader="preloaded",
+                prefetcher="thread", workers=2, batch_size=32, access="shuffle", repeats=1)
+    preloads = []
+    real = storebench.loaders.PreloadedDataset
+
+    class Counted(real):
+        def __init__(self, *args, **kwargs):
+            preloads.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(storebench.loaders, "PreloadedDataset", Counted)
+    warm = loader_epoch_case(case, Trial(case, CASE_REPEAT))
+    assert warm["samples"] == (WARMUP_BATCHES * 32, "count") and preloads == []
+    timed = loader_epoch_case(case, Trial(case, 0))
+    assert timed["samples"] == (read_manifest(path)["num_samples"], "count")
+    assert preloads == [1]

@@ -98,9 +98,11 @@ def resize_transform(case: Case):
     return Resize(*size)
 
 
-def make_dataset(case: Case, reader):
+def make_dataset(case: Case, reader, *, warmup: bool = False):
     """The case's dataset over ``reader``, or None where the loader path reads the files
-    itself (tf.data over TFRecord)."""
+    itself (tf.data over TFRecord). In the ``warmup`` a preloaded case gets a lazy dataset:
+    the warm-up reads a few batches, a preload would read the whole set, and each repeat
+    preloads (and allocates) afresh anyway."""
     from storebench.loaders import LazyDataset, PreloadedDataset
     from storebench.loaders.paths import get_loader_path
 
@@ -108,7 +110,7 @@ def make_dataset(case: Case, reader):
         return None
     decode = case.param("decode")
     transform = resize_transform(case)
-    if case.loader == "lazy":
+    if case.loader == "lazy" or (warmup and case.loader == "preloaded"):
         return LazyDataset(reader, decode=decode, transform=transform)
     if case.loader == "preloaded":
         return PreloadedDataset(reader, decode=decode, transform=transform, progress=False)
@@ -201,7 +203,7 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     try:
         with trial.measure() as measurement:
             started = time.perf_counter()
-            dataset = make_dataset(case, reader)
+            dataset = make_dataset(case, reader, warmup=trial.warmup)
             ready = time.perf_counter()
             loader, close = open_batches(case, dataset, make_sampler(case, reader))
             tally = drain(loader, started=started, max_batches=max_batches)

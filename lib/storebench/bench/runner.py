@@ -169,7 +169,9 @@ class Case:
         return cls(**data)
 
 
-WARMUP_BATCHES = 4
+# Two batches: each of the default two workers reads one, so every thread or process has
+# imported and allocated what its repeats will; a repeat makes its own loader anyway.
+WARMUP_BATCHES = 2
 
 
 class Trial:
