@@ -100,6 +100,7 @@ class RawFilesReader(Reader):
         self._dirs = class_dirs(self.spec)
         self._width = index_width(self.spec.num_samples)
         self._allowed = extensions_for(self.spec.encoding)
+        self._root_text = str(self.root)
 
     def _list_class_dir(self, name: str) -> list[str]:
         """The file names in one class directory (none if it does not exist)."""
@@ -137,7 +138,6 @@ class RawFilesReader(Reader):
         self._h_labels = labels
         self._h_exts = exts
         self._npy_header = npy_header(self.spec) if self.is_raw else b""
-        self._root_text = str(self.root)
 
     def _close(self) -> None:
         self._h_labels = None

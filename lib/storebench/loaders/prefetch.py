@@ -126,15 +126,14 @@ class _ThreadPool:
                 return
             seq, slot, indices, not_after = task
             if not_after is not None and time.monotonic() > not_after:
-                with self.done:
-                    self.results[seq] = NotStarted()
-                    self.done.notify_all()
-                continue
-            try:
-                out = self.buffers[slot] if self.buffers is not None else None
-                outcome = dataset.get_batch(indices, out=out)
-            except BaseException as exc:  # everything goes to the consumer
-                outcome = WorkerFailure("prefetch thread", worker, traceback.format_exc(), exc)
+                outcome = NotStarted()
+            else:
+                try:
+                    out = self.buffers[slot] if self.buffers is not None else None
+                    outcome = dataset.get_batch(indices, out=out)
+                except BaseException as exc:  # everything goes to the consumer
+                    outcome = WorkerFailure("prefetch thread", worker, traceback.format_exc(),
+                                            exc)
             with self.done:
                 self.results[seq] = outcome
                 self.done.notify_all()

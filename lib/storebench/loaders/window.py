@@ -138,8 +138,6 @@ class OrderedWindow:
         self._task_info: dict[int, np.ndarray] = {}
         self._results: dict[int, object] = {}
         self._pass = 0
-        self._until: float | None = None  # the pass's deadline, and its first batch
-        self._first = 0
 
     def close(self) -> None:
         """Stop the workers for good and free their memory."""
@@ -162,11 +160,12 @@ class OrderedWindow:
             self.transport.start()
             tasks = iter(batches)
             first = self._send_idx
-            self._until, self._first = until, first
             exhausted = False
             while True:
                 while not exhausted and self._send_idx < self._rcvd_idx + self.depth:
-                    exhausted = not self._try_put_index(tasks)
+                    # A pass's first batch is always read, whatever its deadline.
+                    not_after = until if self._send_idx > first else None
+                    exhausted = not self._try_put_index(tasks, not_after)
                 if self._rcvd_idx == self._send_idx:
                     return
                 seq = self._rcvd_idx
@@ -211,15 +210,16 @@ class OrderedWindow:
         self._forget()
         self.transport.stop()
 
-    def _try_put_index(self, tasks: Iterator) -> bool:
-        """Submit the next batch of ``tasks``; False when there is none."""
+    def _try_put_index(self, tasks: Iterator, not_after: float | None = None) -> bool:
+        """Submit the next batch of ``tasks`` (not to be started after ``not_after`` where
+        the transport honours deadlines); False when there is none."""
         indices = next(tasks, None)
         if indices is None:
             return False
         indices = np.asarray(indices, dtype=np.int64)
         seq = self._send_idx
-        if hasattr(self.transport, "not_after"):  # a pass's first batch is always read
-            self.transport.not_after = self._until if seq > self._first else None
+        if hasattr(self.transport, "not_after"):
+            self.transport.not_after = not_after
         self.transport.submit(seq, seq % self.depth, indices)
         self._task_info[seq] = indices
         self._send_idx += 1
