@@ -236,6 +236,10 @@ def feed_findings(df: pd.DataFrame) -> list[str]:
 
 
 # -- figures ----------------------------------------------------------------------------
+_MARKERS = ("o", "s", "^", "D")
+_DASHES = ("-", "--", ":", "-.")
+
+
 def plot_feed(df: pd.DataFrame) -> Figure:
     """AU against the emulated compute time per batch, one line per path (and copy mode);
     beside it, where the rest of the time went: waiting for data and the host copy."""
@@ -244,7 +248,10 @@ def plot_feed(df: pd.DataFrame) -> Figure:
         return empty_figure("no feed rows")
     fig = Figure(figsize=(10, 3.8), layout="constrained")
     axes = fig.subplots(1, 2)
-    for path, part in rows.groupby("path", sort=False):
+    # Paths that feed equally well draw on top of each other: each later one gets a smaller
+    # marker and another dash, so every line stays visible where they coincide.
+    paths = list(rows.groupby("path", sort=False))
+    for order, (path, part) in enumerate(paths):
         summary = summarise(part, "accelerator_utilisation", ["compute_ms"]).sort_values(
             "compute_ms")
         if summary.empty:
@@ -253,8 +260,10 @@ def plot_feed(df: pd.DataFrame) -> Figure:
         axes[0].errorbar(summary["compute_ms"], median,
                          yerr=[median - summary["low"].to_numpy(dtype=float),
                                summary["high"].to_numpy(dtype=float) - median],
-                         marker="o", capsize=2, color=path_colour(path.split("/")[0]),
-                         label=part["label"].iloc[0])
+                         marker=_MARKERS[order % len(_MARKERS)],
+                         markersize=max(10 - 2.5 * order, 4), linewidth=max(3 - order, 1),
+                         linestyle=_DASHES[order % len(_DASHES)], capsize=2,
+                         color=path_colour(path.split("/")[0]), label=part["label"].iloc[0])
     axes[0].axhline(FED_AU, color="grey", linestyle=":", linewidth=0.8,
                     label=f"{format_percent(FED_AU)} AU")
     axes[0].set_xlabel("emulated compute per batch (ms)")
