@@ -141,7 +141,8 @@ def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
 
 def test_target_ratio_takes_the_best_numerator_path_and_the_summary_the_median():
     tf_target = get_target("torch_vs_tf_data")
-    assert target_ratio(tf_target, {"torch_process_prefetcher.samples_per_s": 300.0,
+    assert target_ratio(tf_target, {"torch_thread_prefetcher.samples_per_s": 250.0,
+                                    "torch_process_prefetcher.samples_per_s": 300.0,
                                     "torch_dataloader.samples_per_s": 100.0,
                                     "tf_data_autotune.samples_per_s": 200.0}) == 1.5
     with pytest.raises(KeyError, match="did not measure"):

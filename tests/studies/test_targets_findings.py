@@ -79,9 +79,15 @@ def test_the_thresholds_live_in_one_place():
 
 def test_target_ratio_takes_the_best_numerator_over_the_denominator():
     tf = targets.get_target("torch_vs_tf_data")
-    assert target_ratio(tf, {"torch_process_prefetcher.samples_per_s": 300.0,
-                                     "torch_dataloader.samples_per_s": 400.0,
-                                     "tf_data_autotune.samples_per_s": 200.0}) == 2.0
+    assert target_ratio(tf, {"torch_thread_prefetcher.samples_per_s": 500.0,
+                             "torch_process_prefetcher.samples_per_s": 300.0,
+                             "torch_dataloader.samples_per_s": 400.0,
+                             "tf_data_autotune.samples_per_s": 200.0}) == 2.5
+    # Every one of our paths is a candidate: one left unmeasured is an error, not a pass.
+    with pytest.raises(KeyError, match="torch_thread_prefetcher"):
+        target_ratio(tf, {"torch_process_prefetcher.samples_per_s": 300.0,
+                          "torch_dataloader.samples_per_s": 400.0,
+                          "tf_data_autotune.samples_per_s": 200.0})
     with pytest.raises(KeyError, match="did not measure"):
         target_ratio(tf, {"torch_dataloader.samples_per_s": 1.0})
     gather = targets.get_target("memmap_gather_vs_dram")
@@ -121,12 +127,15 @@ def test_the_paths_figure_draws_each_path_over_the_slowest():
 
 def test_the_tfrecord_guide_row_compares_the_paths_measured_in_one_case():
     df = frame(target_case("torch_vs_tf_data", [1.5, 1.4, 1.6], threshold=1.0, extra={
+        "torch_thread_prefetcher.samples_per_s": [250.0, 260.0, 240.0],
         "torch_process_prefetcher.samples_per_s": [300.0, 280.0, 320.0],
         "torch_dataloader.samples_per_s": [150.0, 140.0, 160.0],
         "tf_data_autotune.samples_per_s": [200.0, 200.0, 200.0]}))
     (row,) = targets.guide(Results(df, {}))
     assert row.best.key == "torch_process_prefetcher"
     assert [c.key for c in row.candidates] == [
-        "torch_process_prefetcher", "tf_data_autotune", "torch_dataloader"]
-    assert row.ratio == pytest.approx(1.5) and not row.tie
+        "torch_process_prefetcher", "torch_thread_prefetcher", "tf_data_autotune",
+        "torch_dataloader"]
+    assert row.candidates[1].label == "ThreadPrefetcher \u00d72 (simplejpeg)"
+    assert row.ratio == pytest.approx(300 / 250) and not row.tie
     assert targets.guide(Results(targets_frame(), {})) == []

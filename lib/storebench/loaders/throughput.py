@@ -365,12 +365,13 @@ def target_tfrecord(
     max_batches: int | None = None,
 ) -> dict[str, Measurement]:
     """TFRecord shards through tf.data (AUTOTUNE, parallel interleave and parse) vs our
-    PyTorch paths over the same shards: ``ProcessPrefetcher`` and a DataLoader, both with
-    ``workers`` processes and the simplejpeg decoder for JPEG. The caller compares the best
+    PyTorch paths over the same shards: ``ThreadPrefetcher`` (``workers`` threads),
+    ``ProcessPrefetcher`` and a DataLoader (``workers`` processes), all with the simplejpeg
+    decoder for JPEG. The caller compares the best
     PyTorch path with tf.data."""
     from storebench.formats import open_dataset
 
-    from .prefetch import ProcessPrefetcher
+    from .prefetch import ProcessPrefetcher, ThreadPrefetcher
     from .tf_adapter import tfrecord_pipeline
 
     reader = open_dataset(root, verify=False)
@@ -400,6 +401,11 @@ def target_tfrecord(
     )
     return {
         "tf_data_autotune": measure(iter(tf_data), name="tf.data AUTOTUNE", **common),
+        "torch_thread_prefetcher": _timed_loader(
+            lambda: ThreadPrefetcher(dataset, order(), workers=workers),
+            name="ThreadPrefetcher",
+            **common,
+        ),
         "torch_process_prefetcher": _timed_loader(
             lambda: ProcessPrefetcher(dataset, order(), workers=workers, start_method=start_method),
             name="ProcessPrefetcher",

@@ -231,6 +231,7 @@ def guide(results: Results) -> list:
     rows = results.df[(results.df["study"] == "targets")
                       & (results.df["loader"] == "torch_vs_tf_data")]
     labels = {"tf_data_autotune": "tf.data AUTOTUNE (TensorFlow decodes)",
+              "torch_thread_prefetcher": "ThreadPrefetcher \u00d72 (simplejpeg)",
               "torch_process_prefetcher": "ProcessPrefetcher \u00d72 (simplejpeg)",
               "torch_dataloader": "torch DataLoader \u00d72 (simplejpeg)"}
     # Every path the case measured is a candidate; the labels only say how to read them.
