@@ -367,8 +367,7 @@ def target_tfrecord(
     """TFRecord shards through tf.data (AUTOTUNE, parallel interleave and parse) vs our
     PyTorch paths over the same shards: ``ThreadPrefetcher`` (``workers`` threads),
     ``ProcessPrefetcher`` and a DataLoader (``workers`` processes), all with the simplejpeg
-    decoder for JPEG. The caller compares the best
-    PyTorch path with tf.data."""
+    decoder for JPEG. The caller compares the best PyTorch path with tf.data."""
     from storebench.formats import open_dataset
 
     from .prefetch import ProcessPrefetcher, ThreadPrefetcher
