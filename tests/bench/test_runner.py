@@ -429,6 +429,58 @@ def test_the_warm_up_reads_a_few_batches_and_repeats_read_what_they_ask():
     assert repeat.batches_wanted(None) is None and repeat.batches_wanted(7) == 7
 
 
+def test_a_timed_repeat_reads_at_most_the_cases_epoch_samples():
+    from storebench.bench.runner import WARMUP_BATCHES, Trial
+    from storebench.bench.schema import CASE_REPEAT
+
+    case = Case(study="s", function=f"{FNS}:no_such_case", repeats=1, batch_size=256,
+                epoch_samples=1000)
+    repeat = Trial(case, 0)
+    assert repeat.batches_wanted(None) == 4  # 1000 samples: 4 batches of 256, the last full
+    assert repeat.batches_wanted(None, samples=20_000) == 4
+    assert repeat.batches_wanted(3, samples=20_000) == 3
+    assert repeat.batches_wanted(None, samples=20_000, ranks=2) == 2  # each rank's share
+    # A set no larger than the cap is read whole: no cap, so the whole-epoch checks apply.
+    assert repeat.batches_wanted(None, samples=1000) is None
+    assert repeat.batches_wanted(None, samples=600) is None
+    assert Trial(case, CASE_REPEAT).batches_wanted(None, samples=20_000) == WARMUP_BATCHES
+    with pytest.raises(ValueError, match="epoch_samples must be positive, got 0"):
+        Case(study="s", function=f"{FNS}:no_such_case", epoch_samples=0)
+
+
+def test_a_capped_loader_epoch_reads_the_first_batches_of_the_order(ci_data_dir):
+    from storebench.bench.cases import loader_epoch_case
+    from storebench.bench.runner import Trial
+
+    path = ci_data_dir / "memmap-raw"
+    case = Case(study="s", function="storebench.bench.cases:loader_epoch_case",
+                format="memmap", encoding="raw", dataset=str(path), loader="lazy",
+                prefetcher="thread", workers=2, batch_size=32, access="shuffle", repeats=1,
+                epoch_samples=100)
+    assert read_manifest(path)["num_samples"] > 128
+    assert loader_epoch_case(case, Trial(case, 0))["samples"] == (128, "count")
+
+
+def test_an_epoch_short_of_its_batches_or_with_a_sample_twice_is_an_error():
+    from storebench.bench.cases import EpochTally, check_epoch
+
+    case = Case(study="s", function=f"{FNS}:no_such_case", dataset="/d", batch_size=4)
+    short = EpochTally(samples=8, seen=[np.arange(4), np.arange(4, 8)])
+    check_epoch(case, short, 100, 2)
+    with pytest.raises(RuntimeError, match="/d: an epoch of 3 batches delivered 8 samples, "
+                                           "expected 12"):
+        check_epoch(case, short, 100, 3)
+    twice = EpochTally(samples=8, seen=[np.arange(4), np.arange(3, 7)])
+    with pytest.raises(RuntimeError, match="/d: an epoch of 2 batches delivered a sample "
+                                           "twice"):
+        check_epoch(case, twice, 100, 2)
+    with pytest.raises(RuntimeError, match="/d: an epoch did not deliver every sample once"):
+        check_epoch(case, twice, 8, None)
+    with pytest.raises(RuntimeError, match="/d: an epoch delivered 8 samples, the dataset "
+                                           "has 9"):
+        check_epoch(case, short, 9, None)
+
+
 def test_a_preloaded_case_warms_up_without_preloading(ci_data_dir, monkeypatch):
     """The warm-up's few batches come through the case's loader path over a lazy dataset
     (a preload would read the whole set for nothing); a timed repeat preloads."""

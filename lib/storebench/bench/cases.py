@@ -190,6 +190,28 @@ def drain(loader, *, started: float, max_batches: int | None) -> EpochTally:
     return tally
 
 
+def check_epoch(case: Case, tally: EpochTally, num_samples: int,
+                max_batches: int | None) -> None:
+    """A whole epoch (``max_batches`` None) delivered every sample once; one capped at
+    ``max_batches`` (``Trial.batches_wanted``) delivered that many batches' samples (or the
+    whole set, where they outnumber it), none twice."""
+    if max_batches is None:
+        if tally.samples != num_samples:
+            raise RuntimeError(f"{case.dataset}: an epoch delivered {tally.samples} samples, "
+                               f"the dataset has {num_samples}")
+        if tally.seen and not np.array_equal(np.sort(tally.indices()), np.arange(num_samples)):
+            raise RuntimeError(f"{case.dataset}: an epoch did not deliver every sample once")
+        return
+    wanted = min(max_batches * (case.batch_size or 256), num_samples)
+    if tally.samples != wanted:
+        raise RuntimeError(f"{case.dataset}: an epoch of {max_batches} batches delivered "
+                           f"{tally.samples} samples, expected {wanted}")
+    indices = tally.indices()
+    if len(np.unique(indices)) != len(indices):
+        raise RuntimeError(f"{case.dataset}: an epoch of {max_batches} batches delivered a "
+                           "sample twice")
+
+
 def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     """One epoch (or ``max_batches`` batches) through reader -> dataset -> sampler ->
     loader path, timed from before the dataset is made: a preload counts in
@@ -197,8 +219,8 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     own time is ``epoch_seconds`` and the throughput figures use it."""
     from storebench.formats import open_dataset
 
-    max_batches = trial.batches_wanted(case.param("max_batches"))
     reader = open_dataset(case.dataset, verify=False, **open_options(case))
+    max_batches = trial.batches_wanted(case.param("max_batches"), samples=len(reader))
     close = dataset = None
     try:
         with trial.measure() as measurement:
@@ -211,12 +233,7 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     finally:
         release(reader, dataset=dataset, close=close)
     samples = tally.samples
-    if max_batches is None:
-        if samples != len(reader):
-            raise RuntimeError(f"{case.dataset}: an epoch delivered {samples} samples, "
-                               f"the dataset has {len(reader)}")
-        if tally.seen and not np.array_equal(np.sort(tally.indices()), np.arange(len(reader))):
-            raise RuntimeError(f"{case.dataset}: an epoch did not deliver every sample once")
+    check_epoch(case, tally, len(reader), max_batches)
     epoch = ended - ready
     return {
         "samples": (samples, "count"),

@@ -97,6 +97,10 @@ class Case:
     timeout_s: float | None = None
     params: tuple[tuple[str, object], ...] = ()
     summarise: str = ""
+    # The most samples a timed repeat of a loader epoch reads (the first of the epoch's
+    # order); None: the whole set. Not part of ``case_id``: it sizes the measurement, like
+    # ``repeats``, and is recorded in the case's rows (``epoch_samples_cap``).
+    epoch_samples: int | None = None
 
     def __post_init__(self) -> None:
         for role, path in (("function", self.function), ("summarise", self.summarise)):
@@ -124,6 +128,8 @@ class Case:
             self.adaptive_repeats  # noqa: B018 - validates minimum <= maximum, halfwidth
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        if self.epoch_samples is not None and self.epoch_samples < 1:
+            raise ValueError(f"epoch_samples must be positive, got {self.epoch_samples}")
 
     @property
     def adaptive_repeats(self):
@@ -191,13 +197,21 @@ class Trial:
     def warmup(self) -> bool:
         return self.repeat == CASE_REPEAT
 
-    def batches_wanted(self, max_batches: int | None) -> int | None:
-        """How many batches this call should read: ``WARMUP_BATCHES`` in the warm-up (it
-        exists to import, allocate and start threads, not to read an epoch: the cache state
-        of each timed repeat is set by the harness), else ``max_batches``."""
-        if not self.warmup:
+    def batches_wanted(self, max_batches: int | None, *, samples: int | None = None,
+                       ranks: int = 1) -> int | None:
+        """How many batches this call should read (each of ``ranks`` ranks, for a set of
+        ``samples`` samples): ``WARMUP_BATCHES`` in the warm-up (it exists to import,
+        allocate and start threads, not to read an epoch: the cache state of each timed
+        repeat is set by the harness), else ``max_batches``, at most the batches of the
+        case's ``epoch_samples`` where that is less than the set (``samples``; unknown:
+        the cap applies). None: the whole epoch."""
+        if self.warmup:
+            return WARMUP_BATCHES if max_batches is None else min(max_batches, WARMUP_BATCHES)
+        cap = self.case.epoch_samples
+        if cap is None or (samples is not None and cap >= samples):
             return max_batches
-        return WARMUP_BATCHES if max_batches is None else min(max_batches, WARMUP_BATCHES)
+        capped = max(1, -(-cap // ((self.case.batch_size or 256) * ranks)))
+        return capped if max_batches is None else min(max_batches, capped)
 
     def measure(self, *, interval: float = 0.05):
         """Context manager timing the region it wraps (once per trial)."""

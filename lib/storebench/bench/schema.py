@@ -125,6 +125,7 @@ METRIC_UNITS: dict[str, str] = {
     "repeats_seconds": "s",
     "median_ci_halfwidth": "ratio",
     "case_startup_s": "s",
+    "epoch_samples_cap": "count",
 }
 
 

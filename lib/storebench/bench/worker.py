@@ -145,7 +145,7 @@ def run_job(job: dict) -> list[dict]:
     case function being ready), ``repeats_run``, ``repeats_seconds`` (the timed repeats with
     their cache preparation: what a repeat budget counts) and ``median_ci_halfwidth`` (the
     relative half-width of the 95% bootstrap interval of the stop metric's median; what
-    adaptive repeats stop on)."""
+    adaptive repeats stop on), and ``epoch_samples_cap`` where the case caps its epochs."""
     case = Case.from_dict(job["case"])
     phase_path = Path(job["phase_path"])
     function = resolve_function(case.function)
@@ -194,6 +194,8 @@ def run_job(job: dict) -> list[dict]:
         summary["median_ci_halfwidth"] = (relative_halfwidth(judged), "ratio")
     if math.isfinite(startup):
         summary["case_startup_s"] = (startup, "s")
+    if case.epoch_samples is not None:
+        summary["epoch_samples_cap"] = (float(case.epoch_samples), "count")
     records += [
         {"repeat": CASE_REPEAT, "metric": name, "value": value, "unit": unit,
          "resident_fraction": math.nan}

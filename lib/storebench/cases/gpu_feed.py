@@ -29,7 +29,8 @@ def gpu_feed_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
                                f"but copies go to {feeder.device}")
         with trial.measure():
             result = run_feed(feeder, accelerator, warmup_batches=int(case.param("warmup", 2)),
-                              max_batches=trial.batches_wanted(case.param("max_batches")))
+                              max_batches=trial.batches_wanted(case.param("max_batches"),
+                                                                samples=len(reader)))
         stats = feeder.stats()
     finally:
         release(reader, dataset=dataset, close=close)

@@ -186,9 +186,9 @@ def peer_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     reason = _path_unavailable(case)
     if reason:
         raise CaseSkipped(reason)
-    max_batches = trial.batches_wanted(None)
     fresh = trial.repeat == 0  # the case has no warm-up: nothing was imported or compiled
     reader = open_dataset(case.dataset, verify=False)
+    max_batches = trial.batches_wanted(None, samples=len(reader))
     close = dataset = None
     epochs: list[_Epoch] = []
     try:

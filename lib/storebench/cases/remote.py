@@ -55,11 +55,13 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     from dataclasses import replace
     from urllib.parse import urlsplit
 
+    from ..formats import read_manifest
     from ..remote.network import DelayProxy, LinkError, LinkUnavailableError, measure_rtt
     from ..remote.s3 import DEFAULT_CONCURRENCY, S3Config
 
     ranks = int(case.param("ranks", 1))
-    max_batches = trial.batches_wanted(None)
+    max_batches = trial.batches_wanted(
+        None, samples=int(read_manifest(case.dataset)["num_samples"]), ranks=ranks)
     if case.param("source", "s3") == "local":
         per_rank = _run_ranks(case, ranks, str(case.dataset), None, max_batches)
         return _metrics(case, per_rank, ranks, max_batches)
@@ -148,6 +150,15 @@ def _metrics(case: Case, per_rank: list[dict], ranks: int, max_batches) -> dict:
         if len(everything) and not np.array_equal(np.unique(everything),
                                                   np.arange(per_rank[0]["num_samples"])):
             raise RuntimeError(f"{case.dataset}: the ranks' epochs do not cover the dataset")
+    else:
+        for rank, r in enumerate(per_rank):
+            wanted = min(max_batches * (case.batch_size or 256), r["expected"])
+            if r["samples"] != wanted:
+                raise RuntimeError(f"{case.dataset}: rank {rank} delivered {r['samples']} "
+                                   f"samples of {max_batches} batches, expected {wanted}")
+        everything = np.concatenate([r["indices"] for r in per_rank])
+        if len(np.unique(everything)) != len(everything):
+            raise RuntimeError(f"{case.dataset}: the ranks delivered a sample twice")
     slowest = max(r["seconds"] for r in per_rank)
     requests = sum(r["requests"] for r in per_rank)
     fetched = sum(r["fetched_bytes"] for r in per_rank)

@@ -29,6 +29,7 @@ from .grid import (
     StudyNotApplicableError,
     batch_size_for,
     dataset_fields,
+    epoch_fields,
     pick,
     profile_datasets,
     repeat_fields,
@@ -53,7 +54,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
     """See the module docstring."""
     from ..bench.envinfo import cuda_info
 
-    repeats = repeat_fields(profile, repeats)
+    repeats = {**repeat_fields(profile, repeats), **epoch_fields(profile)}
     picked = pick(profile_datasets(profile, data_dir), "raw", ("memmap", "lmdb", "hdf5"))
     if picked is None:
         raise StudyNotApplicableError(f"{data_dir}: gpu_feed needs a raw dataset (for an "

@@ -37,6 +37,13 @@ def repeat_fields(profile: str, repeats: int | None, *,
             "repeat_budget_s": rule.budget_s if budget_s == "plan" else budget_s}
 
 
+def epoch_fields(profile: str) -> dict:
+    """The Case field that sizes a loader case's timed epochs: the plan's ``epoch_samples``
+    (``bench.plan.EPOCH_SAMPLES``), for the studies whose figure is a loader's rate, not
+    the whole set's."""
+    return {"epoch_samples": plan_for(profile).epoch_samples}
+
+
 def is_variant(path: Path, manifest: dict) -> bool:
     """Whether the build at ``path`` is a knob variant, not the default build."""
     return Path(path).name != f"{manifest['format']}-{manifest['encoding']}"

@@ -62,6 +62,7 @@ from .grid import (
     batch_size_for,
     dataset_fields,
     decode_params,
+    epoch_fields,
     profile_datasets,
     repeat_fields,
 )
@@ -78,7 +79,7 @@ READAHEAD_KNOBS = (("memmap", "madvise_random"), ("lmdb", "readahead"))
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
     """See the module docstring."""
     plan = plan_for(profile)
-    repeats = repeat_fields(profile, repeats)
+    repeats = {**repeat_fields(profile, repeats), **epoch_fields(profile)}
     cases = []
     for path, manifest in profile_datasets(profile, data_dir):
         raw = manifest["encoding"] == "raw"

@@ -38,6 +38,7 @@ from .grid import (
     batch_size_for,
     dataset_fields,
     decode_params,
+    epoch_fields,
     pick,
     profile_datasets,
     repeat_fields,
@@ -86,7 +87,8 @@ def remote_grid(*, profile: str, data_dir: Path | str, repeats: int | None = Non
     decode rate of the JPEG set; ``RANKED_PATH`` at 20 ms under a ``CAPPED_MBIT`` tbf cap.
     Compact plans (ci): ``COMPACT_PATHS`` at ``COMPACT_RTTS_MS``."""
     plan = plan_for(profile)
-    fields = {**repeat_fields(profile, repeats), "timeout_s": plan.timeout_s}
+    fields = {**repeat_fields(profile, repeats), **epoch_fields(profile),
+              "timeout_s": plan.timeout_s}
     paths = COMPACT_PATHS if plan.compact else PATHS
     rtts = COMPACT_RTTS_MS if plan.compact else RTTS_MS
     datasets = profile_datasets(profile, data_dir)
