@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -387,6 +388,32 @@ def test_fixed_repeats_take_exactly_that_many(tmp_path):
         0, 1, 2, 3]
 
 
+@pytest.mark.timeout(120)
+def test_a_resumed_run_refuses_rows_read_under_another_epoch_size(tmp_path):
+    from storebench.bench.runner import run_study
+
+    results = tmp_path / "scripted.csv"
+    whole = Case(study="scripted", function=f"{FNS}:scripted_rate_case", repeats=1,
+                 params={"rates": "100"})
+    run_study([whole], results, python_path=[HERE], progress=False)
+    assert run_study([whole], results, python_path=[HERE], progress=False).skipped == [
+        whole.case_id]
+    capped = Case(study="scripted", function=f"{FNS}:scripted_rate_case", repeats=1,
+                  params={"rates": "100"}, epoch_samples=2048)
+    before = results.read_bytes()
+    with pytest.raises(ValueError, match=(
+            f"case {re.escape(whole.case_id)} was measured with whole epochs, this plan reads "
+            "epochs of 2048 samples; rerun with --fresh")):
+        run_study([capped], results, python_path=[HERE], progress=False)
+    assert results.read_bytes() == before
+    again = tmp_path / "capped.csv"
+    run_study([capped], again, python_path=[HERE], progress=False)
+    rows = [line for line in again.read_text().splitlines() if ",epoch_samples_cap," in line]
+    assert len(rows) == 1 and ",2048.0," in rows[0]
+    assert run_study([capped], again, python_path=[HERE], progress=False).skipped == [
+        capped.case_id]
+
+
 def test_a_case_runs_with_its_environments_interpreter(monkeypatch, tmp_path):
     """param ``environment``: the runner starts the worker with that environment's python
     (here ``STOREBENCH_PEERS_PYTHON`` names a link to this one outside its venv, so the
@@ -459,6 +486,27 @@ def test_a_capped_loader_epoch_reads_the_first_batches_of_the_order(ci_data_dir)
                 epoch_samples=100)
     assert read_manifest(path)["num_samples"] > 128
     assert loader_epoch_case(case, Trial(case, 0))["samples"] == (128, "count")
+
+
+def test_a_sized_epoch_ends_at_its_last_batch_not_after_its_loader_stopped():
+    from storebench.bench.cases import drain, epoch_ended
+
+    closed = []
+
+    def loader():
+        try:
+            for k in range(5):
+                yield np.zeros((2, 1), np.uint8), np.array([k, k])
+        finally:
+            closed.append(time.perf_counter())
+
+    started = time.perf_counter()
+    tally = drain(loader(), started=started, max_batches=2)
+    assert tally.batches == 2 and tally.samples == 4 and len(closed) == 1
+    assert started < tally.last_batch_at <= closed[0]
+    assert epoch_ended(tally, 2) == tally.last_batch_at
+    whole = drain(loader(), started=started, max_batches=None)
+    assert whole.batches == 5 and epoch_ended(whole, None) >= closed[1]
 
 
 def test_an_epoch_short_of_its_batches_or_with_a_sample_twice_is_an_error():

@@ -161,12 +161,14 @@ def batch_size_bytes(batch) -> tuple[int, int, np.ndarray | None]:
 @dataclass
 class EpochTally:
     """What draining a loader delivered: samples, image bytes, batches, seconds from
-    ``started`` to the first batch, and the indices of batches that carry them."""
+    ``started`` to the first batch, when the last batch had arrived (``perf_counter``), and
+    the indices of batches that carry them."""
 
     samples: int = 0
     delivered: int = 0
     batches: int = 0
     first_batch_seconds: float = float("nan")
+    last_batch_at: float = float("nan")
     seen: list = field(default_factory=list)
 
     def indices(self) -> np.ndarray:
@@ -185,9 +187,17 @@ def drain(loader, *, started: float, max_batches: int | None) -> EpochTally:
         tally.batches += 1
         if indices is not None:
             tally.seen.append(np.array(indices))
+        tally.last_batch_at = time.perf_counter()
         if max_batches is not None and tally.batches >= max_batches:
             break
     return tally
+
+
+def epoch_ended(tally: EpochTally, max_batches: int | None) -> float:
+    """When an epoch ended: now for a whole one (its loader's own end of epoch counts, as in
+    training), at its last batch for one stopped at ``max_batches``: stopping a loader
+    mid-epoch (in-flight batches, workers shut down early) is work no whole epoch does."""
+    return time.perf_counter() if max_batches is None else tally.last_batch_at
 
 
 def check_epoch(case: Case, tally: EpochTally, num_samples: int,
@@ -216,7 +226,8 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     """One epoch (or ``max_batches`` batches) through reader -> dataset -> sampler ->
     loader path, timed from before the dataset is made: a preload counts in
     ``time_to_first_batch_s`` and is also reported alone as ``preload_seconds``; an epoch's
-    own time is ``epoch_seconds`` and the throughput figures use it."""
+    own time is ``epoch_seconds`` and the throughput figures use it; ``set_epoch_seconds``
+    is an epoch of the whole set at that rate (the same where the epoch was whole)."""
     from storebench.formats import open_dataset
 
     reader = open_dataset(case.dataset, verify=False, **open_options(case))
@@ -229,7 +240,7 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
             ready = time.perf_counter()
             loader, close = open_batches(case, dataset, make_sampler(case, reader))
             tally = drain(loader, started=started, max_batches=max_batches)
-            ended = time.perf_counter()
+            ended = epoch_ended(tally, max_batches)
     finally:
         release(reader, dataset=dataset, close=close)
     samples = tally.samples
@@ -241,6 +252,9 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         "read_MBps": (tally.delivered / epoch / MB, "MB/s"),
         "time_to_first_batch_s": (tally.first_batch_seconds, "s"),
         "epoch_seconds": (epoch, "s"),
+        # An epoch of the whole set at this repeat's rate: the epoch itself when it was
+        # whole; what a preload (always of the whole set) is weighed against.
+        "set_epoch_seconds": (epoch * len(reader) / samples, "s"),
         "preload_seconds": (ready - started, "s"),
         "cpu_utilisation": (measurement.cpu_seconds / measurement.wall_seconds, "ratio"),
     }

@@ -54,7 +54,13 @@ from ..processes import pid_alive
 from .cache import CacheState
 from .memory_budget import remove_stale_budgets
 from .plan import DEFAULT_REPEATS, DEFAULT_TIMEOUT_S
-from .schema import CASE_REPEAT, ResultsWriter, SchemaError, finished_case_ids
+from .schema import (
+    CASE_REPEAT,
+    ResultsWriter,
+    SchemaError,
+    finished_case_ids,
+    recorded_epoch_samples,
+)
 
 _ERROR_TAIL_CHARS = 4000
 _SCALARS = (str, int, float, bool, type(None))
@@ -563,6 +569,7 @@ def run_study(
     results_path = Path(results_path)
     if not resume and results_path.exists() and results_path.stat().st_size:
         raise FileExistsError(f"{results_path}: exists; remove it or resume")
+    _require_same_epochs(results_path, cases)
     from tqdm.auto import tqdm
 
     summary = StudyRun(results_path, run_id or new_run_id())
@@ -587,6 +594,21 @@ def run_study(
             bar.close()
             summary.seconds = time.perf_counter() - started
     return summary
+
+
+def _require_same_epochs(results_path: Path, cases: Sequence[Case]) -> None:
+    """A resumed run keeps earlier rows only where they were read under the same epoch size:
+    rows of whole epochs beside capped ones (or another cap) would compare unlike things."""
+    recorded = recorded_epoch_samples(results_path)
+    for case in cases:
+        if case.case_id in recorded and recorded[case.case_id] != case.epoch_samples:
+            def size(cap):
+                return "whole epochs" if cap is None else f"epochs of {cap} samples"
+
+            raise ValueError(
+                f"{results_path}: case {case.case_id} was measured with "
+                f"{size(recorded[case.case_id])}, this plan reads {size(case.epoch_samples)}; "
+                "rerun with --fresh or write to another --results directory")
 
 
 def _run_one(case: Case, writer, summary: StudyRun, bar, *, profile, drop_caches, timeout_s,

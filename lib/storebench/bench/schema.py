@@ -79,6 +79,7 @@ METRIC_UNITS: dict[str, str] = {
     "file_MBps": "MB/s",
     "time_to_first_batch_s": "s",
     "epoch_seconds": "s",
+    "set_epoch_seconds": "s",
     "preload_seconds": "s",
     "cpu_utilisation": "ratio",
     # build cost, from the manifests
@@ -381,3 +382,20 @@ def finished_case_ids(path: Path | str) -> set[str]:
         return set()
     with open(path, newline="") as f:
         return {row["case_id"] for row in csv.DictReader(f) if row.get("case_id")}
+
+
+def recorded_epoch_samples(path: Path | str) -> dict[str, int | None]:
+    """Per case id whose worker finished (a ``repeats_run`` row), the ``epoch_samples_cap``
+    its epochs were read under, None for whole epochs: what a resumed run must match."""
+    path = Path(path)
+    if not path.exists() or path.stat().st_size == 0:
+        return {}
+    finished: set[str] = set()
+    caps: dict[str, int] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            if row.get("metric") == "repeats_run":
+                finished.add(row["case_id"])
+            elif row.get("metric") == "epoch_samples_cap":
+                caps[row["case_id"]] = int(float(row["value"]))
+    return {case_id: caps.get(case_id) for case_id in finished}

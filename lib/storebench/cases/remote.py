@@ -106,7 +106,14 @@ def _run_ranks(case: Case, ranks: int, path: str, config, max_batches) -> list[d
 def read_epoch_share(rank: int, world_size: int, job: dict) -> dict:
     """One rank's share of an epoch (runs in a rank process, or in the case's own for a
     single rank; see ``remote_epoch_case``)."""
-    from ..bench.cases import drain, make_dataset, make_sampler, open_batches, release
+    from ..bench.cases import (
+        drain,
+        epoch_ended,
+        make_dataset,
+        make_sampler,
+        open_batches,
+        release,
+    )
     from ..formats import open_dataset
 
     case = Case.from_dict(job["case"])
@@ -125,7 +132,7 @@ def read_epoch_share(rank: int, world_size: int, job: dict) -> dict:
         began = time.perf_counter()
         loader, close = open_batches(case, dataset, sampler)
         tally = drain(loader, started=began, max_batches=job["max_batches"])
-        ended = time.perf_counter()
+        ended = epoch_ended(tally, job["max_batches"])
         store = getattr(reader, "store", None)
         requests, fetched = store.traffic() if store is not None else (0, 0)
     finally:

@@ -34,7 +34,7 @@ from ..plots import empty_figure, log_axis, profile_caption
 from ..results import Results, ratio_interval, select, stat, summary_table
 from ..text import ENCODING_NAMES, MULTIPLY, format_percent, format_ratio, format_value
 from .base import FigureSpec, Study
-from .grid import dataset_fields, epoch_fields, profile_datasets, repeat_fields
+from .grid import dataset_fields, profile_datasets, repeat_fields
 
 NAME = "peers"
 CASES = "storebench.cases.peers"
@@ -120,13 +120,14 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
     our ProcessPrefetcher over each peer format, warm; the JPEG paths also cold; the
     single-core simplejpeg decode rate. Compact plans (ci): ``COMPACT``, warm only."""
     plan = plan_for(profile)
-    fields = {**repeat_fields(profile, repeats), **epoch_fields(profile),
-              "timeout_s": plan.timeout_s}
+    # Whole epochs (no ``epoch_fields``): a peer's loader stopped mid-epoch pays for its own
+    # stop (FFCV polls its stop flag every 0.5 s), which no whole epoch does, and each
+    # case's later epochs would be many short ones, each stopped so.
+    fields = {**repeat_fields(profile, repeats), "timeout_s": plan.timeout_s}
     # The warm target rows compare ours with the peers' own pipelines by the ratio's
     # interval: a longer budget, within which the fast candidates that decide it (a repeat
     # of a second or two) still reach a narrow interval, and a slow peer stops early.
     target_fields = {**repeat_fields(profile, repeats, budget_s=TARGET_REPEAT_BUDGET_S),
-                     **epoch_fields(profile),
                      "timeout_s": plan.timeout_s}
     datasets = profile_datasets(profile, data_dir, peers=True)
     built = {(m["format"], m["encoding"]): (p, m) for p, m in datasets}
