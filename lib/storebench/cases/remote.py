@@ -60,12 +60,14 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     from ..remote.s3 import DEFAULT_CONCURRENCY, S3Config
 
     ranks = int(case.param("ranks", 1))
+    local = case.param("source", "s3") == "local"
+    # Before the manifest: a run without an object store skips with its reason.
+    url = str(case.dataset) if local else remote_url(case)
     max_batches = trial.batches_wanted(
         None, samples=int(read_manifest(case.dataset)["num_samples"]), ranks=ranks)
-    if case.param("source", "s3") == "local":
-        per_rank = _run_ranks(case, ranks, str(case.dataset), None, max_batches)
+    if local:
+        per_rank = _run_ranks(case, ranks, url, None, max_batches)
         return _metrics(case, per_rank, ranks, max_batches)
-    url = remote_url(case)
     config = S3Config.from_env(concurrency=int(case.param("concurrency", DEFAULT_CONCURRENCY)))
     endpoint = urlsplit(config.endpoint_url)
     rtt_ms = float(case.param("rtt_ms", 0.0))
