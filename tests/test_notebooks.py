@@ -93,7 +93,6 @@ def _errors(notebook) -> list[str]:
             for output in cell.outputs if output.output_type == "error"]
 
 
-@pytest.mark.timeout(900)
 def test_study_on_the_ci_profile_end_to_end(ci_study):
     """Build, every study, plots and every notebook, as ``make study`` runs them."""
     profile_dir, completed = ci_study
