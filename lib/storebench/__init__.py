@@ -7,12 +7,6 @@ manifest) and ``verify_dataset``. The loaders live in ``storebench.loaders``.
 """
 
 from importlib import import_module
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("storebench")
-except PackageNotFoundError:  # running from a source tree that was never installed
-    __version__ = "0+unknown"
 
 _ENTRY_POINTS = {
     "build_dataset": "storebench.formats",
@@ -25,6 +19,14 @@ __all__ = ["__version__", *_ENTRY_POINTS]
 
 
 def __getattr__(name: str):
+    # importlib.metadata costs every fresh process (each case's) tens of milliseconds.
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("storebench")
+        except PackageNotFoundError:  # a source tree that was never installed
+            return "0+unknown"
     if name in _ENTRY_POINTS:
         return getattr(import_module(_ENTRY_POINTS[name]), name)
     raise AttributeError(f"module 'storebench' has no attribute {name!r}")

@@ -1,5 +1,6 @@
 """Process lifetimes: whether a process is still there (how every clean-up of a killed run's
-leftovers tells theirs from a live run's), and a child that dies with its parent."""
+leftovers tells theirs from a live run's), a child that dies with its parent, and where
+processes' shared-memory segments live (what a killed process leaves behind)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import ctypes
 import os
 import signal
 import sys
+from pathlib import Path
 
+SHM_DIR = Path("/dev/shm")
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 

@@ -25,7 +25,7 @@ after itself, so the runner removes the ``/dev/shm`` segments its processes stil
 A SIGKILLed runner leaves nothing either: its case worker dies with it (a parent-death
 signal, see ``processes.die_with_parent``), and a watcher process started beside each case
 kills what the case started and removes the case's temporary directory once the runner is
-gone (``worker.watch_case``). Case directories are named ``storebench-case-<runner pid>-*``;
+gone (``storebench.bench.watcher``). Case directories are named ``storebench-case-<runner pid>-*``;
 a runner removes those whose runner is dead before each case, in case a watcher was killed
 too.
 """
@@ -49,8 +49,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..loaders.prefetch import SHM_DIR
-from ..processes import pid_alive
+from ..processes import SHM_DIR, pid_alive
 from .cache import CacheState
 from .memory_budget import remove_stale_budgets
 from .plan import DEFAULT_REPEATS, DEFAULT_TIMEOUT_S
@@ -61,14 +60,11 @@ from .schema import (
     finished_case_ids,
     recorded_epoch_samples,
 )
+from .watcher import CASE_DIR_ENV, WATCH_DONE
 
 _ERROR_TAIL_CHARS = 4000
 _SCALARS = (str, int, float, bool, type(None))
 CASE_DIR_PREFIX = "storebench-case-"
-# Every process of a case inherits this variable (set to its temporary directory), so the
-# watcher can find them even if one left the case's process group.
-CASE_DIR_ENV = "STOREBENCH_CASE_DIR"
-WATCH_DONE = b"done"
 
 
 @dataclass(frozen=True)
@@ -404,7 +400,7 @@ def remove_stale_temp_dirs(prefix: str, directory: Path | str | None = None) -> 
 
 @contextlib.contextmanager
 def _case_watcher(case_dir: Path, env: dict):
-    """Start ``worker.watch_case`` for ``case_dir`` in its own session; yield a function
+    """Start ``storebench.bench.watcher`` for ``case_dir`` in its own session; yield a function
     that tells it the case worker's pid. On leaving, tell it the runner cleaned up itself.
 
     The runner holds the only write end of the watcher's stdin, so the watcher sees end of
@@ -413,7 +409,7 @@ def _case_watcher(case_dir: Path, env: dict):
     read_end, write_end = os.pipe()  # not inherited by the case worker (PEP 446)
     try:
         watcher = subprocess.Popen(
-            [sys.executable, "-m", "storebench.bench.worker", "--watch", str(case_dir)],
+            [sys.executable, "-m", "storebench.bench.watcher", str(case_dir)],
             stdin=read_end, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             env=env, start_new_session=True,
         )

@@ -9,20 +9,17 @@ parent can say where a crashed or timed-out case was.
 
 The worker dies with its runner: it asks the kernel for SIGKILL when the runner ends
 (``die_with_parent``), so a SIGKILLed runner cannot leave a case running. The runner also
-starts ``python -m storebench.bench.worker --watch CASE_DIR`` beside each case
-(``watch_case``): it outlives a killed runner just long enough to kill what the case started
-and remove the case's temporary directory.
+starts ``python -m storebench.bench.watcher CASE_DIR`` beside each case (see
+``storebench.bench.watcher``): it outlives a killed runner just long enough to kill what the
+case started and remove the case's temporary directory.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import math
 import os
-import shutil
-import signal
 import sys
 import time
 import traceback
@@ -30,64 +27,9 @@ from pathlib import Path
 
 from ..processes import die_with_parent
 from .cache import prepare
-from .runner import CASE_DIR_ENV, CASE_REPEAT, WATCH_DONE, Case, CaseSkipped, Trial
+from .runner import CASE_REPEAT, Case, CaseSkipped, Trial
 from .schema import METRIC_UNITS, UNITS
 from .stats import relative_halfwidth, stop_metric
-
-
-def _marked_pids(case_dir: str) -> list[int]:
-    """Live processes (other than this one) whose environment carries ``case_dir``."""
-    marker = f"{CASE_DIR_ENV}={case_dir}".encode()
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-            with open(f"/proc/{entry.name}/stat") as f:
-                state = f.read().rpartition(")")[2].split()[0]
-        except OSError:  # gone meanwhile, or another user's
-            continue
-        if marker in environ and state != "Z":
-            found.append(int(entry.name))
-    return found
-
-
-def kill_case_processes(case_dir: str, pgid: int | None, *, rounds: int = 100) -> None:
-    """SIGKILL the case's process group and every process marked with ``case_dir``, until
-    none is left (a process may fork while the others are being killed)."""
-    if pgid is not None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
-    for _ in range(rounds):
-        pids = _marked_pids(case_dir)
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.01)
-
-
-def watch_case(case_dir: str, stream=None) -> int:
-    """Wait on ``stream`` (stdin: a pipe whose only writer is the runner) for the runner's
-    messages: the case worker's pid (its process group), then ``done`` when the runner has
-    cleaned up itself. End of file without ``done`` means the runner died: kill the case's
-    processes and remove ``case_dir``."""
-    stream = stream if stream is not None else sys.stdin.buffer
-    # Ctrl-C in the runner's terminal is the runner's to handle; this process must outlive it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    pgid = None
-    for line in stream:
-        line = line.strip()
-        if line == WATCH_DONE:
-            return 0
-        if line.isdigit():
-            pgid = int(line)
-    kill_case_processes(case_dir, pgid)
-    shutil.rmtree(case_dir, ignore_errors=True)
-    return 0
 
 
 def resolve_function(path: str):
@@ -206,10 +148,8 @@ def run_job(job: dict) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) == 2 and argv[0] == "--watch":
-        return watch_case(argv[1])
     if len(argv) != 1:
-        print("usage: python -m storebench.bench.worker JOB.json | --watch CASE_DIR",
+        print("usage: python -m storebench.bench.worker JOB.json",
               file=sys.stderr)
         return 2
     job = json.loads(Path(argv[0]).read_text())

@@ -1,10 +1,12 @@
-"""Storage formats: one module per format behind the plain registry ``FORMATS``.
+"""Storage formats: one module per format behind the registry ``FORMATS`` (name -> module,
+each imported on first use).
 
 A format module has ``NAME``, ``ENCODINGS``, ``DEFAULT_KNOBS``, ``OPEN_OPTIONS``,
 ``write(samples, root, spec, **knobs)`` and ``open(root, manifest, **options) -> Reader``.
 Adding a format is one module plus one line below; the contract tests cover it.
 
-A peer's format (WebDataset, LitData, MDS, Lance, Zarr, FFCV) also has ``PEER = True`` and
+A peer's format (WebDataset, LitData, MDS, Lance, Zarr, FFCV) is listed among the peers'
+modules, and its module also has ``PEER = True`` and
 ``LIBRARIES``, the modules it imports to write and read. The peers study covers those; the
 other studies cover the ``CORE_FORMATS``. Where a library is missing (the main environment
 has none of the peers'), ``unavailable_reason`` says so, and building or opening the format
@@ -13,42 +15,57 @@ is a ``DatasetError`` naming the environment that has it.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Mapping
+from importlib import import_module
 from pathlib import Path
 from types import ModuleType
 
-from . import (
-    ffcv_beton,
-    hdf5,
-    lance_table,
-    litdata_chunks,
-    lmdb,
-    mds,
-    memmap,
-    parquet,
-    rawfiles,
-    tfrecord,
-    webdataset_tar,
-    zarr_array,
-)
 from .base import CorruptSampleError, DatasetError, ManifestError, Reader, sample_checksum
 from .build import BuildResult, build_dataset, dataset_dirname
 from .manifest import MANIFEST_NAME, check_files, read_manifest
 
-FORMATS: dict[str, ModuleType] = {
-    module.NAME: module for module in (
-        rawfiles, hdf5, lmdb, memmap, tfrecord, parquet,
-        # The peers' formats (PEER = True): the peers study's.
-        webdataset_tar, litdata_chunks, mds, lance_table, zarr_array, ffcv_beton,
-    )
+# Format name -> its module in this package. The core formats are the studies'; the peers'
+# (PEER = True) are the peers study's.
+CORE_FORMAT_MODULES = {
+    "rawfiles": "rawfiles", "hdf5": "hdf5", "lmdb": "lmdb", "memmap": "memmap",
+    "tfrecord": "tfrecord", "parquet": "parquet",
+}
+PEER_FORMAT_MODULES = {
+    "webdataset": "webdataset_tar", "litdata": "litdata_chunks", "mds": "mds",
+    "lance": "lance_table", "zarr": "zarr_array", "ffcv": "ffcv_beton",
 }
 
 
-CORE_FORMATS: tuple[str, ...] = tuple(
-    name for name, module in FORMATS.items() if not getattr(module, "PEER", False))
+class FormatRegistry(Mapping):
+    """Format name -> format module, each imported on first use: a case process that reads
+    one format pays for its library alone (pyarrow, protobuf, h5py... cost a fresh
+    interpreter tens of milliseconds each). Listing the names imports nothing."""
+
+    def __init__(self, modules: Mapping[str, str]) -> None:
+        self._modules = dict(modules)
+
+    def __getitem__(self, name: str) -> ModuleType:
+        if name not in self._modules:
+            raise KeyError(name)
+        return import_module(f"{__name__}.{self._modules[name]}")
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._modules
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._modules)
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+
+FORMATS = FormatRegistry({**CORE_FORMAT_MODULES, **PEER_FORMAT_MODULES})
+CORE_FORMATS: tuple[str, ...] = tuple(CORE_FORMAT_MODULES)
 
 
 def is_peer_format(name: str) -> bool:
-    return bool(getattr(get_format(name), "PEER", False))
+    get_format(name)
+    return name in PEER_FORMAT_MODULES
 
 
 def unavailable_reason(name: str) -> str | None:

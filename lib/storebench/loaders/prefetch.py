@@ -50,10 +50,10 @@ import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from multiprocessing import connection, shared_memory
-from pathlib import Path
 
 import numpy as np
 
+from ..processes import SHM_DIR
 from .batching import Batch, batch_buffer
 from .window import (
     NotStarted,
@@ -76,7 +76,6 @@ __all__ = [
     "WorkerStartError",
 ]
 
-SHM_DIR = Path("/dev/shm")
 # Our segments are named SHM_PREFIX + pid + random hex: short enough for macOS's 31-character
 # limit, and recognisable when looking for leaks.
 SHM_PREFIX = "storebench_"

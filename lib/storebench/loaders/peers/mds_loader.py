@@ -73,6 +73,7 @@ import numpy as np
 
 from ...formats import DatasetError
 from ...formats.mds import NAME as FORMAT_NAME
+from ...processes import SHM_DIR
 from ...streaming_import import import_streaming
 from ..batching import Batch
 from ..paths import PathOptions
@@ -86,8 +87,6 @@ from . import (
 
 DATASET_CLASS = "DecodingStreamingDataset"
 SHUFFLE_ALGO = "py1e"
-# The Linux directory of POSIX shared memory, where streaming's segments appear.
-SHM_DIR = Path("/dev/shm")
 
 
 def mds_batches(dataset, sampler, options: PathOptions):
