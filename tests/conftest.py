@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,28 @@ def pytest_collection_modifyitems(items) -> None:
     for item in items:
         if "ci_study" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.timeout(CI_STUDY_TIMEOUT_S + 120))
+
+
+CHILD_EXIT_GRACE_S = 10.0
+
+
+@pytest.fixture(scope="module", autouse=True)
+def no_child_process_outlives_its_module():
+    """A multiprocessing child a test module starts (its tests or its fixtures, such as a
+    worker pool) must be gone when the module ends; a terminated child gets a moment to be
+    reaped. A leak fails the module that made it, not a later test that counts children."""
+    before = {child.pid for child in multiprocessing.active_children()}
+    yield
+    deadline = time.monotonic() + CHILD_EXIT_GRACE_S
+    while True:
+        left = [child for child in multiprocessing.active_children() if child.pid not in before]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for child in left:
+        child.kill()
+        child.join(5)
+    assert not left, f"the module left child processes running: {left}"
 
 
 @pytest.fixture(scope="session")

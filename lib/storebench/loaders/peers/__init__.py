@@ -7,7 +7,6 @@ are what several of them share.
 from __future__ import annotations
 
 import io
-import re
 from pathlib import Path
 
 import numpy as np
@@ -36,30 +35,37 @@ def decode_image(data, decode: str | None, channels: int) -> np.ndarray | bytes:
     return image.reshape(*image.shape[:2], -1)
 
 
-# torch's SIGCHLD check, as it words a worker that died.
-_WORKER_DIED = re.compile(
-    r"DataLoader worker \(pid(?:\(s\))? [\d, ]+\) (is killed by signal|exited unexpectedly)"
-)
+# After torch's own join: how long a terminated worker gets to be reaped before a SIGKILL.
+WORKER_REAP_TIMEOUT_S = 5.0
 
 
 def shut_down_dataloader_workers(iterator) -> None:
-    """Stop a torch DataLoader iterator's workers (what its ``__del__`` calls); no-op for
-    None or an iterator without workers.
+    """Stop a torch DataLoader iterator's workers (what its ``__del__`` calls) and reap them;
+    no-op for None or an iterator without workers.
 
     A worker told to exit sometimes dies on the way out (LitData's spawned workers abort
-    now and then: "terminate called without an active exception"), and torch's SIGCHLD
-    check raises that in the middle of the shutdown. The shutdown's own ``finally`` has by
-    then terminated and joined every worker, and the epoch it abandons delivers nothing
-    more, so only that error is swallowed here; a worker that dies while an epoch is read
-    still raises from the loader's ``__next__``."""
+    now and then: "terminate called without an active exception"). torch's SIGCHLD handler
+    would raise that death from inside the shutdown's joins, which leaves the workers after
+    the interrupted join terminated but not joined, and, when the raise lands between a
+    ``waitpid`` and its bookkeeping, a reaped worker that multiprocessing still counts as
+    alive. So the workers leave torch's SIGCHLD watch before they are told to stop (the
+    epoch being abandoned delivers nothing more), and each is joined after torch's
+    shutdown, killed if it outlives ``WORKER_REAP_TIMEOUT_S``. A worker that dies while an
+    epoch is read still raises from the loader's ``__next__``."""
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is None:
         return
-    try:
-        shutdown()
-    except RuntimeError as error:
-        if not _WORKER_DIED.match(str(error)):
-            raise
+    if getattr(iterator, "_worker_pids_set", False):
+        from torch.utils.data._utils.signal_handling import _remove_worker_pids
+
+        _remove_worker_pids(id(iterator))
+        iterator._worker_pids_set = False  # so that torch's shutdown does not remove them twice
+    shutdown()
+    for worker in getattr(iterator, "_workers", ()):
+        worker.join(WORKER_REAP_TIMEOUT_S)
+        if worker.exitcode is None:
+            worker.kill()
+            worker.join()
 
 
 def open_peer_dataset(root: Path, format_name: str, *, what: str) -> tuple[dict, Spec]:
