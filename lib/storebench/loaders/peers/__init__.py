@@ -45,13 +45,13 @@ def shut_down_dataloader_workers(iterator) -> None:
 
     A worker told to exit sometimes dies on the way out (LitData's spawned workers abort
     now and then: "terminate called without an active exception"). torch's SIGCHLD handler
-    would raise that death from inside the shutdown's joins, which leaves the workers after
-    the interrupted join terminated but not joined, and, when the raise lands between a
-    ``waitpid`` and its bookkeeping, a reaped worker that multiprocessing still counts as
-    alive. So the workers leave torch's SIGCHLD watch before they are told to stop (the
-    epoch being abandoned delivers nothing more), and each is joined after torch's
-    shutdown, killed if it outlives ``WORKER_REAP_TIMEOUT_S``. A worker that dies while an
-    epoch is read still raises from the loader's ``__next__``."""
+    would raise that death from inside the shutdown's joins: the workers not yet joined are
+    then left unjoined, and a raise that lands between a ``waitpid`` and its bookkeeping
+    leaves a reaped worker that multiprocessing counts as alive for good. So the workers
+    leave torch's SIGCHLD watch before they are told to stop (the epoch being abandoned
+    delivers nothing more), and each is joined after torch's shutdown, killed if it
+    outlives ``WORKER_REAP_TIMEOUT_S``. A worker that dies while an epoch is read still
+    raises from the loader's ``__next__``."""
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is None:
         return
@@ -65,7 +65,7 @@ def shut_down_dataloader_workers(iterator) -> None:
         worker.join(WORKER_REAP_TIMEOUT_S)
         if worker.exitcode is None:
             worker.kill()
-            worker.join()
+            worker.join(WORKER_REAP_TIMEOUT_S)
 
 
 def open_peer_dataset(root: Path, format_name: str, *, what: str) -> tuple[dict, Spec]:
