@@ -77,7 +77,6 @@ def watch_case(case_dir: str, stream=None) -> int:
     return 0
 
 
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
