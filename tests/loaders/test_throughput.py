@@ -30,18 +30,27 @@ def test_batch_assembly_runs_as_many_batches_as_asked(memmap_raw):
     assert T.dram_read_bandwidth(nbytes=1 << 20, repeats=2) > 0
 
 
-def test_gather_against_copy_times_three_interleaved_measurements(memmap_raw):
-    """Each round: a copy of one epoch's bytes, the dataset's gathers, a bare np.take of the
-    same batches; every measurement covers the same bytes."""
+def test_gather_against_copy_times_interleaved_measurements_of_the_same_bytes(memmap_raw):
+    """Each round: the copies (one thread, split over k), each dataset's gathers, a bare
+    np.take of the same batches; every measurement covers the same bytes, and "copy" is the
+    faster copy."""
     from storebench.loaders import throughput
 
     dataset = PreloadedDataset(memmap_raw, progress=False)
-    timed = throughput.gather_against_copy(dataset, batch_size=32, rounds=2,
-                                           rows=dataset.images)
+    split = dataset.with_gather_threads(2)
+    timed = throughput.gather_against_copy({"one": dataset, "split": split}, batch_size=32,
+                                           rounds=2, rows=dataset.images, copy_threads=2)
+    split.close()
     epoch = (len(dataset) // 32) * 32 * dataset.images[0].nbytes
-    assert sorted(timed) == ["bare_take", "copy", "gather"]
+    assert sorted(timed) == ["bare_take", "copy", "copy_1_thread", "copy_2_threads", "one",
+                             "split"]
     assert {m.bytes for m in timed.values()} == {2 * epoch}
-    assert timed["gather"].batches == timed["bare_take"].batches == 2 * (len(dataset) // 32)
+    assert timed["one"].batches == timed["split"].batches == timed["bare_take"].batches == (
+        2 * (len(dataset) // 32))
     assert all(m.seconds > 0 for m in timed.values())
-    without = throughput.gather_against_copy(dataset, batch_size=32, rounds=1)
-    assert sorted(without) == ["copy", "gather"]
+    assert timed["copy"].seconds == min(timed["copy_1_thread"].seconds,
+                                        timed["copy_2_threads"].seconds)
+    without = throughput.gather_against_copy({"gather": dataset}, batch_size=32, rounds=1)
+    assert sorted(without) == ["copy", "copy_1_thread", "gather"]
+    with pytest.raises(ValueError, match="not \\['bare_take', 'copy'"):
+        throughput.gather_against_copy({"copy": dataset}, batch_size=32, rounds=1)

@@ -16,7 +16,10 @@ and TensorFlow), and one dataset should decode to the same pixels on every path.
 sets hold no such JPEG, so their simplejpeg decodes skip the header check.)
 
 Batched access (``get_batch`` / ``__getitems__``) goes through ``Reader.read_many`` and writes
-fixed-size samples into one (B, H, W, C) buffer, the caller's when ``out`` is given.
+fixed-size samples into one (B, H, W, C) buffer, the caller's when ``out`` is given. With
+``gather_threads=k`` a raw batch is gathered in k parts at once (``SplitGather``): a shuffled
+gather of small rows waits on memory latency, and k threads keep k streams of misses in
+flight. The default, 1, leaves parallelism to the prefetcher's workers.
 
 Imported datasets of encoded images of different sizes (``ImportedSpec`` with
 ``fixed_size`` False) decode each image to its own (H, W, 3) RGB shape, whatever its mode
@@ -28,6 +31,7 @@ without one, a decoded batch's ``images`` is a list of differently shaped arrays
 
 from __future__ import annotations
 
+import copy
 import io
 from collections.abc import Callable, Sequence
 
@@ -43,6 +47,7 @@ from storebench.formats.base import (
 from storebench.formats.specs import fixed_size, is_imported
 
 from .batching import Batch, stack_into
+from .split_gather import SplitGather
 from .transforms import ImageTransform, transform_output_shape
 
 DECODERS = ("auto", "pil", "simplejpeg")
@@ -73,6 +78,7 @@ class _MapDataset:
         decode: str | None = None,
         transform: Callable[[np.ndarray | bytes], np.ndarray] | None = None,
         output_shape: Sequence[int] | None = None,
+        gather_threads: int = 1,
     ) -> None:
         spec = reader.spec
         if decode is not None:
@@ -105,6 +111,19 @@ class _MapDataset:
         self._may_hold_cmyk = is_imported(spec)
         self.transform = transform
         self._output_shape = tuple(output_shape) if output_shape is not None else None
+        self._split = SplitGather(gather_threads)
+
+    @property
+    def gather_threads(self) -> int:
+        """Threads one raw batch's gather is split over (``SplitGather``)."""
+        return self._split.threads
+
+    def with_gather_threads(self, threads: int) -> _MapDataset:
+        """The same dataset (sharing its reader and, preloaded, its arrays) with raw batches
+        gathered by ``threads`` threads at once."""
+        clone = copy.copy(self)
+        clone._split = SplitGather(threads)
+        return clone
 
     # -- what subclasses provide ------------------------------------------------------
     def _stored_one(self, index: int) -> tuple[np.ndarray | bytes | memoryview, int]:
@@ -195,8 +214,13 @@ class _MapDataset:
             if self.is_ragged:
                 self._refuse_out_for_ragged(out)
         if self.spec.encoding == "raw" and self.transform is None:
-            images, labels = self._stored_many(idx, out)
-            return Batch(images, np.asarray(labels, dtype=np.int64), idx)
+            if self._split.threads == 1:
+                images, labels = self._stored_many(idx, out)
+                return Batch(images, np.asarray(labels, dtype=np.int64), idx)
+            if out is None:
+                out = np.empty((len(idx), *self.spec.image_shape), np.uint8)
+            labels = self._split(self._stored_many, idx, out)
+            return Batch(out, labels, idx)
         stored, labels = self._stored_many(idx, None)
         if self.is_ragged:
             images = [self._decode(data, int(idx[k]), None) for k, data in enumerate(stored)]
@@ -307,8 +331,12 @@ class _MapDataset:
             image = np.asarray(img if img.mode == mode else img.convert(mode))
         return image.reshape(*image.shape[:2], -1)
 
+    def _close_gather(self) -> None:
+        self._split.close()
+
     def __repr__(self) -> str:
-        return f"{type(self).__name__}({self.reader!r}, decode={self.decode!r})"
+        threads = f", gather_threads={self.gather_threads}" if self.gather_threads > 1 else ""
+        return f"{type(self).__name__}({self.reader!r}, decode={self.decode!r}{threads})"
 
 
 class LazyDataset(_MapDataset):
@@ -331,6 +359,7 @@ class LazyDataset(_MapDataset):
         return self
 
     def close(self) -> None:
+        self._close_gather()
         self.reader.close()
 
     def __enter__(self) -> LazyDataset:
@@ -366,8 +395,10 @@ class PreloadedDataset(_MapDataset):
         progress: bool = True,
         chunk_size: int = 1024,
         max_memory_fraction: float = 0.8,
+        gather_threads: int = 1,
     ) -> None:
-        super().__init__(reader, decode=decode, transform=transform, output_shape=output_shape)
+        super().__init__(reader, decode=decode, transform=transform, output_shape=output_shape,
+                         gather_threads=gather_threads)
         self.needed_bytes = self.estimate_bytes(reader)
         self._check_memory(self.needed_bytes, max_memory_fraction)
         from tqdm.auto import tqdm
@@ -485,6 +516,7 @@ class PreloadedDataset(_MapDataset):
         return self  # read-only numpy arrays: safe to share between threads
 
     def close(self) -> None:
+        self._close_gather()
         self.reader.close()
 
     def __enter__(self) -> PreloadedDataset:

@@ -12,7 +12,8 @@ a dict of named measurements taken in the same run, so ratios between them are f
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -122,21 +123,36 @@ def _assembly_buffers(dataset, batch_size: int, seed: int):
     return out, batches
 
 
-def gather_against_copy(dataset, *, batch_size: int = 256, rounds: int = 20, seed: int = 0,
-                        rows: np.ndarray | None = None) -> dict[str, Measurement]:
-    """Shuffled batch assembly into one preallocated buffer and a plain copy of as many bytes
-    between two pre-faulted buffers, interleaved: ``rounds`` x (one copy, one epoch of
-    gathers), each timed on its own and summed. One epoch of a small set is a few ms, so
-    back-to-back alternation is what keeps both under the same machine state (clock,
-    neighbours); a copy measured once, apart, swings by a quarter on a shared machine.
-    With ``rows`` (the samples as one (N, H, W, C) array: what the dataset gathers from),
-    each round also times a bare ``np.take`` of the same batches from it: the gather without
-    the loader around it, which says how much of a shortfall is the loader and how much the
-    access pattern itself.
+def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256,
+                        rounds: int = 20, seed: int = 0, rows: np.ndarray | None = None,
+                        copy_threads: int = 1) -> dict[str, Measurement]:
+    """Shuffled batch assembly into one preallocated buffer from each of ``datasets``
+    (``{name: dataset}``, the same samples: one configured per way of gathering) and a plain
+    copy of as many bytes between two pre-faulted buffers, interleaved: ``rounds`` x (the
+    copies, one epoch of gathers per dataset), each timed on its own and summed. One epoch of
+    a small set is a few ms, so back-to-back alternation is what keeps all of them under the
+    same machine state (clock, neighbours); a copy measured once, apart, swings by a quarter
+    on a shared machine.
 
-    Returns ``{"gather", "copy"[, "bare_take"]}`` measurements; a ``bytes_per_second`` ratio to
-    ``copy`` is a fraction of the DRAM copy bandwidth."""
-    out, batches = _assembly_buffers(dataset, batch_size, seed)
+    The copy is timed with one thread and, with ``copy_threads`` k > 1, also split over k
+    threads: ``"copy"`` is the faster of the two, the machine's copy bandwidth as far as k
+    threads reach it (a gather split over k threads is then held to the same limit).
+    With ``rows`` (the samples as one (N, H, W, C) array: what the datasets gather from),
+    each round also times a bare one-thread ``np.take`` of the same batches from it: the
+    gather without the loader around it, which says how much of a shortfall is the loader
+    and how much the access pattern itself.
+
+    Returns a measurement per dataset name, ``"copy_1_thread"``, ``"copy_<k>_threads"``,
+    ``"copy"`` and ``"bare_take"`` (with ``rows``); a ``bytes_per_second`` ratio to ``copy``
+    is a fraction of the DRAM copy bandwidth."""
+    reserved = {"copy", "copy_1_thread", f"copy_{copy_threads}_threads", "bare_take"}
+    if not datasets or reserved & set(datasets):
+        raise ValueError(f"datasets must be named and not {sorted(reserved)}, got "
+                         f"{sorted(datasets)}")
+    if copy_threads < 1:
+        raise ValueError(f"copy_threads must be positive, got {copy_threads}")
+    first = next(iter(datasets.values()))
+    out, batches = _assembly_buffers(first, batch_size, seed)
     epoch_bytes = len(batches) * out.nbytes
     source = np.ones(epoch_bytes, dtype=np.uint8)  # written once: pre-faulted
     target = np.zeros_like(source)
@@ -147,30 +163,50 @@ def gather_against_copy(dataset, *, batch_size: int = 256, rounds: int = 20, see
         orders.append([np.asarray(idx) for idx in batches])
     flat_rows = rows.reshape(len(rows), -1) if rows is not None else None
     flat_out = out.reshape(batch_size, -1)
-    gather_s = copy_s = bare_s = 0.0
-    for epoch, order in enumerate(orders):  # the first round warms up, untimed
-        started = time.perf_counter()
-        np.copyto(target, source)
-        copied = time.perf_counter()
-        for idx in order:
-            dataset.get_batch(idx, out=out)
-        gathered = time.perf_counter()
-        if flat_rows is not None:
-            for idx in order:
-                np.take(flat_rows, idx, axis=0, out=flat_out, mode="clip")
-        ended = time.perf_counter()
-        if epoch:
-            copy_s += copied - started
-            gather_s += gathered - copied
-            bare_s += ended - gathered
+    copiers = {"copy_1_thread": lambda: np.copyto(target, source)}
+    pool = None
+    if copy_threads > 1:
+        pool = ThreadPoolExecutor(copy_threads - 1)
+        bounds = np.linspace(0, epoch_bytes, copy_threads + 1).astype(int).tolist()
+        spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+
+        def split_copy() -> None:
+            parts = [pool.submit(np.copyto, target[a:b], source[a:b]) for a, b in spans[1:]]
+            np.copyto(target[spans[0][0]:spans[0][1]], source[spans[0][0]:spans[0][1]])
+            for part in parts:
+                part.result()
+
+        copiers[f"copy_{copy_threads}_threads"] = split_copy
+    seconds = dict.fromkeys([*copiers, *datasets, "bare_take"], 0.0)
+    try:
+        for epoch, order in enumerate(orders):  # the first round warms up, untimed
+            timed = {}
+            for name, copy in copiers.items():
+                started = time.perf_counter()
+                copy()
+                timed[name] = time.perf_counter() - started
+            for name, dataset in datasets.items():
+                started = time.perf_counter()
+                for idx in order:
+                    dataset.get_batch(idx, out=out)
+                timed[name] = time.perf_counter() - started
+            if flat_rows is not None:
+                started = time.perf_counter()
+                for idx in order:
+                    np.take(flat_rows, idx, axis=0, out=flat_out, mode="clip")
+                timed["bare_take"] = time.perf_counter() - started
+            if epoch:
+                for name, spent in timed.items():
+                    seconds[name] += spent
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True)
     count = rounds * len(batches)
-    measured = {
-        "gather": Measurement("gather", count * batch_size, rounds * epoch_bytes, gather_s, count),
-        "copy": Measurement("copy", 0, rounds * epoch_bytes, copy_s, rounds),
-    }
-    if flat_rows is not None:
-        measured["bare_take"] = Measurement("bare_take", count * batch_size,
-                                            rounds * epoch_bytes, bare_s, count)
+    total = rounds * epoch_bytes
+    measured = {name: Measurement(name, 0, total, seconds[name], rounds) for name in copiers}
+    measured["copy"] = min(measured.values(), key=lambda m: m.seconds)
+    for name in (*datasets, *(["bare_take"] if flat_rows is not None else [])):
+        measured[name] = Measurement(name, count * batch_size, total, seconds[name], count)
     return measured
 
 

@@ -109,18 +109,32 @@ def targets_markdown(df: pd.DataFrame) -> str:
 
 
 def _bare_take_text(df: pd.DataFrame, key: str) -> str:
-    """For a gather target: what a bare ``np.take`` of the same batches reached in the same
-    repeats, which splits a shortfall into the access pattern's own limit and the loader's
-    cost (nothing for other targets, or results without it)."""
+    """For a gather target: what a bare one-thread ``np.take`` of the same batches reached
+    in the same repeats, which splits a one-thread shortfall into the access pattern's own
+    limit and the loader's cost, and what the gather split over threads reached (nothing for
+    other targets, or results without them)."""
     prefix = get_target(key).numerator[0].partition(".")[0]
     rows = latest_runs(df[(df["study"] == "targets") & (df["loader"] == key)])
-    bare = rows.loc[rows["metric"] == f"{prefix}.bare_take_fraction_of_dram_copy", "value"]
-    share = rows.loc[rows["metric"] == f"{prefix}.fraction_of_bare_take", "value"]
-    if bare.empty or share.empty:
-        return ""
-    return (f" A bare np.take of the same batches from the same array reaches "
-            f"{format_percent(float(bare.median()))} of the copy: the access pattern's own "
-            f"limit; the loader delivers {format_percent(float(share.median()))} of that.")
+
+    def median(metric: str) -> float | None:
+        values = rows.loc[rows["metric"] == metric, "value"]
+        return None if values.empty else float(values.median())
+
+    bare = median(f"{prefix}.bare_take_fraction_of_dram_copy")
+    share = median(f"{prefix}.fraction_of_bare_take")
+    text = ""
+    if bare is not None and share is not None:
+        text = (f" A bare one-thread np.take of the same batches from the same array reaches "
+                f"{format_percent(bare)} of the copy: the access pattern's own limit for one "
+                f"thread; the one-thread loader gather delivers {format_percent(share)} of "
+                "that.")
+    one, split = (median(f"{name}.fraction_of_dram_copy")
+                  for name in (prefix, f"{prefix}_threads"))
+    threads = median("threads")
+    if one is not None and split is not None and threads is not None:
+        text += (f" Gathered by one thread it reaches {format_percent(one)} of the copy, split "
+                 f"over {threads:.0f} threads (one per core) {format_percent(split)}.")
+    return text
 
 
 def targets_findings(df: pd.DataFrame) -> list[str]:

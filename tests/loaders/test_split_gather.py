@@ -1,0 +1,161 @@
+"""A raw batch gathered by several threads at once (``gather_threads``): the same bytes in the
+same order as one thread, every error raised after every part has finished, and no thread
+left behind."""
+
+from __future__ import annotations
+
+import multiprocessing
+import pickle
+import shutil
+import threading
+
+import numpy as np
+import pytest
+
+import data_gen
+from storebench.formats import CorruptSampleError, open_dataset
+from storebench.loaders import LazyDataset, PreloadedDataset
+from storebench.loaders.split_gather import MIN_BYTES_PER_THREAD, SplitGather
+
+RAW_FORMATS = ("memmap", "rawfiles", "hdf5", "lmdb", "parquet")
+
+
+def gather_threads_alive() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("storebench-gather")]
+
+
+def shuffled(n: int, count: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).permutation(n)[:count]
+
+
+@pytest.mark.parametrize("format_name", RAW_FORMATS)
+@pytest.mark.parametrize("threads", [2, 3])
+def test_split_batch_has_the_bytes_and_order_of_one_thread(build_ci, format_name, threads):
+    with open_dataset(build_ci(format_name, "raw")) as reader:
+        one = LazyDataset(reader)
+        split = one.with_gather_threads(threads)
+        idx = shuffled(len(reader), 256)
+        # 256 x 3 KiB: big enough to split at all.
+        assert split._split.parts(256, 256 * reader.spec.raw_sample_bytes) == threads
+        want = one.get_batch(idx)
+        got = split.get_batch(idx)
+        out = np.zeros((300, *reader.spec.image_shape), np.uint8)
+        into = split.get_batch(idx, out=out)
+        split.close()
+    assert np.array_equal(got.images, want.images) and got.images.dtype == np.uint8
+    assert np.array_equal(got.labels, want.labels) and got.labels.dtype == np.int64
+    assert np.array_equal(got.indices, idx)
+    assert np.shares_memory(into.images, out) and np.array_equal(out[:256], want.images)
+    assert not out[256:].any()  # nothing written past the batch
+    for k in (0, 128, 255):  # against the generator itself, not only against one thread
+        image, label = data_gen.sample(reader.spec, int(idx[k]))
+        assert np.array_equal(got.images[k], image) and got.labels[k] == label
+    assert gather_threads_alive() == []
+
+
+def test_preloaded_split_shares_the_arrays_and_matches(memmap_raw):
+    one = PreloadedDataset(memmap_raw, progress=False)
+    split = one.with_gather_threads(2)
+    assert split.images is one.images and split.gather_threads == 2 and one.gather_threads == 1
+    idx = shuffled(len(one), 512, seed=3)
+    want = one.get_batch(idx)
+    got = split.get_batch(idx)
+    assert np.array_equal(got.images, want.images) and np.array_equal(got.labels, want.labels)
+    assert "gather_threads=2" in repr(split) and "gather_threads" not in repr(one)
+    split.close()
+    assert gather_threads_alive() == []
+
+
+def test_small_batches_are_not_split():
+    split = SplitGather(4)
+    assert split.parts(256, MIN_BYTES_PER_THREAD - 1) == 1
+    assert split.parts(256, 2 * MIN_BYTES_PER_THREAD) == 2
+    assert split.parts(3, 100 * MIN_BYTES_PER_THREAD) == 3
+    assert split.parts(256, 100 * MIN_BYTES_PER_THREAD) == 4
+    calls = []
+    out = np.zeros((8, 4), np.uint8)
+    labels = split(lambda idx, part: calls.append(len(idx)) or (part, idx * 10),
+                   np.arange(8), out)
+    assert calls == [8] and labels.tolist() == [0, 10, 20, 30, 40, 50, 60, 70]
+    assert gather_threads_alive() == []  # one part: no pool started
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_bad_thread_counts_are_refused(memmap_raw, bad):
+    with pytest.raises(ValueError, match=f"gather_threads must be a positive int, got {bad!r}"):
+        LazyDataset(memmap_raw, gather_threads=bad)
+
+
+def test_a_failing_part_raises_after_every_part_has_finished():
+    """The first failing part in batch order is raised, and only once the other parts are
+    done: nothing writes into the caller's buffer after it has the error."""
+    split = SplitGather(3)
+    finished = []
+    release = threading.Event()
+
+    def gather(idx, part):
+        if idx[0] == 0:
+            release.wait(5)  # the first part (this thread) outlasts the others' failure
+            finished.append("first")
+            part[:] = 1
+            return part, idx
+        if idx[0] >= 2 * len(idx):
+            finished.append("third")
+            release.set()
+            raise CorruptSampleError("x.bin", int(idx[0]), "third part damaged")
+        finished.append("second")
+        raise CorruptSampleError("x.bin", int(idx[0]), "second part damaged")
+
+    out = np.zeros((3 * MIN_BYTES_PER_THREAD // 4, 4), np.uint8)
+    with pytest.raises(CorruptSampleError, match="second part damaged"):
+        split(gather, np.arange(len(out)), out)
+    assert sorted(finished) == ["first", "second", "third"]
+    assert out[: len(out) // 3].all()  # the first part completed before the error came
+    split.close()
+    assert gather_threads_alive() == []
+
+
+def test_damaged_sample_in_a_later_part_is_named(build_ci, tmp_path):
+    root = tmp_path / "raw"
+    shutil.copytree(build_ci("rawfiles", "raw"), root)
+    with open_dataset(root) as reader:
+        victim = len(reader) - 1
+        reader[0]  # opened: the file of a sample is named by the reader's own index
+        path = reader._locate(victim)
+        path.write_bytes(path.read_bytes()[:-1] + bytes([path.read_bytes()[-1] ^ 0x5A]))
+        split = LazyDataset(reader, gather_threads=2)
+        idx = np.concatenate([np.arange(255), [victim]])  # the last part holds it
+        with pytest.raises(CorruptSampleError, match=f"sample {victim}") as err:
+            split.get_batch(idx)
+        assert err.value.path == path
+        split.close()
+
+
+def _child_batch(dataset, idx, queue) -> None:
+    batch = dataset.get_batch(idx)
+    queue.put((batch.images.tobytes(), batch.labels.tolist(), len(gather_threads_alive())))
+    dataset.close()
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_split_gather_works_in_a_child_of_every_start_method(build_ci, method):
+    """The pool is per process: a forked child starts its own (the parent's has no threads
+    there), a spawned one gets the dataset pickled without one."""
+    with open_dataset(build_ci("memmap", "raw")) as reader:
+        dataset = LazyDataset(reader, gather_threads=2)
+        idx = shuffled(len(reader), 256, seed=1)
+        want = LazyDataset(reader).get_batch(idx)
+        dataset.get_batch(idx)  # the parent's pool is running when the child starts
+        assert gather_threads_alive() != []
+        assert pickle.loads(pickle.dumps(dataset))._split._pool is None
+        context = multiprocessing.get_context(method)
+        queue = context.Queue()
+        child = context.Process(target=_child_batch, args=(dataset, idx, queue))
+        child.start()
+        images, labels, pool_threads = queue.get(timeout=60)
+        child.join(30)
+        dataset.close()
+    assert child.exitcode == 0
+    assert images == want.images.tobytes() and labels == want.labels.tolist()
+    assert pool_threads == 1  # the child's own pool: one thread beside its main thread
+    assert gather_threads_alive() == []
