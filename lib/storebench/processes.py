@@ -11,6 +11,9 @@ import sys
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
+# Our segments are named SHM_PREFIX + creator pid + "_" + random hex: short enough for macOS's
+# 31-character limit, recognisable when looking for leaks, and orphans are told by the pid.
+SHM_PREFIX = "storebench_"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
@@ -41,3 +44,29 @@ def die_with_parent(parent_pid: int) -> None:
             raise OSError(errno, f"prctl(PR_SET_PDEATHSIG) failed: {os.strerror(errno)}")
     if os.getppid() != parent_pid:
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def remove_orphaned_shm_segments(directory: Path | str = SHM_DIR) -> list[str]:
+    """Unlink our shared-memory segments (``SHM_PREFIX<pid>_<hex>`` in ``directory``) whose
+    creator ``pid`` is no longer running. The creator's resource tracker unlinks them when
+    the creator is SIGKILLed, but a kill of the whole session (tracker included) leaves
+    them, each up to a batch ring of RAM, until reboot. Only the creator's own workers
+    attach a segment, and they die with it, so nothing live uses an orphan. Returns the names
+    removed."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(SHM_PREFIX):
+            continue
+        pid, sep, _ = name[len(SHM_PREFIX):].partition("_")
+        if not (sep and pid.isdigit()) or pid_alive(int(pid)):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+        except OSError:
+            continue
+        removed.append(name)
+    return sorted(removed)

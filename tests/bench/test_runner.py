@@ -330,13 +330,22 @@ def test_stale_case_directories_are_removed_live_ones_kept(tmp_path):
 
 @pytest.mark.timeout(60)
 def test_the_next_case_removes_what_a_killed_runner_left(tmp_path):
-    # Runner and watcher both SIGKILLed: the directory stays until the next case starts.
+    # Runner and watcher both SIGKILLed: the directory stays until the next case starts;
+    # a whole-session kill (resource tracker too) leaves the shared memory as well.
+    from storebench.processes import SHM_DIR, SHM_PREFIX
+
     stale = Path(tempfile.gettempdir()) / f"storebench-case-{_dead_pid()}-zz"
     stale.mkdir()
     (stale / "job.json").write_text("{}")
-    outcome = run_case(_file_case(tmp_path, "checksum_file_case"), python_path=[HERE])
-    assert outcome.status == "ok", outcome.error
-    assert not stale.exists()
+    orphan = SHM_DIR / f"{SHM_PREFIX}{_dead_pid()}_5e5e5e5e"
+    orphan.write_bytes(b"\0" * 4096)
+    try:
+        outcome = run_case(_file_case(tmp_path, "checksum_file_case"), python_path=[HERE])
+        assert outcome.status == "ok", outcome.error
+        assert not stale.exists()
+        assert not orphan.exists()
+    finally:
+        orphan.unlink(missing_ok=True)
     assert _case_dirs_of(os.getpid()) == []
 
 
@@ -555,3 +564,20 @@ def test_a_preloaded_case_warms_up_without_preloading(ci_data_dir, monkeypatch):
     timed = loader_epoch_case(case, Trial(case, 0))
     assert timed["samples"] == (read_manifest(path)["num_samples"], "count")
     assert preloads == [1]
+
+
+def test_orphaned_shared_memory_segments_are_removed_live_ones_kept(tmp_path):
+    """A segment whose creator is gone (a whole-session kill takes the resource tracker
+    too) is unlinked before the next case; a live creator's, or anyone else's, stays."""
+    from storebench.processes import SHM_PREFIX, remove_orphaned_shm_segments
+
+    dead, alive = _dead_pid(), os.getpid()
+    orphans = [f"{SHM_PREFIX}{dead}_0a1b2c3d", f"{SHM_PREFIX}{dead}_ffff0000"]
+    kept = [f"{SHM_PREFIX}{alive}_0a1b2c3d", f"{SHM_PREFIX}{dead}", f"{SHM_PREFIX}x_{dead}",
+            f"psm_{dead}_0a1b", f"other{SHM_PREFIX}{dead}_00"]
+    for name in orphans + kept:
+        (tmp_path / name).write_bytes(b"\0" * 64)
+    assert remove_orphaned_shm_segments(tmp_path) == sorted(orphans)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
+    assert remove_orphaned_shm_segments(tmp_path / "missing") == []
+

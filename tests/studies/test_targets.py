@@ -3,6 +3,8 @@ the real ci datasets, and returns what it delivered (no timings asserted)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from storebench.bench.runner import Case
@@ -39,3 +41,22 @@ def test_each_target_measures_its_paths_and_its_ratio(key, ci_data_root):
 def test_unknown_target_names_the_known_ones():
     with pytest.raises(KeyError, match="targets are \\['preloaded_gather_vs_dram'"):
         get_target("nope")
+
+
+def test_block_shuffle_interleaves_a_whole_epoch_with_the_random_reads(ci_data_root):
+    target = get_target("block_vs_random_parquet")
+    case = _case(ci_data_root / "parquet-raw", target, batch_size=32)
+    case = replace(case, params={**dict(case.params), "random_samples": 30, "rounds": 4})
+    with open_dataset(case.dataset, verify=False) as reader:
+        measured, extra = target.measure(reader, case)
+        sample_bytes = reader.spec.raw_sample_bytes
+        n = len(reader)
+    epoch, random = measured["block_shuffled_epoch"], measured["random_row_access"]
+    # Every sample once, in whole batches (the last one short), and every random read.
+    assert (epoch.samples, epoch.bytes, epoch.batches) == (n, n * sample_bytes, -(-n // 32))
+    assert (random.samples, random.bytes) == (30, 30 * sample_bytes)
+    assert extra["rounds"] == (4.0, "count")
+    few = replace(case, params={**dict(case.params), "random_samples": 2})
+    with open_dataset(case.dataset, verify=False) as reader:
+        _, extra = target.measure(reader, few)
+    assert extra["rounds"] == (2.0, "count")  # no round without random reads in it

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..processes import SHM_DIR, pid_alive
+from ..processes import SHM_DIR, pid_alive, remove_orphaned_shm_segments
 from .cache import CacheState
 from .memory_budget import remove_stale_budgets
 from .plan import DEFAULT_REPEATS, DEFAULT_TIMEOUT_S
@@ -465,6 +465,7 @@ def run_case(
     except EnvironmentUnavailableError as err:
         return CaseOutcome("skipped", 0.0, error=str(err))
     remove_stale_temp_dirs(CASE_DIR_PREFIX)
+    remove_orphaned_shm_segments()
     with tempfile.TemporaryDirectory(prefix=f"{CASE_DIR_PREFIX}{os.getpid()}-") as tmp:
         tmp = Path(tmp)
         job = tmp / "job.json"

@@ -53,7 +53,7 @@ from multiprocessing import connection, shared_memory
 
 import numpy as np
 
-from ..processes import SHM_DIR
+from ..processes import SHM_DIR, SHM_PREFIX
 from .batching import Batch, batch_buffer
 from .window import (
     NotStarted,
@@ -76,9 +76,6 @@ __all__ = [
     "WorkerStartError",
 ]
 
-# Our segments are named SHM_PREFIX + pid + random hex: short enough for macOS's 31-character
-# limit, and recognisable when looking for leaks.
-SHM_PREFIX = "storebench_"
 
 
 def _batch_size_of(batches, batch_size: int | None) -> int:
