@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 
 import numpy as np
 import pytest
 
 from storebench.bench.metrics import (
+    MAX_SAMPLER_DUTY,
     PeakMemorySampler,
     RegionMeasurement,
     process_memory,
+    sampler_wait,
     tree_memory,
     tree_pids,
 )
@@ -81,12 +84,38 @@ def test_measurement_counts_cpu_of_finished_children_and_reports_metrics():
         child.join()
     metrics = measurement.metrics()
     assert set(metrics) == {"wall_seconds", "cpu_seconds", "cpu_user_seconds",
-                            "cpu_system_seconds", "peak_pss_bytes", "peak_uss_bytes"}
+                            "cpu_system_seconds", "peak_pss_bytes", "peak_uss_bytes",
+                            "peak_memory_sample_gap_s"}
+    gap, unit = metrics["peak_memory_sample_gap_s"]
+    assert unit == "s" and gap >= 0.01  # never closer than the interval
     assert metrics["cpu_seconds"][0] == pytest.approx(
         metrics["cpu_user_seconds"][0] + metrics["cpu_system_seconds"][0])
     # The spawned child's interpreter start-up alone takes CPU; it was reaped inside.
     assert metrics["cpu_seconds"][0] > 0
     assert metrics["peak_pss_bytes"][1] == "bytes"
+
+
+def test_a_costly_sample_stretches_the_wait_to_bound_the_sampler_duty():
+    assert sampler_wait(0.05, 0.001) == 0.05
+    assert sampler_wait(0.05, 0.011) == pytest.approx(0.011 / MAX_SAMPLER_DUTY)
+    assert sampler_wait(0.05, 0.011, max_duty=0.5) == 0.05
+
+
+def test_sampler_spends_at_most_its_duty_on_slow_samples(monkeypatch):
+    """Samples that take 30 ms each: waits of 0.6 s between them, not the 1 ms interval (a
+    slower machine only spreads them further apart)."""
+    sampler = PeakMemorySampler(interval=0.001)
+    real_sample = sampler._sample
+
+    def slow_sample():
+        time.sleep(0.03)
+        real_sample()
+
+    monkeypatch.setattr(sampler, "_sample", slow_sample)
+    with sampler:
+        time.sleep(0.5)
+    assert 2 <= sampler.samples <= 4  # start, stop, and the one after the first 1 ms wait
+    assert sampler.longest_wait >= 0.03 / MAX_SAMPLER_DUTY
 
 
 def test_metrics_before_the_block_ends_are_refused():

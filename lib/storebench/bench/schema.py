@@ -70,6 +70,7 @@ METRIC_UNITS: dict[str, str] = {
     "cpu_system_seconds": "s",
     "peak_pss_bytes": "bytes",
     "peak_uss_bytes": "bytes",
+    "peak_memory_sample_gap_s": "s",
     # one per case: its whole wall time in the subprocess (also for failures)
     "case_seconds": "s",
     # reading and loading
