@@ -60,3 +60,29 @@ def test_block_shuffle_interleaves_a_whole_epoch_with_the_random_reads(ci_data_r
     with open_dataset(case.dataset, verify=False) as reader:
         _, extra = target.measure(reader, few)
     assert extra["rounds"] == (2.0, "count")  # no round without random reads in it
+
+
+def test_interleaved_random_reads_do_not_evict_the_epochs_row_group(tmp_path, monkeypatch):
+    """Row groups loaded in all: the same in one round as in four, since the random reads
+    go through their own reader (sharing one, each slice after them would re-read the row
+    group the epoch was in). Row groups of 24 samples: batches of 32 straddle them."""
+    import data_gen
+    from storebench.formats import build_dataset, parquet
+
+    root = build_dataset(data_gen.PROFILES["ci"].spec_for("raw"), "parquet", tmp_path,
+                         knobs={"row_group_size": 24}, workers=1).path
+
+    loads = []
+    real_load = parquet._load_row_group
+    monkeypatch.setattr(parquet, "_load_row_group",
+                        lambda f, group, rows: loads.append(group) or real_load(f, group, rows))
+    target = get_target("block_vs_random_parquet")
+    counts = {}
+    for rounds in (1, 4):
+        case = replace(_case(root, target, batch_size=32),
+                       params={"target": target.key, "random_samples": 30, "rounds": rounds})
+        loads.clear()
+        with open_dataset(case.dataset, verify=False) as reader:
+            target.measure(reader, case)
+        counts[rounds] = len(loads)
+    assert counts[4] == counts[1] > 0
