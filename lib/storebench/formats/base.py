@@ -12,6 +12,7 @@ from pathlib import Path, PurePath
 import crc32c
 import numpy as np
 
+from ..buffers import batch_empty
 from .specs import Spec, spec_from_dict
 
 # How a stored PNG/JPEG file starts: lets a reader whose format does not record the encoding
@@ -292,7 +293,7 @@ class Reader(abc.ABC):
     def _raw_buffer(self, count: int, out: np.ndarray | None) -> np.ndarray:
         shape = (count, *self.spec.image_shape)
         if out is None:
-            return np.empty(shape, dtype=np.uint8)
+            return batch_empty(shape)
         if out.shape != shape or out.dtype != np.uint8:
             raise ValueError(f"out must be uint8 {shape}, got {out.dtype} {out.shape}")
         return out

@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from storebench.buffers import batch_empty
 from storebench.formats.base import (
     CorruptSampleError,
     Reader,
@@ -218,7 +219,7 @@ class _MapDataset:
                 images, labels = self._stored_many(idx, out)
                 return Batch(images, np.asarray(labels, dtype=np.int64), idx)
             if out is None:
-                out = np.empty((len(idx), *self.spec.image_shape), np.uint8)
+                out = batch_empty((len(idx), *self.spec.image_shape))
             labels = self._split(self._stored_many, idx, out)
             return Batch(out, labels, idx)
         stored, labels = self._stored_many(idx, None)
@@ -227,7 +228,7 @@ class _MapDataset:
             return Batch(images, np.asarray(labels, dtype=np.int64), idx)
         if self.decode is not None and self.transform is None:
             target = (
-                out if out is not None else np.empty((len(idx), *self.spec.image_shape), np.uint8)
+                out if out is not None else batch_empty((len(idx), *self.spec.image_shape))
             )
             for k, data in enumerate(stored):
                 self._decode(data, int(idx[k]), target[k])
@@ -498,7 +499,7 @@ class PreloadedDataset(_MapDataset):
         labels = self.labels[indices]
         if self.images is not None:
             if out is None:
-                out = np.empty((len(indices), *self.images.shape[1:]), dtype=np.uint8)
+                out = batch_empty((len(indices), *self.images.shape[1:]))
             if out.flags.c_contiguous:
                 # Indices are checked in get_batch, so "clip" never clips; it lets numpy skip its
                 # own per-index checks and copy rows directly (about 1.7x faster gathers of
