@@ -5,6 +5,7 @@ left behind."""
 from __future__ import annotations
 
 import multiprocessing
+import os
 import pickle
 import shutil
 import threading
@@ -159,3 +160,47 @@ def test_split_gather_works_in_a_child_of_every_start_method(build_ci, method):
     assert images == want.images.tobytes() and labels == want.labels.tolist()
     assert pool_threads == 1  # the child's own pool: one thread beside its main thread
     assert gather_threads_alive() == []
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_direct_row_gathers_refuse_a_wrong_out_and_respect_verify(build_ci, threads):
+    """Memmap and preloaded batches are gathered straight from their arrays; a wrong ``out``
+    is still refused with the reader's message, and ``verify=True`` still checks every
+    sample (it goes through read_many)."""
+    root = build_ci("memmap", "raw")
+    with open_dataset(root, verify=False) as reader:
+        assert reader.row_array()[0].shape == (len(reader), reader.spec.raw_sample_bytes)
+        for dataset in (LazyDataset(reader, gather_threads=threads),
+                        PreloadedDataset(reader, progress=False, gather_threads=threads)):
+            wrong = np.zeros((4, 32, 32, 4), np.uint8)
+            with pytest.raises(ValueError, match=r"out must be uint8 \(4, 32, 32, 3\), got "
+                                                 r"uint8 \(4, 32, 32, 4\)"):
+                dataset.get_batch([0, 1, 2, 3], out=wrong)
+            with pytest.raises(ValueError, match="out must be uint8"):
+                dataset.get_batch([0, 1], out=np.zeros((2, 32, 32, 3), np.float32))
+            dataset.close()
+    with open_dataset(root, verify=True) as reader:
+        assert reader.row_array() is None
+        victim = 5
+        reader._ensure_open()
+        checksums = reader._load_checksums().copy()
+        checksums[victim] ^= 1  # the manifest disagrees with sample 5: verify must see it
+        reader._checksums = checksums
+        with pytest.raises(CorruptSampleError, match=f"sample {victim}"):
+            LazyDataset(reader, gather_threads=threads).get_batch([4, victim, 6])
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_memmap_shrunk_under_a_direct_gather_is_an_error_not_sigbus(build_ci, tmp_path,
+                                                                    threads):
+    root = tmp_path / "memmap-raw"
+    shutil.copytree(build_ci("memmap", "raw"), root)
+    with open_dataset(root, verify=False) as reader:
+        dataset = LazyDataset(reader, gather_threads=threads)
+        dataset.get_batch([0, 1])
+        images = root / "images.npy"
+        os.truncate(images, images.stat().st_size // 3)
+        with pytest.raises(CorruptSampleError, match="file shrank") as err:
+            dataset.get_batch(np.arange(len(reader) - 300, len(reader)))
+        assert err.value.path == images
+        dataset.close()

@@ -224,6 +224,14 @@ class Reader(abc.ABC):
                 self._verify(int(i), images[k], int(labels[k]))
         return images, labels
 
+    def row_array(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(rows, labels)``: every raw sample as one row of an (N, sample bytes) uint8
+        array that a batch can be gathered from directly (``np.take``), checked as a read
+        would check it, and the labels; ``None`` where the format keeps no such array, or
+        where ``verify=True`` asks for per-sample checksums. Ask again for each batch: the
+        check (a file shrunk under a map, say) is per call."""
+        return None
+
     def iter_sequential(self, *, batch_size: int = 256) -> Iterator[tuple[np.ndarray | bytes, int]]:
         """Every sample in index order, read in batches of ``batch_size``."""
         for start in range(0, len(self), batch_size):

@@ -122,6 +122,14 @@ class MemmapReader(Reader):
             "reading the mapped range would crash with SIGBUS",
         )
 
+    def row_array(self) -> tuple[np.ndarray, np.ndarray] | None:
+        if self.verify:
+            return None
+        self._ensure_open()
+        self._check_size(0)
+        # A plain ndarray view: np.take on the np.memmap subclass wraps its output in Python.
+        return np.asarray(self._h_images).reshape(len(self), -1), self._h_labels
+
     def populate(self) -> None:
         """Map every page of ``images.npy`` now (reading it if it is not cached)."""
         self._ensure_open()

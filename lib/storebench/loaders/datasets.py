@@ -135,6 +135,10 @@ class _MapDataset:
     ) -> tuple[np.ndarray | list, np.ndarray]:
         raise NotImplementedError
 
+    def _row_array(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(rows, labels) to gather raw batches from directly (``Reader.row_array``)."""
+        return None
+
     def for_thread(self) -> _MapDataset:
         """A dataset safe to use from one more thread (readers may hold per-thread state)."""
         raise NotImplementedError
@@ -215,13 +219,15 @@ class _MapDataset:
             if self.is_ragged:
                 self._refuse_out_for_ragged(out)
         if self.spec.encoding == "raw" and self.transform is None:
+            source = self._row_array()
+            if source is not None and (out is None or out.flags.c_contiguous):
+                return self._take_rows(source, idx, out)
             if self._split.threads == 1:
                 images, labels = self._stored_many(idx, out)
                 return Batch(images, np.asarray(labels, dtype=np.int64), idx)
             if out is None:
                 out = batch_empty((len(idx), *self.spec.image_shape))
-            labels = self._split(self._stored_many, idx, out)
-            return Batch(out, labels, idx)
+            return Batch(out, self._split(self._stored_many, idx, out), idx)
         stored, labels = self._stored_many(idx, None)
         if self.is_ragged:
             images = [self._decode(data, int(idx[k]), None) for k, data in enumerate(stored)]
@@ -243,6 +249,24 @@ class _MapDataset:
             else finished
         )
         return Batch(images, np.asarray(labels, dtype=np.int64), idx)
+
+    def _take_rows(self, source: tuple[np.ndarray, np.ndarray], idx: np.ndarray,
+                   out: np.ndarray | None) -> Batch:
+        """A raw batch gathered straight from the rows the dataset or its reader holds in
+        one array (``_row_array``), split over ``gather_threads``: no reader call per batch
+        or per part."""
+        rows, labels = source
+        shape = (len(idx), *self.spec.image_shape)
+        if out is None:
+            out = batch_empty(shape)
+        elif out.shape != shape or out.dtype != np.uint8:
+            raise ValueError(f"out must be uint8 {shape}, got {out.dtype} {out.shape}")
+        try:
+            self._split.take(rows, idx, out.reshape(len(idx), -1))
+        except OSError as err:  # an I/O error on a mapped file (SIGBUS is not catchable)
+            raise CorruptSampleError(self.reader._locate(int(idx[0])), int(idx[0]),
+                                     str(err)) from err
+        return Batch(out, labels[idx].astype(np.int64, copy=False), idx)
 
     def _refuse_out_for_ragged(self, out: np.ndarray) -> None:
         # Refused rather than filled when a batch's images happen to share out's shape: what
@@ -352,6 +376,9 @@ class LazyDataset(_MapDataset):
 
     def _stored_many(self, indices: np.ndarray, out: np.ndarray | None):
         return self.reader.read_many(indices, out=out)
+
+    def _row_array(self) -> tuple[np.ndarray, np.ndarray] | None:
+        return self.reader.row_array()
 
     def for_thread(self) -> LazyDataset:
         # Shared, not copied: the readers here are safe for concurrent reads (pread, a
@@ -512,6 +539,11 @@ class PreloadedDataset(_MapDataset):
         starts, stops = self.offsets[indices], self.offsets[indices + 1]
         spans = zip(starts.tolist(), stops.tolist(), strict=True)
         return [self.arena[a:b] for a, b in spans], labels
+
+    def _row_array(self) -> tuple[np.ndarray, np.ndarray] | None:
+        if self.images is None:
+            return None
+        return self.images.reshape(len(self.images), -1), self.labels
 
     def for_thread(self) -> PreloadedDataset:
         return self  # read-only numpy arrays: safe to share between threads
