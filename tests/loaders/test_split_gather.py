@@ -204,3 +204,13 @@ def test_memmap_shrunk_under_a_direct_gather_is_an_error_not_sigbus(build_ci, tm
             dataset.get_batch(np.arange(len(reader) - 300, len(reader)))
         assert err.value.path == images
         dataset.close()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_empty_batch_is_an_empty_array(memmap_raw, threads):
+    for dataset in (LazyDataset(memmap_raw, gather_threads=threads),
+                    PreloadedDataset(memmap_raw, progress=False, gather_threads=threads)):
+        batch = dataset.get_batch([])
+        assert batch.images.shape == (0, 32, 32, 3) and batch.images.dtype == np.uint8
+        assert batch.labels.shape == (0,) and batch.labels.dtype == np.int64
+        dataset.close()

@@ -262,7 +262,7 @@ class _MapDataset:
         elif out.shape != shape or out.dtype != np.uint8:
             raise ValueError(f"out must be uint8 {shape}, got {out.dtype} {out.shape}")
         try:
-            self._split.take(rows, idx, out.reshape(len(idx), -1))
+            self._split.take(rows, idx, out.reshape(len(idx), rows.shape[1]))
         except OSError as err:  # an I/O error on a mapped file (SIGBUS is not catchable)
             raise CorruptSampleError(self.reader._locate(int(idx[0])), int(idx[0]),
                                      str(err)) from err
