@@ -95,9 +95,9 @@ class SplitGather:
     def take(self, rows: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
         """``out[k] = rows[indices[k]]`` for a 2-D ``rows`` array and a 2-D C-contiguous
         ``out``, the parts handed to the pool as bare ``np.take`` calls: no Python runs
-        between a worker picking a part up and the copy, which released the GIL. (Through
-        a reader's ``read_many`` per part, the same split reached 0.6 of the copy bandwidth
-        where bare calls reached 0.9.) Indices must be checked; every part has finished
+        between a worker picking a part up and the copy, which released the GIL (a
+        reader's ``read_many`` per part runs enough Python, under the GIL, to give back
+        much of what the split gains). Indices must be checked; every part has finished
         when this returns or raises."""
         count = len(indices)
         parts = self.parts(count, out.nbytes)
