@@ -172,8 +172,8 @@ def measure_block_shuffle(reader, case: Case) -> Measured:
     """One block-shuffled epoch (``read_many`` per batch) vs ``random_samples`` per-sample
     reads at random indices (``reader[i]``), interleaved: the epoch's batches and the random
     reads are each cut into ``rounds`` slices, timed alternately and summed, so that both
-    sides of the ratio see the same machine state (the ratio of two back-to-back halves
-    swung between 167 and 264 across one case's repeats on the reference machine). The random
+    sides of the ratio see the same machine state (timed back to back, the ratio of one
+    case's repeats spread over more than half its median on this project's machine). The random
     reads go through a second reader of the same files: a reader keeps the row group it read
     last, and random reads between two slices must not evict the one the epoch is in."""
     from storebench.formats import open_dataset
