@@ -1,8 +1,8 @@
 """Where a batch buffer starts in memory, and why it matters.
 
-A row copy (``np.take`` of 12 KiB rows, which is glibc's ``memmove`` per row) ran 5 to 6x
-slower on the reference machine when the destination started 1 to 31 bytes past the source
-modulo 4 KiB (``python -m storebench.buffers`` prints the rate at a few offsets).
+A row copy (``np.take`` of 12 KiB rows, which is glibc's ``memmove`` per row) runs several
+times slower on this project's machine when the destination starts 1 to 31 bytes past the
+source modulo 4 KiB (``python -m storebench.buffers`` prints the rate at a few offsets).
 Allocators put large buffers at or just past a page boundary (a ``malloc``'d mapping at +16,
 Arrow's buffers at +0 or +64, a ``.npy`` map's data at +128), so a batch buffer that also
 starts near a page boundary lands in or beside that zone for every row of a page-strided

@@ -1,6 +1,6 @@
 """Batch buffers start half a page past a page boundary (``storebench.buffers``), wherever
-storebench allocates one: a destination 1 to 31 bytes past its source modulo 4 KiB made row
-copies 5 to 6x slower."""
+storebench allocates one: a destination 1 to 31 bytes past its source modulo 4 KiB makes row
+copies several times slower."""
 
 from __future__ import annotations
 

@@ -91,8 +91,8 @@ def tree_cpu_seconds(pid: int) -> tuple[float, float]:
 
 
 # The share of one core the memory sampler may take. Reading smaps_rollup walks the page
-# tables: 11 ms a sample for a process holding 480 MB on the reference machine, which at a
-# fixed 50 ms was a fifth of a core taken from whatever the case runs on its second core.
+# tables: milliseconds a sample for a process holding hundreds of megabytes, which at a fixed
+# 50 ms took a sizeable share of the core a two-thread case runs its second thread on.
 MAX_SAMPLER_DUTY = 0.05
 
 
