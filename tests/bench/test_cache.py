@@ -100,3 +100,27 @@ def test_evict_also_drops_pages_that_were_still_dirty(tmp_path):
                      .tobytes())
     cache.evict([path])
     assert cache.resident_fraction([path]) < 0.01
+
+
+def test_warm_reads_exactly_the_files_not_wholly_resident(tmp_path, monkeypatch):
+    whole, part, evicted = (tmp_path / name for name in ("whole.bin", "part.bin", "gone.bin"))
+    for seed, path in enumerate((whole, part, evicted)):
+        write_synced(path, 4 << 20, seed=seed)
+    cache.prepare([whole, part, evicted], "cold")
+    cache.prewarm([whole])
+    with open(part, "rb") as f:  # its first pages (and the kernel's readahead) only
+        f.read(4 * PAGE)
+    assert 0 < cache.resident_bytes(part)[0] < 4 << 20
+    read = []
+    real = cache._prewarm_files
+
+    def recording(files):
+        read.extend(files)
+        return real(files)
+
+    monkeypatch.setattr(cache, "_prewarm_files", recording)
+    assert cache.prepare([whole, part, evicted], "warm") == 1.0
+    assert read == [str(part), str(evicted)]
+    read.clear()
+    assert cache.prepare([tmp_path], "warm") == 1.0  # a resident set is not read again
+    assert read == []
