@@ -70,3 +70,9 @@ def test_halfwidth_shrinks_as_repeats_agree():
     few = rng.normal(100, 5, 3)
     many = np.concatenate([few, rng.normal(100, 5, 30)])
     assert relative_halfwidth(many) < relative_halfwidth(few)
+
+
+def test_a_case_with_epoch_1_only_stops_on_its_rate_not_its_wall_time():
+    assert stop_metric({"wall_seconds": 1, "epoch1_samples_per_s": 2}) == "epoch1_samples_per_s"
+    assert stop_metric({"epoch1_samples_per_s": 2, "later_epochs_samples_per_s": 3,
+                        "wall_seconds": 1}) == "later_epochs_samples_per_s"

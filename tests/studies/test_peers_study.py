@@ -165,3 +165,30 @@ def test_the_warm_target_rows_get_a_longer_repeat_budget(ci_data_root, monkeypat
         assert case.repeat_budget_s == (
             plan.REPEAT_BUDGET_S if budgeted else peers.TARGET_REPEAT_BUDGET_S), case.case_id
     assert {c.cache for c in cases} == {"warm", "cold"}
+
+
+def test_a_cold_row_times_epoch_1_only_and_a_warm_row_the_later_epochs(ci_data_root,
+                                                                      monkeypatch):
+    """The default plan's cold rows stop after epoch 1 (their later epochs would read a
+    cached set: the warm row's measurement); warm rows still time the later epochs. Run for
+    real, one repeat each, through our ProcessPrefetcher over the ci LMDB JPEG set."""
+    import dataclasses
+
+    from storebench.bench import plan
+    from storebench.bench.runner import run_case
+
+    monkeypatch.setitem(plan.PLANS, "ci", plan.StudyPlan())
+    cases = {c.cache: c for c in peers.peers_grid(profile="ci", data_dir=ci_data_root)
+             if c.function.endswith(":peer_epochs_case") and c.prefetcher == "process"
+             and c.format == "lmdb" and c.encoding == "jpeg"}
+    assert cases["cold"].param("later_epochs") is False
+    assert cases["warm"].param("later_epochs") is None
+    measured = {}
+    for cache, case in cases.items():
+        outcome = run_case(dataclasses.replace(case, repeats=1, min_repeats=None))
+        assert outcome.status == "ok", outcome.error
+        measured[cache] = {r["metric"]: r["value"] for r in outcome.records if r["repeat"] == 0}
+    cold, warm = measured["cold"], measured["warm"]
+    assert cold["later_epochs"] == 0 and cold["epoch1_samples_per_s"] > 0
+    assert "later_epochs_samples_per_s" not in cold and "epoch2_first_batch_s" not in cold
+    assert warm["later_epochs"] >= 1 and warm["later_epochs_samples_per_s"] > 0

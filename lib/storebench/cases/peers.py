@@ -14,7 +14,9 @@ apart. The later epochs run on the same loader object, as a training loop's do, 
 took ``LATER_EPOCHS_MIN_S`` (a cached raw epoch lasts milliseconds):
 ``later_epochs_samples_per_s`` is all their samples over all their time, epoch boundaries
 included (the steady state a training job sees); ``epoch2_first_batch_s`` is the wait at
-the first boundary.
+the first boundary. A case with param ``later_epochs`` false (the study's cold rows) stops
+after epoch 1: what its later epochs would read is cached by then, the warm row's
+measurement again.
 
 Shuffle quality is measured from the delivered order of epoch 1 (paths that report each
 sample's index): ``order_correlation``, the Spearman correlation of delivery position with
@@ -107,8 +109,9 @@ class _Epoch:
         return after / seconds if after and seconds > 0 else math.nan
 
 
-def _enough_epochs(epochs: list[_Epoch], *, warmup: bool, min_seconds: float) -> bool:
-    if warmup:
+def _enough_epochs(epochs: list[_Epoch], *, warmup: bool, min_seconds: float,
+                   later_epochs: bool = True) -> bool:
+    if warmup or not later_epochs:
         return len(epochs) >= 1
     later = epochs[1:]
     seconds = sum(epoch.ended_at - epoch.begun_at for epoch in later)
@@ -198,7 +201,8 @@ def peer_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
             sampler = make_sampler(case, reader) if dataset is not None else None
             loader, close = open_batches(case, dataset, sampler)
             while not _enough_epochs(epochs, warmup=trial.warmup, min_seconds=float(
-                    case.param("later_epochs_min_s", LATER_EPOCHS_MIN_S))):
+                    case.param("later_epochs_min_s", LATER_EPOCHS_MIN_S)),
+                    later_epochs=bool(case.param("later_epochs", True))):
                 if sampler is not None:
                     sampler.set_epoch(len(epochs))
                 begun = started if not epochs else time.perf_counter()
@@ -213,16 +217,17 @@ def peer_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     if trial.warmup:
         return {"samples": (epochs[0].samples, "count")}
     first, later = epochs[0], epochs[1:]
-    later_seconds = sum(epoch.ended_at - epoch.begun_at for epoch in later)
     metrics: dict[str, tuple[float, str]] = {
         "samples": (first.samples, "count"),
         "epoch1_samples_per_s": (first.rate(), "samples/s"),
         "epoch1_first_batch_s": (first.first_batch_at - first.begun_at, "s"),
-        "epoch2_first_batch_s": (later[0].first_batch_at - later[0].begun_at, "s"),
         "later_epochs": (len(later), "count"),
-        "later_epochs_samples_per_s": (sum(e.samples for e in later) / later_seconds,
-                                       "samples/s"),
     }
+    if later:
+        later_seconds = sum(epoch.ended_at - epoch.begun_at for epoch in later)
+        metrics["epoch2_first_batch_s"] = (later[0].first_batch_at - later[0].begun_at, "s")
+        metrics["later_epochs_samples_per_s"] = (sum(e.samples for e in later) / later_seconds,
+                                                 "samples/s")
     if fresh:
         metrics["fresh_process_first_batch_s"] = metrics["epoch1_first_batch_s"]
     if first.indices:

@@ -5,9 +5,11 @@ under the same rules.
 Every path reads the same samples (the profile's JPEG set, decode-bound, and its raw set),
 shuffled, 2 workers, batch 64, through its library's own recommended pipeline over its own
 format (``storebench.loaders.peers``), from a warm cache, and the JPEG set also cold (epoch 1
-from evicted, verified files). Every case runs two epochs on one loader (``cases.peers``):
-time to first batch (start-up, JIT, index reading), each epoch's rate after its first
-batch, peak PSS of the process tree, and shuffle quality measured from the delivered order.
+from evicted, verified files). Every warm case runs two epochs or more on one loader
+(``cases.peers``): time to first batch (start-up, JIT, index reading), each epoch's rate
+after its first batch, peak PSS of the process tree, and shuffle quality measured from the
+delivered order. A cold case stops after epoch 1, the epoch the cold state is about (its
+later epochs would find the set cached: the warm case's measurement).
 JPEGs are decoded with simplejpeg wherever the library lets us choose; DALI and FFCV decode
 with their own libjpeg-turbo builds (the path's label says so). Our ProcessPrefetcher also
 reads each peer format through its storebench Reader ("same files, our loader").
@@ -94,6 +96,9 @@ def _case(path: str, fmt: str, encoding: str, cache: str, built: dict, fields: d
     from ..formats import FORMATS
 
     params = {"decode": decode_for(encoding), **extra}
+    if cache == "cold":
+        # Epoch 1 only: its later epochs would read a cached set, the warm row's measurement.
+        params["later_epochs"] = False
     if _needs_peers(path, fmt):
         params["environment"] = "peers"
     if path == "process" and not getattr(FORMATS.get(fmt), "FORK_SAFE", True):
@@ -329,7 +334,8 @@ def plot_peers(df: pd.DataFrame) -> Figure:
         ax.set_title(f"{what}, {cache} cache ({profile_caption(rows, encoding)})",
                      fontsize="medium")
         ax.set_xlabel("samples per second (faint, above: epoch 1 after its first batch; solid, "
-                      "below: epochs 2 and on; whiskers: the repeats' range)", fontsize="small")
+                      "below, warm only: epochs 2 and on; whiskers: the repeats' range)",
+                      fontsize="small")
     missing = skipped_paths(df)
     if missing:
         text = "Not measured: " + "; ".join(f"{label}: {reason}"[:150]
