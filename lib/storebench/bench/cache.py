@@ -3,8 +3,8 @@
 Cold means every data page of the dataset has been dropped from the page cache with
 ``posix_fadvise(POSIX_FADV_DONTNEED)`` (no root needed, but only clean pages go, hence the
 fsync first); warm means every byte is resident: each file that ``mincore`` does not show
-wholly resident is read whole (re-reading a resident set, such as 20,000 small raw files before
-every warm repeat, cost seconds and changed nothing). Neither state is assumed: ``mincore(2)``
+wholly resident is read whole (re-reading a resident set, such as 20,000 small raw files, before
+every warm repeat took time and changed nothing). Neither state is assumed: ``mincore(2)``
 on a read-only mapping of each file reports which pages are really resident.
 """
 
