@@ -318,20 +318,24 @@ def test_the_out_of_core_case_runs_on_ci_with_and_without_a_cap(ci_data_root):
 @pytest.mark.timeout(120)
 def test_an_epoch_past_its_time_limit_is_cut_short_and_the_next_one_starts_afresh(
         ci_data_root):
-    """A limit every batch passes: each epoch delivers its first batch only, without a
-    sample twice, and says it is incomplete; the loader is stopped and opened again."""
+    """A limit every batch passes: each epoch delivers the first slice of its first batch
+    only (the batch in hand is cut at the limit), without a sample twice, and says it is
+    incomplete; the loader is stopped and opened again."""
     from dataclasses import replace
 
+    from storebench.cases.out_of_core import CUT_SLICE_SAMPLES
+
     case = _ci_case(ci_data_root, loader="lazy", access="shuffle", k=5)
+    assert case.batch_size > CUT_SLICE_SAMPLES
     params = {**dict(case.params), "epoch_seconds_limit": 1e-9}
     outcome = run_case(replace(case, params=params))
     assert outcome.status == "ok", outcome.error
     m = _metrics(outcome)
     for epoch in (1, 2):
         assert m[f"epoch{epoch}.complete"] == 0
-        assert m[f"epoch{epoch}.samples"] == case.batch_size < m["samples"]
+        assert m[f"epoch{epoch}.samples"] == CUT_SLICE_SAMPLES < m["samples"]
         assert m[f"epoch{epoch}.samples_per_s"] == pytest.approx(
-            case.batch_size / m[f"epoch{epoch}.seconds"])
+            CUT_SLICE_SAMPLES / m[f"epoch{epoch}.seconds"])
 
 
 @needs_cgroup

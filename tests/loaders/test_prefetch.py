@@ -25,6 +25,7 @@ from storebench.loaders import (
     WorkerError,
     WorkerStartError,
 )
+from storebench.loaders.window import Cut, read_until
 
 START_METHODS = ["fork", "spawn", "forkserver"]
 
@@ -520,6 +521,62 @@ def test_a_pass_cut_short_starts_no_batch_after_its_deadline(memmap_raw, batches
         assert all(when <= deadline for first, when in started if first != firsts[0])
         assert {first for first, _ in started} <= set(firsts)
     assert our_children() == set()
+
+
+class PerSampleDelayDataset(LazyDataset):
+    """Sleeps ``per_sample`` seconds per sample of every ``get_batch`` call."""
+
+    def __init__(self, reader, per_sample: float) -> None:
+        super().__init__(reader)
+        self.per_sample = per_sample
+
+    def get_batch(self, indices, *, out=None):
+        time.sleep(self.per_sample * len(indices))
+        return super().get_batch(indices, out=out)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_a_pass_cut_in_slices_ends_with_a_prefix_of_the_batch_in_hand(memmap_raw, batches,
+                                                                      kind):
+    want = serial(LazyDataset(memmap_raw), batches)
+    first = next(iter(batches))
+    # 48-sample batches at 10 ms a sample: the first batch alone outlasts the deadline.
+    with prefetcher(kind, PerSampleDelayDataset(memmap_raw, 0.01), batches) as pf:
+        got = [(np.array(b.images), np.array(b.labels), np.array(b.indices))
+               for b in pf.iter_until(time.monotonic() + 0.1, slice_samples=8)]
+        assert len(got) == 1
+        images, labels, indices = got[0]
+        n = len(indices)
+        assert 8 <= n < len(first) and n % 8 == 0
+        np.testing.assert_array_equal(indices, first[:n])
+        np.testing.assert_array_equal(images, want[0][0][:n])
+        np.testing.assert_array_equal(labels, want[0][1][:n])
+        # A cut pass leaves nothing behind: the next one runs whole, in order.
+        assert_same(collected(pf), want)
+    assert our_children() == set()
+
+
+@pytest.mark.timeout(60)
+def test_slices_with_a_deadline_far_ahead_read_whole_batches(memmap_raw, batches):
+    dataset = LazyDataset(memmap_raw)
+    with ThreadPrefetcher(dataset, batches, workers=2) as tp:
+        assert_same(collected(tp.iter_until(time.monotonic() + 3600, slice_samples=8)),
+                    serial(dataset, batches))
+        with pytest.raises(ValueError, match="slice_samples must be >= 1, got 0"):
+            tp.iter_until(time.monotonic() + 3600, slice_samples=0)
+
+
+def test_read_until_cuts_encoded_batches_too(build_ci, encoded_format):
+    with open_dataset(build_ci(encoded_format, "jpeg")) as reader:
+        dataset = LazyDataset(reader)
+        indices = np.array([5, 3, 40, 7, 11, 2, 9], dtype=np.int64)
+        whole = dataset.get_batch(indices)
+        cut = read_until(dataset, indices, None, Cut(time.monotonic() - 1.0, 3))
+        assert cut.indices.tolist() == [5, 3, 40]
+        assert cut.images == whole.images[:3] and cut.labels.tolist() == whole.labels[:3].tolist()
+        ahead = read_until(dataset, indices, None, Cut(time.monotonic() + 3600, 3))
+        assert ahead.indices.tolist() == indices.tolist() and ahead.images == whole.images
 
 
 @pytest.mark.timeout(60)

@@ -42,6 +42,12 @@ MIN_ROOM_BYTES = 4 << 20
 MB = 1e6
 
 
+# A pass cut short by ``epoch_seconds_limit`` also cuts the batches being read at the limit,
+# on a boundary of this many samples: a thrashing batch of 256 took 1.5-4.4 s under a cap,
+# longer than the limit, and ended the pass that long after it with one batch delivered.
+CUT_SLICE_SAMPLES = 32
+
+
 def _rss_bytes() -> int:
     import psutil
 
@@ -117,8 +123,9 @@ class _Loader:
 
     def epoch(self, epoch: int, *, until: float | None = None):
         """Epoch ``epoch``'s batches; a prefetcher that can (``iter_until``) starts no
-        batch after ``time.monotonic()`` ``until``, so a pass cut short there stops without
-        reading batches that would not count."""
+        batch after ``time.monotonic()`` ``until`` and cuts the batches in hand there (on a
+        boundary of ``CUT_SLICE_SAMPLES``), so a pass cut short there stops within one slice
+        of it without reading what would not count."""
         self.sampler.set_epoch(epoch)
         if self.used and iter(self.batches) is self.batches:
             self.close()
@@ -126,7 +133,7 @@ class _Loader:
                                                             self.sampler)
         self.used = True
         if until is not None and hasattr(self.batches, "iter_until"):
-            return self.batches.iter_until(until)
+            return self.batches.iter_until(until, slice_samples=CUT_SLICE_SAMPLES)
         return iter(self.batches)
 
     def close(self) -> None:

@@ -56,6 +56,7 @@ import numpy as np
 from ..processes import SHM_DIR, SHM_PREFIX
 from .batching import Batch, batch_buffer
 from .window import (
+    Cut,
     NotStarted,
     WindowedPrefetcher,
     WorkerDiedError,
@@ -63,6 +64,7 @@ from .window import (
     WorkerFailure,
     WorkerStartError,
     positive_int,
+    read_until,
 )
 
 __all__ = [
@@ -120,13 +122,13 @@ class _ThreadPool:
             task = self.tasks.get()
             if task is None or self.stopping.is_set():
                 return
-            seq, slot, indices, not_after = task
+            seq, slot, indices, not_after, cut = task
             if not_after is not None and time.monotonic() > not_after:
                 outcome = NotStarted()
             else:
                 try:
                     out = self.buffers[slot] if self.buffers is not None else None
-                    outcome = dataset.get_batch(indices, out=out)
+                    outcome = read_until(dataset, indices, out, cut)
                 except BaseException as exc:  # everything goes to the consumer
                     outcome = WorkerFailure("prefetch thread", worker, traceback.format_exc(),
                                             exc)
@@ -151,6 +153,7 @@ class _ThreadTransport:
         self.workers = workers
         self.buffers = buffers
         self.not_after: float | None = None
+        self.cut: Cut | None = None
         self._pool: _ThreadPool | None = None
 
     def start(self) -> None:
@@ -163,7 +166,7 @@ class _ThreadTransport:
             self._pool = None
 
     def submit(self, seq: int, slot: int, indices: np.ndarray) -> None:
-        self._pool.tasks.put((seq, slot, indices, self.not_after))
+        self._pool.tasks.put((seq, slot, indices, self.not_after, self.cut))
 
     def wait(self) -> list[tuple[int, object]]:
         pool = self._pool
@@ -494,20 +497,21 @@ def _process_worker(conn, inherited, layout: SlotLayout, worker: int) -> None:
             task = conn.recv()
             if task is None or control[_STOP]:
                 return
-            seq, slot, indices, not_after = task
+            seq, slot, indices, not_after, cut = task
             if not_after is not None and time.monotonic() > not_after:
                 conn.send((seq, _NOT_STARTED))
                 continue
             images, labels = slots[slot]
             try:
-                batch = dataset.get_batch(indices, out=images)
+                batch = read_until(dataset, indices, images, cut)
                 n = len(batch)
                 if not (
                     isinstance(batch.images, np.ndarray) and np.shares_memory(batch.images, images)
                 ):
                     _copy_into_slot(batch, images, layout)
                 labels[:n] = batch.labels
-                conn.send((seq, None))
+                # None: the whole batch; a count: the prefix read before the pass's cut.
+                conn.send((seq, None if n == len(indices) else n))
             except BaseException as exc:  # everything goes to the consumer
                 conn.send((seq, capture_exception(exc)))
     except (EOFError, BrokenPipeError, ConnectionResetError):
@@ -587,6 +591,7 @@ class _SharedMemoryTransport:
         self.pids: list[int] = []
         self.shm_name = ""
         self.not_after: float | None = None
+        self.cut: Cut | None = None
         self._slots: _SharedSlots | None = None
         self._processes: list = []
         self._conns: list = []
@@ -651,7 +656,7 @@ class _SharedMemoryTransport:
             )
         worker = min(range(self.workers), key=self._outstanding.__getitem__)
         try:
-            self._conns[worker].send((seq, slot, indices, self.not_after))
+            self._conns[worker].send((seq, slot, indices, self.not_after, self.cut))
         except OSError:  # it is gone: raise what it said before it went, if anything
             while self._conns[worker].poll():
                 self._receive(worker)
@@ -689,8 +694,8 @@ class _SharedMemoryTransport:
             )
         self._outstanding[worker] -= 1
         self._assigned.pop(seq, None)
-        if info is None:
-            return [(seq, None)]
+        if info is None or isinstance(info, int):
+            return [(seq, info)]
         if info == _NOT_STARTED:
             return [(seq, NotStarted())]
         return [(seq, failure_from(self.label, worker, info))]
@@ -710,8 +715,8 @@ class _SharedMemoryTransport:
 
     def batch(self, slot: int, indices: np.ndarray, result) -> Batch:
         images, labels = self._slots.views[slot]
-        n = len(indices)
-        return Batch(images[:n], labels[:n], indices)
+        n = len(indices) if result is None else result
+        return Batch(images[:n], labels[:n], indices[:n])
 
 
 class ProcessPrefetcher(WindowedPrefetcher):

@@ -23,7 +23,9 @@ What the window guarantees whatever the transport:
   ends after the first batch handed out past ``t``, and workers that honour deadlines (the
   thread and shared-memory transports) read no batch but the pass's first that they take
   after ``t``, so the stop waits only for batches begun before it (a thrashing read takes
-  seconds per batch);
+  seconds per batch). With ``slice_samples``, those workers also cut the batches in hand
+  at ``t`` (``read_until``): the pass then ends within one slice of ``t``, not one batch,
+  and its last batch holds a prefix of its indices;
 - **no leaks**: a pass left before its end (``break``, an exception or ``KeyboardInterrupt``
   in the loop body, an iterator dropped) stops the workers and frees the transport's memory
   in the generator's ``close()``, which CPython runs as soon as the loop unwinds. The next
@@ -86,6 +88,60 @@ class NotStarted:
     """A batch a worker took after its pass's deadline and did not read."""
 
 
+@dataclass(frozen=True)
+class Cut:
+    """Where a worker cuts the batches of a pass: at ``time.monotonic()`` ``at``, on a
+    boundary of ``slice_samples`` samples (see ``read_until``)."""
+
+    at: float
+    slice_samples: int
+
+
+def read_until(dataset, indices: np.ndarray, out: np.ndarray | None, cut: Cut | None) -> Batch:
+    """``dataset.get_batch(indices, out=out)``, cut at ``cut`` if given: the first
+    ``cut.slice_samples`` samples are read; if reading the rest at that pace would end after
+    ``cut.at``, the rest is read slice by slice and the batch ends at the first slice boundary
+    past it, else in one call (a batch that ends in time costs one extra call). The batch
+    holds a prefix of ``indices``, at least one slice."""
+    n = len(indices)
+    if cut is None or n <= cut.slice_samples:
+        return dataset.get_batch(indices, out=out)
+    step = cut.slice_samples
+    began = time.monotonic()
+    parts = [dataset.get_batch(indices[:step], out=_rows(out, 0, step))]
+    now = time.monotonic()
+    if now + (now - began) * (n - step) / step <= cut.at:
+        parts.append(dataset.get_batch(indices[step:], out=_rows(out, step, n)))
+    else:
+        for start in range(step, n, step):
+            if time.monotonic() > cut.at:
+                break
+            stop = min(start + step, n)
+            parts.append(dataset.get_batch(indices[start:stop], out=_rows(out, start, stop)))
+    return _joined(parts, out)
+
+
+def _rows(out: np.ndarray | None, start: int, stop: int) -> np.ndarray | None:
+    return None if out is None else out[start:stop]
+
+
+def _joined(parts: list[Batch], out: np.ndarray | None) -> Batch:
+    """One batch of consecutive ``parts`` (read into consecutive rows of ``out``, if given)."""
+    if len(parts) == 1:
+        return parts[0]
+    count = sum(len(part) for part in parts)
+    labels = np.concatenate([part.labels for part in parts])
+    indices = np.concatenate([part.indices for part in parts])
+    if all(part.is_array for part in parts):
+        if out is not None and all(np.shares_memory(part.images, out) for part in parts):
+            images = out[:count]
+        else:
+            images = np.concatenate([part.images for part in parts])
+    else:
+        images = [image for part in parts for image in part.images]
+    return Batch(images, labels, indices)
+
+
 class Transport(Protocol):
     """How one kind of worker pool takes batches and gives them back."""
 
@@ -97,9 +153,11 @@ class Transport(Protocol):
 
     def submit(self, seq: int, slot: int, indices: np.ndarray) -> None:
         """Have a worker read batch ``seq`` (sample ``indices``) into slot ``slot``. A
-        transport that honours deadlines has an attribute ``not_after`` (a
-        ``time.monotonic()`` value or None), set by the window for each pass: a worker that
-        takes a batch after it reports ``NotStarted()`` instead of reading it."""
+        transport that honours deadlines has attributes ``not_after`` (a
+        ``time.monotonic()`` value or None) and ``cut`` (a ``Cut`` or None), set by the window
+        for each pass: a worker that takes a batch after ``not_after`` reports
+        ``NotStarted()`` instead of reading it, and reads the batches it does take with
+        ``read_until(..., cut)``; its result then says how many samples it read."""
 
     def wait(self) -> list[tuple[int, object]]:
         """Block until workers report; return the ``(seq, result)`` pairs that arrived
@@ -146,11 +204,13 @@ class OrderedWindow:
         self.transport.stop()
 
     def run(
-        self, batches: Iterable, *, owner: object, until: float | None = None
+        self, batches: Iterable, *, owner: object, until: float | None = None,
+        slice_samples: int | None = None,
     ) -> Iterator[Batch]:
-        """One pass over ``batches``, cut short at ``time.monotonic()`` ``until`` if given
-        (see the module docstring). ``owner`` (the prefetcher) is held by the generator so
-        that ``for b in Prefetcher(...)`` does not finalise the prefetcher mid-loop."""
+        """One pass over ``batches``, cut short at ``time.monotonic()`` ``until`` if given,
+        the batches in hand then too with ``slice_samples`` (see the module docstring).
+        ``owner`` (the prefetcher) is held by the generator so that ``for b in
+        Prefetcher(...)`` does not finalise the prefetcher mid-loop."""
         self._pass += 1
         token = self._pass
         try:
@@ -158,6 +218,9 @@ class OrderedWindow:
                 raise RuntimeError(f"this {self.name} is closed")
             self._drain()
             self.transport.start()
+            if hasattr(self.transport, "cut"):
+                self.transport.cut = (
+                    Cut(until, slice_samples) if until is not None and slice_samples else None)
             tasks = iter(batches)
             first = self._send_idx
             exhausted = False
@@ -269,14 +332,23 @@ class WindowedPrefetcher:
             raise RuntimeError(f"this {type(self).__name__} is closed")
         return self._window.run(self.batches, owner=self)
 
-    def iter_until(self, deadline: float) -> Iterator[Batch]:
+    def iter_until(self, deadline: float, *, slice_samples: int | None = None
+                   ) -> Iterator[Batch]:
         """A pass cut short at ``time.monotonic()`` ``deadline``: it ends after the first
         batch handed out past it (or at the pass's end), and no worker starts a batch after
         it but the pass's first, so stopping waits only for batches begun before it. For
-        time-boxed epochs (a thrashing pass, a training budget in minutes)."""
+        time-boxed epochs (a thrashing pass, a training budget in minutes).
+
+        ``slice_samples``: workers also cut the batches in hand at the deadline, on a
+        boundary of that many samples (``read_until``), so the pass ends within one slice
+        of it even where one batch takes longer than the whole budget; its last batch then
+        holds a prefix of its indices."""
         if self._window.closed:
             raise RuntimeError(f"this {type(self).__name__} is closed")
-        return self._window.run(self.batches, owner=self, until=float(deadline))
+        if slice_samples is not None:
+            slice_samples = positive_int(slice_samples, "slice_samples")
+        return self._window.run(self.batches, owner=self, until=float(deadline),
+                                slice_samples=slice_samples)
 
     def close(self) -> None:
         """Stop the workers and free their memory. Batches already handed out stay
