@@ -25,7 +25,7 @@ from storebench.loaders import (
     WorkerError,
     WorkerStartError,
 )
-from storebench.loaders.window import Cut, read_until
+from storebench.loaders.window import Cut, CutReader
 
 START_METHODS = ["fork", "spawn", "forkserver"]
 
@@ -567,16 +567,48 @@ def test_slices_with_a_deadline_far_ahead_read_whole_batches(memmap_raw, batches
             tp.iter_until(time.monotonic() + 3600, slice_samples=0)
 
 
-def test_read_until_cuts_encoded_batches_too(build_ci, encoded_format):
+@pytest.mark.timeout(60)
+def test_a_batch_that_ends_within_the_overrun_is_read_whole(memmap_raw, batches):
+    want = serial(LazyDataset(memmap_raw), batches)
+    with prefetcher("thread", PerSampleDelayDataset(memmap_raw, 0.01), batches) as pf:
+        # 0.48 s a batch: past the deadline, within the overrun.
+        got = collected(pf.iter_until(time.monotonic() + 0.1, slice_samples=8, overrun=5.0))
+        assert_same(got, want[:1])
+        with pytest.raises(ValueError, match="overrun must be >= 0 seconds, got -1"):
+            pf.iter_until(time.monotonic(), slice_samples=8, overrun=-1)
+
+
+class CallLog(LazyDataset):
+    """Records the length of every ``get_batch`` call."""
+
+    def __init__(self, reader) -> None:
+        super().__init__(reader)
+        self.calls: list[int] = []
+
+    def get_batch(self, indices, *, out=None):
+        self.calls.append(len(indices))
+        return super().get_batch(indices, out=out)
+
+
+def test_a_cut_reader_probes_its_pace_once_a_pass_and_cuts_encoded_batches(build_ci,
+                                                                          encoded_format):
     with open_dataset(build_ci(encoded_format, "jpeg")) as reader:
-        dataset = LazyDataset(reader)
+        dataset = CallLog(reader)
         indices = np.array([5, 3, 40, 7, 11, 2, 9], dtype=np.int64)
-        whole = dataset.get_batch(indices)
-        cut = read_until(dataset, indices, None, Cut(time.monotonic() - 1.0, 3))
-        assert cut.indices.tolist() == [5, 3, 40]
-        assert cut.images == whole.images[:3] and cut.labels.tolist() == whole.labels[:3].tolist()
-        ahead = read_until(dataset, indices, None, Cut(time.monotonic() + 3600, 3))
-        assert ahead.indices.tolist() == indices.tolist() and ahead.images == whole.images
+        whole = LazyDataset(reader).get_batch(indices)
+        reads = CutReader()
+        ahead = Cut(time.monotonic() + 3600, 3)
+        for _ in range(2):
+            batch = reads.read(dataset, indices, None, ahead)
+            assert batch.indices.tolist() == indices.tolist() and batch.images == whole.images
+            assert batch.labels.tolist() == whole.labels.tolist()
+        # The first batch of the pass probes the pace on a slice; the next is one call.
+        assert dataset.calls == [3, 4, 7]
+        dataset.calls.clear()
+        cut = reads.read(dataset, indices, None, Cut(time.monotonic() - 1.0, 3))  # a new pass
+        assert dataset.calls == [3]
+        assert cut.indices.tolist() == [5, 3, 40] and cut.images == whole.images[:3]
+        assert cut.labels.tolist() == whole.labels[:3].tolist()
 
 
 @pytest.mark.timeout(60)

@@ -42,10 +42,14 @@ MIN_ROOM_BYTES = 4 << 20
 MB = 1e6
 
 
-# A pass cut short by ``epoch_seconds_limit`` also cuts the batches being read at the limit,
-# on a boundary of this many samples: a thrashing batch of 256 took 1.5-4.4 s under a cap,
-# longer than the limit, and ended the pass that long after it with one batch delivered.
+# A pass cut short by ``epoch_seconds_limit`` also cuts a batch in hand that would end more
+# than half the limit past it, on a boundary of this many samples: a thrashing batch of 256
+# took 1.5-4.4 s under a cap, longer than the limit, and ended the pass that long after it
+# with one batch delivered. Batches that end within the overrun are read whole, as before
+# (cutting them too would trade a few tenths of a second for rates biased by the work a
+# second worker had in flight).
 CUT_SLICE_SAMPLES = 32
+CUT_OVERRUN_OF_LIMIT = 0.5
 
 
 def _rss_bytes() -> int:
@@ -121,11 +125,11 @@ class _Loader:
         self.batches, self.close_batches = open_batches(case, dataset, sampler)
         self.used = False
 
-    def epoch(self, epoch: int, *, until: float | None = None):
+    def epoch(self, epoch: int, *, until: float | None = None, overrun: float = 0.0):
         """Epoch ``epoch``'s batches; a prefetcher that can (``iter_until``) starts no
-        batch after ``time.monotonic()`` ``until`` and cuts the batches in hand there (on a
-        boundary of ``CUT_SLICE_SAMPLES``), so a pass cut short there stops within one slice
-        of it without reading what would not count."""
+        batch after ``time.monotonic()`` ``until`` and cuts a batch in hand that would end
+        more than ``overrun`` seconds past it (on a boundary of ``CUT_SLICE_SAMPLES``), so a
+        pass cut short there stops without reading what would not count."""
         self.sampler.set_epoch(epoch)
         if self.used and iter(self.batches) is self.batches:
             self.close()
@@ -133,7 +137,8 @@ class _Loader:
                                                             self.sampler)
         self.used = True
         if until is not None and hasattr(self.batches, "iter_until"):
-            return self.batches.iter_until(until, slice_samples=CUT_SLICE_SAMPLES)
+            return self.batches.iter_until(until, slice_samples=CUT_SLICE_SAMPLES,
+                                           overrun=overrun)
         return iter(self.batches)
 
     def close(self) -> None:
@@ -164,7 +169,8 @@ def _epochs(case: Case, trial: Trial, budget, loader: _Loader, reader, files, *,
             seen = []
             began = time.monotonic()
             deadline = began + seconds_limit if seconds_limit else None
-            batches = loader.epoch(epoch - 1, until=deadline)
+            batches = loader.epoch(epoch - 1, until=deadline,
+                                   overrun=CUT_OVERRUN_OF_LIMIT * (seconds_limit or 0.0))
             try:
                 for batch in batches:
                     n, nbytes, indices = batch_size_bytes(batch)

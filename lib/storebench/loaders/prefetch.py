@@ -57,6 +57,7 @@ from ..processes import SHM_DIR, SHM_PREFIX
 from .batching import Batch, batch_buffer
 from .window import (
     Cut,
+    CutReader,
     NotStarted,
     WindowedPrefetcher,
     WorkerDiedError,
@@ -64,7 +65,6 @@ from .window import (
     WorkerFailure,
     WorkerStartError,
     positive_int,
-    read_until,
 )
 
 __all__ = [
@@ -118,6 +118,7 @@ class _ThreadPool:
             thread.start()
 
     def _run(self, dataset, worker: int) -> None:
+        reads = CutReader()
         while True:
             task = self.tasks.get()
             if task is None or self.stopping.is_set():
@@ -128,7 +129,7 @@ class _ThreadPool:
             else:
                 try:
                     out = self.buffers[slot] if self.buffers is not None else None
-                    outcome = read_until(dataset, indices, out, cut)
+                    outcome = reads.read(dataset, indices, out, cut)
                 except BaseException as exc:  # everything goes to the consumer
                     outcome = WorkerFailure("prefetch thread", worker, traceback.format_exc(),
                                             exc)
@@ -490,6 +491,7 @@ def _process_worker(conn, inherited, layout: SlotLayout, worker: int) -> None:
         with contextlib.suppress(OSError):
             conn.send((START_FAILED, (stage, capture_exception(exc))))
         return
+    reads = CutReader()
     try:
         while True:
             if conn not in connection.wait(watched):
@@ -503,7 +505,7 @@ def _process_worker(conn, inherited, layout: SlotLayout, worker: int) -> None:
                 continue
             images, labels = slots[slot]
             try:
-                batch = read_until(dataset, indices, images, cut)
+                batch = reads.read(dataset, indices, images, cut)
                 n = len(batch)
                 if not (
                     isinstance(batch.images, np.ndarray) and np.shares_memory(batch.images, images)

@@ -24,8 +24,9 @@ What the window guarantees whatever the transport:
   thread and shared-memory transports) read no batch but the pass's first that they take
   after ``t``, so the stop waits only for batches begun before it (a thrashing read takes
   seconds per batch). With ``slice_samples``, those workers also cut the batches in hand
-  at ``t`` (``read_until``): the pass then ends within one slice of ``t``, not one batch,
-  and its last batch holds a prefix of its indices;
+  that would end more than ``overrun`` past ``t`` (``CutReader``): the pass then ends
+  within one slice or ``overrun`` of ``t``, not one batch, and its last batch may hold a
+  prefix of its indices;
 - **no leaks**: a pass left before its end (``break``, an exception or ``KeyboardInterrupt``
   in the loop body, an iterator dropped) stops the workers and frees the transport's memory
   in the generator's ``close()``, which CPython runs as soon as the loop unwinds. The next
@@ -91,34 +92,51 @@ class NotStarted:
 @dataclass(frozen=True)
 class Cut:
     """Where a worker cuts the batches of a pass: at ``time.monotonic()`` ``at``, on a
-    boundary of ``slice_samples`` samples (see ``read_until``)."""
+    boundary of ``slice_samples`` samples, for a batch that would otherwise end more than
+    ``overrun`` seconds past ``at`` (see ``CutReader``)."""
 
     at: float
     slice_samples: int
+    overrun: float = 0.0
 
 
-def read_until(dataset, indices: np.ndarray, out: np.ndarray | None, cut: Cut | None) -> Batch:
-    """``dataset.get_batch(indices, out=out)``, cut at ``cut`` if given: the first
-    ``cut.slice_samples`` samples are read; if reading the rest at that pace would end after
-    ``cut.at``, the rest is read slice by slice and the batch ends at the first slice boundary
-    past it, else in one call (a batch that ends in time costs one extra call). The batch
-    holds a prefix of ``indices``, at least one slice."""
-    n = len(indices)
-    if cut is None or n <= cut.slice_samples:
-        return dataset.get_batch(indices, out=out)
-    step = cut.slice_samples
-    began = time.monotonic()
-    parts = [dataset.get_batch(indices[:step], out=_rows(out, 0, step))]
-    now = time.monotonic()
-    if now + (now - began) * (n - step) / step <= cut.at:
-        parts.append(dataset.get_batch(indices[step:], out=_rows(out, step, n)))
-    else:
-        for start in range(step, n, step):
-            if time.monotonic() > cut.at:
-                break
-            stop = min(start + step, n)
-            parts.append(dataset.get_batch(indices[start:stop], out=_rows(out, start, stop)))
-    return _joined(parts, out)
+class CutReader:
+    """One worker's batch reads in a pass with a ``Cut``. A batch that, at the worker's pace
+    (seconds a sample, measured on its reads in this pass), would end within ``overrun`` of
+    the cut is read in one ``get_batch`` call. Any other is read slice by slice and ends at
+    the first slice boundary past the cut, holding a prefix of its indices (at least one
+    slice). The pace is measured on a batch's first slice when there is none yet (one
+    extra call per worker and pass)."""
+
+    def __init__(self) -> None:
+        self._cut: Cut | None = None
+        self._pace: float | None = None
+
+    def read(self, dataset, indices: np.ndarray, out: np.ndarray | None, cut: Cut | None
+             ) -> Batch:
+        if cut != self._cut:  # a new pass
+            self._cut, self._pace = cut, None
+        n = len(indices)
+        if cut is None or n <= cut.slice_samples:
+            return dataset.get_batch(indices, out=out)
+        began = time.monotonic()
+        if self._pace is not None and began + self._pace * n <= cut.at + cut.overrun:
+            batch = dataset.get_batch(indices, out=out)
+            self._pace = (time.monotonic() - began) / n
+            return batch
+        step = cut.slice_samples
+        parts = [dataset.get_batch(indices[:step], out=_rows(out, 0, step))]
+        now = time.monotonic()
+        self._pace = (now - began) / step
+        if now + self._pace * (n - step) <= cut.at + cut.overrun:
+            parts.append(dataset.get_batch(indices[step:], out=_rows(out, step, n)))
+        else:
+            for begin in range(step, n, step):
+                if time.monotonic() > cut.at:
+                    break
+                stop = min(begin + step, n)
+                parts.append(dataset.get_batch(indices[begin:stop], out=_rows(out, begin, stop)))
+        return _joined(parts, out)
 
 
 def _rows(out: np.ndarray | None, start: int, stop: int) -> np.ndarray | None:
@@ -156,8 +174,8 @@ class Transport(Protocol):
         transport that honours deadlines has attributes ``not_after`` (a
         ``time.monotonic()`` value or None) and ``cut`` (a ``Cut`` or None), set by the window
         for each pass: a worker that takes a batch after ``not_after`` reports
-        ``NotStarted()`` instead of reading it, and reads the batches it does take with
-        ``read_until(..., cut)``; its result then says how many samples it read."""
+        ``NotStarted()`` instead of reading it, and reads the batches it does take with its
+        ``CutReader``; its result then says how many samples it read."""
 
     def wait(self) -> list[tuple[int, object]]:
         """Block until workers report; return the ``(seq, result)`` pairs that arrived
@@ -205,7 +223,7 @@ class OrderedWindow:
 
     def run(
         self, batches: Iterable, *, owner: object, until: float | None = None,
-        slice_samples: int | None = None,
+        slice_samples: int | None = None, overrun: float = 0.0,
     ) -> Iterator[Batch]:
         """One pass over ``batches``, cut short at ``time.monotonic()`` ``until`` if given,
         the batches in hand then too with ``slice_samples`` (see the module docstring).
@@ -220,7 +238,8 @@ class OrderedWindow:
             self.transport.start()
             if hasattr(self.transport, "cut"):
                 self.transport.cut = (
-                    Cut(until, slice_samples) if until is not None and slice_samples else None)
+                    Cut(until, slice_samples, overrun)
+                    if until is not None and slice_samples else None)
             tasks = iter(batches)
             first = self._send_idx
             exhausted = False
@@ -332,23 +351,26 @@ class WindowedPrefetcher:
             raise RuntimeError(f"this {type(self).__name__} is closed")
         return self._window.run(self.batches, owner=self)
 
-    def iter_until(self, deadline: float, *, slice_samples: int | None = None
-                   ) -> Iterator[Batch]:
+    def iter_until(self, deadline: float, *, slice_samples: int | None = None,
+                   overrun: float = 0.0) -> Iterator[Batch]:
         """A pass cut short at ``time.monotonic()`` ``deadline``: it ends after the first
         batch handed out past it (or at the pass's end), and no worker starts a batch after
         it but the pass's first, so stopping waits only for batches begun before it. For
         time-boxed epochs (a thrashing pass, a training budget in minutes).
 
-        ``slice_samples``: workers also cut the batches in hand at the deadline, on a
-        boundary of that many samples (``read_until``), so the pass ends within one slice
-        of it even where one batch takes longer than the whole budget; its last batch then
-        holds a prefix of its indices."""
+        ``slice_samples``: workers also cut a batch in hand that, at their pace, would end
+        more than ``overrun`` seconds past the deadline, on a boundary of that many samples
+        (``CutReader``), so the pass ends within one slice or ``overrun`` of it even where
+        one batch takes longer than the whole budget; its last batch may then hold a prefix
+        of its indices. A batch that ends within ``overrun`` is read whole, in one call."""
         if self._window.closed:
             raise RuntimeError(f"this {type(self).__name__} is closed")
         if slice_samples is not None:
             slice_samples = positive_int(slice_samples, "slice_samples")
+        if not overrun >= 0:
+            raise ValueError(f"overrun must be >= 0 seconds, got {overrun!r}")
         return self._window.run(self.batches, owner=self, until=float(deadline),
-                                slice_samples=slice_samples)
+                                slice_samples=slice_samples, overrun=float(overrun))
 
     def close(self) -> None:
         """Stop the workers and free their memory. Batches already handed out stay
