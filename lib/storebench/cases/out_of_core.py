@@ -42,12 +42,14 @@ MIN_ROOM_BYTES = 4 << 20
 MB = 1e6
 
 
-# A pass cut short by ``epoch_seconds_limit`` also cuts a batch in hand that would end more
-# than half the limit past it, on a boundary of this many samples: a thrashing batch of 256
-# took 1.5-4.4 s under a cap, longer than the limit, and ended the pass that long after it
-# with one batch delivered. Batches that end within the overrun are read whole, as before
-# (cutting them too would trade a few tenths of a second for rates biased by the work a
-# second worker had in flight).
+# Under a cap (k > 0), a pass cut short by ``epoch_seconds_limit`` also cuts a batch in hand
+# that would end more than half the limit past it, on a boundary of this many samples: one
+# thrashing batch of 256 can outlast the whole limit, and the pass then ended that long after
+# it with one batch delivered. Batches that end within the overrun are read whole, as before:
+# cut into slices, a reader that serialises its calls (h5py) interleaves the two workers'
+# slices, and the other worker's batch in flight, which never counts, would grow. Without a
+# cap no batch thrashes, and none is cut: there, probing the pace on a first slice of each
+# worker's first batch lowered shuffled HDF5 rates by a quarter over the whole pass.
 CUT_SLICE_SAMPLES = 32
 CUT_OVERRUN_OF_LIMIT = 0.5
 
@@ -125,11 +127,13 @@ class _Loader:
         self.batches, self.close_batches = open_batches(case, dataset, sampler)
         self.used = False
 
-    def epoch(self, epoch: int, *, until: float | None = None, overrun: float = 0.0):
+    def epoch(self, epoch: int, *, until: float | None = None,
+              overrun: float | None = None):
         """Epoch ``epoch``'s batches; a prefetcher that can (``iter_until``) starts no
-        batch after ``time.monotonic()`` ``until`` and cuts a batch in hand that would end
-        more than ``overrun`` seconds past it (on a boundary of ``CUT_SLICE_SAMPLES``), so a
-        pass cut short there stops without reading what would not count."""
+        batch after ``time.monotonic()`` ``until`` and, given ``overrun``, cuts a batch in
+        hand that would end more than ``overrun`` seconds past it (on a boundary of
+        ``CUT_SLICE_SAMPLES``), so a pass cut short there stops without reading what would
+        not count."""
         self.sampler.set_epoch(epoch)
         if self.used and iter(self.batches) is self.batches:
             self.close()
@@ -137,6 +141,8 @@ class _Loader:
                                                             self.sampler)
         self.used = True
         if until is not None and hasattr(self.batches, "iter_until"):
+            if overrun is None:
+                return self.batches.iter_until(until)
             return self.batches.iter_until(until, slice_samples=CUT_SLICE_SAMPLES,
                                            overrun=overrun)
         return iter(self.batches)
@@ -155,6 +161,8 @@ def _epochs(case: Case, trial: Trial, budget, loader: _Loader, reader, files, *,
     from ..bench.cache import resident_fraction
 
     metrics: dict[str, tuple[float, str]] = {}
+    capped = int(case.param("k", 0)) > 0
+    overrun = CUT_OVERRUN_OF_LIMIT * seconds_limit if capped and seconds_limit else None
     start = budget.stats()
     rates = []
     last = None
@@ -169,8 +177,7 @@ def _epochs(case: Case, trial: Trial, budget, loader: _Loader, reader, files, *,
             seen = []
             began = time.monotonic()
             deadline = began + seconds_limit if seconds_limit else None
-            batches = loader.epoch(epoch - 1, until=deadline,
-                                   overrun=CUT_OVERRUN_OF_LIMIT * (seconds_limit or 0.0))
+            batches = loader.epoch(epoch - 1, until=deadline, overrun=overrun)
             try:
                 for batch in batches:
                     n, nbytes, indices = batch_size_bytes(batch)

@@ -81,8 +81,9 @@ PREFETCHER, WORKERS = "thread", 2  # the prefetch study's best path, raw and JPE
 # A thrashing pass is cut short after this long: memmap's default read-around under a k = 5
 # cap took over 60 s for one shuffled pass of the small set (0.24 s cold when it fits, 2 s
 # with MADV_RANDOM; one batch of 256 took about 5 s and read 1.8 GB). Its rate over the
-# first second says as much, and bounds the study's time (a pass ends within one slice of
-# the limit: ``cases.out_of_core.CUT_SLICE_SAMPLES``).
+# first second says as much, and bounds the study's time (under a cap a pass ends within
+# one slice of the limit, or half the limit for a batch that ends sooner:
+# ``cases.out_of_core``).
 EPOCH_SECONDS_LIMIT = 1.0
 PRELOADED_FORMAT = "memmap"
 GUIDE_REPEATS = 3
