@@ -49,7 +49,7 @@ MB = 1e6
 # cut into slices, a reader that serialises its calls (h5py) interleaves the two workers'
 # slices, and the other worker's batch in flight, which never counts, would grow. Without a
 # cap no batch thrashes, and none is cut: there, probing the pace on a first slice of each
-# worker's first batch lowered shuffled HDF5 rates by a quarter over the whole pass.
+# worker's first batch lowered shuffled HDF5 rates over the whole pass, measurably.
 CUT_SLICE_SAMPLES = 32
 CUT_OVERRUN_OF_LIMIT = 0.5
 
