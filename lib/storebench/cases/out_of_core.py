@@ -154,14 +154,14 @@ class _Loader:
 
 
 def _epochs(case: Case, trial: Trial, budget, loader: _Loader, reader, files, *,
-            epochs: int, seconds_limit: float | None) -> dict:
+            epochs: int, seconds_limit: float | None, capped: bool) -> dict:
     """Time ``epochs`` passes; per epoch: throughput, residency at start and end, and the
     budget's counters. A pass still running after ``seconds_limit`` is cut short there
-    (``epoch<n>.complete`` 0): its rate is what it delivered in that time."""
+    (``epoch<n>.complete`` 0): its rate is what it delivered in that time; ``capped``
+    (under a memory cap) also cuts the batches in hand (``CUT_SLICE_SAMPLES``)."""
     from ..bench.cache import resident_fraction
 
     metrics: dict[str, tuple[float, str]] = {}
-    capped = int(case.param("k", 0)) > 0
     overrun = CUT_OVERRUN_OF_LIMIT * seconds_limit if capped and seconds_limit else None
     start = budget.stats()
     rates = []
@@ -282,7 +282,7 @@ def out_of_core_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, 
                                  baseline_rss=baseline_rss, min_room=MIN_ROOM_BYTES)
             try:
                 measured = _epochs(case, trial, budget, loader, reader, files, epochs=epochs,
-                                   seconds_limit=seconds_limit)
+                                   seconds_limit=seconds_limit, capped=k > 0)
             finally:
                 loader.close()
             return described | preload | measured

@@ -512,8 +512,8 @@ def _process_worker(conn, inherited, layout: SlotLayout, worker: int) -> None:
                 ):
                     _copy_into_slot(batch, images, layout)
                 labels[:n] = batch.labels
-                # None: the whole batch; a count: the prefix read before the pass's cut.
-                conn.send((seq, None if n == len(indices) else n))
+                # How many samples it read: fewer than asked when the pass's cut fell in it.
+                conn.send((seq, n))
             except BaseException as exc:  # everything goes to the consumer
                 conn.send((seq, capture_exception(exc)))
     except (EOFError, BrokenPipeError, ConnectionResetError):
@@ -696,7 +696,7 @@ class _SharedMemoryTransport:
             )
         self._outstanding[worker] -= 1
         self._assigned.pop(seq, None)
-        if info is None or isinstance(info, int):
+        if isinstance(info, int):
             return [(seq, info)]
         if info == _NOT_STARTED:
             return [(seq, NotStarted())]
@@ -717,8 +717,7 @@ class _SharedMemoryTransport:
 
     def batch(self, slot: int, indices: np.ndarray, result) -> Batch:
         images, labels = self._slots.views[slot]
-        n = len(indices) if result is None else result
-        return Batch(images[:n], labels[:n], indices[:n])
+        return Batch(images[:result], labels[:result], indices[:result])
 
 
 class ProcessPrefetcher(WindowedPrefetcher):
