@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +32,11 @@ from storebench.loaders import (
 from storebench.remote.dataset import download_dataset, upload_dataset
 from storebench.remote.readers import REMOTE_READERS
 from storebench.remote.s3 import ObjectStore, ObjectStoreError, S3Config, S3Path
-from storebench.remote.seaweed import SeaweedServer, remove_stale_sockets
+from storebench.remote.seaweed import (
+    SeaweedServer,
+    SeaweedUnavailableError,
+    remove_stale_sockets,
+)
 
 REMOTE_CASES = [(f, e) for f in sorted(REMOTE_READERS) for e in ("raw", "jpeg", "png")]
 
@@ -261,3 +267,56 @@ def test_server_stops_on_ctrl_c_leaving_nothing():
     assert not port_open(config.endpoint_url)
     assert not data_dir.exists()
     assert not [p for port in ports for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
+
+
+@pytest.fixture
+def nearly_full_disk(tmp_path, monkeypatch):
+    """The temporary directory on a real ext4 file system (a sparse loop image) of 300 GiB
+    with 2 GiB free: under the 1% weed keeps free by default, above its absolute floor."""
+    if shutil.which("mkfs.ext4") is None or shutil.which("mount") is None:
+        pytest.skip("needs mkfs.ext4 and mount")
+    image, disk = tmp_path / "disk.img", tmp_path / "disk"
+    disk.mkdir()
+    with open(image, "wb") as f:
+        f.truncate(300 << 30)
+    subprocess.run(["mkfs.ext4", "-q", "-F", "-m", "0", "-E",
+                    "lazy_itable_init=1,lazy_journal_init=1", str(image)], check=True)
+    mounted = subprocess.run(["mount", "-o", "loop", str(image), str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot loop-mount a file system here: {mounted.stderr.strip()}")
+    try:
+        filler = disk / "filler"
+        with open(filler, "wb") as f:
+            os.posix_fallocate(f.fileno(), 0, shutil.disk_usage(disk).free - (2 << 30))
+        monkeypatch.setattr(tempfile, "tempdir", str(disk))
+        yield disk
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.timeout(180)
+def test_a_disk_under_one_percent_free_still_serves_a_bucket(nearly_full_disk):
+    usage = shutil.disk_usage(nearly_full_disk)
+    assert usage.free < usage.total / 100
+    payload = np.random.default_rng(3).bytes(10 << 20)
+    server = SeaweedServer()
+    with server as config:
+        ports = list(server.ports)
+        store = ObjectStore("s3://bench/x", config)
+        store.ensure_bucket()
+        store.write("blob", payload)
+        assert store.read("blob") == payload
+    # weed's logs went into its data directory, removed with it; its sockets are gone too
+    assert sorted(p.name for p in nearly_full_disk.iterdir()) == ["filler", "lost+found"]
+    assert not [p for port in ports for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
+
+
+def test_too_little_free_disk_is_refused_before_the_server_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    too_much = shutil.disk_usage(tmp_path).free // 2**20 + 1024
+    with pytest.raises(SeaweedUnavailableError,
+                       match=rf"cannot start weed server: {tmp_path} has \d+ MiB free, less "
+                             rf"than the {too_much} MiB the server keeps free"):
+        SeaweedServer(min_free_mib=too_much).start()
+    assert list(tmp_path.iterdir()) == []

@@ -133,13 +133,14 @@ class S3Config:
         }
         return {k: v for k, v in pairs.items() if v}
 
-    def filesystem(self):
+    def filesystem(self, *, allow_bucket_deletion: bool = False):
         """A new ``pyarrow.fs.S3FileSystem`` for this configuration."""
         from pyarrow import fs
 
         kwargs = {
             "region": self.region, "connect_timeout": self.connect_timeout_s,
             "request_timeout": self.request_timeout_s, "allow_bucket_creation": True,
+            "allow_bucket_deletion": allow_bucket_deletion,
         }
         if self.endpoint_url is not None:
             parts = urlsplit(self.endpoint_url)
@@ -326,6 +327,15 @@ class ObjectStore:
             self._fs.create_dir(self.root.bucket)
         except OSError as err:
             raise ObjectStoreError(f"s3://{self.root.bucket}: cannot create bucket: {err}") from err
+
+    def delete_bucket(self) -> None:
+        """Delete this store's bucket and every object in it."""
+        try:
+            self.config.filesystem(allow_bucket_deletion=True).delete_dir(self.root.bucket)
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise ObjectStoreError(f"s3://{self.root.bucket}: cannot delete bucket: {err}") from err
 
     def write(self, name: str, data: bytes) -> None:
         self._ensure()

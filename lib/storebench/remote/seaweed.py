@@ -33,6 +33,12 @@ from .s3 import ObjectStoreError, S3Config
 
 DATA_DIR_PREFIX = "storebench-seaweed-"
 READY_BUCKET = "storebench-ready"
+# weed's own default keeps 1% of the disk free and turns every volume read-only below it: on a
+# large, nearly full disk that refuses the first write of a server whose whole store is a
+# dataset of a few GB. An absolute floor keeps the disk from filling up all the same.
+MIN_FREE_MIB = 256
+# weed opens a unix socket beside each of its ports in /tmp, whatever TMPDIR says.
+SOCKET_DIR = Path("/tmp")
 
 
 class SeaweedUnavailableError(RuntimeError):
@@ -54,11 +60,11 @@ def weed_binary() -> Path:
 
 
 def remove_stale_sockets(directory: Path | str | None = None) -> list[Path]:
-    """Remove the ``seaweedfs-*.sock`` files in ``directory`` (default: the system's
-    temporary directory) that nothing listens on any more: what a killed server left (a
+    """Remove the ``seaweedfs-*.sock`` files in ``directory`` (default: ``SOCKET_DIR``, where
+    weed opens them) that nothing listens on any more: what a killed server left (a
     server stopped by ``SeaweedServer.stop`` has its removed). Returns the paths removed."""
     removed = []
-    for path in Path(directory or tempfile.gettempdir()).glob("seaweedfs-*.sock"):
+    for path in Path(directory or SOCKET_DIR).glob("seaweedfs-*.sock"):
         with socket.socket(socket.AF_UNIX) as probe:
             try:
                 probe.connect(str(path))
@@ -91,10 +97,11 @@ class SeaweedServer:
     """``weed server -s3`` on ``host``; entering yields the ``S3Config`` that reaches it."""
 
     def __init__(self, *, host: str = "127.0.0.1", startup_timeout_s: float = 60.0,
-                 volume_size_mb: int = 256) -> None:
+                 volume_size_mb: int = 256, min_free_mib: int = MIN_FREE_MIB) -> None:
         self.host = host
         self.startup_timeout_s = startup_timeout_s
         self.volume_size_mb = volume_size_mb
+        self.min_free_mib = min_free_mib
         self.process: subprocess.Popen | None = None
         self.data_dir: Path | None = None
         self.config: S3Config | None = None
@@ -121,6 +128,8 @@ class SeaweedServer:
         remove_stale_sockets()
         self.data_dir = Path(tempfile.mkdtemp(prefix=f"{DATA_DIR_PREFIX}{os.getpid()}-"))
         try:
+            if shutil.disk_usage(self.data_dir).free < self.min_free_mib * 2**20:
+                raise SeaweedUnavailableError(f"cannot start weed server: {self._free_space()}")
             self._launch(weed)
             self._wait_ready()
         except BaseException:
@@ -142,13 +151,15 @@ class SeaweedServer:
         storage = self.data_dir / "store"
         storage.mkdir()
         command = [
-            str(weed), "server", f"-dir={storage}", f"-ip={self.host}",
+            # glog writes its files to the temporary directory unless told otherwise.
+            str(weed), f"-logdir={self.data_dir}", "server", f"-dir={storage}", f"-ip={self.host}",
             f"-ip.bind={self.host}", f"-master.port={master}", f"-master.port.grpc={grpc[0]}",
             f"-volume.port={volume}", f"-volume.port.grpc={grpc[1]}",
             f"-filer.port={filer}", f"-filer.port.grpc={grpc[2]}",
             "-s3", f"-s3.port={s3}", f"-s3.port.grpc={grpc[3]}", f"-s3.config={config_path}",
             "-s3.port.iceberg=0", "-s3.port.lance=0", "-metricsPort=0",
             f"-master.volumeSizeLimitMB={self.volume_size_mb}", "-volume.max=0",
+            f"-volume.minFreeSpace={self.min_free_mib}MiB",
         ]
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
@@ -175,15 +186,25 @@ class SeaweedServer:
                 probe.ensure_bucket()
                 probe.write("ready", b"ready")
                 if probe.read("ready") == b"ready":
-                    probe.delete(["ready"])
+                    # A bucket holds volumes of its own; on a nearly full disk the probe's
+                    # would leave none for the buckets the caller makes.
+                    probe.delete_bucket()
                     return
             except ObjectStoreError as err:
                 last_error = str(err)
             time.sleep(0.25)
         raise SeaweedUnavailableError(
             f"weed server did not serve S3 within {self.startup_timeout_s:g} s "
-            f"(last error: {last_error}):\n{self._log_tail()}"
+            f"(last error: {last_error}; {self._free_space()}):\n{self._log_tail()}"
         )
+
+    def _free_space(self) -> str:
+        free_mib = shutil.disk_usage(self.data_dir).free / 2**20
+        if free_mib < self.min_free_mib:
+            return (f"{self.data_dir.parent} has {free_mib:.0f} MiB free, less than the "
+                    f"{self.min_free_mib} MiB the server keeps free: free some disk space or "
+                    "point TMPDIR at a disk that has it")
+        return f"{self.data_dir.parent} has {free_mib:.0f} MiB free"
 
     def _log_tail(self, lines: int = 15) -> str:
         try:
@@ -193,7 +214,7 @@ class SeaweedServer:
 
     def stop(self, timeout_s: float = 3.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL) and remove its data directory and the
-        unix sockets weed opens in the system's temporary directory beside its ports."""
+        unix sockets weed opens in ``SOCKET_DIR`` beside its ports."""
         process, self.process = self.process, None
         if process is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -211,7 +232,7 @@ class SeaweedServer:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None
         for port in self.ports:
-            for socket_file in Path(tempfile.gettempdir()).glob(f"seaweedfs-*-{port}.sock"):
+            for socket_file in SOCKET_DIR.glob(f"seaweedfs-*-{port}.sock"):
                 with contextlib.suppress(OSError):
                     socket_file.unlink()
         self.ports = []
