@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from bench_support import live, wait_gone
 
-from storebench.bench.runner import Case, run_case, run_study
+from storebench.bench.runner import Case, byte_compile_package, run_case, run_study
 from storebench.bench.schema import COLUMNS, read_results
 from storebench.formats import open_dataset, read_manifest
 
@@ -581,3 +581,23 @@ def test_orphaned_shared_memory_segments_are_removed_live_ones_kept(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(kept)
     assert remove_orphaned_shm_segments(tmp_path / "missing") == []
 
+
+
+def test_case_processes_load_the_package_from_bytecode_even_where_none_is_written():
+    import importlib.util
+
+    import data_gen
+    import storebench
+    from storebench.bench import worker
+
+    package, generator = Path(storebench.__file__).parent, Path(data_gen.__file__).parent
+    cached = Path(importlib.util.cache_from_source(worker.__file__))
+    cached.unlink(missing_ok=True)
+    assert byte_compile_package() == [package, generator]
+    assert cached.is_file()
+    # what a case worker does under PYTHONDONTWRITEBYTECODE: reads that bytecode
+    loaded = subprocess.run(
+        [sys.executable, "-v", "-c", "import storebench.bench.worker"],
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True, text=True,
+        check=True)
+    assert f"code object from '{cached}'" in loaded.stderr

@@ -7,6 +7,7 @@ import math
 import sys
 
 import numpy as np
+import psutil
 import pytest
 from result_rows import case_rows, frame
 
@@ -192,3 +193,24 @@ def test_a_cold_row_times_epoch_1_only_and_a_warm_row_the_later_epochs(ci_data_r
     assert cold["later_epochs"] == 0 and cold["epoch1_samples_per_s"] > 0
     assert "later_epochs_samples_per_s" not in cold and "epoch2_first_batch_s" not in cold
     assert warm["later_epochs"] >= 1 and warm["later_epochs_samples_per_s"] > 0
+
+
+def test_a_failed_peer_build_names_every_format_it_left_unbuilt(tmp_path, capfd):
+    from storebench.environments import EnvironmentUnavailableError, python_for
+
+    try:
+        python_for("peers")
+    except EnvironmentUnavailableError as err:
+        pytest.skip(str(err))
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a directory")
+    children_before = {p.pid for p in psutil.Process().children(recursive=True)}
+    peers.build_peer_formats(profile="ci", data_dir=blocked / "ci", progress=False, jobs=2)
+    err = capfd.readouterr().err
+    failures = [line for line in err.splitlines() if "peers study: building" in line]
+    assert len(failures) == 2
+    named = {name for line in failures
+             for name in line.split("building ")[1].split(" failed")[0].split(", ")}
+    assert named == set(peers.peer_formats())
+    assert all(line.endswith("their rows will be skipped") for line in failures)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} <= children_before

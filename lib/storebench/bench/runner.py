@@ -535,6 +535,25 @@ def run_case(
         )
 
 
+def byte_compile_package() -> list[Path]:
+    """Write the bytecode of storebench and data_gen where it is missing or stale; returns
+    the package directories it could write into.
+
+    Every case is a fresh interpreter that imports both. Where ``PYTHONDONTWRITEBYTECODE``
+    is set (or the first import raced another), each one would compile their sources again;
+    an interpreter still reads bytecode that exists. A read-only install is left as it is."""
+    import compileall
+
+    import data_gen
+
+    written = []
+    for package in (Path(__file__).resolve().parents[1], Path(data_gen.__file__).parent):
+        if os.access(package, os.W_OK) and compileall.compile_dir(
+                package, quiet=2, workers=1):
+            written.append(package)
+    return written
+
+
 def run_study(
     cases: Sequence[Case],
     results_path: Path | str,
@@ -576,6 +595,8 @@ def run_study(
         done = finished_case_ids(results_path)
         todo = [case for case in cases if case.case_id not in done]
         summary.skipped = [case.case_id for case in cases if case.case_id in done]
+        if todo:
+            byte_compile_package()
         study = cases[0].study if cases else results_path.stem
         bar = tqdm(total=len(cases), initial=len(summary.skipped), desc=study, unit="case",
                    disable=not progress, dynamic_ncols=True)

@@ -212,22 +212,15 @@ class SeaweedServer:
         except OSError:
             return "(no log)"
 
-    def stop(self, timeout_s: float = 3.0) -> None:
-        """Stop the server (SIGTERM, then SIGKILL) and remove its data directory and the
-        unix sockets weed opens in ``SOCKET_DIR`` beside its ports."""
+    def stop(self) -> None:
+        """Kill the server and remove its data directory and the unix sockets weed opens in
+        ``SOCKET_DIR`` beside its ports. The store is thrown away, so there is nothing to
+        flush: a SIGTERM only starts weed's graceful shutdown, which outlasts seconds."""
         process, self.process = self.process, None
         if process is not None:
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-            # Anything weed left in its group (it starts no children today) goes too.
-            with contextlib.suppress(ProcessLookupError):
                 os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
         if self.data_dir is not None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None

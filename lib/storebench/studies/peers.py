@@ -165,10 +165,14 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
     return cases
 
 
-def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = True) -> None:
+def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = True,
+                       jobs: int | None = None) -> None:
     """Build the peer formats of ``profile`` with the peers environment's interpreter
-    (where it is missing the grid's rows say so). A failed build is reported, not fatal:
-    its rows become ``skipped``."""
+    (where it is missing the grid's rows say so), split among ``jobs`` processes (default:
+    one per core, at most two): importing the peer libraries, not writing the samples, is
+    most of a small build, and nothing is measured meanwhile. A failed build is reported,
+    not fatal: its rows become ``skipped``."""
+    import os
     import sys
 
     from ..environments import EnvironmentUnavailableError, python_for
@@ -178,15 +182,26 @@ def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = T
     except EnvironmentUnavailableError as err:
         print(f"storebench: peers study: {err}", file=sys.stderr)
         return
-    command = [str(python), "-m", "storebench", "build", "--profile", profile,
-               "--out", str(data_dir), "--encodings", *ENCODINGS,
-               "--formats", *peer_formats()]
-    if not progress:
-        command.append("--quiet")
-    completed = subprocess.run(command, check=False)
-    if completed.returncode:
-        print(f"storebench: peers study: building the peer formats failed "
-              f"({completed.returncode}); their rows will be skipped", file=sys.stderr)
+    formats = peer_formats()
+    jobs = max(1, min(jobs or min(2, os.cpu_count() or 1), len(formats)))
+    processes = []
+    try:
+        for share in range(jobs):
+            command = [str(python), "-m", "storebench", "build", "--profile", profile,
+                       "--out", str(data_dir), "--encodings", *ENCODINGS,
+                       "--formats", *formats[share::jobs]]
+            processes.append(subprocess.Popen(command + ([] if progress else ["--quiet"])))
+        failed = [(formats[share::jobs], process.wait())
+                  for share, process in enumerate(processes)]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for names, returncode in failed:
+        if returncode:
+            print(f"storebench: peers study: building {', '.join(names)} failed "
+                  f"({returncode}); their rows will be skipped", file=sys.stderr)
 
 
 # -- reading the rows --------------------------------------------------------------------
