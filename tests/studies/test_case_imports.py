@@ -26,3 +26,25 @@ def test_every_case_module_is_light(ci_data_root):
                               timeout=60)
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "[]", (module, done.stdout)
+
+
+def test_reading_a_dataset_imports_neither_pandas_nor_matplotlib(ci_data_root):
+    # A case reads through these readers in a fresh interpreter: an import they trigger on
+    # the first read is start-up time and memory in every row of that format.
+    probe = f"""
+import sys
+from pathlib import Path
+from storebench.formats import open_dataset
+for root in sorted(p for p in Path({str(ci_data_root)!r}).iterdir() if p.is_dir()):
+    reader = open_dataset(root)
+    reader.read_many([3, 0, len(reader) - 1])
+    reader.close()
+    print(root.name, sorted(m for m in {HEAVY[:2]!r} if m in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    read = dict(line.split(" ", 1) for line in done.stdout.splitlines())
+    assert {name.split("-")[0] for name in read} >= {
+        "rawfiles", "hdf5", "lmdb", "memmap", "tfrecord", "parquet"}
+    assert {name: heavy for name, heavy in read.items() if heavy != "[]"} == {}

@@ -11,7 +11,6 @@ on a read-only mapping of each file reports which pages are really resident.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import enum
 import mmap
 import os
@@ -127,7 +126,9 @@ class _Libc:
     page vector, grown as needed, reused file after file."""
 
     def __init__(self) -> None:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+        # The interpreter's own symbols, libc's among them: find_library("c") would run
+        # ldconfig in a subprocess, in every case worker.
+        libc = ctypes.CDLL(None, use_errno=True)
         self.mmap = libc.mmap
         self.mmap.restype = ctypes.c_void_p
         self.mmap.argtypes = (

@@ -139,12 +139,16 @@ def _load_row_group(parquet_file: pq.ParquetFile, group: int, rows: int) -> _Row
     null raises ``ArrowInvalid`` too."""
     table = parquet_file.read_row_group(group, columns=list(COLUMNS), use_threads=False)
     images = table.column("image").combine_chunks()
-    labels = table.column("label").to_numpy()
-    if len(images) != rows or len(labels) != rows or images.null_count:
+    label_column = table.column("label").combine_chunks()
+    if (len(images) != rows or len(label_column) != rows or images.null_count
+            or label_column.null_count):
         raise pa.ArrowInvalid(
-            f"{len(images)} images ({images.null_count} null) and {len(labels)} labels, "
-            f"expected {rows}"
+            f"{len(images)} images ({images.null_count} null) and {len(label_column)} labels "
+            f"({label_column.null_count} null), expected {rows}"
         )
+    # From the buffer: Array.to_numpy() imports pandas, which a reader otherwise never needs.
+    labels = np.frombuffer(label_column.buffers()[1], dtype=np.int64)[
+        label_column.offset : label_column.offset + rows]
     _, offset_buffer, data_buffer = images.buffers()
     offsets = np.frombuffer(offset_buffer, dtype=np.int32)[images.offset : images.offset + rows + 1]
     data = (
