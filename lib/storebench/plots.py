@@ -256,17 +256,17 @@ def save_figure(fig: Figure, path_stem: Path | str) -> list[Path]:
     return paths
 
 
-def _draw_figures(results_dir: str, study: str, names: Sequence[str]) -> list[Path]:
-    """Draw and save ``names`` of ``study`` (a unit of work that a worker process can
-    take: everything it needs is a path or plain data)."""
+def _draw_figures(results_dir: str, figures: Sequence[tuple[str, str]]) -> list[Path]:
+    """Draw and save ``figures``, (study, figure name) pairs (a unit of work that a worker
+    process can take: everything it needs is a path or plain data)."""
     from .results import Results
     from .studies import get_study
 
     results = Results.load(results_dir)
-    wanted = {spec.name: spec for spec in get_study(study).figures}
     written: list[Path] = []
-    for name in names:
-        written += save_figure(wanted[name].draw(results), Path(results_dir) / "figures" / name)
+    for study, name in figures:
+        spec = next(spec for spec in get_study(study).figures if spec.name == name)
+        written += save_figure(spec.draw(results), Path(results_dir) / "figures" / name)
     return written
 
 
@@ -282,20 +282,18 @@ def plot_all(results_dir: Path | str, *, workers: int | None = None) -> list[Pat
     results_dir = Path(results_dir)
     results = Results.load(results_dir)
     present = set(results.df["study"])
-    workers = workers if workers is not None else min(2, os.cpu_count() or 1)
-    jobs = []
-    for study in STUDIES.values():
-        if study.name not in present:
-            continue
-        names = [spec.name for spec in study.figures]
-        for share in range(min(workers, len(names))):
-            jobs.append((str(results_dir), study.name, names[share::workers]))
-    if workers <= 1 or len(jobs) <= 1:
-        return [path for job in jobs for path in _draw_figures(*job)]
+    wanted = [(study.name, spec.name) for study in STUDIES.values() if study.name in present
+              for spec in study.figures]
+    workers = max(1, min(workers if workers is not None else min(2, os.cpu_count() or 1),
+                         len(wanted)))
+    if workers == 1:
+        return _draw_figures(str(results_dir), wanted)
     from concurrent.futures import ProcessPoolExecutor
 
+    # One share per worker, so each loads the results once.
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        done = list(pool.map(_draw_figures, *zip(*jobs, strict=True)))
+        done = list(pool.map(_draw_figures, [str(results_dir)] * workers,
+                             [wanted[share::workers] for share in range(workers)]))
     return [path for paths in done for path in paths]
 
 
