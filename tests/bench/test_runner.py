@@ -601,3 +601,21 @@ def test_case_processes_load_the_package_from_bytecode_even_where_none_is_writte
         env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}, capture_output=True, text=True,
         check=True)
     assert f"code object from '{cached}'" in loaded.stderr
+
+
+def test_wait_for_exit_returns_the_exit_status_or_times_out_leaving_the_process():
+    from storebench.processes import wait_for_exit
+
+    done = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
+    assert wait_for_exit(done, 30) == 7
+    assert wait_for_exit(done, 30) == 7  # already collected
+    killed = subprocess.Popen([sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"])
+    assert wait_for_exit(killed, 30) == -signal.SIGKILL
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            wait_for_exit(running, 0.2)
+        assert running.poll() is None
+    finally:
+        running.kill()
+    assert wait_for_exit(running, 30) == -signal.SIGKILL

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ..processes import SHM_DIR, pid_alive, remove_orphaned_shm_segments
+from ..processes import SHM_DIR, pid_alive, remove_orphaned_shm_segments, wait_for_exit
 from .cache import CacheState
 from .memory_budget import remove_stale_budgets
 from .plan import DEFAULT_REPEATS, DEFAULT_TIMEOUT_S
@@ -432,7 +432,7 @@ def _case_watcher(case_dir: Path, env: dict):
         with contextlib.suppress(OSError):
             pipe.close()
         try:
-            watcher.wait(timeout=10)
+            wait_for_exit(watcher, 10)
         except subprocess.TimeoutExpired:
             watcher.kill()
             watcher.wait()
@@ -496,7 +496,7 @@ def run_case(
             )
             watch(process.pid)
             try:
-                returncode = process.wait(timeout=timeout_s)
+                returncode = wait_for_exit(process, timeout_s)
             except subprocess.TimeoutExpired:
                 removed = _kill_group(process.pid, shm_before=shm_before)
                 process.wait()
