@@ -256,13 +256,16 @@ def save_figure(fig: Figure, path_stem: Path | str) -> list[Path]:
     return paths
 
 
-def _draw_figures(results_dir: str, figures: Sequence[tuple[str, str]]) -> list[Path]:
-    """Draw and save ``figures``, (study, figure name) pairs (a unit of work that a worker
-    process can take: everything it needs is a path or plain data)."""
+def _draw_figures(results_dir: str, figures: Sequence[tuple[str, str]],
+                  results=None) -> list[Path]:
+    """Draw and save ``figures``, (study, figure name) pairs, from ``results`` (loaded from
+    ``results_dir`` when not given: a unit of work that a worker process can take needs
+    only a path and plain data)."""
     from .results import Results
     from .studies import get_study
 
-    results = Results.load(results_dir)
+    if results is None:
+        results = Results.load(results_dir)
     written: list[Path] = []
     for study, name in figures:
         spec = next(spec for spec in get_study(study).figures if spec.name == name)
@@ -287,7 +290,7 @@ def plot_all(results_dir: Path | str, *, workers: int | None = None) -> list[Pat
     workers = max(1, min(workers if workers is not None else min(2, os.cpu_count() or 1),
                          len(wanted)))
     if workers == 1:
-        return _draw_figures(str(results_dir), wanted)
+        return _draw_figures(str(results_dir), wanted, results)
     from concurrent.futures import ProcessPoolExecutor
 
     # One share per worker, so each loads the results once.
