@@ -137,6 +137,16 @@ def test_missing_path_and_missing_manifest(tmp_path, ci_dataset):
         open_dataset(root)
 
 
+def test_a_listed_file_that_is_gone_is_named_whole(tmp_path, ci_dataset):
+    root = tmp_path / "copy"
+    shutil.copytree(ci_dataset("rawfiles", "raw"), root)
+    gone = sorted(read_manifest(root)["files"])[7]
+    (root / gone).unlink()
+    with pytest.raises(ManifestError) as err:
+        open_dataset(root)
+    assert str(err.value) == f"{root / gone}: listed in the manifest but missing"
+
+
 def test_mismatched_manifest_is_refused(tmp_path, ci_dataset):
     root = tmp_path / "copy"
     shutil.copytree(ci_dataset("memmap", "raw"), root)

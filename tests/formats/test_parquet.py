@@ -220,6 +220,18 @@ def test_file_cut_inside_the_data_names_file_and_sample(damaged_copy):
         assert caught.value.path == path and caught.value.index == 400
 
 
+def test_a_row_group_read_keeps_pyarrows_buffer_and_joins_several_chunks():
+    single = pa.chunked_array([pa.array([b"ab", b"cde"], type=pa.binary())])
+    one = parquet._one_chunk(single)
+    # The very buffer pyarrow read, not a copy of it.
+    assert one.buffers()[2].address == single.chunk(0).buffers()[2].address
+    several = pa.chunked_array([pa.array([b"ab"], type=pa.binary()),
+                                pa.array([b"cde", b"f"], type=pa.binary())])
+    joined = parquet._one_chunk(several)
+    assert isinstance(joined, pa.Array)
+    assert joined.to_pylist() == [b"ab", b"cde", b"f"]
+
+
 def test_bad_row_group_size_is_refused(tmp_path):
     with pytest.raises(ValueError, match="row_group_size"):
         build_dataset(

@@ -175,13 +175,20 @@ def measure_block_shuffle(reader, case: Case) -> Measured:
     sides of the ratio see the same machine state (timed back to back, the ratio of one
     case's repeats spread over more than half its median on this project's machine). The random
     reads go through a second reader of the same files: a reader keeps the row group it read
-    last, and random reads between two slices must not evict the one the epoch is in."""
+    last, and random reads between two slices must not evict the one the epoch is in.
+
+    Raw batches are written into one reused buffer, as the prefetchers write theirs into
+    their slots: a fresh 3 MiB array per batch pays for its allocation's first touch, a cost
+    of the measuring loop, not of the reads it compares."""
+    from storebench.buffers import batch_empty
     from storebench.formats import open_dataset
     from storebench.loaders import BatchSampler, BlockShuffleSampler, LazyDataset, throughput
 
     dataset = LazyDataset(reader)
+    batch_size = case.batch_size or 256
     order = [np.asarray(idx) for idx in
-             BatchSampler(BlockShuffleSampler.from_reader(reader, seed=0), case.batch_size or 256)]
+             BatchSampler(BlockShuffleSampler.from_reader(reader, seed=0), batch_size)]
+    out = batch_empty((batch_size, *reader.spec.image_shape)) if reader.is_raw else None
     picks = np.random.default_rng(0).integers(0, len(reader),
                                               size=int(case.param("random_samples", 200)))
     rounds = max(1, min(int(case.param("rounds", 8)), len(order), len(picks)))
@@ -192,7 +199,7 @@ def measure_block_shuffle(reader, case: Case) -> Measured:
         for k in range(rounds):
             started = time.perf_counter()
             for idx in order[k * len(order) // rounds:(k + 1) * len(order) // rounds]:
-                batch = dataset.get_batch(idx)
+                batch = dataset.get_batch(idx, out=out)
                 samples += len(idx)
                 block_bytes += batch.images.nbytes
             block_s += time.perf_counter() - started

@@ -134,12 +134,18 @@ class _RowGroup:
         return self.data[self.offsets[j] : self.offsets[j + 1]]
 
 
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    """The column as one array: its only chunk as it is (a row group read gives one), since
+    ``combine_chunks`` copies even a single chunk (3 MiB per raw row group, on every read)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
+
+
 def _load_row_group(parquet_file: pq.ParquetFile, group: int, rows: int) -> _RowGroup:
     """Read and unpack one row group. pyarrow's errors pass through; a wrong row count or a
     null raises ``ArrowInvalid`` too."""
     table = parquet_file.read_row_group(group, columns=list(COLUMNS), use_threads=False)
-    images = table.column("image").combine_chunks()
-    label_column = table.column("label").combine_chunks()
+    images = _one_chunk(table.column("image"))
+    label_column = _one_chunk(table.column("label"))
     if (len(images) != rows or len(label_column) != rows or images.null_count
             or label_column.null_count):
         raise pa.ArrowInvalid(
