@@ -9,6 +9,7 @@ import os
 import pickle
 import shutil
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -16,7 +17,11 @@ import pytest
 import data_gen
 from storebench.formats import CorruptSampleError, open_dataset
 from storebench.loaders import LazyDataset, PreloadedDataset
-from storebench.loaders.split_gather import MIN_BYTES_PER_THREAD, SplitGather
+from storebench.loaders.split_gather import (
+    MIN_BYTES_PER_THREAD,
+    SplitGather,
+    _balanced_share,
+)
 
 RAW_FORMATS = ("memmap", "rawfiles", "hdf5", "lmdb", "parquet")
 
@@ -148,7 +153,8 @@ def test_split_gather_works_in_a_child_of_every_start_method(build_ci, method):
         want = LazyDataset(reader).get_batch(idx)
         dataset.get_batch(idx)  # the parent's pool is running when the child starts
         assert gather_threads_alive() != []
-        assert pickle.loads(pickle.dumps(dataset))._split._pool is None
+        copied = pickle.loads(pickle.dumps(dataset))._split
+        assert copied._pool is None and copied._helpers is None
         context = multiprocessing.get_context(method)
         queue = context.Queue()
         child = context.Process(target=_child_batch, args=(dataset, idx, queue))
@@ -214,3 +220,87 @@ def test_an_empty_batch_is_an_empty_array(memmap_raw, threads):
         assert batch.images.shape == (0, 32, 32, 3) and batch.images.dtype == np.uint8
         assert batch.labels.shape == (0,) and batch.labels.dtype == np.int64
         dataset.close()
+
+
+def _rows(count: int = 2000, row_bytes: int = 4096) -> np.ndarray:
+    return np.random.default_rng(5).integers(0, 256, (count, row_bytes), dtype=np.uint8)
+
+
+def test_the_callers_share_balances_a_helper_that_starts_late():
+    # 256 rows; the caller's 128 took 1 s. A helper done at the same time needs no change;
+    # one done 0.25 s later (it woke late) wants the caller to take more; one done earlier,
+    # less. With three parts the latency is shared out over both helpers' rows.
+    assert _balanced_share(2, 256, 128, 1.0, 1.0) == pytest.approx(0.5)
+    assert _balanced_share(2, 256, 128, 1.0, 1.25) == pytest.approx(0.5625)
+    assert _balanced_share(2, 256, 128, 1.0, 0.75) == pytest.approx(0.4375)
+    assert _balanced_share(3, 300, 100, 1.0, 1.3) == pytest.approx(0.4)
+
+
+@pytest.mark.parametrize("share", [0.1, 0.37, 0.5, 0.9])
+@pytest.mark.parametrize("threads", [2, 3])
+def test_uneven_parts_give_the_bytes_and_order_of_one_thread(share, threads):
+    rows = _rows()
+    split = SplitGather(threads)
+    idx = shuffled(len(rows), 256, seed=2)
+    want = np.take(rows, idx, axis=0)
+    assert split.parts(len(idx), want.nbytes) == threads
+    for _ in range(3):
+        split._take_helpers().share[threads] = share
+        out = np.zeros((257, rows.shape[1]), np.uint8)
+        split.take(rows, idx, out[:256])
+        assert np.array_equal(out[:256], want) and not out[256].any()
+        assert 0.1 <= split._helpers.share[threads] <= 0.9
+    split.close()
+    assert gather_threads_alive() == []
+
+
+def test_threads_sharing_one_split_gather_each_get_their_own_batch():
+    """While one caller holds the helpers, another gathers alone: every batch is exact."""
+    rows = _rows()
+    split = SplitGather(2)
+    failures = []
+
+    def work(seed: int) -> None:
+        rng = np.random.default_rng(seed)
+        out = np.empty((256, rows.shape[1]), np.uint8)
+        for _ in range(40):
+            idx = rng.permutation(len(rows))[:256]
+            split.take(rows, idx, out)
+            if not np.array_equal(out, rows[idx]):
+                failures.append(seed)
+
+    workers = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    split.close()
+    assert failures == []
+    assert gather_threads_alive() == []
+
+
+def test_a_failing_helper_part_is_raised_after_the_callers_part(monkeypatch):
+    rows = _rows()
+    idx = shuffled(len(rows), 256, seed=4)
+    split = SplitGather(2)
+    finished = []
+    real_take = np.take
+
+    def take(source, indices, axis=None, out=None, mode="raise"):
+        if threading.current_thread().name.startswith("storebench-gather"):
+            finished.append("helper")
+            raise MemoryError("helper part failed")
+        time.sleep(0.05)  # the caller's part outlasts the helper's failure
+        real_take(source, indices, axis=axis, out=out, mode=mode)
+        finished.append("caller")
+
+    monkeypatch.setattr(np, "take", take)
+    out = np.zeros((256, rows.shape[1]), np.uint8)
+    with pytest.raises(MemoryError, match="helper part failed"):
+        split.take(rows, idx, out)
+    assert sorted(finished) == ["caller", "helper"]
+    monkeypatch.undo()
+    split.take(rows, idx, out)  # the helpers are still there, and right
+    assert np.array_equal(out, rows[idx])
+    split.close()
+    assert gather_threads_alive() == []
