@@ -124,3 +124,58 @@ def test_warm_reads_exactly_the_files_not_wholly_resident(tmp_path, monkeypatch)
     read.clear()
     assert cache.prepare([tmp_path], "warm") == 1.0  # a resident set is not read again
     assert read == []
+
+
+def _residency_both_ways(paths) -> tuple[list, list]:
+    """Each file's (resident bytes, size) by cachestat (mincore for partly cached files),
+    and by mincore alone."""
+    either = cache._Libc()
+    mincore_only = cache._Libc()
+    mincore_only.has_cachestat = False
+    return ([cache.resident_bytes(p, libc=either) for p in paths],
+            [cache.resident_bytes(p, libc=mincore_only) for p in paths])
+
+
+def test_cachestat_and_mincore_agree_on_cold_warm_and_partly_read_files(tmp_path):
+    fd = os.open(__file__, os.O_RDONLY)
+    try:
+        has_cachestat = cache._Libc().cached_pages(fd) is not None
+    finally:
+        os.close(fd)
+    if not has_cachestat:
+        pytest.skip("this kernel has no cachestat(2) (Linux 6.5+): mincore measures alone")
+    cold, warm, part, tail = (tmp_path / f"{name}.bin" for name in ("cold", "warm", "part",
+                                                                    "tail"))
+    for seed, path in enumerate((cold, warm, part)):
+        write_synced(path, 16 * PAGE, seed=seed)
+    write_synced(tail, 5 * PAGE + 123, seed=9)  # a partial last page
+    cache.evict([cold, warm, part, tail])
+    cache.prewarm([warm, tail])
+    fd = os.open(part, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        os.pread(fd, PAGE, 3 * PAGE)
+    finally:
+        os.close(fd)
+    by_cachestat, by_mincore = _residency_both_ways([cold, warm, part, tail])
+    assert by_cachestat == by_mincore
+    assert by_cachestat == [(0, 16 * PAGE), (16 * PAGE, 16 * PAGE), (PAGE, 16 * PAGE),
+                            (5 * PAGE + 123, 5 * PAGE + 123)]
+
+
+def test_a_kernel_without_cachestat_is_measured_by_mincore(tmp_path, monkeypatch):
+    path = tmp_path / "warm.bin"
+    write_synced(path, 8 * PAGE)
+    cache.prewarm([path])
+    libc = cache._Libc()
+    calls = []
+
+    def no_such_syscall(*args):
+        calls.append(args)
+        return -1
+
+    monkeypatch.setattr(libc, "_syscall", no_such_syscall)
+    monkeypatch.setattr(cache.ctypes, "get_errno", lambda: cache.errno.ENOSYS)
+    assert cache.resident_bytes(path, libc=libc) == (8 * PAGE, 8 * PAGE)
+    assert cache.resident_bytes(path, libc=libc) == (8 * PAGE, 8 * PAGE)
+    assert len(calls) == 1 and libc.has_cachestat is False  # asked once, then not again

@@ -4,14 +4,20 @@ Cold means every data page of the dataset has been dropped from the page cache w
 ``posix_fadvise(POSIX_FADV_DONTNEED)`` (no root needed, but only clean pages go, hence the
 fsync first); warm means every byte is resident: each file that ``mincore`` does not show
 wholly resident is read whole (re-reading a resident set, such as 20,000 small raw files, before
-every warm repeat took time and changed nothing). Neither state is assumed: ``mincore(2)``
-on a read-only mapping of each file reports which pages are really resident.
+every warm repeat took time and changed nothing). Neither state is assumed: the kernel is
+asked which pages are really resident, by ``cachestat(2)`` (Linux 6.5: a count of the file's
+cached pages, one call on its descriptor) and, for a file that is only partly resident or
+where ``cachestat`` is missing, by ``mincore(2)`` on a read-only mapping of it (which pages,
+so that a partly resident last page counts only the file's bytes). A file with none or all
+of its pages cached needs no mapping: a cold or warm set of 20,000 raw files is measured in
+about half the time.
 """
 
 from __future__ import annotations
 
 import ctypes
 import enum
+import errno
 import mmap
 import os
 import stat
@@ -73,12 +79,20 @@ def evict(paths: Iterable[Path | str]) -> None:
     _evict_files(expand_files(paths), _Libc())
 
 
-def _evict_files(files: list[str], libc: _Libc) -> None:
+def _evict_files(files: list[str], libc: _Libc) -> float:
+    """Evict, then measure each file once more (again after an fsync where it was still
+    resident): the resident fraction afterwards, without another pass over every file."""
     for path in files:
         _fadvise_dontneed(path, sync=False)
+    resident = total = 0
     for path in files:
-        if resident_bytes(path, libc=libc)[0]:
+        got, size = resident_bytes(path, libc=libc)
+        if got:
             _fadvise_dontneed(path, sync=True)
+            got = resident_bytes(path, libc=libc)[0]
+        resident += got
+        total += size
+    return resident / total if total else 1.0
 
 
 def drop_caches() -> None:
@@ -143,6 +157,27 @@ class _Libc:
         self.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
         self._vector = bytearray(0)
         self._address = 0
+        self._syscall = libc.syscall
+        self._syscall.restype = ctypes.c_long
+        self._range = _CachestatRange(0, 0)  # from offset 0 to the end of the file
+        self._stat = _Cachestat()
+        self._range_ref, self._stat_ref = ctypes.byref(self._range), ctypes.byref(self._stat)
+        self.has_cachestat = True
+
+    def cached_pages(self, fd: int) -> int | None:
+        """Pages of the open file ``fd`` in the page cache (``cachestat``), or None where the
+        kernel has no ``cachestat`` (it is then not asked again)."""
+        if not self.has_cachestat:
+            return None
+        # Every argument as a long: syscall(2) is variadic and reads each as one.
+        if self._syscall(_SYS_CACHESTAT_NR, ctypes.c_long(fd), self._range_ref,
+                         self._stat_ref, _NO_FLAGS) == 0:
+            return self._stat.nr_cache
+        err = ctypes.get_errno()
+        if err in (errno.ENOSYS, errno.EPERM, errno.EOPNOTSUPP):
+            self.has_cachestat = False  # an older kernel, or a sandbox that filters it
+            return None
+        raise OSError(err, f"cachestat failed: {os.strerror(err)}")
 
     def vector(self, pages: int) -> tuple[memoryview, int]:
         """(a view of ``pages`` bytes, its address) in the reused page vector."""
@@ -153,25 +188,46 @@ class _Libc:
         return memoryview(self._vector)[:pages], self._address
 
 
+# cachestat(2)'s number in the generic syscall table (x86-64 and arm64 alike), and its
+# structures (include/uapi/linux/mman.h).
+_SYS_CACHESTAT_NR = ctypes.c_long(451)
+_NO_FLAGS = ctypes.c_long(0)
+
+
+class _CachestatRange(ctypes.Structure):
+    _fields_ = (("off", ctypes.c_uint64), ("len", ctypes.c_uint64))
+
+
+class _Cachestat(ctypes.Structure):
+    _fields_ = tuple((name, ctypes.c_uint64) for name in (
+        "nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted"))
+
+
 _MAP_FAILED = ctypes.c_void_p(-1).value
 # mincore sets the lowest bit of a page's byte when it is resident; the others are reserved.
 _RESIDENT_BIT = bytes(i & 1 for i in range(256))
 
 
 def resident_bytes(path: Path | str, *, libc: _Libc | None = None) -> tuple[int, int]:
-    """(bytes resident in the page cache, file size) for one file, from ``mincore(2)``."""
+    """(bytes resident in the page cache, file size) for one file: from ``cachestat(2)``
+    when none or all of its pages are cached, else from ``mincore(2)``."""
     libc = libc or _Libc()
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
         if size == 0:
             return 0, 0
+        pages = (size + PAGE_SIZE - 1) // PAGE_SIZE
+        cached = libc.cached_pages(fd)
+        if cached == 0:
+            return 0, size
+        if cached is not None and cached >= pages:
+            return size, size
         address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
         if address in (None, _MAP_FAILED):
             err = ctypes.get_errno()
             raise OSError(err, f"{path}: mmap for mincore failed: {os.strerror(err)}")
         try:
-            pages = (size + PAGE_SIZE - 1) // PAGE_SIZE
             vector, vector_address = libc.vector(pages)
             if libc.mincore(address, size, vector_address) != 0:
                 err = ctypes.get_errno()
@@ -217,10 +273,11 @@ def prepare(
     files = expand_files(paths)  # once: the steps below take the expanded list
     libc = _Libc()
     if state is CacheState.COLD:
-        _evict_files(files, libc)
+        fraction = _evict_files(files, libc)
         if drop_caches:
             _drop_whole_page_cache()
-        return _resident_fraction_of(files, libc)
+            return _resident_fraction_of(files, libc)
+        return fraction
     return _warm_files(files, libc)
 
 
