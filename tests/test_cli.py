@@ -133,6 +133,21 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path):
         assert result.stderr.count("\n") == 1
 
 
+@pytest.mark.parametrize("command", ["run", "study"])
+def test_a_profile_folder_given_as_the_data_root_is_refused_before_any_build(built, tmp_path,
+                                                                            command):
+    out, _ = built  # the ci sets, right under ``out``: a profile's folder, not a data root
+    study = ("--study", "formats") if command == "run" else ("--no-notebooks",)
+    result = storebench(command, *study, "--profile", "ci", "--data", str(out), "--results",
+                        str(tmp_path / "results"), "--quiet")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    first = sorted(path.parent.name for path in out.glob("*/manifest.json"))[0]
+    assert result.stderr == (
+        f"storebench {command}: {out} holds datasets itself ({first}, ...), not a folder per "
+        "profile: --data is the root that holds ci/; --dataset studies one imported set\n")
+    assert not (out / "ci").exists()
+
+
 def test_findings_prints_the_guide_and_json_lists_the_candidates():
     reference = Path(__file__).resolve().parents[1] / "results" / "reference"
     if not (reference / "env.json").exists():

@@ -66,7 +66,22 @@ def resolve_repo_path(path: Path | str) -> Path:
 
 
 def data_dir_for(profile: str, data_root: Path | str) -> Path:
-    return Path(data_root) / profile
+    """The profile's folder under ``data_root``. A root that holds datasets itself (a folder
+    with a ``manifest.json`` right under it) while it has no folder for the profile is a
+    profile's own folder given as the root: refused, since studying it would build the whole
+    profile again one level down."""
+    root = Path(data_root)
+    data_dir = root / profile
+    if not data_dir.is_dir() and root.is_dir():
+        held = next(iter(sorted(root.glob("*/manifest.json"))), None)
+        if held is not None:
+            hint = f" ({root.parent} here)" if root.name == profile else ""
+            raise ValueError(
+                f"{root} holds datasets itself ({held.parent.name}, ...), not a folder per "
+                f"profile: --data is the root that holds {profile}/{hint}; --dataset studies "
+                "one imported set"
+            )
+    return data_dir
 
 
 def results_dir_for(profile: str, results_root: Path | str) -> Path:
