@@ -304,3 +304,19 @@ def test_a_failing_helper_part_is_raised_after_the_callers_part(monkeypatch):
     assert np.array_equal(out, rows[idx])
     split.close()
     assert gather_threads_alive() == []
+
+
+def test_a_split_gather_dropped_without_close_lets_its_helpers_end():
+    import gc
+
+    rows = _rows()
+    split = SplitGather(2)
+    out = np.empty((256, rows.shape[1]), np.uint8)
+    split.take(rows, shuffled(len(rows), 256), out)
+    assert gather_threads_alive() == ["storebench-gather-0"]
+    del split
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while gather_threads_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gather_threads_alive() == []

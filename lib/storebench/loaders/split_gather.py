@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -224,9 +225,13 @@ class _Helper:
         error, self._error = self._error, None
         return error, interrupt
 
-    def stop(self) -> None:
+    def signal_stop(self) -> None:
+        """Let the thread end once it is idle, without waiting for it."""
         self._task = None
         self._go.release()
+
+    def stop(self) -> None:
+        self.signal_stop()
         self._done.acquire()
         self._thread.join()
 
@@ -240,6 +245,10 @@ class _TakeHelpers:
         self.busy = threading.Lock()
         self.share: dict[int, float] = {}  # per number of parts
         self.helpers = [_Helper(f"storebench-gather-{k}") for k in range(count)]
+        # A dataset dropped without close() must not leave its helpers parked for good (a
+        # helper's thread holds the helper, not this object). Signal only: the collection
+        # may run in any thread, a helper's own among them.
+        self._finalizer = weakref.finalize(self, _signal_stop, self.helpers)
 
     def take(self, rows: np.ndarray, indices: np.ndarray, out: np.ndarray, parts: int) -> None:
         count = len(indices)
@@ -267,10 +276,18 @@ class _TakeHelpers:
         if error is not None:
             raise error
         helpers_s = max(helper.finished_at for helper in used) - started
+        if first_s <= 0:  # a clock too coarse to time the part: keep the share
+            return
         balanced = _balanced_share(parts, count, first, first_s, helpers_s)
         low, high = _SHARE_LIMITS
         self.share[parts] = min(high, max(low, share + _SHARE_SMOOTHING * (balanced - share)))
 
     def stop(self) -> None:
+        self._finalizer.detach()
         for helper in self.helpers:
             helper.stop()
+
+
+def _signal_stop(helpers: list[_Helper]) -> None:
+    for helper in helpers:
+        helper.signal_stop()
