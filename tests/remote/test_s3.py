@@ -269,6 +269,17 @@ def test_server_stops_on_ctrl_c_leaving_nothing():
     assert not [p for port in ports for p in Path("/tmp").glob(f"seaweedfs-*-{port}.sock")]
 
 
+@pytest.mark.timeout(120)
+def test_the_volume_server_is_accepted_at_its_first_heartbeat():
+    """A lone master leads at once: no heartbeat or client is turned away while it waits
+    for Raft peers (which left the volume server to try again 5 s later)."""
+    server = SeaweedServer()
+    with server:
+        log = server.log_path.read_text(errors="replace")
+        assert "Start Seaweed volume server" in log
+        assert "Not current leader" not in log
+
+
 @pytest.fixture
 def nearly_full_disk(tmp_path, monkeypatch):
     """The temporary directory on a real ext4 file system (a sparse loop image) of 300 GiB
