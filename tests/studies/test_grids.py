@@ -133,6 +133,9 @@ def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
     for case in feed:
         assert case.param("emulated") is (case.param("device") == "cpu")
         assert case.param("device_name")
+    # ci: an idle and a busy accelerator under both loaders (other profiles add 2 ms).
+    assert {c.param("compute_ms") for c in feed} == {0.0, 10.0}
+    assert {c.prefetcher for c in feed} == {"none", "process"}
 
     targets = targets_study(profile="ci", data_dir=ci_data_root)
     assert [c.loader for c in targets] == [t.key for t in TARGETS]
