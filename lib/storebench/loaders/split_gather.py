@@ -248,7 +248,7 @@ class _TakeHelpers:
         # A dataset dropped without close() must not leave its helpers parked for good (a
         # helper's thread holds the helper, not this object). Signal only: the collection
         # may run in any thread, a helper's own among them.
-        self._finalizer = weakref.finalize(self, _signal_stop, self.helpers)
+        self._finalizer = weakref.finalize(self, _signal_stop, self.helpers, self.pid)
 
     def take(self, rows: np.ndarray, indices: np.ndarray, out: np.ndarray, parts: int) -> None:
         count = len(indices)
@@ -288,6 +288,8 @@ class _TakeHelpers:
             helper.stop()
 
 
-def _signal_stop(helpers: list[_Helper]) -> None:
+def _signal_stop(helpers: list[_Helper], pid: int) -> None:
+    if os.getpid() != pid:  # a forked child's copy: the threads were never there
+        return
     for helper in helpers:
         helper.signal_stop()
