@@ -143,9 +143,18 @@ def test_a_profile_folder_given_as_the_data_root_is_refused_before_any_build(bui
     assert result.returncode == 2 and "Traceback" not in result.stderr
     first = sorted(path.parent.name for path in out.glob("*/manifest.json"))[0]
     assert result.stderr == (
-        f"storebench {command}: {out} holds datasets itself ({first}, ...), not a folder per "
-        "profile: --data is the root that holds ci/; --dataset studies one imported set\n")
+        f"storebench {command}: {out} holds the ci profile's datasets itself ({first}, ...), "
+        "not a folder per profile: --data is the root that holds ci/\n")
     assert not (out / "ci").exists()
+
+
+def test_a_data_root_beside_datasets_of_another_profile_is_not_refused(built, tmp_path):
+    from storebench.study import data_dir_for
+
+    out, _ = built  # the ci sets: not the small profile's
+    assert data_dir_for("small", out) == out / "small"
+    with pytest.raises(ValueError, match="holds the ci profile's datasets itself"):
+        data_dir_for("ci", out)
 
 
 def test_findings_prints_the_guide_and_json_lists_the_candidates():

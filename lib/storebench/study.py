@@ -66,22 +66,39 @@ def resolve_repo_path(path: Path | str) -> Path:
 
 
 def data_dir_for(profile: str, data_root: Path | str) -> Path:
-    """The profile's folder under ``data_root``. A root that holds datasets itself (a folder
-    with a ``manifest.json`` right under it) while it has no folder for the profile is a
-    profile's own folder given as the root: refused, since studying it would build the whole
-    profile again one level down."""
+    """The profile's folder under ``data_root``. A root that itself holds a dataset built
+    from one of the profile's specs, and no folder for the profile, is the profile's own
+    folder given as the root: refused, since studying it would build the whole profile
+    again one level down."""
     root = Path(data_root)
     data_dir = root / profile
     if not data_dir.is_dir() and root.is_dir():
-        held = next(iter(sorted(root.glob("*/manifest.json"))), None)
+        held = _profile_dataset_in(root, profile)
         if held is not None:
             hint = f" ({root.parent} here)" if root.name == profile else ""
             raise ValueError(
-                f"{root} holds datasets itself ({held.parent.name}, ...), not a folder per "
-                f"profile: --data is the root that holds {profile}/{hint}; --dataset studies "
-                "one imported set"
+                f"{root} holds the {profile} profile's datasets itself ({held}, ...), not a "
+                f"folder per profile: --data is the root that holds {profile}/{hint}"
             )
     return data_dir
+
+
+def _profile_dataset_in(root: Path, profile: str) -> str | None:
+    """The name of the first folder right under ``root`` holding a dataset built from one
+    of ``profile``'s specs, or None."""
+    from data_gen import get_profile
+
+    from .formats import DatasetError, read_manifest
+
+    specs = [spec.to_dict() for spec in get_profile(profile).specs]
+    for manifest in sorted(root.glob("*/manifest.json")):
+        try:
+            spec = read_manifest(manifest.parent)["spec"]
+        except (DatasetError, OSError, KeyError):
+            continue  # not a dataset this check can read: not the mistake it looks for
+        if spec in specs:
+            return manifest.parent.name
+    return None
 
 
 def results_dir_for(profile: str, results_root: Path | str) -> Path:
