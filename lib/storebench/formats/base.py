@@ -320,14 +320,15 @@ class Reader(abc.ABC):
         return load_checksums(self.root, len(self))
 
     def _check_not_shrunk(
-        self, handle, expected: int, path: Path, index: int, consequence: str
+        self, handle, expected: int, name: str, index: int, consequence: str
     ) -> None:
-        """Refuse to read when the file open as ``handle`` is now shorter than ``expected``
-        bytes (truncated under the open reader): one ``fstat``."""
+        """Refuse to read when the file ``name`` (under the root), open as ``handle``, is now
+        shorter than ``expected`` bytes (truncated under the open reader): one ``fstat``. Its
+        path is built only for the error: this runs before every read of a mapped file."""
         size = os.fstat(handle.fileno()).st_size
         if size < expected:
             raise CorruptSampleError(
-                path,
+                self.root / name,
                 index,
                 f"file shrank to {size} bytes under the open reader (expected {expected}); "
                 f"{consequence}",

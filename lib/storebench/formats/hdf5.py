@@ -175,7 +175,7 @@ class Hdf5Reader(Reader):
 
     def _check_size(self, index: int) -> None:
         self._check_not_shrunk(
-            self._h_stat_file, self.manifest["files"][FILENAME], self.root / FILENAME, index,
+            self._h_stat_file, self.manifest["files"][FILENAME], FILENAME, index,
             "libhdf5 would return zeros past its end",
         )
 

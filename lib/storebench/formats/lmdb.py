@@ -205,7 +205,7 @@ class LmdbReader(Reader):
 
     def _check_size(self, index: int) -> None:
         self._check_not_shrunk(
-            self._h_stat_file, self._h_used, self.root / DATA_FILE, index,
+            self._h_stat_file, self._h_used, DATA_FILE, index,
             "reading through the map would crash with SIGBUS",
         )
 
