@@ -4,6 +4,7 @@ knob variants and readahead knobs are measured, and the new case functions run f
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -97,6 +98,26 @@ def test_random_read_case_reads_real_bytes_at_shuffled_indices(variant_data):
     assert metrics["samples"] == (100, "count")
     assert metrics["read_MBps"][0] > 0 and metrics["samples_per_s"][1] == "samples/s"
 
+
+
+def test_a_random_read_stops_after_its_seconds_once_it_has_four_batches(variant_data):
+    from storebench.cases.formats import MIN_TIMED_BATCHES, random_read_case
+    from storebench.studies.formats import RANDOM_READ_SECONDS
+
+    root, variant = variant_data
+    case = Case(study="formats", function="storebench.studies.formats:random_read_case",
+                format="hdf5", encoding="raw", dataset=str(root / variant.name),
+                loader="reader", access="shuffle", batch_size=8, repeats=1,
+                params={"random_samples": 100, "random_seconds": 0.0})
+    assert random_read_case(case, Trial(case, 0))["samples"] == (MIN_TIMED_BATCHES * 8, "count")
+    roomy = replace(case, params={"random_samples": 100, "random_seconds": 600.0})
+    assert random_read_case(roomy, Trial(roomy, 0))["samples"] == (100, "count")
+    # Fewer samples than four batches: all of them, however short the time.
+    few = replace(case, params={"random_samples": 20, "random_seconds": 0.0})
+    assert random_read_case(few, Trial(few, 0))["samples"] == (20, "count")
+    random = [c for c in formats_study(profile="ci", data_dir=root)
+              if c.function.endswith(":random_read_case")]
+    assert random and {c.param("random_seconds") for c in random} == {RANDOM_READ_SECONDS}
 
 @pytest.mark.timeout(300)
 def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):

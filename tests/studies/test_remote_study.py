@@ -4,6 +4,7 @@ study's services reaching its cases, and a missing server becoming skipped rows.
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,17 @@ def test_the_ci_study_started_and_stopped_its_own_s3_server(ci_study):
                  if "storebench-seaweed-" in " ".join(p.info["cmdline"] or ())
                  and p.info["ppid"] != os.getpid()]
     assert leftovers == []
+
+
+def test_every_timed_s3_repeat_of_the_ci_study_records_its_links_measured_rtt(ci_study):
+    from storebench.bench.schema import read_results
+
+    rows = read_results(ci_study[0] / "remote.csv")
+    s3 = rows[rows["params"].str.contains('"source": "s3"') & (rows["status"] == "ok")
+              & (rows["repeat"] >= 0)]
+    per_repeat = s3.groupby(["case_id", "repeat"])["metric"].apply(set)
+    assert not per_repeat.empty and all("measured_rtt_s" in m for m in per_repeat)
+    rtt = s3[s3["metric"] == "measured_rtt_s"]
+    configured = rtt["params"].map(lambda p: json.loads(p)["rtt_ms"] / 1e3)
+    assert (rtt["value"] >= configured * 0.95).all()
+    assert (rtt["value"] < configured + 0.020).all()

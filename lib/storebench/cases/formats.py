@@ -13,6 +13,8 @@ from ..bench.cases import check_batch, open_options
 from ..bench.runner import Case, Trial
 
 MB = 1e6
+# A time-bounded read stops only after this many batches: enough for a rate.
+MIN_TIMED_BATCHES = 4
 
 
 def build_cost_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
@@ -35,11 +37,14 @@ def build_cost_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
 
 
 def _timed_batched_reads(
-    case: Case, trial: Trial, order_for: Callable[[int], np.ndarray]
+    case: Case, trial: Trial, order_for: Callable[[int], np.ndarray], *,
+    seconds: float | None = None,
 ) -> dict[str, tuple[float, str]]:
     """Read the samples ``order_for(len(dataset))`` names, in batches of ``case.batch_size``
     through ``Reader.read_many`` (raw batches into one reused buffer), without per-sample
-    checksum verification, which the last batch gets afterwards instead.
+    checksum verification, which the last batch gets afterwards instead; with ``seconds``,
+    stop at the first batch that ends past that many seconds once ``MIN_TIMED_BATCHES``
+    were read (``samples`` says how many were).
 
     Params named ``open_<option>`` are passed to ``open_dataset`` as ``<option>`` (e.g.
     ``open_madvise_random=True``).
@@ -57,10 +62,11 @@ def _timed_batched_reads(
             np.empty((min(batch_size, len(order)), *reader.spec.image_shape), dtype=np.uint8)
             if reader.is_raw else None
         )
-        samples = returned_bytes = 0
+        samples = returned_bytes = batches = 0
         first_batch_seconds = float("nan")
         with trial.measure() as measurement:
             started = time.perf_counter()
+            deadline = started + seconds if seconds is not None else float("inf")
             for start in range(0, len(order), batch_size):
                 indices = order[start:start + batch_size]
                 full = out is not None and len(indices) == len(out)
@@ -71,9 +77,14 @@ def _timed_batched_reads(
                 returned_bytes += (
                     images.nbytes if reader.is_raw else sum(len(image) for image in images)
                 )
+                batches += 1
+                if batches >= MIN_TIMED_BATCHES and time.perf_counter() >= deadline:
+                    break
         check_batch(reader, indices, images, labels)
-    if samples != len(order):
-        raise RuntimeError(f"{case.dataset}: read {samples} samples, asked for {len(order)}")
+    wanted = (len(order) if samples == len(order) or seconds is None
+              else min(len(order), batches * batch_size))
+    if samples != wanted:
+        raise RuntimeError(f"{case.dataset}: read {samples} samples, asked for {wanted}")
     seconds = measurement.wall_seconds
     return {
         "samples": (samples, "count"),
@@ -93,12 +104,14 @@ def sequential_read_case(case: Case, trial: Trial) -> dict[str, tuple[float, str
 
 
 def random_read_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
-    """``random_samples`` samples (param; default every sample) at shuffled indices (see
-    ``_timed_batched_reads``): what a format's unit of I/O (chunk, row group, shard) costs a
-    random batch."""
+    """``random_samples`` samples (param; default every sample) at shuffled indices, or
+    fewer where ``random_seconds`` (param) ran out first (see ``_timed_batched_reads``):
+    what a format's unit of I/O (chunk, row group, shard) costs a random batch."""
 
     def shuffled(count: int) -> np.ndarray:
         wanted = min(int(case.param("random_samples", count)), count)
         return np.random.default_rng(int(case.param("seed", 0))).permutation(count)[:wanted]
 
-    return _timed_batched_reads(case, trial, shuffled)
+    seconds = case.param("random_seconds")
+    return _timed_batched_reads(case, trial, shuffled,
+                                seconds=None if seconds is None else float(seconds))

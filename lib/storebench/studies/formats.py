@@ -91,6 +91,11 @@ KNOB_VARIANTS: tuple[KnobVariant, ...] = (
 # Random batches read per repeat: enough for a stable rate, bounded so that a large chunk or
 # row group (read whole for every sample) does not take minutes.
 RANDOM_READ_SAMPLES = 1024
+# ... and at most about this long (at least four batches): a random sample of a row-group
+# format costs its whole group, so 1,024 of them took 1 to 3 s a repeat (run 1635c5:
+# Parquet at 360 to 960 samples/s), nearly a third of the study's time, for a per-sample
+# cost that is the same in every batch.
+RANDOM_READ_SECONDS = 0.5
 
 
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
@@ -128,7 +133,8 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
                 batch_size=batch_size_for(count, 64), cache=cache.value, cache_files=files,
                 **repeats,
                 **{**common, "params": {**common["params"],
-                                        "random_samples": min(count, RANDOM_READ_SAMPLES)}},
+                                        "random_samples": min(count, RANDOM_READ_SAMPLES),
+                                        "random_seconds": RANDOM_READ_SECONDS}},
             ))
     return cases
 
