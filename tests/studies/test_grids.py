@@ -265,3 +265,14 @@ def test_out_of_core_repeats_what_the_guide_compares(ci_data_root, monkeypatch):
     assert guided and {c.repeats for c in guided} == {out_of_core.GUIDE_REPEATS}
     assert {c.repeats for c in cases if c not in guided} == {1}
     assert out_of_core.GUIDE_REPEATS >= 3
+
+
+def test_out_of_core_cuts_passes_under_a_cap_sooner_than_where_the_set_fits(ci_data_root):
+    from storebench.studies import out_of_core
+
+    cases = out_of_core.out_of_core_grid(profile="ci", data_dir=ci_data_root)
+    limits = {capped: {c.param("epoch_seconds_limit") for c in cases
+                       if (c.param("k") > 0) == capped} for capped in (True, False)}
+    assert limits == {True: {out_of_core.CAPPED_EPOCH_SECONDS_LIMIT},
+                      False: {out_of_core.EPOCH_SECONDS_LIMIT}}
+    assert out_of_core.CAPPED_EPOCH_SECONDS_LIMIT < out_of_core.EPOCH_SECONDS_LIMIT
