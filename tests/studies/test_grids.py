@@ -102,7 +102,6 @@ def test_random_read_case_reads_real_bytes_at_shuffled_indices(variant_data):
 
 def test_a_random_read_stops_after_its_seconds_once_it_has_four_batches(variant_data):
     from storebench.cases.formats import MIN_TIMED_BATCHES, random_read_case
-    from storebench.studies.formats import RANDOM_READ_SECONDS
 
     root, variant = variant_data
     case = Case(study="formats", function="storebench.studies.formats:random_read_case",
@@ -115,9 +114,21 @@ def test_a_random_read_stops_after_its_seconds_once_it_has_four_batches(variant_
     # Fewer samples than four batches: all of them, however short the time.
     few = replace(case, params={"random_samples": 20, "random_seconds": 0.0})
     assert random_read_case(few, Trial(few, 0))["samples"] == (20, "count")
+
+
+def test_only_warm_random_reads_are_cut_by_time(variant_data, monkeypatch):
+    from storebench.bench.plan import StudyPlan
+    from storebench.studies import formats
+    from storebench.studies.formats import RANDOM_READ_SECONDS
+
+    root, _ = variant_data
+    monkeypatch.setattr(formats, "plan_for", lambda profile: StudyPlan())  # warm ones too
     random = [c for c in formats_study(profile="ci", data_dir=root)
               if c.function.endswith(":random_read_case")]
-    assert random and {c.param("random_seconds") for c in random} == {RANDOM_READ_SECONDS}
+    seconds = {cache: {c.param("random_seconds") for c in random if c.cache == cache}
+               for cache in ("cold", "warm")}
+    assert seconds == {"cold": {None}, "warm": {RANDOM_READ_SECONDS}}
+
 
 @pytest.mark.timeout(300)
 def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
