@@ -99,7 +99,6 @@ def test_random_read_case_reads_real_bytes_at_shuffled_indices(variant_data):
     assert metrics["read_MBps"][0] > 0 and metrics["samples_per_s"][1] == "samples/s"
 
 
-
 def test_a_random_read_stops_after_its_seconds_once_it_has_four_batches(variant_data):
     from storebench.cases.formats import MIN_TIMED_BATCHES, random_read_case
 

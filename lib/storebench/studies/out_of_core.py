@@ -88,9 +88,10 @@ EPOCH_SECONDS_LIMIT = 1.0
 # Under a cap (k > 0), half a second: the cap's room fills well within it. Against a second,
 # in two runs an hour apart (results/study-runs f24e29, 9b9cd4), 40 of 43 capped cases ended
 # epoch 2 with the same residency (within 0.05), their median rates moved by 1 to 2% (the
-# uncut k = 0 cases moved by 4 to 7%), and the study's cases took 200 s, not 280. Where the
-# set fits (k = 0) a pass keeps the second: cut sooner, a cold epoch 1 would leave the set
-# partly uncached, so epoch 2 would no longer show what a set that fits gets from the cache.
+# k = 0 cases, whose limit stayed, by 4 to 7%), and the study's cases took 200 s, not 280.
+# Where the set fits (k = 0) a pass keeps the second: cut sooner, a cold epoch 1 would leave
+# the set partly uncached, so epoch 2 would no longer show what a set that fits gets from
+# the cache.
 CAPPED_EPOCH_SECONDS_LIMIT = 0.5
 PRELOADED_FORMAT = "memmap"
 GUIDE_REPEATS = 3
