@@ -11,7 +11,6 @@ it could not start (every S3 case is then a ``skipped`` row with that reason).
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 from pathlib import Path
@@ -89,12 +88,12 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         except LinkError as err:
             raise RuntimeError(f"the delaying proxy did not start: {err}") from err
         host, port = proxy.address
-        measured = math.nan if trial.warmup else measure_rtt(proxy.address, samples=RTT_PROBES)
+        measured = None if trial.warmup else measure_rtt(proxy.address, samples=RTT_PROBES)
         through = replace(config, endpoint_url=f"http://{host}:{port}")
         per_rank = _run_ranks(case, ranks, url, through, max_batches)
     # The configured RTT and bandwidth are the case's params (in every row already).
     metrics = _metrics(case, per_rank, ranks, max_batches)
-    if not trial.warmup:
+    if measured is not None:
         metrics["measured_rtt_s"] = (measured / 1e3, "s")
     return metrics
 
