@@ -229,3 +229,15 @@ def test_a_reader_alive_at_interpreter_exit_prints_nothing(ci_dataset):
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
+def test_runs_by_block_puts_the_cached_block_first_then_the_batch_order():
+    from storebench.formats.base import runs_by_block
+
+    blocks = np.array([5, 5, 2, 7, 2, 1])
+    as_lists = lambda runs: [run.tolist() for run in runs]  # noqa: E731
+    # Block 5 is reached first, then 2, 7 and 1: not block-number order (1, 2, 5, 7).
+    assert as_lists(runs_by_block(blocks, None)) == [[0, 1], [2, 4], [3], [5]]
+    assert as_lists(runs_by_block(blocks, 7)) == [[3], [0, 1], [2, 4], [5]]
+    assert as_lists(runs_by_block(blocks, 9)) == [[0, 1], [2, 4], [3], [5]]
+    assert runs_by_block(np.array([], dtype=np.int64), None) == []

@@ -254,3 +254,33 @@ def test_threads_reading_row_groups_of_one_reader_get_exact_bytes(datasets):
                 for batch in prefetcher:
                     for k, index in enumerate(batch.indices[:2]):
                         assert batch.images[k].tobytes() == stored_bytes(spec, int(index))[0]
+
+
+def test_row_group_reads_count_each_group_read_not_the_cached_one(datasets):
+    """Groups of 100: samples 90..109 span groups 0 and 1; 100..105 are in the cached
+    group 1; sample 0 is in group 0 again, which group 1 evicted."""
+    with open_dataset(datasets["raw-groups"], verify=False) as reader:
+        assert reader.row_group_reads == (0, 0.0)
+        reader.read_many(np.arange(90, 110))
+        count, seconds = reader.row_group_reads
+        assert count == 2 and seconds > 0
+        reader.read_many(np.arange(100, 106))
+        assert reader.row_group_reads == (2, seconds)
+        reader[0]
+        assert reader.row_group_reads[0] == 3
+
+
+def test_a_block_shuffled_epoch_reads_each_row_group_once(tmp_path):
+    """Row groups of 10 and batches of 64: every batch spans seven groups or more, and the
+    one it ends in is the one the next batch begins in; it must be the one left cached. (In
+    group-number order the last group read was whichever had the highest number, and the
+    next batch read its first group again.)"""
+    from storebench.loaders import BatchSampler, BlockShuffleSampler
+
+    root = build_dataset(CI.spec_for("raw"), "parquet", tmp_path,
+                         knobs={"row_group_size": 10}, workers=1).path
+    with open_dataset(root, verify=False) as reader:
+        groups = len(reader.blocks()) - 1
+        for batch in BatchSampler(BlockShuffleSampler.from_reader(reader, seed=0), 64):
+            reader.read_many(np.asarray(batch))
+        assert reader.row_group_reads[0] == groups

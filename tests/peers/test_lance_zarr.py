@@ -287,3 +287,26 @@ def test_lance_damaged_footer_is_a_dataset_error_naming_the_file(built, tmp_path
     reader = get_format("lance").open(root, read_manifest(root), verify=verify)
     with pytest.raises(DatasetError, match=f"{path}: .*not appear to be a Lance file"):
         reader.read_many([0, 350])
+
+
+def test_zarr_block_shuffled_epoch_reads_each_chunk_once(tmp_path, monkeypatch):
+    """Chunks of 64 (512 samples: eight), batches of 48: a batch spans one chunk or two,
+    and one that ends in a lower-numbered chunk than it began in must leave that chunk
+    cached, since the next batch goes on in it (read in chunk-number order, the epoch took
+    13 reads of the 8 chunks)."""
+    pytest.importorskip("zarr")
+    from storebench.loaders import BatchSampler, BlockShuffleSampler
+
+    root = build_dataset(data_gen.PROFILES["ci"].spec_for("raw"), "zarr", tmp_path,
+                         workers=1, knobs={"chunk_samples": 64}).path
+    with open_dataset(root, verify=False) as reader:
+        reader[0]
+        array_type = type(reader._h_images)
+        reads = []
+        real = array_type.__getitem__
+        monkeypatch.setattr(array_type, "__getitem__",
+                            lambda array, key: reads.append(key) or real(array, key))
+        reader._h_cached = None
+        for batch in BatchSampler(BlockShuffleSampler.from_reader(reader, seed=0), 48):
+            reader.read_many(np.asarray(batch))
+        assert sorted(key.start for key in reads) == list(range(0, 512, 64))

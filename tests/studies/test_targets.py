@@ -51,11 +51,20 @@ def test_block_shuffle_interleaves_a_whole_epoch_with_the_random_reads(ci_data_r
         measured, extra = target.measure(reader, case)
         sample_bytes = reader.spec.raw_sample_bytes
         n = len(reader)
+        groups = len(reader.blocks()) - 1
     epoch, random = measured["block_shuffled_epoch"], measured["random_row_access"]
     # Every sample once, in whole batches (the last one short), and every random read.
     assert (epoch.samples, epoch.bytes, epoch.batches) == (n, n * sample_bytes, -(-n // 32))
     assert (random.samples, random.bytes) == (30, 30 * sample_bytes)
     assert extra["rounds"] == (4.0, "count")
+    # Where the time goes: the epoch read each row group once, the random reads mostly
+    # read row groups, and the ratio had the epoch cost only its reads is the higher.
+    assert extra["rows_per_row_group"] == (n / groups, "count")
+    assert extra["block_shuffled_epoch.row_group_reads"] == (float(groups), "count")
+    for side in ("block_shuffled_epoch", "random_row_access"):
+        assert 0 < extra[f"{side}.row_group_read_fraction"][0] < 1
+    ratio = epoch.samples_per_second / random.samples_per_second
+    assert extra["reads_only_ratio"][0] > ratio
     few = replace(case, params={**dict(case.params), "random_samples": 2})
     with open_dataset(case.dataset, verify=False) as reader:
         _, extra = target.measure(reader, few)

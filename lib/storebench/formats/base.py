@@ -119,6 +119,23 @@ def sample_checksum(image: np.ndarray | bytes, label: int) -> int:
     return crc32c.crc32c(int(label).to_bytes(8, "little", signed=True), crc32c.crc32c(data))
 
 
+def runs_by_block(blocks: np.ndarray, cached: int | None) -> list[np.ndarray]:
+    """A batch's positions grouped by the block (row group, chunk) each sample is in,
+    ``blocks[k]`` being position k's, positions ascending within a run: the ``cached``
+    block's run first (it costs no read, and reading another would evict it), then the
+    others in the order the batch reaches them, so that the block read last, which a
+    one-block cache keeps, is the one a block-shuffled order goes on in. (In block-number
+    order, a batch that ends in a lower-numbered block than it began in left the other one
+    cached, and the next batch read its block again: 128 chunk reads for 79 chunks in one
+    block-shuffled epoch of the small Zarr set.)"""
+    if not len(blocks):
+        return []
+    order = np.argsort(blocks, kind="stable")
+    runs = np.split(order, np.flatnonzero(np.diff(blocks[order])) + 1)
+    runs.sort(key=lambda run: (blocks[run[0]] != cached, run[0]))
+    return runs
+
+
 class Reader(abc.ABC):
     """Random and sequential access to one built dataset.
 

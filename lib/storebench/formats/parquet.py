@@ -19,6 +19,7 @@ from __future__ import annotations
 import builtins
 import json
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -28,7 +29,14 @@ import pyarrow.parquet as pq
 
 from data_gen import DatasetSpec
 
-from .base import CorruptSampleError, DatasetError, ManifestError, Reader, sample_checksum
+from .base import (
+    CorruptSampleError,
+    DatasetError,
+    ManifestError,
+    Reader,
+    runs_by_block,
+    sample_checksum,
+)
 from .manifest import fingerprint_span as default_span
 
 NAME = "parquet"
@@ -176,6 +184,9 @@ class ParquetReader(Reader):
     ``verify=True`` for exactly the samples whose bytes disagree with the manifest (the rest
     of the group stays readable), with ``verify=False`` for the whole group, naming its
     first sample.
+
+    ``row_group_reads`` says how many row groups this process has read and how long that
+    took, which is what an access pattern costs in Parquet's unit of reading.
     """
 
     def __init__(self, root: Path, manifest: dict, *, verify: bool = True) -> None:
@@ -184,6 +195,7 @@ class ParquetReader(Reader):
         self._h_file: pq.ParquetFile | None = None
         self._h_bounds: np.ndarray | None = None
         self._h_cached: _RowGroup | None = None
+        self._h_reads: list | None = None  # [row groups read, seconds], this process's
 
     def _parquet_file(self, *, checked: bool = True) -> pq.ParquetFile:
         """The file opened for reading, with page checksums verified when ``checked`` (an
@@ -215,6 +227,8 @@ class ParquetReader(Reader):
             raise DatasetError(f"{self.path}: row groups hold {sizes} rows, expected {len(self)}")
         self._h_file = parquet_file
         self._h_cached = None
+        self._h_reads = [0, 0.0]
+        self._h_reads_lock = threading.Lock()
         # pyarrow's ParquetFile is not safe to read from two threads at once (two
         # ThreadPrefetcher workers reading row groups concurrently hung in read_row_group),
         # and the one-group cache is shared: row-group reads take turns.
@@ -239,6 +253,26 @@ class ParquetReader(Reader):
         if self._h_file is not None:
             self._h_file.close()
         self._h_file = self._h_bounds = self._h_cached = self._h_read_lock = None
+        self._h_reads = self._h_reads_lock = None
+
+    @property
+    def row_group_reads(self) -> tuple[int, float]:
+        """(row groups read, seconds spent reading and unpacking them) in this process since
+        the reader opened; a batch served from the cached group reads none."""
+        self._ensure_open()
+        count, seconds = self._h_reads
+        return count, seconds
+
+    def _load(self, parquet_file: pq.ParquetFile, group: int, rows: int) -> _RowGroup:
+        """``_load_row_group``, counted in ``row_group_reads`` (a failed read too)."""
+        started = time.perf_counter()
+        try:
+            return _load_row_group(parquet_file, group, rows)
+        finally:
+            elapsed = time.perf_counter() - started
+            with self._h_reads_lock:  # the remote reader's threads read concurrently
+                self._h_reads[0] += 1
+                self._h_reads[1] += elapsed
 
     def _locate(self, index: int) -> Path:
         return self.path
@@ -257,7 +291,7 @@ class ParquetReader(Reader):
                 return cached
             first, stop = int(self._h_bounds[group]), int(self._h_bounds[group + 1])
             try:
-                rows = _load_row_group(self._h_file, group, stop - first)
+                rows = self._load(self._h_file, group, stop - first)
             except _OPEN_ERRORS as err:
                 rows = self._salvage(group, first, stop, err)
             self._h_cached = rows
@@ -317,14 +351,8 @@ class ParquetReader(Reader):
         labels = np.empty(len(indices), dtype=np.int64)
         images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
         groups = self._group_of(indices)
-        order = np.argsort(groups, kind="stable")
-        # The cached group first: it costs nothing, and reading another would evict it.
-        sorted_groups = groups[order]
-        splits = np.flatnonzero(np.diff(sorted_groups)) + 1
-        runs = np.split(order, splits)
         cached = self._h_cached.group if self._h_cached is not None else None
-        runs.sort(key=lambda run: groups[run[0]] != cached)
-        for positions in runs:
+        for positions in runs_by_block(groups, cached):
             rows = self._row_group(int(groups[positions[0]]))
             if rows.damaged:
                 self._refuse_damaged(rows, indices[positions].tolist())

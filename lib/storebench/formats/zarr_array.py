@@ -52,7 +52,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .base import CorruptSampleError, DatasetError, ManifestError, Reader, sample_checksum
+from .base import (
+    CorruptSampleError,
+    DatasetError,
+    ManifestError,
+    Reader,
+    runs_by_block,
+    sample_checksum,
+)
 from .manifest import check_files
 from .specs import Spec
 
@@ -352,9 +359,8 @@ class ZarrReader(Reader):
 
     def _from_chunks(self, indices: np.ndarray, chunks: np.ndarray, out: np.ndarray | None):
         images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
-        order = np.argsort(chunks, kind="stable")
-        runs = np.split(order, np.flatnonzero(np.diff(chunks[order])) + 1)
-        for positions in runs:
+        cached = self._h_cached.index if self._h_cached is not None else None
+        for positions in runs_by_block(chunks, cached):
             chunk = int(chunks[positions[0]])
             loaded = self._chunk(chunk)
             if loaded.damaged:

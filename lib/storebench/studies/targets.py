@@ -108,17 +108,25 @@ def targets_markdown(df: pd.DataFrame) -> str:
     return markdown_table(shown)
 
 
+def _median_of_latest(df: pd.DataFrame, key: str):
+    """``median(metric)``: the median of a target's ``metric`` over its latest run's
+    repeats, None where the rows have none."""
+    rows = latest_runs(df[(df["study"] == "targets") & (df["loader"] == key)])
+
+    def median(metric: str) -> float | None:
+        values = rows.loc[rows["metric"] == metric, "value"]
+        return None if values.empty else float(values.median())
+
+    return median
+
+
 def _bare_take_text(df: pd.DataFrame, key: str) -> str:
     """For a gather target: what a bare one-thread ``np.take`` of the same batches reached
     in the same repeats, which splits a one-thread shortfall into the access pattern's own
     limit and the loader's cost, and what the gather split over threads reached (nothing for
     other targets, or results without them)."""
     prefix = get_target(key).numerator[0].partition(".")[0]
-    rows = latest_runs(df[(df["study"] == "targets") & (df["loader"] == key)])
-
-    def median(metric: str) -> float | None:
-        values = rows.loc[rows["metric"] == metric, "value"]
-        return None if values.empty else float(values.median())
+    median = _median_of_latest(df, key)
 
     bare = median(f"{prefix}.bare_take_fraction_of_dram_copy")
     share = median(f"{prefix}.fraction_of_bare_take")
@@ -137,6 +145,24 @@ def _bare_take_text(df: pd.DataFrame, key: str) -> str:
     return text
 
 
+def _row_group_text(df: pd.DataFrame, key: str) -> str:
+    """For the Parquet target: the share of each side's time spent reading row groups, the
+    rows per group (which bound the ratio: a random read costs one group, the epoch reads
+    each once) and the ratio had the epoch cost only its reads (nothing for other targets,
+    or results without them)."""
+    median = _median_of_latest(df, key)
+    block, random, per_group, reads_only = (median(m) for m in (
+        "block_shuffled_epoch.row_group_read_fraction",
+        "random_row_access.row_group_read_fraction", "rows_per_row_group", "reads_only_ratio"))
+    if None in (block, random, per_group, reads_only):
+        return ""
+    return (f" Reading row groups takes {format_percent(block)} of the block-shuffled epoch "
+            f"and {format_percent(random)} of the random reads; with {per_group:.0f} rows "
+            f"per group, had the epoch cost only its reads the ratio would be "
+            f"{format_ratio(reads_only)}. The rest of the epoch (the gather into the batch, "
+            "per-batch bookkeeping) is what keeps it below that.")
+
+
 def targets_findings(df: pd.DataFrame) -> list[str]:
     """One sentence per target: value, interval, threshold, met (the interval's lower end
     clears it) or by how much the median misses it."""
@@ -153,7 +179,7 @@ def targets_findings(df: pd.DataFrame) -> list[str]:
             f"{row['target']} ({row['what']}): {fmt(row['value'])} (median of "
             f"{row['repeats']} paired repeats, 95% interval "
             f"{fmt(row['low'])}{DASH}{fmt(row['high'])}); threshold {fmt(row['threshold'])}, "
-            f"{verdict}." + _bare_take_text(df, row["key"]))
+            f"{verdict}." + _bare_take_text(df, row["key"]) + _row_group_text(df, row["key"]))
     return sentences
 
 

@@ -42,7 +42,7 @@ class RemoteParquetReader(RemoteReader, parquet.ParquetReader):
             mine.file = self._parquet_file()
         first, stop = int(self._h_bounds[group]), int(self._h_bounds[group + 1])
         try:
-            rows = parquet._load_row_group(mine.file, group, stop - first)
+            rows = self._load(mine.file, group, stop - first)
         except parquet._OPEN_ERRORS as err:
             rows = self._salvage(group, first, stop, err)
         mine.cached = rows
