@@ -67,6 +67,31 @@ def hanging_prefetch_case(case, trial):
     time.sleep(600)
 
 
+def leaving_prefetch_case(case, trial):
+    """Like ``hanging_prefetch_case``, but return once recorded, the pass still held and an
+    exit handler registered: the worker's end, not a kill, is what must clear them. The exit
+    handler writes param ``atexit_file`` (the interpreter's teardown would run it)."""
+    import atexit
+
+    from storebench.formats import open_dataset
+    from storebench.loaders import BatchSampler, LazyDataset, ProcessPrefetcher, ShuffleSampler
+
+    reader = open_dataset(case.dataset, verify=False)
+    dataset = LazyDataset(reader)
+    prefetcher = ProcessPrefetcher(dataset, BatchSampler(ShuffleSampler(len(dataset)), 16),
+                                   workers=2, start_method=case.param("start_method"))
+    batches = iter(prefetcher)
+    next(batches)
+    Path(case.param("pid_file")).write_text(
+        " ".join([prefetcher.shm_name, *map(str, prefetcher.pids)]))
+    atexit.register(Path(case.param("atexit_file")).write_text, "teardown ran")
+    _held.append((prefetcher, batches))
+    return {"samples": (16, "count")}
+
+
+_held: list = []
+
+
 def summarised_checksum_case(case, trial):
     """Like ``checksum_file_case``, with a per-repeat figure for ``total_of_repeats``."""
     return checksum_file_case(case, trial)

@@ -209,6 +209,28 @@ def test_a_killed_case_leaves_no_shared_memory_behind(tmp_path, ci_data_dir):
     assert len(workers) == 2
 
 
+def test_a_worker_ends_at_its_report_and_the_runner_clears_what_the_case_left(
+        tmp_path, ci_data_dir):
+    # The worker skips the interpreter's teardown once its report is written (torch's and
+    # TensorFlow's took most of a second a case): no exit handler runs, and the prefetcher the
+    # case still held (workers, a segment) goes with the process group, as after a crash.
+    pid_file, atexit_file = tmp_path / "prefetch.txt", tmp_path / "atexit.txt"
+    case = Case(study="exit", function=f"{FNS}:leaving_prefetch_case", format="memmap",
+                dataset=str(ci_data_dir / "memmap-raw"), repeats=1, warmup=False,
+                params={"pid_file": str(pid_file), "atexit_file": str(atexit_file),
+                        "start_method": "fork"})
+    before = set(os.listdir("/dev/shm"))
+    outcome = run_case(case, python_path=[HERE])
+    assert outcome.status == "ok", outcome.error
+    assert [r["value"] for r in outcome.records if r["metric"] == "samples"] == [16]
+    assert not atexit_file.exists()
+    name, *workers = pid_file.read_text().split()
+    assert name not in before
+    assert not (Path("/dev/shm") / name).exists()
+    assert len(workers) == 2
+    assert all(wait_gone(int(pid)) for pid in workers)
+
+
 def test_group_pids_and_their_shm_segments(tmp_path):
     from multiprocessing import shared_memory
 

@@ -512,8 +512,11 @@ def run_case(
                 raise
             finally:
                 # Whatever the case started (loader workers, pools) dies with it, and so do
-                # the shared-memory segments they held.
+                # the shared-memory segments they held, and those its exited worker created
+                # and no process of the group holds any more (a worker ends without its
+                # teardown, and its resource tracker may be killed before it unlinks them).
                 _kill_group(process.pid, shm_before=shm_before)
+                remove_orphaned_shm_segments()
                 # A killed case cannot remove its memory-budget cgroup itself.
                 remove_stale_budgets()
         seconds = time.perf_counter() - started

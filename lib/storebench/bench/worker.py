@@ -12,10 +12,15 @@ The worker dies with its runner: it asks the kernel for SIGKILL when the runner 
 starts ``python -m storebench.bench.watcher CASE_DIR`` beside each case (see
 ``storebench.bench.watcher``): it outlives a killed runner just long enough to kill what the
 case started and remove the case's temporary directory.
+
+Once its report is written the worker ends at once (``exit_now``), skipping the interpreter's
+teardown: the next case need not wait while torch or TensorFlow is finalised, and the runner
+clears what a case leaves behind in any case.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
@@ -176,5 +181,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def exit_now(code: int) -> None:
+    """End this worker with ``code`` without the interpreter's teardown: the report is
+    written by then, and what teardown would do (finalising torch or TensorFlow, most of a
+    second, while the next case waits) changes nothing the runner reads. Whatever the case
+    left running or allocated is the runner's to clear either way: it kills the case's
+    process group and removes the shared-memory segments the group left, as after a crash."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())
