@@ -68,9 +68,9 @@ def hanging_prefetch_case(case, trial):
 
 
 def leaving_prefetch_case(case, trial):
-    """Like ``hanging_prefetch_case``, but return once recorded, the pass still held and an
-    exit handler registered: the worker's end, not a kill, is what must clear them. The exit
-    handler writes param ``atexit_file`` (the interpreter's teardown would run it)."""
+    """Like ``hanging_prefetch_case``, but return once recorded, the pass still held, an exit
+    handler registered (it writes param ``atexit_file``) and an object in this module that
+    writes param ``finalized_file`` when the interpreter's teardown finalises it."""
     import atexit
 
     from storebench.formats import open_dataset
@@ -84,9 +84,17 @@ def leaving_prefetch_case(case, trial):
     next(batches)
     Path(case.param("pid_file")).write_text(
         " ".join([prefetcher.shm_name, *map(str, prefetcher.pids)]))
-    atexit.register(Path(case.param("atexit_file")).write_text, "teardown ran")
-    _held.append((prefetcher, batches))
+    atexit.register(Path(case.param("atexit_file")).write_text, "exit handlers ran")
+    _held.extend([prefetcher, batches, _WritesWhenFinalized(case.param("finalized_file"))])
     return {"samples": (16, "count")}
+
+
+class _WritesWhenFinalized:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __del__(self) -> None:
+        Path(self.path).write_text("finalized")
 
 
 _held: list = []

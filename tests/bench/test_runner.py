@@ -209,26 +209,48 @@ def test_a_killed_case_leaves_no_shared_memory_behind(tmp_path, ci_data_dir):
     assert len(workers) == 2
 
 
-def test_a_worker_ends_at_its_report_and_the_runner_clears_what_the_case_left(
+def test_a_worker_ends_at_its_report_after_its_exit_handlers_not_its_teardown(
         tmp_path, ci_data_dir):
-    # The worker skips the interpreter's teardown once its report is written (torch's and
-    # TensorFlow's took most of a second a case): no exit handler runs, and the prefetcher the
-    # case still held (workers, a segment) goes with the process group, as after a crash.
-    pid_file, atexit_file = tmp_path / "prefetch.txt", tmp_path / "atexit.txt"
+    # Once its report is written the worker runs the exit handlers (libraries clean up
+    # there: TensorFlow removes its generated files) and skips the rest of the interpreter's
+    # teardown (finalising torch or TensorFlow took most of a second a case). The prefetcher
+    # the case still held (workers, a segment) is gone when the case is.
+    files = {name: tmp_path / f"{name}.txt" for name in ("pid", "atexit", "finalized")}
     case = Case(study="exit", function=f"{FNS}:leaving_prefetch_case", format="memmap",
                 dataset=str(ci_data_dir / "memmap-raw"), repeats=1, warmup=False,
-                params={"pid_file": str(pid_file), "atexit_file": str(atexit_file),
-                        "start_method": "fork"})
+                params={"pid_file": str(files["pid"]), "atexit_file": str(files["atexit"]),
+                        "finalized_file": str(files["finalized"]), "start_method": "fork"})
     before = set(os.listdir("/dev/shm"))
     outcome = run_case(case, python_path=[HERE])
     assert outcome.status == "ok", outcome.error
     assert [r["value"] for r in outcome.records if r["metric"] == "samples"] == [16]
-    assert not atexit_file.exists()
-    name, *workers = pid_file.read_text().split()
+    assert files["atexit"].read_text() == "exit handlers ran"
+    assert not files["finalized"].exists()
+    name, *workers = files["pid"].read_text().split()
     assert name not in before
     assert not (Path("/dev/shm") / name).exists()
     assert len(workers) == 2
     assert all(wait_gone(int(pid)) for pid in workers)
+
+
+def test_a_tensorflow_case_leaves_no_generated_files_in_the_temporary_directory(tmp_path):
+    # tf.data's map writes the code autograph generates into the temporary directory and
+    # TensorFlow removes it in an exit handler: a worker that skipped its exit handlers left
+    # four files in /tmp per such case.
+    pytest.importorskip("tensorflow")
+    from data_gen import PROFILES
+    from storebench.formats import build_dataset
+
+    build_dataset(PROFILES["ci"].spec_for("jpeg"), "tfrecord", tmp_path, workers=1)
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    case = Case(study="s", function="storebench.bench.cases:loader_epoch_case",
+                format="tfrecord", encoding="jpeg", dataset=str(tmp_path / "tfrecord-jpeg"),
+                loader="lazy", prefetcher="tf_data", batch_size=32, access="shuffle",
+                params={"decode": "tf", "shuffle_buffer": 64}, repeats=1, warmup=False)
+    outcome = run_case(case, env={"TMPDIR": str(temporary)})
+    assert outcome.status == "ok", outcome.error
+    assert sorted(p.name for p in temporary.iterdir()) == []
 
 
 def test_group_pids_and_their_shm_segments(tmp_path):

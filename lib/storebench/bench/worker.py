@@ -13,9 +13,10 @@ starts ``python -m storebench.bench.watcher CASE_DIR`` beside each case (see
 ``storebench.bench.watcher``): it outlives a killed runner just long enough to kill what the
 case started and remove the case's temporary directory.
 
-Once its report is written the worker ends at once (``exit_now``), skipping the interpreter's
-teardown: the next case need not wait while torch or TensorFlow is finalised, and the runner
-clears what a case leaves behind in any case.
+Once its report is written the worker runs the exit handlers the libraries registered (their
+clean-up: TensorFlow's generated files, multiprocessing's children) and ends (``exit_now``),
+skipping the rest of the interpreter's teardown: the next case need not wait while torch or
+TensorFlow is finalised.
 """
 
 from __future__ import annotations
@@ -182,15 +183,27 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def exit_now(code: int) -> None:
-    """End this worker with ``code`` without the interpreter's teardown: the report is
-    written by then, and what teardown would do (finalising torch or TensorFlow, most of a
-    second, while the next case waits) changes nothing the runner reads. Whatever the case
-    left running or allocated is the runner's to clear either way: it kills the case's
-    process group and removes the shared-memory segments the group left, as after a crash."""
+    """End this worker with ``code``: run the exit handlers (``atexit``: what libraries
+    register to clean up after themselves, such as TensorFlow's generated files in the
+    temporary directory and multiprocessing's children), then leave without the rest of the
+    interpreter's teardown. The report is written by then, and finalising every module
+    (torch's or TensorFlow's took most of a second, while the next case waited) changes
+    nothing the runner reads. Whatever the case still left running or allocated is the
+    runner's to clear: it kills the case's process group and removes the shared-memory
+    segments the group left, as after a crash."""
+    import atexit
+
+    _flush()
+    # No public call runs the handlers short of exiting; this is what Py_Finalize calls.
+    atexit._run_exitfuncs()
+    _flush()
+    os._exit(code)
+
+
+def _flush() -> None:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
-    os._exit(code)
 
 
 if __name__ == "__main__":
