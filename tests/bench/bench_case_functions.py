@@ -48,9 +48,11 @@ def hanging_case(case, trial):
     time.sleep(600)
 
 
-def hanging_prefetch_case(case, trial):
-    """Start a ProcessPrefetcher (shared-memory slots, worker processes), take one batch,
-    record its segment and worker pids, then hang until the runner kills the group."""
+def _held_prefetch_pass(case):
+    """Start a ProcessPrefetcher (shared-memory slots, worker processes) over the case's
+    dataset, take one batch and record its segment and worker pids in param ``pid_file``;
+    returns the prefetcher and its pass. Hold the pass: an iterator dropped at once would stop
+    its workers and unlink the segment itself, leaving the runner nothing to clean up."""
     from storebench.formats import open_dataset
     from storebench.loaders import BatchSampler, LazyDataset, ProcessPrefetcher, ShuffleSampler
 
@@ -58,32 +60,27 @@ def hanging_prefetch_case(case, trial):
     dataset = LazyDataset(reader)
     prefetcher = ProcessPrefetcher(dataset, BatchSampler(ShuffleSampler(len(dataset)), 16),
                                    workers=2, start_method=case.param("start_method"))
-    # Hold the pass: an iterator dropped at once would stop its workers and unlink the
-    # segment itself, leaving the runner nothing to clean up after the kill.
     batches = iter(prefetcher)
     next(batches)
     Path(case.param("pid_file")).write_text(
         " ".join([prefetcher.shm_name, *map(str, prefetcher.pids)]))
+    return prefetcher, batches
+
+
+def hanging_prefetch_case(case, trial):
+    """Hold a prefetch pass (``_held_prefetch_pass``), then hang until the runner kills the
+    group."""
+    held = _held_prefetch_pass(case)  # noqa: F841 - held until the kill
     time.sleep(600)
 
 
 def leaving_prefetch_case(case, trial):
-    """Like ``hanging_prefetch_case``, but return once recorded, the pass still held, an exit
+    """Hold a prefetch pass (``_held_prefetch_pass``) and return with it still held, an exit
     handler registered (it writes param ``atexit_file``) and an object in this module that
     writes param ``finalized_file`` when the interpreter's teardown finalises it."""
     import atexit
 
-    from storebench.formats import open_dataset
-    from storebench.loaders import BatchSampler, LazyDataset, ProcessPrefetcher, ShuffleSampler
-
-    reader = open_dataset(case.dataset, verify=False)
-    dataset = LazyDataset(reader)
-    prefetcher = ProcessPrefetcher(dataset, BatchSampler(ShuffleSampler(len(dataset)), 16),
-                                   workers=2, start_method=case.param("start_method"))
-    batches = iter(prefetcher)
-    next(batches)
-    Path(case.param("pid_file")).write_text(
-        " ".join([prefetcher.shm_name, *map(str, prefetcher.pids)]))
+    prefetcher, batches = _held_prefetch_pass(case)
     atexit.register(Path(case.param("atexit_file")).write_text, "exit handlers ran")
     _held.extend([prefetcher, batches, _WritesWhenFinalized(case.param("finalized_file"))])
     return {"samples": (16, "count")}
