@@ -513,7 +513,7 @@ def run_case(
             finally:
                 # Whatever the case started (loader workers, pools) dies with it, and so do
                 # the shared-memory segments they held, and those its exited worker created
-                # and no process of the group holds any more (a worker ends without its
+                # and no process of the group holds any more (a worker skips the end of its
                 # teardown, and its resource tracker may be killed before it unlinks them).
                 _kill_group(process.pid, shm_before=shm_before)
                 remove_orphaned_shm_segments()
