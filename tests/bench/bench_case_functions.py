@@ -37,6 +37,28 @@ def self_killing_case(case, trial):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
+def temp_leaving_case(case, trial):
+    """Leave what libraries put in the temporary directory and remove only at a clean exit
+    (a directory of its own, a forkserver's ``pymp-*`` socket directory) and the semaphores
+    a forkserver pool's queues make in /dev/shm (its resource tracker would unlink them),
+    record them in param ``where_file``, then die by SIGKILL."""
+    import multiprocessing
+    import tempfile
+
+    mine = tempfile.mkdtemp(prefix="left-by-case-")
+    Path(mine, "data").write_bytes(b"x" * 4096)
+    before = set(os.listdir("/dev/shm"))
+    context = multiprocessing.get_context("forkserver")
+    with context.Pool(1) as pool:
+        assert pool.apply(os.getpid) != os.getpid()
+        from multiprocessing import util
+
+        semaphores = sorted(set(os.listdir("/dev/shm")) - before)
+        Path(case.param("where_file")).write_text(
+            "\n".join([mine, util.get_temp_dir(), *semaphores]))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def wrong_unit_case(case, trial):
     return {"samples_per_s": (1.0, "MB/s")}
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -236,7 +237,8 @@ def test_a_worker_ends_at_its_report_after_its_exit_handlers_not_its_teardown(
 def test_a_tensorflow_case_leaves_no_generated_files_in_the_temporary_directory(tmp_path):
     # tf.data's map writes the code autograph generates into the temporary directory and
     # TensorFlow removes it in an exit handler: a worker that skipped its exit handlers left
-    # four files in /tmp per such case.
+    # four files per such case. The worker runs here without the runner, whose case
+    # directory would take them away whatever the worker did.
     pytest.importorskip("tensorflow")
     from data_gen import PROFILES
     from storebench.formats import build_dataset
@@ -248,9 +250,37 @@ def test_a_tensorflow_case_leaves_no_generated_files_in_the_temporary_directory(
                 format="tfrecord", encoding="jpeg", dataset=str(tmp_path / "tfrecord-jpeg"),
                 loader="lazy", prefetcher="tf_data", batch_size=32, access="shuffle",
                 params={"decode": "tf", "shuffle_buffer": 64}, repeats=1, warmup=False)
-    outcome = run_case(case, env={"TMPDIR": str(temporary)})
-    assert outcome.status == "ok", outcome.error
+    job, result = tmp_path / "job.json", tmp_path / "result.json"
+    job.write_text(json.dumps({"case": case.to_dict(), "drop_caches": False,
+                               "result_path": str(result),
+                               "phase_path": str(tmp_path / "phase.txt")}))
+    subprocess.run([sys.executable, "-m", "storebench.bench.worker", str(job)], check=True,
+                   env={**os.environ, "TMPDIR": str(temporary)}, timeout=300,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert json.loads(result.read_text())["status"] == "ok"
     assert sorted(p.name for p in temporary.iterdir()) == []
+
+
+@pytest.mark.timeout(120)
+def test_a_killed_case_leaves_nothing_in_the_temporary_directory_or_in_dev_shm(tmp_path):
+    # A case's TMPDIR is inside its case directory: what its libraries would have removed at
+    # a clean exit goes with that directory, even from a case killed by SIGKILL. The
+    # semaphores its multiprocessing made, which its resource tracker (killed with the
+    # group) would have unlinked, are unlinked by the runner.
+    outer, where = tmp_path / "tmp", tmp_path / "where.txt"
+    outer.mkdir()
+    case = Case(study="s", function=f"{FNS}:temp_leaving_case", repeats=1, warmup=False,
+                params={"where_file": str(where)})
+    outcome = run_case(case, python_path=[HERE], env={"TMPDIR": str(outer)})
+    assert outcome.status == "failed" and "killed by SIGKILL" in outcome.error
+    mine, pymp, *semaphores = map(Path, where.read_text().split("\n"))
+    assert semaphores and all(name.name.startswith("sem.mp-") for name in semaphores)
+    assert not [name for name in semaphores if (Path("/dev/shm") / name).exists()]
+    assert mine.name.startswith("left-by-case-") and pymp.name.startswith("pymp-")
+    assert mine.parent == pymp.parent
+    assert mine.parent.name == "tmp" and mine.parent.parent.name.startswith("storebench-case-")
+    assert not mine.exists() and not pymp.exists() and not mine.parent.parent.exists()
+    assert sorted(p.name for p in outer.iterdir()) == []
 
 
 def test_group_pids_and_their_shm_segments(tmp_path):

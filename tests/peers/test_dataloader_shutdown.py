@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -23,6 +24,16 @@ from storebench.loaders.peers import shut_down_dataloader_workers
 pytestmark = [pytest.mark.peers, pytest.mark.timeout(120)]
 torch_data = pytest.importorskip("torch.utils.data")
 torch_utils = pytest.importorskip("torch.utils.data._utils")
+
+
+@pytest.fixture(autouse=True)
+def _temporary_files_in_tmp_path(tmp_path, monkeypatch):
+    """These tests kill and abort DataLoader workers on purpose, and a worker that sent a
+    batch made itself a ``pymp-*`` directory (for the descriptors it shares) that only its
+    clean exit removes: theirs go into the test's ``tmp_path`` (forked workers inherit
+    ``tempfile.tempdir``, the subprocess ``TMPDIR``), not into the machine's /tmp."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
 
 
 class Numbers(torch_data.Dataset):

@@ -28,6 +28,11 @@ kills what the case started and removes the case's temporary directory once the 
 gone (``storebench.bench.watcher``). Case directories are named ``storebench-case-<runner pid>-*``;
 a runner removes those whose runner is dead before each case, in case a watcher was killed
 too.
+
+A case's temporary files live in its case directory: the worker's ``TMPDIR`` is
+``<case dir>/tmp``, so what a case's libraries write there and remove only at a clean exit
+(multiprocessing's ``pymp-*`` socket directories, TensorFlow autograph's generated modules,
+MDS's lock files, LitData's cache) goes with the case directory however the case ends.
 """
 
 from __future__ import annotations
@@ -65,6 +70,11 @@ from .watcher import CASE_DIR_ENV, WATCH_DONE
 _ERROR_TAIL_CHARS = 4000
 _SCALARS = (str, int, float, bool, type(None))
 CASE_DIR_PREFIX = "storebench-case-"
+CASE_TMP_NAME = "tmp"
+# A Unix socket's path holds at most 107 bytes, and multiprocessing puts its forkserver's
+# at $TMPDIR/pymp-XXXXXXXX/listener-XXXXXXXX (32 more): a case gets its own TMPDIR only
+# where that fits (a temporary directory deep enough to leave no room keeps the runner's).
+_CASE_TMP_MAX_CHARS = 107 - len("/pymp-12345678/listener-12345678")
 
 
 @dataclass(frozen=True)
@@ -341,6 +351,37 @@ def shm_segments_of(pids: Sequence[int]) -> set[Path]:
     return {path for path in found if not str(path).endswith(" (deleted)")}
 
 
+# The named objects multiprocessing makes under spawn and forkserver: semaphores (its locks and
+# queues) and ``SharedMemory`` segments. The creator's resource tracker unlinks them, and a
+# tracker killed with the case's group leaves them in /dev/shm until reboot.
+_MULTIPROCESSING_SHM_PREFIXES = ("sem.mp-", "psm_")
+_GROUP_EXIT_WAIT_S = 2.0
+
+
+def remove_unheld_multiprocessing_shm(pgid: int, shm_before: set[str]) -> list[str]:
+    """Once the case's group ``pgid`` is killed: unlink the multiprocessing semaphores and
+    segments that appeared during the case (not in ``shm_before``) and that no live process
+    holds (the case's processes are gone, so only the case could have used them: their names
+    are random). Returns the names removed."""
+    new = sorted(name for name in _shm_names() - shm_before
+                 if name.startswith(_MULTIPROCESSING_SHM_PREFIXES))
+    if not new:
+        return []
+    deadline = time.monotonic() + _GROUP_EXIT_WAIT_S
+    while group_pids(pgid) and time.monotonic() < deadline:
+        time.sleep(0.01)  # SIGKILLed processes hold their mappings until they have exited
+    live = [int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()]
+    held = {path.name for path in shm_segments_of(live)}
+    removed = []
+    for name in new:
+        if name in held:
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            (SHM_DIR / name).unlink()
+            removed.append(name)
+    return removed
+
+
 def _shm_names() -> set[str]:
     try:
         return set(os.listdir(SHM_DIR))
@@ -472,6 +513,8 @@ def run_case(
         result = tmp / "result.json"
         phase = tmp / "phase.txt"
         log = tmp / "worker.log"
+        case_tmp = tmp / CASE_TMP_NAME
+        case_tmp.mkdir()
         job.write_text(json.dumps({
             "case": case.to_dict(),
             "drop_caches": drop_caches,
@@ -481,6 +524,7 @@ def run_case(
             "spawned_at": time.time(),
         }))
         env = {**os.environ, **(env or {})}
+        own_tmp = {"TMPDIR": str(case_tmp)} if len(str(case_tmp)) <= _CASE_TMP_MAX_CHARS else {}
         extra = [str(Path(p).resolve()) for p in python_path]
         if extra:
             env["PYTHONPATH"] = os.pathsep.join([*extra, env.get("PYTHONPATH", "")]).rstrip(
@@ -492,7 +536,7 @@ def run_case(
             process = subprocess.Popen(
                 [str(python), "-m", "storebench.bench.worker", str(job)],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env={**env, CASE_DIR_ENV: str(tmp)}, start_new_session=True,
+                env={**env, **own_tmp, CASE_DIR_ENV: str(tmp)}, start_new_session=True,
             )
             watch(process.pid)
             try:
@@ -512,11 +556,13 @@ def run_case(
                 raise
             finally:
                 # Whatever the case started (loader workers, pools) dies with it, and so do
-                # the shared-memory segments they held, and those its exited worker created
-                # and no process of the group holds any more (a worker skips the end of its
-                # teardown, and its resource tracker may be killed before it unlinks them).
+                # the shared-memory segments they held, those its exited worker created and
+                # no process of the group holds any more (a worker skips the end of its
+                # teardown, and its resource tracker may be killed before it unlinks them),
+                # and for the same reason multiprocessing's semaphores that nothing holds.
                 _kill_group(process.pid, shm_before=shm_before)
                 remove_orphaned_shm_segments()
+                remove_unheld_multiprocessing_shm(process.pid, shm_before)
                 # A killed case cannot remove its memory-budget cgroup itself.
                 remove_stale_budgets()
         seconds = time.perf_counter() - started
