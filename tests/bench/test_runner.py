@@ -640,6 +640,38 @@ def test_a_preloaded_case_warms_up_without_preloading(ci_data_dir, monkeypatch):
     assert preloads == [1]
 
 
+def test_a_warm_up_gives_its_loader_only_the_batches_it_reads(ci_data_dir, monkeypatch):
+    """A prefetcher handed a whole epoch reads ahead (its first idle thread takes the third
+    batch before the second is done), and its stop waits for what its threads hold: the
+    warm-up's loader gets just its batches. A timed repeat's keeps its whole epoch."""
+    import storebench.loaders
+    from storebench.bench.cases import loader_epoch_case, warmup_samples
+    from storebench.bench.runner import WARMUP_BATCHES, Trial
+    from storebench.bench.schema import CASE_REPEAT
+
+    path = ci_data_dir / "memmap-raw"
+    case = Case(study="s", function="storebench.bench.cases:loader_epoch_case",
+                format="memmap", encoding="raw", dataset=str(path), loader="lazy",
+                prefetcher="thread", workers=2, batch_size=32, access="shuffle", repeats=1,
+                epoch_samples=WARMUP_BATCHES * 32)
+    read = []
+    real = storebench.loaders.LazyDataset
+
+    class Counted(real):
+        def get_batch(self, indices, out=None):
+            read.append(len(indices))
+            return super().get_batch(indices, out=out)
+
+    monkeypatch.setattr(storebench.loaders, "LazyDataset", Counted)
+    assert read_manifest(path)["num_samples"] > 4 * 32
+    warm = loader_epoch_case(case, Trial(case, CASE_REPEAT))
+    assert warm["samples"] == (WARMUP_BATCHES * 32, "count")
+    assert read == [32] * WARMUP_BATCHES
+    timed = Trial(case, 0)
+    assert warmup_samples(case, timed, timed.batches_wanted(None, samples=10_000)) is None
+    assert loader_epoch_case(case, timed)["samples"] == (WARMUP_BATCHES * 32, "count")
+
+
 def test_orphaned_shared_memory_segments_are_removed_live_ones_kept(tmp_path):
     """A segment whose creator is gone (a whole-session kill takes the resource tracker
     too) is unlinked before the next case; a live creator's, or anyone else's, stays."""

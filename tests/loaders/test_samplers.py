@@ -3,7 +3,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from storebench.loaders import BatchSampler, BlockShuffleSampler, SequentialSampler, ShuffleSampler
+from storebench.loaders import (
+    BatchSampler,
+    BlockShuffleSampler,
+    FirstSamples,
+    SequentialSampler,
+    ShuffleSampler,
+)
 
 BOUNDS = np.array([0, 10, 25, 26, 40, 57], dtype=np.int64)  # uneven blocks, one of size 1
 
@@ -117,6 +123,38 @@ def test_batch_sampler_groups_the_order():
     batch_sampler = BatchSampler(sampler, 4)
     batch_sampler.set_epoch(3)
     assert sampler.epoch == 3
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_first_samples_is_the_head_of_each_epoch(kind):
+    sampler = make(kind, rank=1, world_size=2)
+    head = FirstSamples(sampler, 10)
+    assert len(head) == 10 and list(head) == list(sampler)[:10]
+    assert head.indices().dtype == np.int64
+    head.set_epoch(3)
+    assert sampler.epoch == 3 and list(head) == list(sampler)[:10]
+    assert [len(b) for b in BatchSampler(head, 4)] == [4, 4, 2]
+    whole = FirstSamples(sampler, 1000)
+    assert len(whole) == len(sampler) and list(whole) == list(sampler)
+    assert list(FirstSamples(iter_only := _IterOnly([5, 3, 9]), 2)) == [5, 3]
+    assert len(FirstSamples(iter_only, 0)) == 0
+    with pytest.raises(ValueError, match="count must be >= 0, got -1"):
+        FirstSamples(sampler, -1)
+    with pytest.raises(TypeError, match="count must be an integer, got float"):
+        FirstSamples(sampler, 2.0)
+
+
+class _IterOnly:
+    """A sampler with no ``indices()``: any iterable with a length."""
+
+    def __init__(self, order):
+        self.order = order
+
+    def __iter__(self):
+        return iter(self.order)
+
+    def __len__(self):
+        return len(self.order)
 
 
 @pytest.mark.parametrize("bad", [2.7, 2.0, "2", True, None])

@@ -64,19 +64,39 @@ def open_options(case: Case) -> dict:
     }
 
 
-def make_sampler(case: Case, reader, *, rank: int = 0, world_size: int = 1):
-    """The sampler of ``case.access`` over ``reader``, this rank's share of each epoch."""
-    from storebench.loaders import BlockShuffleSampler, SequentialSampler, ShuffleSampler
+def make_sampler(case: Case, reader, *, rank: int = 0, world_size: int = 1,
+                 first: int | None = None):
+    """The sampler of ``case.access`` over ``reader``, this rank's share of each epoch; with
+    ``first``, only the first ``first`` indices of that share (``FirstSamples``)."""
+    from storebench.loaders import (
+        BlockShuffleSampler,
+        FirstSamples,
+        SequentialSampler,
+        ShuffleSampler,
+    )
 
     seed = int(case.param("seed", 0))
     shard = {"rank": rank, "world_size": world_size}
     if case.access == "sequential":
-        return SequentialSampler(len(reader), **shard)
-    if case.access == "shuffle":
-        return ShuffleSampler(len(reader), seed=seed, **shard)
-    if case.access == "block_shuffle":
-        return BlockShuffleSampler.from_reader(reader, seed=seed, **shard)
-    raise ValueError(f"case {case.case_id}: access must be one of {ACCESS_ORDERS}")
+        sampler = SequentialSampler(len(reader), **shard)
+    elif case.access == "shuffle":
+        sampler = ShuffleSampler(len(reader), seed=seed, **shard)
+    elif case.access == "block_shuffle":
+        sampler = BlockShuffleSampler.from_reader(reader, seed=seed, **shard)
+    else:
+        raise ValueError(f"case {case.case_id}: access must be one of {ACCESS_ORDERS}")
+    return sampler if first is None else FirstSamples(sampler, first)
+
+
+def warmup_samples(case: Case, trial: Trial, max_batches: int | None) -> int | None:
+    """In the warm-up, the samples of the ``max_batches`` batches it reads, for
+    ``make_sampler(first=...)``: its loader then has no batch to read ahead that nobody
+    takes (up to a prefetch window of decoded JPEG batches, which its stop waits for). None
+    in a timed repeat: a sized epoch's loader keeps reading ahead past its last batch, as in
+    the middle of a whole epoch (``epoch_ended``)."""
+    if not trial.warmup or max_batches is None:
+        return None
+    return max_batches * (case.batch_size or 256)
 
 
 def resize_size(case: Case) -> tuple[int, int] | None:
@@ -238,7 +258,9 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
             started = time.perf_counter()
             dataset = make_dataset(case, reader, warmup=trial.warmup)
             ready = time.perf_counter()
-            loader, close = open_batches(case, dataset, make_sampler(case, reader))
+            sampler = make_sampler(case, reader,
+                                   first=warmup_samples(case, trial, max_batches))
+            loader, close = open_batches(case, dataset, sampler)
             tally = drain(loader, started=started, max_batches=max_batches)
             ended = epoch_ended(tally, max_batches)
     finally:

@@ -17,7 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bench.cases import decode_rate_case  # noqa: F401 - the remote grid's case
+from ..bench.cases import (
+    decode_rate_case,  # noqa: F401 - the remote grid's case
+    warmup_samples,
+)
 from ..bench.runner import Case, CaseSkipped, Trial
 
 REMOTE_ROOT_ENV = "STOREBENCH_REMOTE_ROOT"
@@ -70,8 +73,9 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     url = str(case.dataset) if local else remote_url(case)
     max_batches = trial.batches_wanted(
         None, samples=int(read_manifest(case.dataset)["num_samples"]), ranks=ranks)
+    first = warmup_samples(case, trial, max_batches)  # each rank's
     if local:
-        per_rank = _run_ranks(case, ranks, url, None, max_batches)
+        per_rank = _run_ranks(case, ranks, url, None, max_batches, first)
         return _metrics(case, per_rank, ranks, max_batches)
     config = S3Config.from_env(concurrency=int(case.param("concurrency", DEFAULT_CONCURRENCY)))
     endpoint = urlsplit(config.endpoint_url)
@@ -90,7 +94,7 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         host, port = proxy.address
         measured = None if trial.warmup else measure_rtt(proxy.address, samples=RTT_PROBES)
         through = replace(config, endpoint_url=f"http://{host}:{port}")
-        per_rank = _run_ranks(case, ranks, url, through, max_batches)
+        per_rank = _run_ranks(case, ranks, url, through, max_batches, first)
     # The configured RTT and bandwidth are the case's params (in every row already).
     metrics = _metrics(case, per_rank, ranks, max_batches)
     if measured is not None:
@@ -98,8 +102,10 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     return metrics
 
 
-def _run_ranks(case: Case, ranks: int, path: str, config, max_batches) -> list[dict]:
-    job = {"case": case.to_dict(), "path": path, "s3": config, "max_batches": max_batches}
+def _run_ranks(case: Case, ranks: int, path: str, config, max_batches,
+               first: int | None) -> list[dict]:
+    job = {"case": case.to_dict(), "path": path, "s3": config, "max_batches": max_batches,
+           "first": first}
     if ranks == 1:
         # One rank needs no process group: it reads here, and the case does not import
         # torch (a second per case).
@@ -131,7 +137,7 @@ def read_epoch_share(rank: int, world_size: int, job: dict) -> dict:
     options = {"s3": job["s3"]} if job["s3"] is not None else {}
     started = time.perf_counter()
     reader = open_dataset(job["path"], verify=False, **options)
-    sampler = make_sampler(case, reader, rank=rank, world_size=world_size)
+    sampler = make_sampler(case, reader, rank=rank, world_size=world_size, first=job["first"])
     dataset = close = None
     try:
         dataset = make_dataset(case, reader)

@@ -18,7 +18,13 @@ from .gpu import (
     run_feed,
 )
 from .prefetch import ProcessPrefetcher, ThreadPrefetcher, WorkerDiedError, WorkerError
-from .samplers import BatchSampler, BlockShuffleSampler, SequentialSampler, ShuffleSampler
+from .samplers import (
+    BatchSampler,
+    BlockShuffleSampler,
+    FirstSamples,
+    SequentialSampler,
+    ShuffleSampler,
+)
 from .transforms import (
     CenterCrop,
     Compose,
@@ -37,6 +43,7 @@ __all__ = [
     "Batch",
     "BatchSampler",
     "BlockShuffleSampler",
+    "FirstSamples",
     "CenterCrop",
     "Compose",
     "EmulatedAccelerator",

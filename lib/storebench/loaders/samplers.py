@@ -183,6 +183,34 @@ class BlockShuffleSampler(_ShardedSampler):
         return f"{super()._describe()}, blocks={self.num_blocks}, seed={self.seed}"
 
 
+class FirstSamples:
+    """The first ``count`` indices of each epoch of ``sampler`` (all of them where it has
+    fewer), in its order; ``set_epoch`` is passed on. A loader handed it gets no more work
+    than will be taken: a prefetcher stopped after a few batches of a whole epoch has read
+    ahead batches nobody takes, and its stop waits for those in hand."""
+
+    def __init__(self, sampler, count: int) -> None:
+        self.sampler = sampler
+        self.count = _integer(count, "count", minimum=0)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def indices(self) -> np.ndarray:
+        if hasattr(self.sampler, "indices"):
+            return self.sampler.indices()[: self.count]
+        return np.fromiter(iter(self.sampler), dtype=np.int64)[: self.count]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.indices().tolist())
+
+    def __len__(self) -> int:
+        return min(self.count, len(self.sampler))
+
+    def __repr__(self) -> str:
+        return f"FirstSamples({self.sampler!r}, count={self.count})"
+
+
 class BatchSampler:
     """Groups a sampler's indices into int64 arrays of ``batch_size`` (the last one shorter
     unless ``drop_last``). Re-iterable; ``set_epoch`` is passed on to the sampler, so it can
