@@ -59,6 +59,18 @@ def temp_leaving_case(case, trial):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def residency_case(case, trial):
+    """Append ``<repeat> <resident fraction of the case's files>`` to the file param
+    ``seen_file`` names, the warm-up's (repeat -1, which has no rows) included."""
+    from storebench.bench.cache import resident_fraction
+
+    with open(case.param("seen_file"), "a") as seen:
+        seen.write(f"{trial.repeat} {resident_fraction(case.cache_files)}\n")
+    with trial.measure():
+        pass
+    return {"samples": (1, "count")}
+
+
 def wrong_unit_case(case, trial):
     return {"samples_per_s": (1.0, "MB/s")}
 

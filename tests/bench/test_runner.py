@@ -640,6 +640,19 @@ def test_a_preloaded_case_warms_up_without_preloading(ci_data_dir, monkeypatch):
     assert preloads == [1]
 
 
+@pytest.mark.timeout(60)
+def test_the_warm_up_runs_in_whatever_cache_state_and_each_repeat_in_its_own(tmp_path):
+    data, seen = tmp_path / "data.bin", tmp_path / "seen.txt"
+    data.write_bytes(os.urandom(1 << 20))  # just written: resident
+    case = Case(study="s", function=f"{FNS}:residency_case", cache="cold",
+                cache_files=(str(data),), repeats=2, params={"seen_file": str(seen)})
+    outcome = run_case(case, python_path=[HERE])
+    assert outcome.status == "ok", outcome.error
+    assert seen.read_text().split() == ["-1", "1.0", "0", "0.0", "1", "0.0"]
+    rows = [r for r in outcome.records if r["metric"] == "samples"]
+    assert [r["resident_fraction"] for r in rows] == [0.0, 0.0]
+
+
 def test_a_warm_up_gives_its_loader_only_the_batches_it_reads(ci_data_dir, monkeypatch):
     """A prefetcher handed a whole epoch reads ahead (its first idle thread takes the third
     batch before the second is done), and its stop waits for what its threads hold: the
