@@ -18,6 +18,7 @@ benchmark harness.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +138,18 @@ class MemoryCgroup:
         v2 from Linux 5.19, ``memory.peak``)."""
         path = self._file("memory.max_usage_in_bytes", "memory.peak")
         return _read_int(path) if path.exists() else None
+
+    def oom_kills(self) -> int:
+        """Processes the kernel's OOM killer has killed in this cgroup for reaching its limit
+        (v1 ``memory.oom_control``, v2 ``memory.events``: ``oom_kill``; 0 where the kernel
+        does not count them)."""
+        path = self._file("memory.oom_control", "memory.events")
+        with contextlib.suppress(OSError):
+            for line in path.read_text().splitlines():
+                name, _, value = line.partition(" ")
+                if name == "oom_kill" and value.strip().isdigit():
+                    return int(value)
+        return 0
 
     def stat(self) -> dict[str, int]:
         """``memory.stat`` as a dict of counters."""

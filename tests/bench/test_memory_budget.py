@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -173,6 +174,55 @@ def test_no_cgroup_is_left_after_the_runner_kills_a_case(tmp_path):
     assert wait_gone(pid)
     assert not any(name.startswith(f"storebench-{pid}-") for name in _budget_dirs() - before)
     assert _budget_dirs() <= before
+
+
+def outgrowing_budget_case(case: Case, trial) -> dict:
+    """Caps its budget 16 MiB above what it holds, then touches 64 MiB of anonymous memory,
+    which no reclaim can free (no swap): the kernel's OOM killer ends it."""
+    with MemoryBudget(None, name="outgrown") as budget:
+        budget.set_limit(budget.charged_bytes() + 16 * MiB)
+        Path(case.param("pid_file")).write_text(str(os.getpid()))
+        held = np.ones(64 * MiB, dtype=np.uint8)
+        time.sleep(30)  # not reached: the touch above is killed
+    return {"samples": (int(held[0]), "count")}
+
+
+@needs_cgroup
+@pytest.mark.timeout(120)
+def test_a_case_killed_for_outgrowing_its_budget_says_so(tmp_path):
+    pid_file = tmp_path / "pid"
+    before = _budget_dirs()
+    case = Case(study="budget", function="test_memory_budget:outgrowing_budget_case",
+                repeats=1, warmup=False, timeout_s=60, params={"pid_file": str(pid_file)})
+    outcome = run_case(case, python_path=[HERE])
+    pid = int(pid_file.read_text())
+    assert outcome.status == "failed"
+    limit = re.search(rf"memory budget storebench-{pid}-outgrown \(limit ([\d,]+) bytes\)",
+                      outcome.error)
+    assert outcome.error.startswith("worker was killed by SIGKILL during repeat 1 of 1 "
+                                    "without reporting: the kernel's OOM killer killed a "
+                                    "process of its memory budget"), outcome.error
+    assert limit and 16 * MiB < int(limit.group(1).replace(",", "")) < 64 * MiB
+    assert _budget_dirs() <= before  # removed once read
+
+
+@needs_cgroup
+@pytest.mark.timeout(120)
+def test_a_case_killed_otherwise_does_not_blame_its_budget(tmp_path):
+    pid_file = tmp_path / "pid"
+    case = Case(study="budget", function="test_memory_budget:killed_in_budget_case",
+                repeats=1, warmup=False, params={"pid_file": str(pid_file)})
+    outcome = run_case(case, python_path=[HERE])
+    assert outcome.status == "failed"
+    assert outcome.error.splitlines()[0] == ("worker was killed by SIGKILL during repeat 1 "
+                                             "of 1 without reporting")
+
+
+def killed_in_budget_case(case: Case, trial) -> dict:
+    with MemoryBudget(None, name="not-outgrown"):
+        Path(case.param("pid_file")).write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {}
 
 
 def test_a_directory_that_is_not_a_cgroup_gives_budget_unavailable(tmp_path):

@@ -224,6 +224,26 @@ def remove_stale_budgets(*, cgroup_root: Path | str | None = None) -> list[Path]
     return removed
 
 
+def oom_killed_budgets(owner: int, *, cgroup_root: Path | str | None = None
+                       ) -> list[tuple[str, int | None]]:
+    """``(name, limit in bytes)`` of process ``owner``'s budget cgroups in which the kernel's
+    OOM killer has killed a process: what the budget held outgrew its limit. Read before
+    ``remove_stale_budgets`` removes them; empty where budgets cannot be made."""
+    try:
+        parent = _budget_parent(cgroup_root)
+    except BudgetUnavailable:
+        return []
+    killed = []
+    for entry in sorted(parent.path.glob(f"{NAME_PREFIX}{int(owner)}-*")):
+        if not (_BUDGET_NAME.match(entry.name) and entry.is_dir()):
+            continue
+        cgroup = MemoryCgroup(parent.version, entry, parent.top)
+        with contextlib.suppress(OSError):
+            if cgroup.oom_kills():
+                killed.append((entry.name, cgroup.limit_bytes()))
+    return killed
+
+
 def _device_read_bytes(pids: list[int]) -> int:
     total = 0
     for pid in pids:

@@ -56,7 +56,7 @@ from pathlib import Path
 
 from ..processes import SHM_DIR, pid_alive, remove_orphaned_shm_segments, wait_for_exit
 from .cache import CacheState
-from .memory_budget import remove_stale_budgets
+from .memory_budget import oom_killed_budgets, remove_stale_budgets
 from .plan import DEFAULT_REPEATS, DEFAULT_TIMEOUT_S
 from .schema import (
     CASE_REPEAT,
@@ -410,6 +410,15 @@ def _kill_group(pgid: int, *, shm_before: set[str] | None = None) -> list[str]:
     return removed
 
 
+def _oom_text(killed: Sequence[tuple[str, int | None]]) -> str:
+    if not killed:
+        return ""
+    where = ", ".join(f"{name} (limit {limit:,} bytes)" if limit is not None else name
+                      for name, limit in killed)
+    return (f": the kernel's OOM killer killed a process of its memory budget {where}, "
+            "for the memory it could not reclaim outgrowing the limit")
+
+
 def _removed_text(removed: Sequence[str]) -> str:
     if not removed:
         return ""
@@ -563,7 +572,9 @@ def run_case(
                 _kill_group(process.pid, shm_before=shm_before)
                 remove_orphaned_shm_segments()
                 remove_unheld_multiprocessing_shm(process.pid, shm_before)
-                # A killed case cannot remove its memory-budget cgroup itself.
+                # A killed case cannot remove its memory-budget cgroup itself; what it says
+                # of an OOM kill is read first.
+                oom_killed = oom_killed_budgets(process.pid)
                 remove_stale_budgets()
         seconds = time.perf_counter() - started
         if result.exists():
@@ -580,7 +591,8 @@ def run_case(
             how = f"exited with code {returncode}"
         return CaseOutcome(
             "failed", seconds,
-            error=f"worker {how} during {where} without reporting\n{_tail(log)}".strip(),
+            error=(f"worker {how} during {where} without reporting{_oom_text(oom_killed)}"
+                   f"\n{_tail(log)}").strip(),
         )
 
 
