@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -138,10 +140,16 @@ def test_first_samples_is_the_head_of_each_epoch(kind):
     assert len(whole) == len(sampler) and list(whole) == list(sampler)
     assert list(FirstSamples(iter_only := _IterOnly([5, 3, 9]), 2)) == [5, 3]
     assert len(FirstSamples(iter_only, 0)) == 0
+    assert FirstSamples(_Endless(), 3).indices().tolist() == [0, 1, 2]  # reads no further
     with pytest.raises(ValueError, match="count must be >= 0, got -1"):
         FirstSamples(sampler, -1)
     with pytest.raises(TypeError, match="count must be an integer, got float"):
         FirstSamples(sampler, 2.0)
+
+
+class _Endless:
+    def __iter__(self):
+        return itertools.count()
 
 
 class _IterOnly:

@@ -21,6 +21,7 @@ every Reader and dataset accepts, as they accept Python-style negative ones.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Sequence
 
@@ -199,7 +200,7 @@ class FirstSamples:
     def indices(self) -> np.ndarray:
         if hasattr(self.sampler, "indices"):
             return self.sampler.indices()[: self.count]
-        return np.fromiter(iter(self.sampler), dtype=np.int64)[: self.count]
+        return np.fromiter(itertools.islice(self.sampler, self.count), dtype=np.int64)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self.indices().tolist())
