@@ -206,6 +206,13 @@ def test_a_case_killed_for_outgrowing_its_budget_says_so(tmp_path):
     assert _budget_dirs() <= before  # removed once read
 
 
+def killed_in_budget_case(case: Case, trial) -> dict:
+    with MemoryBudget(None, name="not-outgrown"):
+        Path(case.param("pid_file")).write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return {}
+
+
 @needs_cgroup
 @pytest.mark.timeout(120)
 def test_a_case_killed_otherwise_does_not_blame_its_budget(tmp_path):
@@ -216,13 +223,6 @@ def test_a_case_killed_otherwise_does_not_blame_its_budget(tmp_path):
     assert outcome.status == "failed"
     assert outcome.error.splitlines()[0] == ("worker was killed by SIGKILL during repeat 1 "
                                              "of 1 without reporting")
-
-
-def killed_in_budget_case(case: Case, trial) -> dict:
-    with MemoryBudget(None, name="not-outgrown"):
-        Path(case.param("pid_file")).write_text(str(os.getpid()))
-        os.kill(os.getpid(), signal.SIGKILL)
-    return {}
 
 
 def test_a_directory_that_is_not_a_cgroup_gives_budget_unavailable(tmp_path):

@@ -572,9 +572,10 @@ def run_case(
                 _kill_group(process.pid, shm_before=shm_before)
                 remove_orphaned_shm_segments()
                 remove_unheld_multiprocessing_shm(process.pid, shm_before)
-                # A killed case cannot remove its memory-budget cgroup itself; what it says
-                # of an OOM kill is read first.
-                oom_killed = oom_killed_budgets(process.pid)
+                # A killed case cannot remove its memory-budget cgroup itself; whether the OOM
+                # killer was what killed it is read first.
+                killed = (process.returncode or 0) < 0
+                oom_killed = oom_killed_budgets(process.pid) if killed else []
                 remove_stale_budgets()
         seconds = time.perf_counter() - started
         if result.exists():
