@@ -327,6 +327,48 @@ def test_preloaded_dataset_refuses_under_a_cap(ci_dataset):
     assert got["fits"] >= got["needed"] - 16
 
 
+PRIMED_CHILD = """
+    import json
+    import numpy as np
+    from storebench.bench.memory_budget import MemoryBudget
+    from storebench.cases.out_of_core import _cap
+
+    MiB = 1 << 20
+    with MemoryBudget(None) as budget:
+        budget.reset_peak()
+        held = np.ones(48 * MiB, dtype=np.uint8)  # what a loader holds while it reads
+        stats = budget.stats()
+        primed = stats.peak_bytes - stats.file_cache_bytes
+        del held  # handed back when the loader closes (a mapping of its own: unmapped)
+        charged = budget.charged_bytes()
+        more = _cap(budget, k=4, dataset_bytes=64 * MiB, baseline_rss=0, min_room=0,
+                    primed_bytes=primed)
+        limit = budget.stats().limit_bytes
+        less = _cap(budget, k=4, dataset_bytes=64 * MiB, baseline_rss=0, min_room=0,
+                    primed_bytes=charged // 2)
+        print(json.dumps({"primed": primed, "charged": charged, "limit": limit,
+                          "more": {k: v for k, (v, _) in more.items()},
+                          "less": {k: v for k, (v, _) in less.items()}}))
+"""
+
+
+@needs_cgroup
+@pytest.mark.timeout(60)
+def test_a_cap_leaves_room_above_what_the_loader_held_while_priming_not_after():
+    """The memory a loader holds while it reads and hands back when closed (pyarrow's
+    mimalloc pool, a prefetcher's slots) is part of the baseline: a cap set on what the budget
+    held after the primer closed left the next loader less than its room for page cache."""
+    got = _run_child(PRIMED_CHILD)
+    assert got["primed"] >= 48 * MiB > got["charged"] + 40 * MiB
+    more = got["more"]
+    assert more["baseline_bytes"] == got["primed"] == more["primed_peak_bytes"]
+    assert more["baseline_charged_bytes"] == got["charged"]
+    assert more["cgroup_limit_bytes"] == got["limit"] == got["primed"] + 16 * MiB
+    less = got["less"]  # the budget holds more than the primer's figure: that is the baseline
+    assert less["baseline_bytes"] == less["baseline_charged_bytes"] >= got["charged"]
+    assert less["cgroup_limit_bytes"] == less["baseline_bytes"] + 16 * MiB
+
+
 def _metrics(outcome) -> dict[str, float]:
     return {r["metric"]: r["value"] for r in outcome.records}
 
@@ -360,6 +402,10 @@ def test_the_out_of_core_case_runs_on_ci_with_and_without_a_cap(ci_data_root):
     capped = results[5]
     room = max(int(size) // 5, MIN_ROOM_BYTES)
     assert capped["cgroup_limit_bytes"] == capped["baseline_bytes"] + room
+    assert 0 < capped["primed_peak_bytes"] <= capped["baseline_bytes"]
+    assert capped["baseline_charged_bytes"] <= capped["baseline_bytes"]
+    assert capped["baseline_bytes"] in (capped["primed_peak_bytes"],
+                                        capped["baseline_charged_bytes"])
     assert capped["effective_k"] == pytest.approx(size / room)
     assert capped["cgroup_peak_bytes"] <= capped["cgroup_limit_bytes"]
 

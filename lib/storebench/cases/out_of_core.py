@@ -76,18 +76,25 @@ def _budget(case: Case) -> Iterator:
         budget.__exit__(None, None, None)
 
 
-def _cap(budget, *, k: int, dataset_bytes: int, baseline_rss: int, min_room: int) -> dict:
-    """Cap the budget at what it holds now plus ``dataset_bytes / k``, at least
-    ``min_room`` (nothing for k = 0); the metrics that describe the budget."""
+def _cap(budget, *, k: int, dataset_bytes: int, baseline_rss: int, min_room: int,
+         primed_bytes: int | None = None) -> dict:
+    """Cap the budget at its baseline plus ``dataset_bytes / k``, at least ``min_room``
+    (nothing for k = 0); the metrics that describe the budget. The baseline is what the
+    budget holds now or, where more, ``primed_bytes``: the most the primer's loader held
+    at once besides page cache (``_primed_loader``)."""
     from storebench.cgroups import available_memory
 
-    baseline = budget.charged_bytes()
+    charged = budget.charged_bytes()
+    baseline = max(charged, primed_bytes or 0)
     metrics = {
         "k": (k, "count"),
         "dataset_bytes": (dataset_bytes, "bytes"),
         "baseline_bytes": (baseline, "bytes"),
+        "baseline_charged_bytes": (charged, "bytes"),
         "baseline_rss_bytes": (baseline_rss, "bytes"),
     }
+    if primed_bytes is not None:
+        metrics["primed_peak_bytes"] = (primed_bytes, "bytes")
     budget.reset_peak()  # the peak of the capped part only
     if k == 0:
         # No cap: the budget is whatever the host (or an enclosing cgroup) leaves.
@@ -224,20 +231,34 @@ def _epochs(case: Case, trial: Trial, budget, loader: _Loader, reader, files, *,
     return metrics | _budget_metrics(budget.stats(), start)
 
 
-def _primed_loader(case: Case, dataset, reader) -> _Loader:
+def _primed_loader(case: Case, dataset, reader, budget=None) -> tuple[_Loader, int | None]:
     """The case's loader, made after a first loader has delivered a few batches and been
     closed with the reader's handles: what the interpreter allocated for them stays in its
     heap (and in the baseline), while no page of the dataset stays mapped, which would keep
-    it from being evicted."""
+    it from being evicted. With ``budget``, also the most the budget held while the first
+    loader read, less the page cache it then held: what a loader needs besides page cache.
+    An allocator that hands freed memory back (pyarrow's mimalloc pool, a row group's
+    buffers) leaves that out of what the budget holds once the first loader is closed, and
+    a cap set on that alone left the next loader less than its room for page cache: a
+    Parquet set of 12 MiB row groups was killed by the OOM killer at k = 5 (runs 99d609,
+    0ad452)."""
     primer = _Loader(case, dataset, make_sampler(case, reader))
+    primed = None
     try:
+        if budget is not None:
+            budget.reset_peak()
         for count, _ in enumerate(primer.epoch(0), start=1):
             if count >= BASELINE_BATCHES:
                 break
+        if budget is not None:
+            # The page cache only grows while nothing evicts: what it holds now is at least
+            # what it held at the peak, so this never overstates what the loader held.
+            stats = budget.stats()
+            primed = max(stats.peak_bytes - stats.file_cache_bytes, 0)
     finally:
         primer.close()
     reader.close()  # re-opened on the next read
-    return _Loader(case, dataset, make_sampler(case, reader))
+    return _Loader(case, dataset, make_sampler(case, reader)), primed
 
 
 def out_of_core_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
@@ -275,11 +296,13 @@ def out_of_core_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, 
                 preload = {}
             else:
                 raise ValueError(f"case {case.case_id}: loader must be lazy or preloaded")
-            loader = _primed_loader(case, dataset, reader)
+            lazy = case.loader == "lazy"
+            loader, primed = _primed_loader(case, dataset, reader, budget if lazy else None)
             evict(files)
-            if case.loader == "lazy":
+            if lazy:
                 described = _cap(budget, k=k, dataset_bytes=dataset_bytes,
-                                 baseline_rss=baseline_rss, min_room=MIN_ROOM_BYTES)
+                                 baseline_rss=baseline_rss, min_room=MIN_ROOM_BYTES,
+                                 primed_bytes=primed)
             try:
                 measured = _epochs(case, trial, budget, loader, reader, files, epochs=epochs,
                                    seconds_limit=seconds_limit, capped=k > 0)
