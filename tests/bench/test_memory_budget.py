@@ -331,14 +331,13 @@ PRIMED_CHILD = """
     import json
     import numpy as np
     from storebench.bench.memory_budget import MemoryBudget
-    from storebench.cases.out_of_core import _cap
+    from storebench.cases.out_of_core import _cap, held_besides_page_cache
 
     MiB = 1 << 20
     with MemoryBudget(None) as budget:
-        budget.reset_peak()
+        budget.reset_peak()  # as _primed_loader does before its first loader reads
         held = np.ones(48 * MiB, dtype=np.uint8)  # what a loader holds while it reads
-        stats = budget.stats()
-        primed = stats.peak_bytes - stats.file_cache_bytes
+        primed = held_besides_page_cache(budget)
         del held  # handed back when the loader closes (a mapping of its own: unmapped)
         charged = budget.charged_bytes()
         more = _cap(budget, k=4, dataset_bytes=64 * MiB, baseline_rss=0, min_room=0,
@@ -355,9 +354,9 @@ PRIMED_CHILD = """
 @needs_cgroup
 @pytest.mark.timeout(60)
 def test_a_cap_leaves_room_above_what_the_loader_held_while_priming_not_after():
-    """The memory a loader holds while it reads and hands back when closed (pyarrow's
-    mimalloc pool, a prefetcher's slots) is part of the baseline: a cap set on what the budget
-    held after the primer closed left the next loader less than its room for page cache."""
+    """The memory a loader holds while it reads and hands back when closed (its batch slots,
+    a reader's buffers) is part of the baseline: a cap set on what the budget held after the
+    primer closed left the next loader less than its room for page cache."""
     got = _run_child(PRIMED_CHILD)
     assert got["primed"] >= 48 * MiB > got["charged"] + 40 * MiB
     more = got["more"]

@@ -231,17 +231,23 @@ def _epochs(case: Case, trial: Trial, budget, loader: _Loader, reader, files, *,
     return metrics | _budget_metrics(budget.stats(), start)
 
 
+def held_besides_page_cache(budget) -> int:
+    """The most ``budget`` held since its peak was last reset, less the page cache it holds
+    now. The page cache only grows while nothing evicts, so what it holds now is at least what
+    it held at the peak: this never overstates what its processes held."""
+    stats = budget.stats()
+    return max(stats.peak_bytes - stats.file_cache_bytes, 0)
+
+
 def _primed_loader(case: Case, dataset, reader, budget=None) -> tuple[_Loader, int | None]:
     """The case's loader, made after a first loader has delivered a few batches and been
     closed with the reader's handles: what the interpreter allocated for them stays in its
     heap (and in the baseline), while no page of the dataset stays mapped, which would keep
-    it from being evicted. With ``budget``, also the most the budget held while the first
-    loader read, less the page cache it then held: what a loader needs besides page cache.
-    An allocator that hands freed memory back (pyarrow's mimalloc pool, a row group's
-    buffers) leaves that out of what the budget holds once the first loader is closed, and
-    a cap set on that alone left the next loader less than its room for page cache: a
-    Parquet set of 12 MiB row groups was killed by the OOM killer at k = 5 (runs 99d609,
-    0ad452)."""
+    it from being evicted. With ``budget``, also what the first loader held while it read
+    (``held_besides_page_cache``): memory it hands back when closed (its batch slots, a
+    reader's buffers) and takes again when the next loader reads is not in what the budget
+    holds afterwards, and a cap set on that alone left the next loader less than its room for
+    page cache (up to 7.6 MB of the 12.5 MB a JPEG set has at k = 5, run dce21a)."""
     primer = _Loader(case, dataset, make_sampler(case, reader))
     primed = None
     try:
@@ -251,10 +257,7 @@ def _primed_loader(case: Case, dataset, reader, budget=None) -> tuple[_Loader, i
             if count >= BASELINE_BATCHES:
                 break
         if budget is not None:
-            # The page cache only grows while nothing evicts: what it holds now is at least
-            # what it held at the peak, so this never overstates what the loader held.
-            stats = budget.stats()
-            primed = max(stats.peak_bytes - stats.file_cache_bytes, 0)
+            primed = held_besides_page_cache(budget)
     finally:
         primer.close()
     reader.close()  # re-opened on the next read
