@@ -106,6 +106,17 @@ def mount_of(path: Path | str, pid: int | str = "self") -> tuple[str, Path, bool
     return best
 
 
+def _read_counters(path: Path) -> dict[str, int]:
+    """A cgroup file of ``name value`` lines (``memory.stat``, ``memory.events``) as a dict of
+    its integer counters."""
+    counters = {}
+    for line in path.read_text().splitlines():
+        name, _, value = line.partition(" ")
+        if value.strip().lstrip("-").isdigit():
+            counters[name] = int(value)
+    return counters
+
+
 def _read_int(path: Path) -> int | None:
     """An integer file of a cgroup, None for v2's ``max`` (no limit)."""
     text = path.read_text().strip()
@@ -143,22 +154,14 @@ class MemoryCgroup:
         """Processes the kernel's OOM killer has killed in this cgroup for reaching its limit
         (v1 ``memory.oom_control``, v2 ``memory.events``: ``oom_kill``; 0 where the kernel
         does not count them)."""
-        path = self._file("memory.oom_control", "memory.events")
         with contextlib.suppress(OSError):
-            for line in path.read_text().splitlines():
-                name, _, value = line.partition(" ")
-                if name == "oom_kill" and value.strip().isdigit():
-                    return int(value)
+            return _read_counters(self._file("memory.oom_control", "memory.events")).get(
+                "oom_kill", 0)
         return 0
 
     def stat(self) -> dict[str, int]:
         """``memory.stat`` as a dict of counters."""
-        counters = {}
-        for line in (self.path / "memory.stat").read_text().splitlines():
-            name, _, value = line.partition(" ")
-            if value.strip().lstrip("-").isdigit():
-                counters[name] = int(value)
-        return counters
+        return _read_counters(self.path / "memory.stat")
 
     def file_cache_bytes(self, stat: dict[str, int] | None = None) -> int:
         """Page cache charged to this cgroup (v1 ``cache``, v2 ``file``)."""
