@@ -16,6 +16,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
@@ -249,10 +250,14 @@ def save_figure(fig: Figure, path_stem: Path | str) -> list[Path]:
     stem = Path(path_stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
-    for suffix, options in ((".png", {"dpi": 150}), (".svg", {"metadata": {"Date": None}})):
-        path = stem.with_name(stem.name + suffix)
-        fig.savefig(path, bbox_inches="tight", **options)
-        paths.append(path)
+    # A fixed salt and no date: the same results give the same SVG bytes, so a regenerated
+    # figure shows in a diff only where it changed (clip-path ids are random otherwise).
+    with matplotlib.rc_context({"svg.hashsalt": "storebench"}):
+        for suffix, options in ((".png", {"dpi": 150}),
+                                (".svg", {"metadata": {"Date": None}})):
+            path = stem.with_name(stem.name + suffix)
+            fig.savefig(path, bbox_inches="tight", **options)
+            paths.append(path)
     return paths
 
 

@@ -3,6 +3,7 @@ colour, and read as a person needs: labels in words, no case ids, log axes with 
 
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import xml.etree.ElementTree as ET
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
 from storebench import plots
@@ -231,3 +233,50 @@ def test_every_figure_is_named_after_its_study():
         for spec in study.figures:
             assert spec.name.startswith(f"{study.name}_"), spec.name
             assert spec.caption, spec.name
+
+
+def marks_in_display(ax) -> list[tuple[float, float, float]]:
+    """Where the axes' point marks (markers of lines and errorbars, scatter points) are
+    drawn: (x, y, radius) in display pixels."""
+    pixels_per_point = ax.figure.dpi / 72.0
+    marks = []
+    for line in ax.lines:
+        if line.get_marker() in (None, "None", "", " "):
+            continue
+        xy = line.get_xydata()
+        radius = line.get_markersize() * pixels_per_point / 2
+        if len(xy):
+            marks.extend((x, y, radius) for x, y in line.get_transform().transform(xy))
+    for collection in ax.collections:
+        if not isinstance(collection, PathCollection):  # scatter points, not bars' lines
+            continue
+        offsets = collection.get_offsets()
+        sizes = collection.get_sizes()  # areas in points squared
+        if len(offsets) and len(sizes):
+            radius = math.sqrt(float(max(sizes))) * pixels_per_point / 2
+            marks.extend((x, y, radius) for x, y in
+                         collection.get_offset_transform().transform(offsets))
+    return [m for m in marks if all(map(math.isfinite, m))]
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_no_legend_covers_a_mark(name, reference_figures):
+    # A legend inside a panel hid TFRecord's lazy/cold mark in the lazy_vs_preloaded panels.
+    fig = reference_figures[name]
+    for ax in fig.axes:
+        legend = ax.get_legend()
+        if legend is None:
+            continue
+        box = legend.get_window_extent()
+        covered = [(round(x), round(y)) for x, y, r in marks_in_display(ax)
+                   if box.x0 - r < x < box.x1 + r and box.y0 - r < y < box.y1 + r]
+        assert not covered, (name, ax.get_title(), covered[:3])
+
+
+def test_a_saved_figure_has_the_same_bytes_every_time(tmp_path):
+    # Regenerated figures differ in a diff only where their data did.
+    df = synthetic_rows(["memmap", "lmdb"])
+    fig = plot_sequential_read(df)
+    first = [p.read_bytes() for p in plots.save_figure(fig, tmp_path / "a" / "figure")]
+    second = [p.read_bytes() for p in plots.save_figure(fig, tmp_path / "b" / "figure")]
+    assert first == second

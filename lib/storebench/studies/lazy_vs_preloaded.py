@@ -348,14 +348,16 @@ def plot_by_format(
     fig = Figure(figsize=(4.5 * len(encodings), 4), layout="constrained")
     axes = fig.subplots(1, len(encodings), squeeze=False)[0]
     markers = "osD^vP*X"
+    # One marker per series across every panel, so one legend serves them all.
+    names = sorted(rows["series"].unique())
+    marker_of = {name: markers[s % len(markers)] for s, name in enumerate(names)}
+    width = 0.8 / max(len(names), 1)
     for ax, encoding in zip(axes, encodings, strict=True):
         part = rows[rows["encoding"] == encoding]
         formats = ordered(part["format"], order)
         summary = summarise(part, metric, ["format", "series"])
-        names = sorted(summary["series"].unique())
-        width = 0.8 / max(len(names), 1)
         for s, name in enumerate(names):
-            marker = markers[s % len(markers)]
+            marker = marker_of[name]
             for f, fmt in enumerate(formats):
                 row = summary[(summary["format"] == fmt) & (summary["series"] == name)]
                 if row.empty:
@@ -365,12 +367,15 @@ def plot_by_format(
                 x = f + (s - (len(names) - 1) / 2) * width
                 ax.errorbar(x, median, yerr=[[median - low], [high - median]], fmt=marker,
                             color=colours[fmt], ecolor="black", capsize=2, markersize=6)
-            ax.plot([], [], marker, color="grey", label=name)
         ax.set_xticks(range(len(formats)), formats, rotation=30, ha="right")
         if log:
             log_axis(ax)
         ax.set_title(profile_caption(part, encoding), fontsize="medium")
-        ax.legend(fontsize="x-small")
+    # One legend below the panels: inside a panel it covered marks (TFRecord's lazy/cold).
+    for name in names:
+        axes[0].plot([], [], marker_of[name], color="grey", label=name)
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
+               ncols=min(len(names), 4), fontsize="x-small")
     axes[0].set_ylabel(metric_title(metric))
     if title:
         fig.suptitle(title)
