@@ -16,7 +16,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -367,41 +366,6 @@ def test_a_cap_leaves_room_above_what_the_loader_held_while_priming_not_after():
     less = got["less"]  # the budget holds more than the primer's figure: that is the baseline
     assert less["baseline_bytes"] == less["baseline_charged_bytes"] >= got["charged"]
     assert less["cgroup_limit_bytes"] == less["baseline_bytes"] + 16 * MiB
-
-
-@pytest.mark.timeout(60)
-def test_the_primer_delivers_four_batches_per_worker_before_the_baseline(ci_data_root):
-    """The baseline is taken once every worker has read past the prefetch window's first fill
-    (its heap and its allocator's cache of freed buffers at their running size): at two
-    batches in all, pyarrow's allocator later took ~20 MB of a Parquet case's room."""
-    from storebench.cases.out_of_core import _primed_loader, primer_batches
-    from storebench.formats import open_dataset
-    from storebench.loaders import LazyDataset
-
-    case = _ci_case(ci_data_root, loader="lazy", access="shuffle", k=5)
-    case = replace(case, batch_size=case.batch_size // 2)  # more batches than 8 + a window
-    assert case.workers == 2 and primer_batches(case) == 8
-    assert primer_batches(replace(case, workers=0)) == 4
-
-    class CountingDataset(LazyDataset):
-        asked: list[int] = []
-
-        def get_batch(self, indices, out=None):
-            self.asked.append(len(indices))
-            return super().get_batch(indices, out=out)
-
-    reader = open_dataset(case.dataset, verify=False)
-    dataset = CountingDataset(reader)
-    assert len(dataset) >= 16 * case.batch_size
-    loader, primed = _primed_loader(case, dataset, reader)
-    try:
-        assert primed is None  # no budget given: nothing measured
-        # Eight delivered; the window may have read up to its depth (2 per worker) ahead.
-        assert 8 <= len(dataset.asked) <= 8 + 2 * case.workers
-        assert set(dataset.asked) == {case.batch_size}
-    finally:
-        loader.close()
-        dataset.close()
 
 
 def _metrics(outcome) -> dict[str, float]:

@@ -27,12 +27,8 @@ DEFAULT_EPOCHS = 2
 
 # Batches delivered before the baseline is taken (and the dataset evicted again), so that
 # the loader's working memory (buffers, worker heaps, lazily made state) is in the baseline
-# and the room above it is page cache: per worker (at least one), enough that each has read
-# batches past the prefetch window's first fill and its allocator holds its steady cache of
-# freed buffers. At 2 batches in all, pyarrow's allocator took another ~20 MB of the room
-# once the epoch ran (Parquet, row groups of 1,024, k = 5): page cache got 14-35 MB of its
-# 49 MB, and some runs were OOM-killed; at 4 per worker, 40-53 MB (ad hoc, 8 and 10 runs).
-BASELINE_BATCHES_PER_WORKER = 4
+# and the room above it is page cache.
+BASELINE_BATCHES = 2
 
 
 # The least room above a lazy loader's baseline: below a few MB the interpreter's own
@@ -243,12 +239,6 @@ def held_besides_page_cache(budget) -> int:
     return max(stats.peak_bytes - stats.file_cache_bytes, 0)
 
 
-def primer_batches(case: Case) -> int:
-    """Batches the primer delivers before the baseline is taken
-    (``BASELINE_BATCHES_PER_WORKER`` per worker, at least one worker)."""
-    return BASELINE_BATCHES_PER_WORKER * max(case.workers or 0, 1)
-
-
 def _primed_loader(case: Case, dataset, reader, budget=None) -> tuple[_Loader, int | None]:
     """The case's loader, made after a first loader has delivered a few batches and been
     closed with the reader's handles: what the interpreter allocated for them stays in its
@@ -263,9 +253,8 @@ def _primed_loader(case: Case, dataset, reader, budget=None) -> tuple[_Loader, i
     try:
         if budget is not None:
             budget.reset_peak()
-        wanted = primer_batches(case)
         for count, _ in enumerate(primer.epoch(0), start=1):
-            if count >= wanted:
+            if count >= BASELINE_BATCHES:
                 break
         if budget is not None:
             primed = held_besides_page_cache(budget)

@@ -3,13 +3,12 @@ case may use, so that the page cache cannot hold it.
 
 k maps to "your dataset is k times your RAM": each case runs in a memory budget
 (``bench.memory_budget``) of its own baseline plus ``dataset bytes / k``. The baseline is
-what the case holds once its reader, loader and workers are up and have delivered a few
-batches per worker (``cases.out_of_core.primer_batches``), or the most that first loader
-held besides page cache while it read, where that is more (``_primed_loader``), so the room
-above it is what a training job's page cache would have: 1/k of the dataset. k = 5 is
-MLPerf Storage's rule (the dataset at least 5x the host's memory); k = 0 is no cap (the
-dataset fits), measured in the same kind of cgroup so that every row carries the same
-counters. Where no writable memory cgroup
+what the case holds once its reader, loader and workers are up and have delivered a first
+batch, or the most a first loader held besides page cache while it read, where that is more
+(``cases.out_of_core._primed_loader``), so the room above it is what a training job's page
+cache would have: 1/k of the dataset. k = 5 is MLPerf Storage's rule (the dataset at least
+5x the host's memory); k = 0 is no cap (the dataset fits), measured in the same kind of
+cgroup so that every row carries the same counters. Where no writable memory cgroup
 exists the case is skipped with the reason (``runner.CaseSkipped``), never run
 unconstrained.
 
