@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +33,13 @@ from storebench.loaders import (
 )
 from storebench.remote.dataset import download_dataset, upload_dataset
 from storebench.remote.readers import REMOTE_READERS
-from storebench.remote.s3 import ObjectStore, ObjectStoreError, S3Config, S3Path
+from storebench.remote.s3 import (
+    ObjectStore,
+    ObjectStoreError,
+    ReadAbandonedError,
+    S3Config,
+    S3Path,
+)
 from storebench.remote.seaweed import (
     SeaweedServer,
     SeaweedUnavailableError,
@@ -331,3 +339,64 @@ def test_too_little_free_disk_is_refused_before_the_server_starts(tmp_path, monk
                              rf"than the {too_much} MiB the server keeps free"):
         SeaweedServer(min_free_mib=too_much).start()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_reads_not_yet_sent_fail_at_once_while_abandoning(uploaded, s3):
+    local_path, url = uploaded("tfrecord", "jpeg")
+    store = ObjectStore(url, s3)
+    name = sorted(n for n in store.sizes() if n.endswith(".tfrecord"))[0]
+    stopping = f"{url}/{name}: read abandoned: its loader is stopping"
+    try:
+        with store.abandoning():
+            with pytest.raises(ReadAbandonedError, match=re.escape(stopping)):
+                store.read_range(name, 0, 16)
+            with pytest.raises(ReadAbandonedError, match=re.escape(stopping)):
+                store.read_ranges([(name, 16 * i, 16) for i in range(8)])
+            with pytest.raises(ReadAbandonedError, match=re.escape(stopping)):
+                store.read(name)
+        assert store.traffic()[0] == 0  # nothing was sent
+        # Outside the block reads are sent again, and return the stored bytes.
+        assert store.read_range(name, 0, 16) == (local_path / name).read_bytes()[:16]
+        assert store.traffic()[0] == 1
+    finally:
+        store.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_thread_loader_stopped_mid_pass_sends_none_of_its_queued_reads(uploaded, s3):
+    """The batch a ThreadPrefetcher is reading when it stops is dropped: its GETs not sent
+    yet are abandoned, not sent a round trip at a time; later reads read every byte."""
+    from dataclasses import replace as with_fields
+    from urllib.parse import urlsplit
+
+    from storebench.remote.network import DelayProxy
+
+    local_path, url = uploaded("tfrecord", "jpeg")
+    with LazyDataset(open_dataset(local_path)) as local:
+        batches = BatchSampler(ShuffleSampler(len(local), seed=11), 32)
+        expected = [local.__getitems__(list(b)) for b in batches]
+    endpoint = urlsplit(s3.endpoint_url)
+    # Two requests in flight and 100 ms round trips: a shuffled batch of 32 records takes
+    # about 16 round trips, so the second batch has sent only a few when the first arrives.
+    with DelayProxy((endpoint.hostname, endpoint.port), rtt_ms=100) as proxy:
+        host, port = proxy.address
+        slow = with_fields(s3, endpoint_url=f"http://{host}:{port}", concurrency=2)
+        with LazyDataset(open_dataset(url, s3=slow)) as remote:
+            store = remote.reader.store
+            loader = ThreadPrefetcher(remote, batches, workers=1, depth=2)
+            with loader:
+                passing = iter(loader)
+                first = next(passing)  # the second batch is being read now
+                got = ([bytes(x) for x in first.images], first.labels.tolist())
+                sent_when_stopped = store.traffic()[0]
+                del passing  # leaving the pass early stops its thread
+            sent_after = store.traffic()[0]
+            # At most what was in flight then (2) finished; without abandoning, the rest of
+            # the second batch (about 28 GETs) would have been sent first.
+            assert sent_after - sent_when_stopped <= 2 * slow.concurrency
+            assert got == ([bytes(x) for x in expected[0].images],
+                           expected[0].labels.tolist())
+            # Abandoning ended with the loader: the dropped batch reads whole again.
+            second = remote.__getitems__(list(next(islice(iter(batches), 1, None))))
+            assert [bytes(x) for x in second.images] == [bytes(x) for x in expected[1].images]
+            assert second.labels.tolist() == expected[1].labels.tolist()

@@ -31,6 +31,7 @@ without one, a decoded batch's ``images`` is a list of differently shaped arrays
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 from collections.abc import Callable, Sequence
@@ -385,6 +386,13 @@ class LazyDataset(_MapDataset):
         # transaction per LMDB call, memory maps; h5py serialises calls itself), and LMDB
         # refuses to open one environment twice in a process.
         return self
+
+    def abandon_reads(self) -> contextlib.AbstractContextManager:
+        """For a loader stopping mid-pass, whose batches in hand will be dropped: while
+        inside, reads the reader has not started yet fail at once where it can drop them (an
+        object store's queued GETs, ``ObjectStore.abandoning``); local readers read on."""
+        abandon = getattr(self.reader, "abandon_reads", None)
+        return abandon() if abandon is not None else contextlib.nullcontext()
 
     def close(self) -> None:
         self._close_gather()

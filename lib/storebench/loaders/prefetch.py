@@ -105,6 +105,7 @@ class _ThreadPool:
         self.done = threading.Condition()
         self.stopping = threading.Event()
         self.buffers = buffers
+        self.abandon_reads = getattr(dataset, "abandon_reads", contextlib.nullcontext)
         self.threads = [
             threading.Thread(
                 target=self._run,
@@ -141,9 +142,13 @@ class _ThreadPool:
         self.stopping.set()
         for _ in self.threads:
             self.tasks.put(None)
-        for thread in self.threads:
-            if thread is not threading.current_thread():
-                thread.join()
+        # The batches in hand are dropped: a reader that can (an object store) fails their
+        # unsent requests, so a thread ends its batch after the requests in flight, not after
+        # all of them (at 20 ms and 64 in flight, half a second over 512 GETs).
+        with self.abandon_reads():
+            for thread in self.threads:
+                if thread is not threading.current_thread():
+                    thread.join()
 
 
 class _ThreadTransport:

@@ -16,10 +16,11 @@ that reads (a forked child makes its own).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
@@ -39,6 +40,11 @@ REQUESTS_PER_CLIENT = 16
 
 class ObjectStoreError(DatasetError):
     """An object cannot be read or written: missing, unreachable, or refused."""
+
+
+class ReadAbandonedError(ObjectStoreError):
+    """A read this process had not sent yet was dropped: its loader is stopping and will not
+    take what it returns (``ObjectStore.abandoning``)."""
 
 
 class S3Path(PurePosixPath):
@@ -198,6 +204,7 @@ class ObjectStore:
             self._files: dict[tuple[int, str], object] = {}  # (client, name): open object
             self._count_lock = threading.Lock()
             self._requests = self._bytes = 0
+            self._abandoning = 0
             self._pid = pid
 
     def _count(self, data: bytes) -> bytes:
@@ -205,6 +212,27 @@ class ObjectStore:
             self._requests += 1
             self._bytes += len(data)
         return data
+
+    @contextlib.contextmanager
+    def abandoning(self) -> Iterator[None]:
+        """While inside: every read of this process that has not sent its request yet
+        raises ``ReadAbandonedError`` instead (those in flight finish). For a loader that
+        stops mid-pass: the batches its threads are reading will be dropped, and a batch's
+        GETs queued behind ``config.concurrency`` others would otherwise all be sent, a
+        round trip per ``concurrency`` of them, before its thread could stop."""
+        self._ensure()
+        with self._count_lock:
+            self._abandoning += 1
+        try:
+            yield
+        finally:
+            with self._count_lock:
+                self._abandoning -= 1
+
+    def _check_not_abandoned(self, name: str) -> None:
+        if self._abandoning:
+            raise ReadAbandonedError(f"{self.path(name)}: read abandoned: its loader is "
+                                     "stopping")
 
     def traffic(self) -> tuple[int, int]:
         """(GET requests, bytes received) by this process since its client was made: what
@@ -290,6 +318,7 @@ class ObjectStore:
     def read(self, name: str) -> bytes:
         """The whole object (one GET)."""
         self._ensure()
+        self._check_not_abandoned(name)
         try:
             with self._client()[1].open_input_stream(self._arrow(name)) as stream:
                 return self._count(stream.read())
@@ -299,6 +328,7 @@ class ObjectStore:
     def read_range(self, name: str, offset: int, length: int) -> bytes:
         """``length`` bytes at ``offset`` (one ranged GET); fewer only at the object's end."""
         self._ensure()
+        self._check_not_abandoned(name)
         try:
             return self._count(self._file(name).read_at(length, offset))
         except OSError as err:

@@ -34,6 +34,10 @@ class RemoteReader:
         """``path`` (under ``root``) as an object name relative to the store's prefix."""
         return path.relative_to(self.root).as_posix()
 
+    def abandon_reads(self):
+        """Context manager: reads not yet sent fail at once (``ObjectStore.abandoning``)."""
+        return self.store.abandoning()
+
     def _load_checksums(self) -> np.ndarray:
         return load_checksums(self.root, len(self), data=self.store.read(CHECKSUMS_NAME))
 
