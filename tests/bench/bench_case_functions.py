@@ -165,3 +165,30 @@ def interpreter_case(case, trial):
     import sys
 
     return {"samples": (int(sys.executable == case.param("python")), "count")}
+
+
+class LoggedService:
+    """A stand-in for a service a case talks to (a proxy): logs when it starts and stops."""
+
+    def __init__(self, log: Path, name: str) -> None:
+        self.log, self.name = log, name
+
+    def __enter__(self):
+        with open(self.log, "a") as f:
+            f.write(f"start {self.name}\n")
+        return self
+
+    def __exit__(self, *exc):
+        with open(self.log, "a") as f:
+            f.write(f"stop {self.name}\n")
+
+
+def kept_service_case(case, trial):
+    """Each trial uses a service kept for the case (one per ``link`` param value), and logs
+    which object it got."""
+    log = Path(case.param("log"))
+    link = "warm-up" if trial.warmup else case.param("link")
+    with trial.kept(("service", link), lambda: LoggedService(log, link)) as service, \
+            open(log, "a") as f:
+        f.write(f"trial {trial.repeat} {service.name}|{id(service)}\n")
+    return {"samples": (1, "count")}

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from bench_support import live, wait_gone
 
-from storebench.bench.runner import Case, byte_compile_package, run_case, run_study
+from storebench.bench.runner import Case, Trial, byte_compile_package, run_case, run_study
 from storebench.bench.schema import COLUMNS, read_results
 from storebench.formats import open_dataset, read_manifest
 
@@ -738,3 +738,31 @@ def test_wait_for_exit_returns_the_exit_status_or_times_out_leaving_the_process(
     finally:
         running.kill()
     assert wait_for_exit(running, 30) == -signal.SIGKILL
+
+
+@pytest.mark.timeout(60)
+def test_a_kept_service_starts_once_per_case_and_stops_after_its_last_trial(tmp_path):
+    log = tmp_path / "service.log"
+    case = Case(study="kept", function=f"{FNS}:kept_service_case", repeats=3, warmup=True,
+                params={"log": str(log), "link": "20ms"})
+    outcome = run_case(case, python_path=[HERE])
+    assert outcome.status == "ok", outcome.error
+    lines = log.read_text().splitlines()
+    assert [line.partition("|")[0] for line in lines] == [
+        "start warm-up", "trial -1 warm-up",
+        "start 20ms", "trial 0 20ms", "trial 1 20ms", "trial 2 20ms",
+        "stop 20ms", "stop warm-up"]  # the last made stops first, after the last trial
+    assert len({line.partition("|")[2] for line in lines if " 20ms|" in line}) == 1
+
+
+def test_a_trial_without_the_workers_resources_starts_and_stops_its_service_itself(
+        tmp_path):
+    from bench_case_functions import kept_service_case
+
+    log = tmp_path / "service.log"
+    case = Case(study="kept", function=f"{FNS}:kept_service_case",
+                params={"log": str(log), "link": "2ms"})
+    for repeat in (0, 1):
+        kept_service_case(case, Trial(case, repeat))
+    assert [line.partition("|")[0] for line in log.read_text().splitlines()] == [
+        "start 2ms", "trial 0 2ms", "stop 2ms", "start 2ms", "trial 1 2ms", "stop 2ms"]

@@ -192,18 +192,59 @@ class Case:
 WARMUP_BATCHES = 2
 
 
+class CaseResources:
+    """What a case's trials share in its process (``Trial.kept``): each made once, on first
+    use, and closed, last made first, when the case's last trial has run."""
+
+    def __init__(self) -> None:
+        self._stack = contextlib.ExitStack()
+        self._made: dict = {}
+
+    def get(self, key, make):
+        if key not in self._made:
+            self._made[key] = self._stack.enter_context(make())
+        return self._made[key]
+
+    def close(self) -> None:
+        self._made.clear()
+        self._stack.close()
+
+    def __enter__(self) -> CaseResources:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 class Trial:
-    """What a case function gets for one call: which repeat it is, and ``measure()``.
+    """What a case function gets for one call: which repeat it is, ``measure()`` and
+    ``kept()``.
 
     ``repeat`` is -1 for the untimed warm-up. ``resident_fraction`` is the dataset's residency
     measured just before this call (NaN without cache control).
     """
 
-    def __init__(self, case: Case, repeat: int, *, resident_fraction: float = math.nan) -> None:
+    def __init__(self, case: Case, repeat: int, *, resident_fraction: float = math.nan,
+                 resources: CaseResources | None = None) -> None:
         self.case = case
         self.repeat = repeat
         self.resident_fraction = resident_fraction
         self._measurement = None
+        self._resources = resources
+
+    @contextlib.contextmanager
+    def kept(self, key, make):
+        """``with trial.kept(key, make) as thing:`` the context manager ``make()`` returns,
+        entered by the first trial of the case's process that asks for ``key`` and reused by
+        its later trials, exited after the case's last trial (a service a case talks to, such
+        as a delaying proxy: nothing the timed region measures may carry over in it). A Trial
+        made without the worker's ``CaseResources`` (a test, a notebook) enters and exits it
+        around the block."""
+        if self._resources is None:
+            with make() as thing:
+                yield thing
+            return
+        yield self._resources.get(key, make)
 
     @property
     def warmup(self) -> bool:

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from ..processes import die_with_parent
 from .cache import prepare
-from .runner import CASE_REPEAT, Case, CaseSkipped, Trial
+from .runner import CASE_REPEAT, Case, CaseResources, CaseSkipped, Trial
 from .schema import METRIC_UNITS, UNITS
 from .stats import relative_halfwidth, stop_metric
 
@@ -102,45 +102,51 @@ def run_job(job: dict) -> list[dict]:
     records = []
     judged: list[float] = []
 
-    def trial_for(repeat: int, label: str) -> Trial:
-        _write_atomic(phase_path, f"{label} (preparing cache)")
-        resident = math.nan
-        if case.cache:
-            resident = prepare(case.cache_files, case.cache, drop_caches=job["drop_caches"])
-        _write_atomic(phase_path, label)
-        return Trial(case, repeat, resident_fraction=resident)
+    # Services the case's trials share (``Trial.kept``), closed after its last trial.
+    with CaseResources() as resources:
 
-    if case.warmup:
-        # In whatever cache state the files are: nothing in it is measured, and each timed
-        # repeat prepares its own (evicting 20,000 raw files first cost a third of a second).
-        _write_atomic(phase_path, "warm-up")
-        function(case, Trial(case, CASE_REPEAT))
-    most = f"up to {case.repeats}" if adaptive else f"{case.repeats}"
-    repeats_began = time.perf_counter()  # the budget counts cache preparation too
-    for repeat in range(case.repeats):
-        trial = trial_for(repeat, f"repeat {repeat + 1} of {most}")
-        metrics = _check_metrics(case, function(case, trial), trial.harness_metrics())
-        for name, (value, unit) in metrics.items():
-            records.append({
-                "repeat": repeat,
-                "metric": name,
-                "value": value,
-                "unit": unit,
-                "resident_fraction": trial.resident_fraction,
-            })
-        judge = stop_metric(metrics)
-        judged.append(metrics[judge][0] if judge else math.nan)
-        elapsed = time.perf_counter() - repeats_began
-        if adaptive is not None and (
-                adaptive.done(judged, elapsed_s=elapsed) if judge
-                else len(judged) >= adaptive.minimum):
-            break
+        def trial_for(repeat: int, label: str) -> Trial:
+            _write_atomic(phase_path, f"{label} (preparing cache)")
+            resident = math.nan
+            if case.cache:
+                resident = prepare(case.cache_files, case.cache,
+                                   drop_caches=job["drop_caches"])
+            _write_atomic(phase_path, label)
+            return Trial(case, repeat, resident_fraction=resident, resources=resources)
+
+        if case.warmup:
+            # In whatever cache state the files are: nothing in it is measured, and each
+            # timed repeat prepares its own (evicting 20,000 raw files first cost a third of
+            # a second).
+            _write_atomic(phase_path, "warm-up")
+            function(case, Trial(case, CASE_REPEAT, resources=resources))
+        most = f"up to {case.repeats}" if adaptive else f"{case.repeats}"
+        repeats_began = time.perf_counter()  # the budget counts cache preparation too
+        for repeat in range(case.repeats):
+            trial = trial_for(repeat, f"repeat {repeat + 1} of {most}")
+            metrics = _check_metrics(case, function(case, trial), trial.harness_metrics())
+            for name, (value, unit) in metrics.items():
+                records.append({
+                    "repeat": repeat,
+                    "metric": name,
+                    "value": value,
+                    "unit": unit,
+                    "resident_fraction": trial.resident_fraction,
+                })
+            judge = stop_metric(metrics)
+            judged.append(metrics[judge][0] if judge else math.nan)
+            elapsed = time.perf_counter() - repeats_began
+            if adaptive is not None and (
+                    adaptive.done(judged, elapsed_s=elapsed) if judge
+                    else len(judged) >= adaptive.minimum):
+                break
+        repeats_seconds = time.perf_counter() - repeats_began
     summary = {}
     if case.summarise:
         _write_atomic(phase_path, "summary")
         summary = _check_metrics(case, resolve_function(case.summarise)(case, records), {})
     summary["repeats_run"] = (float(len(judged)), "count")
-    summary["repeats_seconds"] = (time.perf_counter() - repeats_began, "s")
+    summary["repeats_seconds"] = (repeats_seconds, "s")
     if all(math.isfinite(v) for v in judged):
         summary["median_ci_halfwidth"] = (relative_halfwidth(judged), "ratio")
     if math.isfinite(startup):

@@ -83,10 +83,14 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     # only add round trips to it (about half a second at 20 ms).
     rtt_ms = 0.0 if trial.warmup else float(case.param("rtt_ms", 0.0))
     bandwidth = case.param("bandwidth_mbit")
+    target = (endpoint.hostname, endpoint.port)
+    # One proxy per link for all the case's trials (starting one took 0.1-0.2 s a repeat):
+    # it relays each repeat's own new connections, and holds nothing of one repeat's reads.
     with contextlib.ExitStack() as stack:
         try:
-            proxy = stack.enter_context(DelayProxy((endpoint.hostname, endpoint.port),
-                                                   rtt_ms=rtt_ms, bandwidth_mbit=bandwidth))
+            proxy = stack.enter_context(trial.kept(
+                ("link", target, rtt_ms, bandwidth),
+                lambda: DelayProxy(target, rtt_ms=rtt_ms, bandwidth_mbit=bandwidth)))
         except LinkUnavailableError as err:
             raise CaseSkipped(f"cannot emulate the link: {err}") from err
         except LinkError as err:
