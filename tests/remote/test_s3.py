@@ -9,6 +9,8 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from pathlib import Path
 
@@ -346,18 +348,23 @@ def test_reads_not_yet_sent_fail_at_once_while_abandoning(uploaded, s3):
     store = ObjectStore(url, s3)
     name = sorted(n for n in store.sizes() if n.endswith(".tfrecord"))[0]
     stopping = f"{url}/{name}: read abandoned: its loader is stopping"
+    stored = (local_path / name).read_bytes()
     try:
-        with store.abandoning():
+        with store.abandoning([threading.get_ident()]):
             with pytest.raises(ReadAbandonedError, match=re.escape(stopping)):
                 store.read_range(name, 0, 16)
             with pytest.raises(ReadAbandonedError, match=re.escape(stopping)):
                 store.read_ranges([(name, 16 * i, 16) for i in range(8)])
             with pytest.raises(ReadAbandonedError, match=re.escape(stopping)):
-                store.read(name)
-        assert store.traffic()[0] == 0  # nothing was sent
-        # Outside the block reads are sent again, and return the stored bytes.
-        assert store.read_range(name, 0, 16) == (local_path / name).read_bytes()[:16]
-        assert store.traffic()[0] == 1
+                store.read_many([name, name])
+            assert store.traffic()[0] == 0  # nothing was sent
+            # Another thread (another loader on the same store) reads on.
+            with ThreadPoolExecutor(1) as other:
+                assert other.submit(store.read_range, name, 0, 16).result() == stored[:16]
+            assert store.traffic()[0] == 1
+        # Outside the block this thread's reads are sent again.
+        assert store.read_ranges([(name, 0, 8), (name, 8, 8)]) == [stored[:8], stored[8:16]]
+        assert store.traffic()[0] == 3
     finally:
         store.close()
 

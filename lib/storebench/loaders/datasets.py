@@ -387,12 +387,13 @@ class LazyDataset(_MapDataset):
         # refuses to open one environment twice in a process.
         return self
 
-    def abandon_reads(self) -> contextlib.AbstractContextManager:
+    def abandon_reads(self, threads) -> contextlib.AbstractContextManager:
         """For a loader stopping mid-pass, whose batches in hand will be dropped: while
-        inside, reads the reader has not started yet fail at once where it can drop them (an
-        object store's queued GETs, ``ObjectStore.abandoning``); local readers read on."""
+        inside, the reads its ``threads`` asked for that have not started yet fail at once
+        where the reader can drop them (an object store's queued GETs,
+        ``ObjectStore.abandoning``); other threads' reads, and local readers, read on."""
         abandon = getattr(self.reader, "abandon_reads", None)
-        return abandon() if abandon is not None else contextlib.nullcontext()
+        return abandon(threads) if abandon is not None else contextlib.nullcontext()
 
     def close(self) -> None:
         self._close_gather()

@@ -105,7 +105,7 @@ class _ThreadPool:
         self.done = threading.Condition()
         self.stopping = threading.Event()
         self.buffers = buffers
-        self.abandon_reads = getattr(dataset, "abandon_reads", contextlib.nullcontext)
+        self.abandon_reads = getattr(dataset, "abandon_reads", None)
         self.threads = [
             threading.Thread(
                 target=self._run,
@@ -142,10 +142,13 @@ class _ThreadPool:
         self.stopping.set()
         for _ in self.threads:
             self.tasks.put(None)
-        # The batches in hand are dropped: a reader that can (an object store) fails their
-        # unsent requests, so a thread ends its batch after the requests in flight, not after
-        # all of them (at 20 ms and 64 in flight, half a second over 512 GETs).
-        with self.abandon_reads():
+        # The batches in hand are dropped: a reader that can (an object store) fails the
+        # requests these threads asked for and it has not sent, so a thread ends its batch
+        # after the requests in flight, not after all of them (at 20 ms and 64 in flight,
+        # half a second over 512 GETs). Another loader on the same dataset reads on.
+        abandon = (self.abandon_reads(self.threads) if self.abandon_reads is not None
+                   else contextlib.nullcontext())
+        with abandon:
             for thread in self.threads:
                 if thread is not threading.current_thread():
                     thread.join()

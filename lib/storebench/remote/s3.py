@@ -20,7 +20,7 @@ import contextlib
 import os
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
@@ -204,7 +204,7 @@ class ObjectStore:
             self._files: dict[tuple[int, str], object] = {}  # (client, name): open object
             self._count_lock = threading.Lock()
             self._requests = self._bytes = 0
-            self._abandoning = 0
+            self._abandoned: dict[int, int] = {}  # caller thread ident: depth
             self._pid = pid
 
     def _count(self, data: bytes) -> bytes:
@@ -214,23 +214,29 @@ class ObjectStore:
         return data
 
     @contextlib.contextmanager
-    def abandoning(self) -> Iterator[None]:
-        """While inside: every read of this process that has not sent its request yet
-        raises ``ReadAbandonedError`` instead (those in flight finish). For a loader that
-        stops mid-pass: the batches its threads are reading will be dropped, and a batch's
-        GETs queued behind ``config.concurrency`` others would otherwise all be sent, a
-        round trip per ``concurrency`` of them, before its thread could stop."""
+    def abandoning(self, callers: Iterable[int]) -> Iterator[None]:
+        """While inside: every read that a thread of ``callers`` (thread idents) asked for
+        and that has not sent its request yet raises ``ReadAbandonedError`` instead; those
+        in flight finish, and other threads read as usual. For a loader that stops mid-pass:
+        the batches its threads are reading will be dropped, and a batch's GETs queued behind
+        ``config.concurrency`` others would otherwise all be sent, a round trip per
+        ``concurrency`` of them, before its thread could stop."""
         self._ensure()
+        callers = list(callers)
         with self._count_lock:
-            self._abandoning += 1
+            for caller in callers:
+                self._abandoned[caller] = self._abandoned.get(caller, 0) + 1
         try:
             yield
         finally:
             with self._count_lock:
-                self._abandoning -= 1
+                for caller in callers:
+                    self._abandoned[caller] -= 1
+                    if not self._abandoned[caller]:
+                        del self._abandoned[caller]
 
-    def _check_not_abandoned(self, name: str) -> None:
-        if self._abandoning:
+    def _check_not_abandoned(self, name: str, caller: int) -> None:
+        if caller in self._abandoned:
             raise ReadAbandonedError(f"{self.path(name)}: read abandoned: its loader is "
                                      "stopping")
 
@@ -315,20 +321,23 @@ class ObjectStore:
         return {info.path[len(base) + 1 :]: info.size for info in infos
                 if info.type == fs.FileType.File}
 
-    def read(self, name: str) -> bytes:
-        """The whole object (one GET)."""
+    def read(self, name: str, *, caller: int | None = None) -> bytes:
+        """The whole object (one GET). ``caller``: the thread that asked for it, where a
+        pool thread reads on its behalf (``abandoning``)."""
         self._ensure()
-        self._check_not_abandoned(name)
+        self._check_not_abandoned(name, threading.get_ident() if caller is None else caller)
         try:
             with self._client()[1].open_input_stream(self._arrow(name)) as stream:
                 return self._count(stream.read())
         except (OSError, FileNotFoundError) as err:
             raise self._error(name, "read", err) from err
 
-    def read_range(self, name: str, offset: int, length: int) -> bytes:
-        """``length`` bytes at ``offset`` (one ranged GET); fewer only at the object's end."""
+    def read_range(self, name: str, offset: int, length: int, *,
+                   caller: int | None = None) -> bytes:
+        """``length`` bytes at ``offset`` (one ranged GET); fewer only at the object's end.
+        ``caller`` as for ``read``."""
         self._ensure()
-        self._check_not_abandoned(name)
+        self._check_not_abandoned(name, threading.get_ident() if caller is None else caller)
         try:
             return self._count(self._file(name).read_at(length, offset))
         except OSError as err:
@@ -340,7 +349,9 @@ class ObjectStore:
         if len(requests) <= 1:
             return [self.read_range(*request) for request in requests]
         self._ensure()
-        return list(self._pool.map(lambda request: self.read_range(*request), requests))
+        caller = threading.get_ident()
+        return list(self._pool.map(
+            lambda request: self.read_range(*request, caller=caller), requests))
 
     def read_many(self, names: Sequence[str]) -> list[bytes]:
         """Whole objects, ``config.concurrency`` at a time, in the order asked (pyarrow
@@ -348,7 +359,8 @@ class ObjectStore:
         if len(names) <= 1:
             return [self.read(name) for name in names]
         self._ensure()
-        return list(self._pool.map(self.read, names))
+        caller = threading.get_ident()
+        return list(self._pool.map(lambda name: self.read(name, caller=caller), names))
 
     # -- writing --------------------------------------------------------------------------
     def ensure_bucket(self) -> None:

@@ -34,9 +34,10 @@ class RemoteReader:
         """``path`` (under ``root``) as an object name relative to the store's prefix."""
         return path.relative_to(self.root).as_posix()
 
-    def abandon_reads(self):
-        """Context manager: reads not yet sent fail at once (``ObjectStore.abandoning``)."""
-        return self.store.abandoning()
+    def abandon_reads(self, threads):
+        """Context manager: the reads ``threads`` asked for that are not sent yet fail at
+        once (``ObjectStore.abandoning``)."""
+        return self.store.abandoning(thread.ident for thread in threads)
 
     def _load_checksums(self) -> np.ndarray:
         return load_checksums(self.root, len(self), data=self.store.read(CHECKSUMS_NAME))
