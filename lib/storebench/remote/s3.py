@@ -43,8 +43,8 @@ class ObjectStoreError(DatasetError):
 
 
 class ReadAbandonedError(ObjectStoreError):
-    """A read this process had not sent yet was dropped: its loader is stopping and will not
-    take what it returns (``ObjectStore.abandoning``)."""
+    """A read a stopping loader's thread asked for, not sent yet, was dropped: the loader
+    will not take what it returns (``ObjectStore.abandoning``)."""
 
 
 class S3Path(PurePosixPath):
