@@ -44,15 +44,15 @@ def dataset_files(dataset) -> tuple[str, ...]:
 
 def check_batch(reader, indices: np.ndarray, images, labels) -> None:
     """Compare a batch with the manifest's per-sample checksums (outside the timed region)."""
-    from storebench.formats import CorruptSampleError, sample_checksum
+    from storebench.formats import CorruptSampleError, sample_checksums
     from storebench.formats.manifest import load_checksums
 
     expected = load_checksums(reader.root, len(reader))
-    for k, index in enumerate(indices):
-        if sample_checksum(images[k], int(labels[k])) != int(expected[index]):
-            raise CorruptSampleError(
-                reader.root, int(index), "benchmark read returned bytes that differ from the build"
-            )
+    indices = np.asarray(indices)
+    wrong = np.flatnonzero(sample_checksums(images, labels) != expected[indices])
+    if wrong.size:
+        raise CorruptSampleError(reader.root, int(indices[wrong[0]]),
+                                 "benchmark read returned bytes that differ from the build")
 
 
 def open_options(case: Case) -> dict:

@@ -20,7 +20,14 @@ from importlib import import_module
 from pathlib import Path
 from types import ModuleType
 
-from .base import CorruptSampleError, DatasetError, ManifestError, Reader, sample_checksum
+from .base import (
+    CorruptSampleError,
+    DatasetError,
+    ManifestError,
+    Reader,
+    sample_checksum,
+    sample_checksums,
+)
 from .build import BuildResult, build_dataset, dataset_dirname
 from .manifest import MANIFEST_NAME, check_files, read_manifest
 
@@ -157,5 +164,6 @@ __all__ = [
     "open_dataset",
     "read_manifest",
     "sample_checksum",
+    "sample_checksums",
     "unavailable_reason",
 ]
