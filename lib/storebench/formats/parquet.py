@@ -131,12 +131,25 @@ class _RowGroup:
     ``damage`` says why.
     """
 
-    __slots__ = ("group", "offsets", "data", "labels", "damaged", "damage")
+    __slots__ = ("group", "offsets", "data", "labels", "damaged", "damage", "sizes",
+                 "_rows_of")
 
     def __init__(self, group: int, offsets: np.ndarray, data: np.ndarray, labels: np.ndarray):
         self.group, self.offsets, self.data, self.labels = group, offsets, data, labels
         self.damaged: frozenset[int] = frozenset()
         self.damage = ""
+        self.sizes = np.diff(offsets)
+        self._rows_of: tuple[int, np.ndarray | None] | None = None
+
+    def rows_of(self, size: int) -> np.ndarray | None:
+        """The group's data as one (rows, ``size``) array when every image has ``size``
+        bytes, else ``None``; worked out once per group, not once per batch it serves."""
+        if self._rows_of is None or self._rows_of[0] != size:
+            uniform = bool(np.all(self.sizes == size))
+            block = (self.data[self.offsets[0] : self.offsets[-1]].reshape(len(self.sizes), size)
+                     if uniform else None)
+            self._rows_of = (size, block)
+        return self._rows_of[1]
 
     def image(self, j: int) -> np.ndarray:
         return self.data[self.offsets[j] : self.offsets[j + 1]]
@@ -376,25 +389,25 @@ class ParquetReader(Reader):
         """Copy the group's rows ``local`` into ``images[positions]`` as (H, W, C) pixels,
         refusing wrong-sized images."""
         expected = self.spec.raw_sample_bytes
-        sizes = np.diff(rows.offsets)
-        wrong = np.flatnonzero(sizes[local] != expected)
-        if wrong.size:
-            k = int(wrong[0])
-            raise CorruptSampleError(
-                self.path,
-                int(indices[positions[k]]),
-                f"raw sample has {int(sizes[local[k]])} bytes, expected {expected}",
-            )
-        if not np.all(sizes == expected):
+        block = rows.rows_of(expected)
+        if block is None:
+            wrong = np.flatnonzero(rows.sizes[local] != expected)
+            if wrong.size:
+                k = int(wrong[0])
+                raise CorruptSampleError(
+                    self.path,
+                    int(indices[positions[k]]),
+                    f"raw sample has {int(rows.sizes[local[k]])} bytes, expected {expected}",
+                )
             for k, j in zip(positions.tolist(), local.tolist(), strict=True):
                 images[k] = rows.image(j).reshape(self.spec.image_shape)
             return
         # Equal sizes: the group's data is one (rows, H*W*C) block. A block-shuffled or
-        # sequential batch asks for one contiguous run of positions per group: gather
-        # straight into the output then, without an intermediate copy.
-        block = rows.data[rows.offsets[0] : rows.offsets[-1]].reshape(len(sizes), expected)
+        # sequential batch asks for one contiguous run of positions per group (ascending and
+        # distinct, so its span says so): gather straight into the output then, without an
+        # intermediate copy.
         first = int(positions[0])
-        if positions[-1] - first + 1 == len(positions) and np.all(np.diff(positions) == 1):
+        if positions[-1] - first + 1 == len(positions):
             target = images[first : first + len(positions)].reshape(len(positions), expected)
             np.take(block, local, axis=0, out=target, mode="clip")
         else:
