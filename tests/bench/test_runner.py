@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +191,40 @@ def test_sequential_read_case_reads_the_real_dataset(ci_data_dir):
         raw = len(reader) * reader.spec.raw_sample_bytes
     seconds = raw / (metrics["read_MBps"][0] * 1e6)
     assert metrics["samples_per_s"][0] == pytest.approx(len(reader) / seconds)
+    # The verified pass reads the same samples: its rate and time ratio agree.
+    ratio, unit = metrics["verify_time_ratio"]
+    assert unit == "ratio" and ratio > 0
+    assert metrics["verified.samples_per_s"][0] == pytest.approx(
+        metrics["samples_per_s"][0] / ratio)
+    # Only warm reads get one (a cold read's second pass would find the files cached).
+    cold = sequential_read_case(replace(case, cache="cold"), Trial(replace(case, cache="cold"), 0))
+    assert "verify_time_ratio" not in cold and "verified.samples_per_s" not in cold
+
+
+def test_a_warm_read_cases_verified_pass_names_a_damaged_sample(ci_data_dir, tmp_path):
+    """The timed pass reads without per-sample checksums (memmap has no others) and checks
+    only its last batch; the verified pass after it checks every sample."""
+    from storebench.bench.runner import Trial
+    from storebench.cases.formats import sequential_read_case
+    from storebench.formats import CorruptSampleError
+    from storebench.studies.grid import dataset_files
+
+    path = tmp_path / "memmap-raw"
+    shutil.copytree(ci_data_dir / "memmap-raw", path)
+    with open_dataset(path) as reader:
+        sample_bytes, count = reader.spec.raw_sample_bytes, len(reader)
+    (images,) = [path / name for name in read_manifest(path)["files"]
+                 if (path / name).stat().st_size >= count * sample_bytes]
+    victim = 5
+    data = bytearray(images.read_bytes())
+    at = images.stat().st_size - (count - victim) * sample_bytes + sample_bytes // 2
+    data[at] ^= 0x5A
+    images.write_bytes(bytes(data))
+    case = Case(study="s", function="storebench.studies.formats:sequential_read_case",
+                format="memmap", encoding="raw", dataset=str(path), loader="reader",
+                batch_size=100, cache="warm", cache_files=dataset_files(path), repeats=1)
+    with pytest.raises(CorruptSampleError, match=f"sample {victim}"):
+        sequential_read_case(case, Trial(case, 0))
 
 
 @pytest.mark.timeout(120)

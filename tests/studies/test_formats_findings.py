@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from result_rows import build_case, frame, read_case
+from result_rows import build_case, case_rows, frame, read_case
 
 from storebench.formats import FORMATS
 from storebench.results import Results, default_builds
@@ -108,3 +108,37 @@ def test_the_formats_guide_compares_every_measured_build():
     space = rows["Least disk space, lossless (raw or PNG samples)"]
     assert [c.key for c in space.candidates] == ["memmap-raw", "rawfiles-raw"]
     assert space.choice == "memmap-raw" and space.ratio == pytest.approx(1.2)
+
+
+def verify_case(fmt: str, ratios, *, encoding: str = "raw", params=None) -> list[dict]:
+    """A warm sequential read's verified pass, as ``sequential_read_case`` writes it."""
+    name = (params or {}).get("dataset_name", f"{fmt}-{encoding}")
+    return case_rows("formats", f"read:{name}/sequential/warm", {"verify_time_ratio": ratios},
+                     format=fmt, encoding=encoding, loader="reader", access="sequential",
+                     cache="warm", batch_size=256, params=params, resident=1.0)
+
+
+def test_the_verify_cost_finding_names_the_cheapest_and_dearest_format_per_encoding():
+    df = frame(
+        verify_case("memmap", [1.9, 2.0, 2.1, 2.0]),
+        verify_case("rawfiles", [1.05, 1.1, 1.2]),
+        verify_case("lmdb", [1.3, 1.4, 1.5], encoding="jpeg"),
+        # A knob variant is not a format's default build: left out.
+        verify_case("parquet", [9.0, 9.0, 9.0],
+                    params={"dataset_name": "parquet-raw-compression=zstd",
+                            "knob_compression": "zstd"}),
+        read_case("memmap", "cold", [800.0, 800.0, 800.0]),
+    )
+    table = formats.verify_cost_table(df).set_index(["encoding", "format"])
+    assert table.loc[("raw", "memmap"), "median"] == pytest.approx(2.0)
+    assert table.loc[("raw", "memmap"), "repeats"] == 4
+    assert ("raw", "parquet") not in table.index
+    assert formats.verify_cost_findings(df) == [
+        "raw arrays: checking every sample's CRC32C (verify=True, the default) made a warm "
+        "sequential read take 1.1\u00d7 on rawfiles to 2.0\u00d7 on memmap the time of the "
+        "same read without (medians of repeat-paired ratios, 3+ repeats).",
+        "JPEG: checking every sample's CRC32C (verify=True, the default) made a warm "
+        "sequential read take 1.4\u00d7 on lmdb the time of the same read without (medians "
+        "of repeat-paired ratios, 3+ repeats).",
+    ]
+    assert formats.verify_cost_findings(frame(read_case("memmap", "warm", [1.0] * 3))) == []

@@ -91,6 +91,8 @@ METRIC_UNITS: dict[str, str] = {
     "raw_bytes": "bytes",
     "size_ratio": "ratio",
     "file_count": "count",
+    # per-sample checksums (verify=True) over the same warm reads without
+    "verify_time_ratio": "ratio",
     # feeding an accelerator
     "h2d_GBps": "GB/s",
     "accelerator_utilisation": "ratio",

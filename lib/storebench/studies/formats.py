@@ -571,9 +571,40 @@ def _bytes_stat(df: pd.DataFrame, dataset: str):
     return stat(rows[dataset_names(rows) == dataset], "bytes_apparent")
 
 
+def verify_cost_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per default build read warm and sequentially: the median ``verify_time_ratio`` (the
+    pass with per-sample checksums over the same reads without, repeat-paired), its
+    interval and repeats."""
+    rows = default_builds(df[(df["study"] == "formats") & (df["loader"] == "reader")
+                             & (df["access"] == "sequential") & (df["cache"] == "warm")])
+    return sort_rows(summary_table(rows, "verify_time_ratio", ["encoding", "format"]))
+
+
+def verify_cost_findings(df: pd.DataFrame) -> list[str]:
+    """Per encoding: what checking every sample's CRC32C (``verify=True``, the default)
+    cost warm sequential reads, the cheapest and the dearest format."""
+    table = verify_cost_table(df)
+    sentences = []
+    for encoding in [e for e in ENCODING_ORDER if e in set(table["encoding"])]:
+        part = table[table["encoding"] == encoding].dropna(subset=["median"])
+        if part.empty:
+            continue
+        low, high = best_row(part, lowest=True), best_row(part)
+        spread = (f"{format_ratio(low['median'])} on {low['format']} to "
+                  f"{format_ratio(high['median'])} on {high['format']}"
+                  if len(part) > 1 else f"{format_ratio(low['median'])} on {low['format']}")
+        sentences.append(
+            f"{ENCODING_NAMES.get(encoding, encoding)}: checking every sample's CRC32C "
+            f"(verify=True, the default) made a warm sequential read take {spread} the time "
+            f"of the same read without (medians of repeat-paired ratios, "
+            f"{int(part['repeats'].min())}+ repeats)."
+        )
+    return sentences
+
+
 def findings(results: Results) -> list[str]:
     df = results.study("formats")
-    return formats_findings(df) + knob_findings(df)
+    return formats_findings(df) + verify_cost_findings(df) + knob_findings(df)
 
 
 STUDY = Study(
