@@ -178,13 +178,14 @@ def test_run_case_reports_an_unknown_function_as_a_failure(tmp_path):
 def test_sequential_read_case_reads_the_real_dataset(ci_data_dir):
     """The case function a study uses returns the dataset's real sample count and bytes."""
     from storebench.bench.runner import Trial
-    from storebench.cases.formats import sequential_read_case
+    from storebench.cases.formats import random_read_case, sequential_read_case
     from storebench.studies.grid import dataset_files
 
     path = ci_data_dir / "memmap-raw"
     case = Case(study="s", function="storebench.studies.formats:sequential_read_case",
                 format="memmap", encoding="raw", dataset=str(path), loader="reader",
-                batch_size=100, cache="warm", cache_files=dataset_files(path), repeats=1)
+                access="sequential", batch_size=100, cache="warm",
+                cache_files=dataset_files(path), repeats=1)
     metrics = sequential_read_case(case, Trial(case, 0))
     with open_dataset(path) as reader:
         assert metrics["samples"] == (len(reader), "count")
@@ -196,9 +197,13 @@ def test_sequential_read_case_reads_the_real_dataset(ci_data_dir):
     assert unit == "ratio" and ratio > 0
     assert metrics["verified.samples_per_s"][0] == pytest.approx(
         metrics["samples_per_s"][0] / ratio)
-    # Only warm reads get one (a cold read's second pass would find the files cached).
-    cold = sequential_read_case(replace(case, cache="cold"), Trial(replace(case, cache="cold"), 0))
-    assert "verify_time_ratio" not in cold and "verified.samples_per_s" not in cold
+    # Only warm sequential reads get one (a cold read's second pass would find the files
+    # cached).
+    cold = replace(case, cache="cold")
+    shuffled = replace(case, access="shuffle", params={"random_samples": 200})
+    for other, read in ((cold, sequential_read_case), (shuffled, random_read_case)):
+        metrics = read(other, Trial(other, 0))
+        assert "verify_time_ratio" not in metrics and "verified.samples_per_s" not in metrics
 
 
 def test_a_warm_read_cases_verified_pass_names_a_damaged_sample(ci_data_dir, tmp_path):
@@ -222,7 +227,8 @@ def test_a_warm_read_cases_verified_pass_names_a_damaged_sample(ci_data_dir, tmp
     images.write_bytes(bytes(data))
     case = Case(study="s", function="storebench.studies.formats:sequential_read_case",
                 format="memmap", encoding="raw", dataset=str(path), loader="reader",
-                batch_size=100, cache="warm", cache_files=dataset_files(path), repeats=1)
+                access="sequential", batch_size=100, cache="warm",
+                cache_files=dataset_files(path), repeats=1)
     with pytest.raises(CorruptSampleError, match=f"sample {victim}"):
         sequential_read_case(case, Trial(case, 0))
 

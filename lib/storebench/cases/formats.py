@@ -46,7 +46,7 @@ def _timed_batched_reads(
     stop at the first batch that ends past that many seconds once ``MIN_TIMED_BATCHES``
     were read (``samples`` says how many were).
 
-    A warm read is then timed once more, right after, through a reader that checks every
+    A warm sequential read is then timed once more, right after, through a reader that checks every
     sample's CRC32C (``verify=True``, the library's default): ``verify_time_ratio`` is that
     pass's time over the first's, what the default mode costs on the same reads in the same
     cache state (``verified.samples_per_s`` its rate).
@@ -92,7 +92,7 @@ def _timed_batched_reads(
         raise RuntimeError(f"{case.dataset}: read {samples} samples, asked for {len(order)}")
     seconds = measurement.wall_seconds
     verified = {}
-    if case.cache == "warm" and not trial.warmup:
+    if case.cache == "warm" and case.access == "sequential" and not trial.warmup:
         verified_s = _verified_pass(case, order[:samples], batch_size)
         verified = {
             "verified.samples_per_s": (samples / verified_s, "samples/s"),
