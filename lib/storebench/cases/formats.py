@@ -46,10 +46,10 @@ def _timed_batched_reads(
     stop at the first batch that ends past that many seconds once ``MIN_TIMED_BATCHES``
     were read (``samples`` says how many were).
 
-    A warm sequential read is then timed once more, right after, through a reader that checks every
-    sample's CRC32C (``verify=True``, the library's default): ``verify_time_ratio`` is that
-    pass's time over the first's, what the default mode costs on the same reads in the same
-    cache state (``verified.samples_per_s`` its rate).
+    A warm sequential read is then timed once more, right after, through a reader that
+    checks every sample's CRC32C (``verify=True``, the library's default):
+    ``verify_time_ratio`` is that pass's time over the first's, what the default mode costs
+    on the same reads in the same cache state (``verified.samples_per_s`` its rate).
 
     Params named ``open_<option>`` are passed to ``open_dataset`` as ``<option>`` (e.g.
     ``open_madvise_random=True``).
