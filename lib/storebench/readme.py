@@ -67,8 +67,18 @@ def peers_target_findings(results_dir: Path) -> list[str]:
     return target_findings(results)
 
 
+def verify_cost_findings(results_dir: Path) -> list[str]:
+    """The formats study's sentences on what per-sample checksums cost, where the results
+    hold its verified passes."""
+    from .results import Results
+    from .studies.formats import verify_cost_findings as sentences
+
+    return sentences(Results.load(results_dir).study("formats"))
+
+
 def render_findings_block(results_dir: Path | str, *, relative_to: Path | None = None) -> str:
-    """Machine line, decision guide, targets and key figures, as README markdown."""
+    """Machine line, decision guide, targets, the cost of verification and key figures, as
+    README markdown."""
     from .bench.schema import read_all_results
     from .findings import readme_findings_table
     from .studies.targets import targets_markdown
@@ -86,6 +96,11 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
     if against_peers:
         parts += ["", "**Against the peer libraries** (the `peers` study)", "",
                   bullets(against_peers).rstrip("\n")]
+    verify_cost = verify_cost_findings(results_dir)
+    if verify_cost:
+        parts += ["", "**What `verify=True` costs** (the `formats` study; see "
+                  "[Integrity](#integrity-what-each-mode-checks))", "",
+                  bullets(verify_cost).rstrip("\n")]
     for stem in KEY_FIGURES:
         png = results_dir / "figures" / f"{stem}.png"
         if png.exists():
