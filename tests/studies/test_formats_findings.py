@@ -8,7 +8,7 @@ from result_rows import build_case, case_rows, frame, read_case
 from storebench.formats import FORMATS
 from storebench.results import Results, default_builds
 from storebench.studies import formats
-from storebench.text import format_value
+from storebench.text import format_ratio, format_value
 
 
 def formats_frame():
@@ -133,12 +133,20 @@ def test_the_verify_cost_finding_names_the_cheapest_and_dearest_format_per_encod
     assert table.loc[("raw", "memmap"), "median"] == pytest.approx(2.0)
     assert table.loc[("raw", "memmap"), "repeats"] == 4
     assert ("raw", "parquet") not in table.index
+
+    def quoted(encoding, fmt):
+        row = table.loc[(encoding, fmt)]
+        assert row["low"] <= row["median"] <= row["high"]
+        return (f"{format_ratio(row['median'])} (95% interval {format_ratio(row['low'])}"
+                f"\u2013{format_ratio(row['high'])}) on {fmt}")
+
+    assert quoted("raw", "rawfiles").startswith("1.1\u00d7 (95% interval ")
     assert formats.verify_cost_findings(df) == [
         "raw arrays: checking every sample's CRC32C (verify=True, the default) made a warm "
-        "sequential read take 1.1\u00d7 on rawfiles to 2.0\u00d7 on memmap the time of the "
-        "same read without (medians of repeat-paired ratios, 3+ repeats).",
+        f"sequential read take {quoted('raw', 'rawfiles')} to {quoted('raw', 'memmap')} the "
+        "time of the same read without (medians of repeat-paired ratios, 3+ repeats).",
         "JPEG: checking every sample's CRC32C (verify=True, the default) made a warm "
-        "sequential read take 1.4\u00d7 on lmdb the time of the same read without (medians "
-        "of repeat-paired ratios, 3+ repeats).",
+        f"sequential read take {quoted('jpeg', 'lmdb')} the time of the same read without "
+        "(medians of repeat-paired ratios, 3+ repeats).",
     ]
     assert formats.verify_cost_findings(frame(read_case("memmap", "warm", [1.0] * 3))) == []

@@ -580,6 +580,11 @@ def verify_cost_table(df: pd.DataFrame) -> pd.DataFrame:
     return sort_rows(summary_table(rows, "verify_time_ratio", ["encoding", "format"]))
 
 
+def _ratio_with_interval(row: pd.Series) -> str:
+    return (f"{format_ratio(row['median'])} (95% interval {format_ratio(row['low'])}"
+            f"\u2013{format_ratio(row['high'])})")
+
+
 def verify_cost_findings(df: pd.DataFrame) -> list[str]:
     """Per encoding: what checking every sample's CRC32C (``verify=True``, the default)
     cost warm sequential reads, the cheapest and the dearest format."""
@@ -589,10 +594,11 @@ def verify_cost_findings(df: pd.DataFrame) -> list[str]:
         part = table[table["encoding"] == encoding].dropna(subset=["median"])
         if part.empty:
             continue
-        low, high = best_row(part, lowest=True), best_row(part)
-        spread = (f"{format_ratio(low['median'])} on {low['format']} to "
-                  f"{format_ratio(high['median'])} on {high['format']}"
-                  if len(part) > 1 else f"{format_ratio(low['median'])} on {low['format']}")
+        cheapest, dearest = best_row(part, lowest=True), best_row(part)
+        spread = (f"{_ratio_with_interval(cheapest)} on {cheapest['format']} to "
+                  f"{_ratio_with_interval(dearest)} on {dearest['format']}"
+                  if len(part) > 1
+                  else f"{_ratio_with_interval(cheapest)} on {cheapest['format']}")
         sentences.append(
             f"{ENCODING_NAMES.get(encoding, encoding)}: checking every sample's CRC32C "
             f"(verify=True, the default) made a warm sequential read take {spread} the time "
