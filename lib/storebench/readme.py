@@ -56,31 +56,21 @@ def study_time_text(results_dir: Path, base: Path) -> str:
             "resuming the earlier (finished cases are reused): " + "; then ".join(parts) + ".")
 
 
-def peers_target_findings(results_dir: Path) -> list[str]:
-    """The peers study's target sentences, where the results hold its rows."""
-    from .results import Results
+def peers_target_findings(results) -> list[str]:
+    """The peers study's target sentences, where ``results`` hold its rows."""
     from .studies.peers import target_findings
 
-    results = Results.load(results_dir)
     if (results.df["study"] != "peers").all():
         return []
     return target_findings(results)
 
 
-def verify_cost_findings(results_dir: Path) -> list[str]:
-    """The formats study's sentences on what per-sample checksums cost, where the results
-    hold its verified passes."""
-    from .results import Results
-    from .studies.formats import verify_cost_findings as sentences
-
-    return sentences(Results.load(results_dir).study("formats"))
-
-
 def render_findings_block(results_dir: Path | str, *, relative_to: Path | None = None) -> str:
     """Machine line, decision guide, targets, the cost of verification and key figures, as
     README markdown."""
-    from .bench.schema import read_all_results
     from .findings import readme_findings_table
+    from .results import Results
+    from .studies.formats import verify_cost_findings
     from .studies.targets import targets_markdown
     from .text import bullets
 
@@ -91,12 +81,13 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
     if timing_text:
         parts += ["", timing_text]
     parts += ["", "**Performance targets**", ""]
-    parts.append(targets_markdown(read_all_results(results_dir)).rstrip("\n"))
-    against_peers = peers_target_findings(results_dir)
+    results = Results.load(results_dir)
+    parts.append(targets_markdown(results.df).rstrip("\n"))
+    against_peers = peers_target_findings(results)
     if against_peers:
         parts += ["", "**Against the peer libraries** (the `peers` study)", "",
                   bullets(against_peers).rstrip("\n")]
-    verify_cost = verify_cost_findings(results_dir)
+    verify_cost = verify_cost_findings(results.study("formats"))
     if verify_cost:
         parts += ["", "**What `verify=True` costs** (the `formats` study; see "
                   "[Integrity](#integrity-what-each-mode-checks))", "",

@@ -63,10 +63,7 @@ def _timed_batched_reads(
         wanted = trial.batches_wanted(None)
         if wanted is not None:
             order = order[: wanted * batch_size]
-        out = (
-            np.empty((min(batch_size, len(order)), *reader.spec.image_shape), dtype=np.uint8)
-            if reader.is_raw else None
-        )
+        batches_of = _batch_reader(reader, len(order), batch_size)
         samples = returned_bytes = batches = 0
         cut = False
         first_batch_seconds = float("nan")
@@ -75,8 +72,7 @@ def _timed_batched_reads(
             deadline = started + seconds if seconds is not None else float("inf")
             for start in range(0, len(order), batch_size):
                 indices = order[start:start + batch_size]
-                full = out is not None and len(indices) == len(out)
-                images, labels = reader.read_many(indices, out=out if full else None)
+                images, labels = batches_of(indices)
                 if samples == 0:
                     first_batch_seconds = time.perf_counter() - started
                 samples += len(indices)
@@ -111,19 +107,29 @@ def _timed_batched_reads(
     }
 
 
+def _batch_reader(reader, count: int, batch_size: int) -> Callable:
+    """``read_many`` for the batches of a ``count``-sample order: full raw batches go into
+    one reused buffer (a fresh array per batch would time its allocation too)."""
+    out = (np.empty((min(batch_size, count), *reader.spec.image_shape), dtype=np.uint8)
+           if reader.is_raw else None)
+
+    def read(indices: np.ndarray):
+        full = out is not None and len(indices) == len(out)
+        return reader.read_many(indices, out=out if full else None)
+
+    return read
+
+
 def _verified_pass(case: Case, order: np.ndarray, batch_size: int) -> float:
     """Seconds to read ``order`` as ``_timed_batched_reads`` does, through a reader that
     checks each sample's CRC32C (a mismatch raises ``CorruptSampleError``)."""
     from storebench.formats import open_dataset
 
     with open_dataset(case.dataset, verify=True, **open_options(case)) as reader:
-        out = (np.empty((min(batch_size, len(order)), *reader.spec.image_shape), dtype=np.uint8)
-               if reader.is_raw else None)
+        batches_of = _batch_reader(reader, len(order), batch_size)
         started = time.perf_counter()
         for start in range(0, len(order), batch_size):
-            indices = order[start:start + batch_size]
-            full = out is not None and len(indices) == len(out)
-            reader.read_many(indices, out=out if full else None)
+            batches_of(order[start:start + batch_size])
         return time.perf_counter() - started
 
 

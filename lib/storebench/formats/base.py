@@ -345,10 +345,14 @@ class Reader(abc.ABC):
             raise ValueError(f"out must be uint8 {shape}, got {out.dtype} {out.shape}")
         return out
 
-    def _verify(self, index: int, image: np.ndarray | bytes, label: int) -> None:
+    def _manifest_checksums(self) -> np.ndarray:
+        """The manifest's per-sample checksums, loaded on first use."""
         if self._checksums is None:
             self._checksums = self._load_checksums()
-        if sample_checksum(image, label) != int(self._checksums[index]):
+        return self._checksums
+
+    def _verify(self, index: int, image: np.ndarray | bytes, label: int) -> None:
+        if sample_checksum(image, label) != int(self._manifest_checksums()[index]):
             raise CorruptSampleError(
                 self._locate(index), index, "checksum mismatch: stored bytes or label damaged"
             )
@@ -356,9 +360,8 @@ class Reader(abc.ABC):
     def _verify_many(self, indices: np.ndarray, images, labels: np.ndarray) -> None:
         """``_verify`` of a batch: the first sample, in the batch's order, that disagrees
         with its manifest checksum raises."""
-        if self._checksums is None:
-            self._checksums = self._load_checksums()
-        wrong = np.flatnonzero(sample_checksums(images, labels) != self._checksums[indices])
+        wrong = np.flatnonzero(
+            sample_checksums(images, labels) != self._manifest_checksums()[indices])
         if wrong.size:
             index = int(indices[wrong[0]])
             raise CorruptSampleError(

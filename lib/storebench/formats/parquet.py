@@ -341,11 +341,6 @@ class ParquetReader(Reader):
         )
         return rows
 
-    def _manifest_checksums(self) -> np.ndarray:
-        if self._checksums is None:
-            self._checksums = self._load_checksums()
-        return self._checksums
-
     def _refuse_damaged(self, rows: _RowGroup, requested) -> None:
         for index in requested:
             if index in rows.damaged:

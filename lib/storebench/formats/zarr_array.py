@@ -323,11 +323,6 @@ class ZarrReader(Reader):
             raise ValueError(f"{len(values)} values, expected {self.chunk_samples}")
         return values[:rows]
 
-    def _manifest_checksums(self) -> np.ndarray:
-        if self._checksums is None:
-            self._checksums = self._load_checksums()
-        return self._checksums
-
     @staticmethod
     def _refuse_damaged(loaded: _Chunk, path: Path, requested) -> None:
         for index in requested:

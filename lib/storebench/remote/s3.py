@@ -235,8 +235,9 @@ class ObjectStore:
                     if not self._abandoned[caller]:
                         del self._abandoned[caller]
 
-    def _check_not_abandoned(self, name: str, caller: int) -> None:
-        if caller in self._abandoned:
+    def _check_not_abandoned(self, name: str, caller: int | None) -> None:
+        """``caller``: the thread that asked for the read; None: the calling thread."""
+        if (threading.get_ident() if caller is None else caller) in self._abandoned:
             raise ReadAbandonedError(f"{self.path(name)}: read abandoned: its loader is "
                                      "stopping")
 
@@ -325,7 +326,7 @@ class ObjectStore:
         """The whole object (one GET). ``caller``: the thread that asked for it, where a
         pool thread reads on its behalf (``abandoning``)."""
         self._ensure()
-        self._check_not_abandoned(name, threading.get_ident() if caller is None else caller)
+        self._check_not_abandoned(name, caller)
         try:
             with self._client()[1].open_input_stream(self._arrow(name)) as stream:
                 return self._count(stream.read())
@@ -337,7 +338,7 @@ class ObjectStore:
         """``length`` bytes at ``offset`` (one ranged GET); fewer only at the object's end.
         ``caller`` as for ``read``."""
         self._ensure()
-        self._check_not_abandoned(name, threading.get_ident() if caller is None else caller)
+        self._check_not_abandoned(name, caller)
         try:
             return self._count(self._file(name).read_at(length, offset))
         except OSError as err:
