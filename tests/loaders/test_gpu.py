@@ -74,6 +74,9 @@ def test_cpu_feeder_copies_every_batch_into_double_buffers():
     assert stats["batches"] == 6 and stats["bytes"] == sum(
         b.images.nbytes + b.labels.nbytes for b in batches
     )
+    # No staging on the CPU: the whole copy is the one memcpy into the "device" buffer.
+    assert stats["staging_seconds"] == 0.0
+    assert stats["copy_seconds"] == stats["device_copy_seconds"] > 0
 
 
 @needs_no_cuda

@@ -68,14 +68,42 @@ def test_a_fed_path_short_of_the_au_bar_is_counted():
     assert any("1 of 1 fall short of 95% AU (lowest: 73%)" in s for s in sentences)
 
 
-def test_pinned_copies_are_compared_with_pageable_ones_when_measured():
-    pinned = feed_case("process", 2, 2.0, 0.5, params={"pinned": True})
-    for row in pinned:
-        if row["metric"] == "h2d_GBps":
-            row["value"] = 3.0
+def with_rates(rows: list[dict], **rates: float) -> list[dict]:
+    """The case's rows with each named metric's value set (added where the case lacks it)."""
+    rows = [dict(row) for row in rows]
+    for metric, value in rates.items():
+        found = [row for row in rows if row["metric"] == metric]
+        if not found:
+            found = [dict(row, metric=metric, unit="GB/s") for row in rows
+                     if row["metric"] == "h2d_GBps"]
+            rows += found
+        for row in found:
+            row["value"] = value
+    return rows
+
+
+def test_pinned_copies_are_compared_with_pageable_ones_staging_included():
+    pinned = with_rates(feed_case("process", 2, 2.0, 0.5, params={"pinned": True}),
+                        h2d_GBps=0.8)
     df = frame(feed_case("process", 2, 2.0, 0.5), pinned)
     sentences = gpu_feed.feed_findings(df)
-    assert ("Pinned host buffers copy at 3.0\u00d7 the rate of pageable ones (median over "
-            "loaders and compute times).") in sentences
+    # Rows from before the device copy was recorded apart: no sentence about it.
+    assert ("From the loader's memory to the device, pinned copies (the host copy into the "
+            "page-locked buffer counted) run at 0.80\u00d7 the rate of pageable ones (medians "
+            "over loaders and compute times).") in sentences
     labels = set(gpu_feed.feed_rows(df)["label"])
     assert labels == {"ProcessPrefetcher \u00d72", "ProcessPrefetcher \u00d72, pinned, sync"}
+
+
+def test_the_device_copy_alone_is_compared_where_recorded():
+    pageable = with_rates(feed_case("process", 2, 2.0, 0.5, device=H100),
+                          h2d_GBps=8.0, h2d_device_GBps=8.0)
+    pinned = with_rates(feed_case("process", 2, 2.0, 0.5, device=H100,
+                                  params={"pinned": True}),
+                        h2d_GBps=6.0, h2d_device_GBps=24.0)
+    sentences = gpu_feed.feed_findings(frame(pageable, pinned))
+    assert ("From the loader's memory to the device, pinned copies (the host copy into the "
+            "page-locked buffer counted) run at 0.75\u00d7 the rate of pageable ones; the device "
+            "copy alone at 3.0\u00d7 (medians over loaders and compute times).") in sentences
+    table = gpu_feed.feed_table(frame(pageable, pinned)).set_index("copy")
+    assert table.loc["pinned, sync", "h2d_device_GBps"] == pytest.approx(24.0)

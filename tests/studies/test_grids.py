@@ -173,6 +173,28 @@ def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
     assert all(c.summarise == "storebench.cases.targets:summarise_target" for c in targets)
 
 
+def test_feed_grid_copies_every_way_and_reaches_below_2_ms_only_where_cuda_copies(
+        ci_data_root, monkeypatch):
+    """Without a compact plan: three copy modes and the sub-2 ms compute times where torch
+    sees a CUDA device; pageable copies to the CPU at 0, 2 and 10 ms where it does not."""
+    import torch
+
+    from storebench.bench import plan
+    from storebench.studies.gpu_feed import COMPUTE_MS, CUDA_COMPUTE_MS
+
+    monkeypatch.setitem(plan.PLANS, "ci", plan.StudyPlan(compact=False))
+    feed = gpu_feed_study(profile="ci", data_dir=ci_data_root)
+    cuda = torch.cuda.is_available()
+    assert sorted({c.param("compute_ms") for c in feed}) == list(
+        CUDA_COMPUTE_MS if cuda else COMPUTE_MS)
+    copies = {(c.param("pinned", False), c.param("non_blocking", False)) for c in feed}
+    assert copies == ({(False, False), (True, False), (True, True)} if cuda
+                      else {(False, False)})
+    assert {c.param("device") for c in feed} == {"cuda" if cuda else "cpu"}
+    assert len(feed) == len({c.case_id for c in feed}) == (
+        len(CUDA_COMPUTE_MS if cuda else COMPUTE_MS) * 2 * len(copies))
+
+
 def test_target_ratio_takes_the_best_numerator_path_and_the_summary_the_median():
     tf_target = get_target("torch_vs_tf_data")
     assert target_ratio(tf_target, {"torch_thread_prefetcher.samples_per_s": 250.0,

@@ -94,7 +94,8 @@ METRIC_UNITS: dict[str, str] = {
     # per-sample checksums (verify=True) over the same warm reads without
     "verify_time_ratio": "ratio",
     # feeding an accelerator
-    "h2d_GBps": "GB/s",
+    "h2d_GBps": "GB/s",  # from the loader's memory: a pinned copy's host staging included
+    "h2d_device_GBps": "GB/s",  # the device copy alone (CUDA events)
     "accelerator_utilisation": "ratio",
     "stall_fraction": "ratio",
     "wait_for_data_fraction": "ratio",

@@ -11,7 +11,8 @@ def gpu_feed_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     """The case's loader path feeding an accelerator through ``GpuFeeder`` to the device
     named by the ``device`` param, driven by an ``EmulatedAccelerator`` taking
     ``compute_ms`` per batch: AU, the stall split into waiting for data and host copy, and
-    host-to-device GB/s."""
+    host-to-device GB/s: ``h2d_GBps`` from the loader's memory into the device buffer (a
+    pinned copy's host staging included), ``h2d_device_GBps`` the device copy alone."""
     from storebench.formats import open_dataset
     from storebench.loaders import EmulatedAccelerator, GpuFeeder, run_feed
 
@@ -34,7 +35,7 @@ def gpu_feed_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         stats = feeder.stats()
     finally:
         release(reader, dataset=dataset, close=close)
-    copy = stats["copy_seconds"]
+    copy, device_copy = stats["copy_seconds"], stats["device_copy_seconds"]
     return {
         "samples": (result.samples, "count"),
         "samples_per_s": (result.samples_per_second, "samples/s"),
@@ -44,5 +45,7 @@ def gpu_feed_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         "host_copy_fraction": (result.host_copy_fraction, "ratio"),
         "host_overhead_fraction": (result.host_overhead_fraction, "ratio"),
         "h2d_GBps": (stats["bytes"] / copy / 1e9 if copy > 0 else 0.0, "GB/s"),
+        "h2d_device_GBps": (stats["bytes"] / device_copy / 1e9 if device_copy > 0 else 0.0,
+                            "GB/s"),
         "epoch_seconds": (result.wall_seconds, "s"),
     }

@@ -1,0 +1,165 @@
+"""The feeder's CUDA copies: exact bytes on the device in every copy mode, and a device buffer
+never refilled while work the consumer queued still reads it.
+
+These run only where torch sees a CUDA device; without one every test is skipped with that
+reason (``tests/loaders/test_gpu.py`` covers the CPU feeder and the refusals).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from storebench.loaders import (
+    AcceleratorUnavailableError,
+    Batch,
+    EmulatedAccelerator,
+    GpuFeeder,
+    run_feed,
+)
+
+pytestmark = pytest.mark.skipif(
+    not torch.cuda.is_available(),
+    reason="needs a CUDA device: torch.cuda.is_available() is False on this machine",
+)
+
+COPY_MODES = {
+    "pageable": {},
+    "pinned": {"pinned": True},
+    "pinned-async": {"pinned": True, "non_blocking": True},
+}
+# About 10 ms of GPU time per consumer step (torch.cuda._sleep spins for this many cycles):
+# long enough that a copy not ordered after the step would land while the step still reads.
+CONSUMER_SPIN_CYCLES = 20_000_000
+
+
+def make_batches(count: int, size: int = 64, last: int | None = None) -> list[Batch]:
+    rng = np.random.default_rng(7)
+    sizes = [size] * count + ([last] if last else [])
+    return [
+        Batch(
+            rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
+            rng.integers(0, 1000, n, dtype=np.int64),
+            np.arange(n),
+        )
+        for n in sizes
+    ]
+
+
+def reusing_source(batches):
+    """Every batch through the same two arrays, as a prefetcher's reused slots: a batch is
+    valid only until the next one is asked for, and then it is scribbled over."""
+    images = np.empty_like(batches[0].images)
+    labels = np.empty_like(batches[0].labels)
+    for batch in batches:
+        n = len(batch)
+        images[:n] = batch.images
+        labels[:n] = batch.labels
+        yield Batch(images[:n], labels[:n], batch.indices)
+        images.fill(0)
+        labels.fill(-1)
+
+
+@pytest.mark.parametrize("mode", COPY_MODES)
+def test_every_copy_mode_lands_each_batchs_exact_bytes_in_alternating_device_buffers(mode):
+    batches = make_batches(5, last=17)
+    feeder = GpuFeeder(reusing_source(batches), device="cuda", **COPY_MODES[mode])
+    assert feeder.uses_cuda and feeder.timing == "cuda-events"
+    pointers = []
+    for k, (images, labels) in enumerate(feeder):
+        assert images.device.type == "cuda" and labels.device.type == "cuda"
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        np.testing.assert_array_equal(images.cpu().numpy(), batches[k].images)
+        np.testing.assert_array_equal(labels.cpu().numpy(), batches[k].labels)
+        pointers.append(images.data_ptr())
+    assert len(pointers) == len(batches)
+    assert pointers[0::2] == [pointers[0]] * 3 and pointers[1::2] == [pointers[1]] * 3
+    assert pointers[0] != pointers[1]
+    stats = feeder.stats()
+    assert stats["batches"] == 6
+    assert stats["bytes"] == sum(b.images.nbytes + b.labels.nbytes for b in batches)
+    assert stats["device"].startswith("cuda") and stats["device_copy_seconds"] > 0
+    # A pinned copy's host staging is part of its copy time; a pageable one has none.
+    assert (stats["staging_seconds"] > 0) == ("pinned" in COPY_MODES[mode])
+    assert stats["copy_seconds"] == pytest.approx(
+        stats["staging_seconds"] + stats["device_copy_seconds"])
+
+
+@pytest.mark.parametrize("mode", COPY_MODES)
+def test_a_device_buffer_is_not_refilled_while_the_consumers_queued_step_reads_it(mode):
+    """The consumer queues a slow step on the compute stream and then reads the batch; the
+    host asks for the next batches at once. A copy that did not wait for the step (the
+    feeder's ``released`` events) would overwrite the buffer before the read."""
+    batches = make_batches(8)
+    feeder = GpuFeeder(reusing_source(batches), device="cuda", **COPY_MODES[mode])
+    seen = []
+    for images, labels in feeder:
+        torch.cuda._sleep(CONSUMER_SPIN_CYCLES)
+        seen.append((images.clone(), labels.clone()))  # queued behind the spin
+    torch.cuda.synchronize()
+    for (images, labels), batch in zip(seen, batches, strict=True):
+        np.testing.assert_array_equal(images.cpu().numpy(), batch.images)
+        np.testing.assert_array_equal(labels.cpu().numpy(), batch.labels)
+
+
+def test_buffers_grow_for_a_larger_batch_without_disturbing_the_batch_in_hand():
+    small, large = make_batches(2, size=16), make_batches(2, size=96)
+    feeder = GpuFeeder(small + large, device="cuda", pinned=True, non_blocking=True)
+    got = [(images.clone(), labels.clone()) for images, labels in feeder]
+    torch.cuda.synchronize()
+    for (images, labels), batch in zip(got, small + large, strict=True):
+        np.testing.assert_array_equal(images.cpu().numpy(), batch.images)
+        np.testing.assert_array_equal(labels.cpu().numpy(), batch.labels)
+
+
+@pytest.mark.parametrize("mode", COPY_MODES)
+def test_run_feed_on_cuda_charges_every_idle_moment_and_counts_every_byte(mode):
+    batches = make_batches(10)
+    accelerator = EmulatedAccelerator(0.005)
+    fed = run_feed(GpuFeeder(batches, device="cuda", **COPY_MODES[mode]), accelerator,
+                   warmup_batches=2)
+    assert fed.device.startswith("cuda") and fed.batches == 8 and fed.samples == 8 * 64
+    assert fed.compute_seconds == pytest.approx(8 * 0.005)
+    assert fed.compute_seconds + fed.stall_seconds == pytest.approx(fed.wall_seconds, rel=1e-9)
+    assert fed.transfer_bytes == sum(b.images.nbytes + b.labels.nbytes for b in batches[2:])
+    assert fed.transfer_seconds > 0 and fed.transfer_bytes_per_second > 0
+
+
+def test_cuda_copy_options_are_refused_for_a_cpu_device_on_a_cuda_machine():
+    with pytest.raises(AcceleratorUnavailableError,
+                       match=r"pinned=True, non_blocking=True only apply to copies to a "
+                             r"CUDA device, not cpu"):
+        GpuFeeder(make_batches(1), device="cpu", pinned=True, non_blocking=True)
+
+
+@pytest.mark.timeout(120)
+def test_a_pinned_dataloaders_batches_reach_the_device_in_sampler_order(memmap_raw):
+    """``torch_dataloader(pin_memory=True)``: every batch is page-locked, and the feeder
+    copies the DataLoader's tensors to the device byte for byte, in the sampler's order."""
+    from storebench.loaders import LazyDataset, ShuffleSampler
+    from storebench.loaders.torch_adapter import torch_dataloader
+
+    dataset = LazyDataset(memmap_raw)
+    sampler = ShuffleSampler(len(dataset), seed=11)
+    loader = torch_dataloader(dataset, batch_size=48, sampler=sampler, num_workers=2,
+                              multiprocessing_context="spawn", pin_memory=True)
+    order = np.concatenate([np.asarray(b) for b in loader.batch_sampler])
+    pinned = []
+
+    def recording(batches):
+        for images, labels in batches:
+            pinned.append(images.is_pinned() and labels.is_pinned())
+            yield images, labels
+
+    got = [(images.cpu().numpy(), labels.cpu().numpy())
+           for images, labels in GpuFeeder(recording(loader), device="cuda", pinned=True,
+                                           non_blocking=True)]
+    assert pinned and all(pinned)
+    assert sum(len(labels) for _, labels in got) == len(dataset) == len(order)
+    start = 0
+    for images, labels in got:
+        want = dataset.get_batch(order[start:start + len(labels)])
+        np.testing.assert_array_equal(images, want.images)
+        np.testing.assert_array_equal(labels, want.labels)
+        start += len(labels)
