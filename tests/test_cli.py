@@ -112,7 +112,7 @@ def test_user_errors_are_one_line_and_exit_2(tmp_path):
     empty.mkdir()
     result = storebench("findings", str(empty))
     assert result.returncode == 2 and result.stderr.count("\n") == 1
-    assert "no results (*.csv)" in result.stderr
+    assert "no results (*.csv, *.csv.gz)" in result.stderr
     # An --out that is a file, and one in a read-only directory: one line, no traceback.
     a_file = tmp_path / "a-file"
     a_file.write_text("x")

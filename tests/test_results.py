@@ -19,7 +19,7 @@ from result_rows import (
 )
 
 from storebench import results
-from storebench.bench.schema import make_row
+from storebench.bench.schema import SchemaError, make_row
 from storebench.formats import FORMATS
 from storebench.results import MIN_PAIRED_REPEATS, Results, Stat, ratio_interval
 
@@ -210,6 +210,23 @@ def test_results_load_reads_every_csv_and_env(tmp_path):
     assert set(loaded.df["study"]) == {"formats", "prefetch"}
     assert loaded.study("prefetch")["value"].tolist() == [3.0]
     assert len(loaded.study("formats")) == 2 + 7
+
+
+def test_results_load_reads_gzipped_results_as_stored_runs_keep_them(tmp_path):
+    import gzip
+
+    write_results(tmp_path, read_case("memmap", "warm", [1.0, 2.0]),
+                  case_rows("prefetch", "epoch", {"samples_per_s": [3.0]}))
+    plain = Results.load(tmp_path).df
+    stored = tmp_path / "stored"
+    stored.mkdir()
+    for path in sorted(tmp_path.glob("*.csv")):
+        (stored / f"{path.name}.gz").write_bytes(gzip.compress(path.read_bytes()))
+    pd.testing.assert_frame_equal(Results.load(stored).df, plain)
+    # One study both plain and gzipped would count its rows twice: refused, by name.
+    (stored / "prefetch.csv").write_bytes((tmp_path / "prefetch.csv").read_bytes())
+    with pytest.raises(SchemaError, match=r"prefetch.csv is there both plain and gzipped"):
+        Results.load(stored)
 
 
 def test_results_load_without_env_has_no_limits(tmp_path):

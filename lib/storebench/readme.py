@@ -65,9 +65,33 @@ def peers_target_findings(results) -> list[str]:
     return target_findings(results)
 
 
-def render_findings_block(results_dir: Path | str, *, relative_to: Path | None = None) -> str:
-    """Machine line, decision guide, targets, the cost of verification and key figures, as
-    README markdown."""
+def cuda_feed_text(cuda_runs_dir: Path, base: Path) -> str:
+    """The newest stored feed run on a real CUDA device (``gpu_feed.latest_cuda_run``): its
+    machine, findings (AU per compute time is in its figure) and figure, as README markdown;
+    empty where there is none."""
+    from .findings import machine_text
+    from .studies.gpu_feed import feed_findings, latest_cuda_run
+    from .text import bullets
+
+    run = latest_cuda_run(cuda_runs_dir)
+    if run is None:
+        return ""
+    rel = run.directory.resolve().relative_to(base.resolve()).as_posix()
+    parts = [f"**On a real GPU** (the `gpu_feed` study in `{rel}`, run "
+             f"{run.env.get('run_id')}; machine: {machine_text(run.env)})", "",
+             bullets(feed_findings(run.df, per_compute_time=False)).rstrip("\n")]
+    png = run.directory / "figures" / "gpu_feed_utilisation.png"
+    if png.exists():
+        figure = png.resolve().relative_to(base.resolve()).as_posix()
+        parts += ["", f"![{figure_caption('gpu_feed_utilisation')}, on a CUDA device]({figure})"]
+    return "\n".join(parts)
+
+
+def render_findings_block(results_dir: Path | str, *, relative_to: Path | None = None,
+                          cuda_runs_dir: Path | str | None = None) -> str:
+    """Machine line, decision guide, targets, the cost of verification, the newest feed run
+    on a CUDA device (under ``cuda_runs_dir``, default ``gpu-runs`` beside ``results_dir``)
+    and key figures, as README markdown."""
     from .findings import readme_findings_table
     from .results import Results
     from .studies.formats import verify_cost_findings
@@ -92,6 +116,11 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
         parts += ["", "**What `verify=True` costs** (the `formats` study; see "
                   "[Integrity](#integrity-what-each-mode-checks))", "",
                   bullets(verify_cost).rstrip("\n")]
+    cuda_text = cuda_feed_text(
+        Path(cuda_runs_dir) if cuda_runs_dir is not None else results_dir.parent / "gpu-runs",
+        base)
+    if cuda_text:
+        parts += ["", cuda_text]
     for stem in KEY_FIGURES:
         png = results_dir / "figures" / f"{stem}.png"
         if png.exists():

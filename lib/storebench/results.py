@@ -61,7 +61,7 @@ class Results:
         results_dir = Path(results_dir)
         df = read_all_results(results_dir)
         if df.empty:
-            raise FileNotFoundError(f"{results_dir}: no results (*.csv)")
+            raise FileNotFoundError(f"{results_dir}: no results (*.csv, *.csv.gz)")
         env_path = results_dir / "env.json"
         env = json.loads(env_path.read_text()) if env_path.exists() else {}
         return cls(df, env, results_dir)

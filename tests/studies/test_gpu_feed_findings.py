@@ -107,3 +107,39 @@ def test_the_device_copy_alone_is_compared_where_recorded():
             "copy alone at 3.0\u00d7 (medians over loaders and compute times).") in sentences
     table = gpu_feed.feed_table(frame(pageable, pinned)).set_index("copy")
     assert table.loc["pinned, sync", "h2d_device_GBps"] == pytest.approx(24.0)
+
+
+def test_the_newest_stored_run_on_a_cuda_device_is_found_and_an_emulated_one_is_not(tmp_path):
+    from result_rows import write_results
+
+    from storebench.readme import cuda_feed_text
+
+    root = tmp_path / "results" / "gpu-runs"
+    assert gpu_feed.latest_cuda_run(root) is None  # no such folder
+    for name, device in (("20260101T000000Z-aaaaaa", H100), ("20260102T000000Z-bbbbbb", H100),
+                         ("20260103T000000Z-cccccc", {})):
+        folder = root / name
+        folder.mkdir(parents=True)
+        case = (feed_case("process", 2, 2.0, 0.97, device=device) if device
+                else feed_case("process", 2, 2.0, 0.97))
+        write_results(folder, case, env={"run_id": name, "cpus_usable": 16,
+                                         "cuda": {"torch_cuda_available": bool(device),
+                                                  "devices": ["NVIDIA H100"]}})
+    (root / "empty").mkdir()
+    run = gpu_feed.latest_cuda_run(root)
+    assert run.env["run_id"] == "20260102T000000Z-bbbbbb"
+    assert run.directory == root / "20260102T000000Z-bbbbbb"
+
+    text = cuda_feed_text(root, tmp_path)
+    assert text.startswith("**On a real GPU** (the `gpu_feed` study in "
+                           "`results/gpu-runs/20260102T000000Z-bbbbbb`, run "
+                           "20260102T000000Z-bbbbbb; machine: ")
+    assert "- Copies went to NVIDIA H100 (a real CUDA device" in text
+    assert "At 2 ms of compute" not in text  # per compute time: the figure's, not the README's
+    assert "![" not in text  # no figure drawn for that run
+    figures = run.directory / "figures"
+    figures.mkdir()
+    (figures / "gpu_feed_utilisation.png").write_bytes(b"png")
+    assert cuda_feed_text(root, tmp_path).endswith(
+        "(results/gpu-runs/20260102T000000Z-bbbbbb/figures/gpu_feed_utilisation.png)")
+    assert cuda_feed_text(tmp_path / "nowhere", tmp_path) == ""

@@ -269,13 +269,20 @@ def read_results(path: Path | str) -> pd.DataFrame:
 
 def read_all_results(results_dir: Path | str) -> pd.DataFrame:
     """Every ``*.csv`` results file in ``results_dir``, concatenated (an empty frame when
-    the directory has none); a missing directory raises ``FileNotFoundError`` naming it."""
+    the directory has none), gzipped ones (``*.csv.gz``, as stored runs keep them) too; a
+    missing directory raises ``FileNotFoundError`` naming it, and one study in both forms
+    raises ``SchemaError`` (its rows would count twice)."""
     import pandas as pd
 
     results_dir = Path(results_dir)
     if not results_dir.is_dir():
         raise FileNotFoundError(f"{results_dir}: no such results directory")
-    paths = sorted(results_dir.glob("*.csv"))
+    plain, gzipped = sorted(results_dir.glob("*.csv")), sorted(results_dir.glob("*.csv.gz"))
+    twice = sorted({p.name for p in plain} & {p.name.removesuffix(".gz") for p in gzipped})
+    if twice:
+        raise SchemaError(f"{results_dir}: {', '.join(twice)} is there both plain and gzipped; "
+                          "keep one")
+    paths = plain + gzipped
     frames = [read_results(p) for p in paths]
     if not frames:
         return validate(pd.DataFrame(columns=list(COLUMNS)))

@@ -205,16 +205,35 @@ def feed_device_text(df: pd.DataFrame) -> str:
             "non_blocking copies were not measured.")
 
 
-def feed_findings(df: pd.DataFrame) -> list[str]:
-    """AU per path at each compute time with the stall split; whether AU reaches
-    ``FED_AU`` wherever the path's own rate gives ``FED_HEADROOM`` over the accelerator's;
-    pinned/non_blocking against pageable copies when measured."""
+def latest_cuda_run(root: Path | str) -> Results | None:
+    """The newest run stored under ``root`` (one folder per run, as ``results/gpu-runs``
+    keeps them) whose feed copies went to a real CUDA device; None where there is none."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    found = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        try:
+            results = Results.load(folder)
+        except FileNotFoundError:
+            continue
+        devices = feed_devices(results.df)
+        if not devices.empty and not devices["emulated"].any():
+            found.append((str(results.env.get("run_id") or folder.name), results))
+    return max(found, key=lambda run: run[0])[1] if found else None
+
+
+def feed_findings(df: pd.DataFrame, *, per_compute_time: bool = True) -> list[str]:
+    """AU per path at each compute time with the stall split (unless ``per_compute_time``
+    is False); whether AU reaches ``FED_AU`` wherever the path's own rate gives
+    ``FED_HEADROOM`` over the accelerator's; pinned/non_blocking against pageable copies
+    when measured."""
     table = feed_table(df)
     if table.empty:
         return []
     sentences = [feed_device_text(df)]
     busy = table[table["compute_ms"] > 0]
-    for compute_ms, part in busy.groupby("compute_ms"):
+    for compute_ms, part in busy.groupby("compute_ms") if per_compute_time else ():
         described = "; ".join(
             f"{row['label']} {format_percent(row['accelerator_utilisation'])} (waiting for "
             f"data {format_percent(row['wait_for_data_fraction'])}, host copy "
@@ -264,59 +283,67 @@ _DASHES = ("-", "--", ":", "-.")
 
 def plot_feed(df: pd.DataFrame) -> Figure:
     """AU against the emulated compute time per batch, one line per path (and copy mode);
-    beside it, where the rest of the time went: waiting for data and the host copy."""
+    below it, where the rest of the time went: waiting for data and the host copy. Cases
+    with no compute are left out: their AU is zero by definition (they give each path's own
+    rate, in the findings)."""
     rows = feed_rows(df)
-    if rows.empty:
-        return empty_figure("no feed rows")
-    fig = Figure(figsize=(10, 3.8), layout="constrained")
-    axes = fig.subplots(1, 2)
+    busy_rows = rows[rows["compute_ms"] > 0]
+    if busy_rows.empty:
+        return empty_figure("no feed rows with compute")
+    busy = feed_table(df)
+    busy = busy[busy["compute_ms"] > 0].reset_index(drop=True)
+    # One bar per (path, compute time): a CUDA run has 24, and each needs its own line.
+    bar_height = 0.8 + 0.24 * len(busy)
+    fig = Figure(figsize=(10, 3.4 + bar_height), layout="constrained")
+    top, bottom = fig.subplots(2, 1, height_ratios=(3.0, bar_height))
     # Paths that feed equally well draw on top of each other: each later one gets a smaller
     # marker and another dash, so every line stays visible where they coincide.
-    paths = list(rows.groupby("path", sort=False))
-    for order, (path, part) in enumerate(paths):
+    for order, (path, part) in enumerate(busy_rows.groupby("path", sort=False)):
         summary = summarise(part, "accelerator_utilisation", ["compute_ms"]).sort_values(
             "compute_ms")
         if summary.empty:
             continue
         median = summary["median"].to_numpy(dtype=float)
-        axes[0].errorbar(summary["compute_ms"], median,
-                         yerr=[median - summary["low"].to_numpy(dtype=float),
-                               summary["high"].to_numpy(dtype=float) - median],
-                         marker=_MARKERS[order % len(_MARKERS)],
-                         markersize=max(10 - 2.5 * order, 4), linewidth=max(3 - order, 1),
-                         linestyle=_DASHES[order % len(_DASHES)], capsize=2,
-                         color=path_colour(path.split("/")[0]), label=part["label"].iloc[0])
-    axes[0].axhline(FED_AU, color="grey", linestyle=":", linewidth=0.8,
-                    label=f"{format_percent(FED_AU)} AU")
-    axes[0].set_xlabel("emulated compute per batch (ms)")
-    axes[0].set_ylabel("accelerator utilisation")
-    axes[0].set_ylim(-0.02, 1.02)
-    axes[0].legend(fontsize="small")
-    table = feed_table(df)
-    busy = table[table["compute_ms"] > 0].reset_index(drop=True)
-    if busy.empty:
-        axes[1].axis("off")
-    else:
-        labels = [f"{row['label']}\n{grid_value(row['compute_ms'])} ms"
-                  for _, row in busy.iterrows()]
-        y = np.arange(len(busy))
-        left = np.zeros(len(busy))
-        for metric, colour, name in (
-                ("accelerator_utilisation", "#2ca02c", "computing"),
-                ("wait_for_data_fraction", "#d62728", "waiting for data"),
-                ("host_copy_fraction", "#ff7f0e", "host copy"),
-                ("host_overhead_fraction", "#7f7f7f", "host overhead")):
-            values = busy[metric].fillna(0).to_numpy(dtype=float)
-            axes[1].barh(y, values, left=left, color=colour, label=name, edgecolor="black",
-                         linewidth=0.4)
-            left += values
-        axes[1].set_yticks(y, labels, fontsize="x-small")
-        axes[1].invert_yaxis()
-        axes[1].set_xlim(0, 1.02)
-        axes[1].set_xlabel("fraction of wall time (medians)")
-        # Below the axis: inside it, the legend covered the last bar.
-        axes[1].legend(fontsize="x-small", loc="upper center", bbox_to_anchor=(0.5, -0.18),
-                       ncols=4, frameon=False)
+        top.errorbar(summary["compute_ms"], median,
+                     yerr=[median - summary["low"].to_numpy(dtype=float),
+                           summary["high"].to_numpy(dtype=float) - median],
+                     marker=_MARKERS[order % len(_MARKERS)],
+                     markersize=max(10 - 2.5 * order, 4), linewidth=max(3 - order, 1),
+                     linestyle=_DASHES[order % len(_DASHES)], capsize=2,
+                     color=path_colour(path.split("/")[0]), label=part["label"].iloc[0])
+    top.axhline(FED_AU, color="grey", linestyle=":", linewidth=0.8,
+                label=f"{format_percent(FED_AU)} AU")
+    # A log scale: the compute times crowd below 2 ms where a CUDA host feeds fast.
+    times = sorted(set(busy_rows["compute_ms"]))
+    top.set_xscale("log")
+    top.set_xticks(times, [grid_value(t) for t in times])
+    top.minorticks_off()
+    top.set_xlabel("emulated compute per batch (ms)")
+    top.set_ylabel("accelerator utilisation")
+    top.set_ylim(-0.02, 1.02)
+    # Beside the axis: inside it, the legend covered the lines' rise.
+    top.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5),
+               frameon=False)
+    labels = [f"{grid_value(row['compute_ms'])} ms: {row['label']}"
+              for _, row in busy.iterrows()]
+    y = np.arange(len(busy))
+    left = np.zeros(len(busy))
+    for metric, colour, name in (
+            ("accelerator_utilisation", "#2ca02c", "computing"),
+            ("wait_for_data_fraction", "#d62728", "waiting for data"),
+            ("host_copy_fraction", "#ff7f0e", "host copy"),
+            ("host_overhead_fraction", "#7f7f7f", "host overhead")):
+        values = busy[metric].fillna(0).to_numpy(dtype=float)
+        bottom.barh(y, values, left=left, color=colour, label=name, edgecolor="black",
+                    linewidth=0.4)
+        left += values
+    bottom.set_yticks(y, labels, fontsize="x-small")
+    bottom.invert_yaxis()
+    bottom.set_xlim(0, 1.02)
+    bottom.set_xlabel("fraction of wall time (medians)")
+    # Above the bars: inside the axis, the legend covered the last bar.
+    bottom.legend(fontsize="x-small", loc="lower center", bbox_to_anchor=(0.5, 1.0),
+                  ncols=4, frameon=False)
     devices = feed_devices(df)
     real = sorted(set(devices.loc[~devices["emulated"], "device_name"]))
     where = (f"copies to {', '.join(real)}" if real
