@@ -103,6 +103,37 @@ def test_a_device_buffer_is_not_refilled_while_the_consumers_queued_step_reads_i
         np.testing.assert_array_equal(labels.cpu().numpy(), batch.labels)
 
 
+def reusing_pinned_source(batches):
+    """As ``reusing_source``, through two page-locked torch tensors: a batch the feeder
+    reads in place is scribbled over as soon as the next one is asked for."""
+    images = torch.empty(batches[0].images.shape, dtype=torch.uint8).pin_memory()
+    labels = torch.empty(len(batches[0]), dtype=torch.int64).pin_memory()
+    for batch in batches:
+        n = len(batch)
+        images[:n].copy_(torch.from_numpy(batch.images))
+        labels[:n].copy_(torch.from_numpy(batch.labels))
+        yield images[:n], labels[:n]
+        images.fill_(0)
+        labels.fill_(-1)
+
+
+@pytest.mark.parametrize("mode", ["pinned", "pinned-async"])
+def test_a_page_locked_batch_is_read_in_place_before_the_loader_reuses_it(mode):
+    batches = make_batches(6, last=9)
+    feeder = GpuFeeder(reusing_pinned_source(batches), device="cuda", **COPY_MODES[mode])
+    seen = []
+    for images, labels in feeder:
+        torch.cuda._sleep(CONSUMER_SPIN_CYCLES)  # the copies queue behind a slow step
+        seen.append((images.clone(), labels.clone()))
+    torch.cuda.synchronize()
+    for (images, labels), batch in zip(seen, batches, strict=True):
+        np.testing.assert_array_equal(images.cpu().numpy(), batch.images)
+        np.testing.assert_array_equal(labels.cpu().numpy(), batch.labels)
+    stats = feeder.stats()
+    assert stats["staging_seconds"] == 0.0 and stats["device_copy_seconds"] > 0
+    assert stats["bytes"] == sum(b.images.nbytes + b.labels.nbytes for b in batches)
+
+
 def test_buffers_grow_for_a_larger_batch_without_disturbing_the_batch_in_hand():
     small, large = make_batches(2, size=16), make_batches(2, size=96)
     feeder = GpuFeeder(small + large, device="cuda", pinned=True, non_blocking=True)
@@ -152,10 +183,10 @@ def test_a_pinned_dataloaders_batches_reach_the_device_in_sampler_order(memmap_r
             pinned.append(images.is_pinned() and labels.is_pinned())
             yield images, labels
 
-    got = [(images.cpu().numpy(), labels.cpu().numpy())
-           for images, labels in GpuFeeder(recording(loader), device="cuda", pinned=True,
-                                           non_blocking=True)]
+    feeder = GpuFeeder(recording(loader), device="cuda", pinned=True, non_blocking=True)
+    got = [(images.cpu().numpy(), labels.cpu().numpy()) for images, labels in feeder]
     assert pinned and all(pinned)
+    assert feeder.stats()["staging_seconds"] == 0.0  # read in place, never staged
     assert sum(len(labels) for _, labels in got) == len(dataset) == len(order)
     start = 0
     for images, labels in got:

@@ -6,7 +6,8 @@ one of two preallocated device buffers (a double buffer), with one of three copy
 - pageable, synchronous: ``device_buffer.copy_(host)``; the host thread waits for each copy
   (CUDA first stages pageable memory through a driver buffer, so this is two copies);
 - ``pinned=True``: the batch is first copied into one of two page-locked staging buffers,
-  from which the DMA engine reads directly;
+  from which the DMA engine reads directly; a batch that is already page-locked (torch
+  tensors from ``DataLoader(pin_memory=True)``) is read where it is, with no staging copy;
 - ``non_blocking=True`` (with ``pinned=True``): the copy is queued on a side CUDA stream and
   the host goes on at once; CUDA events order it after the consumer's last use of the
   buffer and before the consumer's first use of the batch.
@@ -56,6 +57,19 @@ def _as_arrays(batch) -> tuple[np.ndarray, np.ndarray]:
                 "sizes a transform with a fixed output, such as storebench.loaders.Resize)"
             ) from None
     labels = labels if isinstance(labels, np.ndarray) else labels.numpy()
+    return images, labels
+
+
+def _page_locked(batch) -> tuple | None:
+    """``(images, labels)`` when the batch is a pair of page-locked, contiguous torch tensors
+    (``DataLoader(pin_memory=True)`` gives them): the DMA engine can read them in place."""
+    if isinstance(batch, Batch):
+        return None
+    images, labels = batch
+    for tensor in (images, labels):
+        if not (hasattr(tensor, "is_pinned") and tensor.is_pinned()
+                and tensor.is_contiguous()):
+            return None
     return images, labels
 
 
@@ -245,7 +259,8 @@ class GpuFeeder:
                 wait_for_slot(slot)
                 copy_started = time.perf_counter()
                 if self.uses_cuda:
-                    ready = self._copy_cuda(slot, images, labels, cuda, released, timings)
+                    ready = self._copy_cuda(slot, images, labels, cuda, released, timings,
+                                            page_locked=_page_locked(batch))
                     if synchronous:
                         ready.synchronize()
                 else:
@@ -280,12 +295,16 @@ class GpuFeeder:
         copier = torch.cuda.Stream(self.device) if self.non_blocking else compute
         return copier, [torch.cuda.Event() for _ in range(BUFFERS)]
 
-    def _copy_cuda(self, slot: int, images, labels, cuda: tuple, released, timings: list):
+    def _copy_cuda(self, slot: int, images, labels, cuda: tuple, released, timings: list,
+                   *, page_locked: tuple | None = None):
         import torch
 
         copier, staged = cuda
         n = len(labels)
-        if self.pinned:
+        in_place = self.pinned and page_locked is not None
+        if in_place:
+            host_images, host_labels = page_locked
+        elif self.pinned:
             # The staging buffer's previous copy must have left it before it is refilled.
             staged[slot].synchronize()
             host_images, host_labels = self._staging[slot][0][:n], self._staging[slot][1][:n]
@@ -306,6 +325,11 @@ class GpuFeeder:
             end.record(copier)
             staged[slot].record(copier)
         timings.append((start, end))
+        if in_place:
+            # The loader may reuse the batch's memory once asked for the next one, so the
+            # DMA must have read it by then: the host waits for this copy (instead of
+            # making a staging copy of its own).
+            end.synchronize()
         return end
 
 
