@@ -313,11 +313,13 @@ def plot_feed(df: pd.DataFrame) -> Figure:
                      color=path_colour(path.split("/")[0]), label=part["label"].iloc[0])
     top.axhline(FED_AU, color="grey", linestyle=":", linewidth=0.8,
                 label=f"{format_percent(FED_AU)} AU")
-    # A log scale: the compute times crowd below 2 ms where a CUDA host feeds fast.
+    # A log scale where there are enough times to label one: they crowd below 2 ms where
+    # a CUDA host feeds fast.
     times = sorted(set(busy_rows["compute_ms"]))
-    top.set_xscale("log")
+    if len(times) >= 3:
+        top.set_xscale("log")
+        top.minorticks_off()
     top.set_xticks(times, [grid_value(t) for t in times])
-    top.minorticks_off()
     top.set_xlabel("emulated compute per batch (ms)")
     top.set_ylabel("accelerator utilisation")
     top.set_ylim(-0.02, 1.02)
