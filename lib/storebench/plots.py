@@ -93,9 +93,18 @@ def tick_text(value: float, _position=None) -> str:
     return f"{value:g}"
 
 
+# Round steps within a decade for a view narrower than one, coarsest first: they stay evenly
+# spread on the log scale, where evenly spaced linear ticks leave its low end unlabelled.
+NARROW_LOG_SUBS = ((1.0, 2.0, 3.0, 5.0), (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0))
+# A narrow view's outermost labels lie within this factor of its ends.
+NARROW_LOG_REACH = 1.5
+
+
 class ReadableLogLocator(LogLocator):
-    """Ticks at 1, 2 and 5 of every decade; where the view spans less than a decade (too
-    few of those would fall inside it), evenly spaced round values instead."""
+    """Ticks at 1, 2 and 5 of every decade. Where the view spans less than a decade (too
+    few of those would fall inside it): finer round steps (``NARROW_LOG_SUBS``), the first
+    that puts three ticks inside it, reaching within ``NARROW_LOG_REACH`` of both ends;
+    else evenly spaced round values."""
 
     def __init__(self) -> None:
         super().__init__(base=10, subs=(1.0, 2.0, 5.0))
@@ -103,6 +112,12 @@ class ReadableLogLocator(LogLocator):
     def tick_values(self, vmin, vmax):
         low, high = sorted((vmin, vmax))
         if low > 0 and high / low < 10:
+            for subs in NARROW_LOG_SUBS:
+                ticks = LogLocator(base=10, subs=subs, numticks=20).tick_values(low, high)
+                inside = ticks[(ticks >= low) & (ticks <= high)]
+                if (len(inside) >= 3 and inside[0] <= low * NARROW_LOG_REACH
+                        and inside[-1] >= high / NARROW_LOG_REACH):
+                    return ticks
             return MaxNLocator(nbins=5).tick_values(low, high)
         return super().tick_values(vmin, vmax)
 

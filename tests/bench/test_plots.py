@@ -131,6 +131,20 @@ def test_a_log_axis_over_less_than_a_decade_gets_round_ticks_inside_it():
     assert len(shown) >= 3 and "10k" not in shown, shown
 
 
+def test_a_log_axis_over_less_than_a_decade_is_labelled_near_both_ends():
+    """Evenly spaced linear ticks on a log axis from 0.085 to 0.45 s labelled only 0.16 and
+    up, leaving the marks below unreadable: round steps spread over the log scale instead."""
+    fig = Figure()
+    ax = fig.add_subplot()
+    ax.plot([1, 2], [0.085, 0.45])
+    plots.log_axis(ax)
+    ax.set_ylim(0.085, 0.45)
+    fig.draw_without_rendering()
+    shown = [float(text) for text in visible_tick_texts(ax.yaxis)]
+    assert len(shown) >= 3, shown
+    assert min(shown) <= 0.085 * 1.5 and max(shown) >= 0.45 / 1.5, shown
+
+
 def test_peak_memory_labels_bars_by_the_column_it_is_given():
     rows = []
     for label, pss in (("memmap-raw, sequential, warm", 60e6), ("lmdb-raw, random, cold", 90e6)):
