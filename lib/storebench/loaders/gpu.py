@@ -260,7 +260,8 @@ class GpuFeeder:
                 copy_started = time.perf_counter()
                 if self.uses_cuda:
                     ready = self._copy_cuda(slot, images, labels, cuda, released, timings,
-                                            page_locked=_page_locked(batch))
+                                            page_locked=_page_locked(batch) if self.pinned
+                                            else None)
                     if synchronous:
                         ready.synchronize()
                 else:

@@ -260,20 +260,26 @@ def feed_findings(df: pd.DataFrame, *, per_compute_time: bool = True) -> list[st
             f"With no compute the feed itself runs at "
             f"{format_value(fastest['samples_per_s'], 'samples/s')} ({fastest['label']}, "
             f"{format_value(fastest['h2d_GBps'], 'GB/s')} copied).")
-    copies = table.pivot_table(index=["compute_ms", "prefetcher"], columns="copy",
-                               values="h2d_GBps")
-    if "pinned, sync" in copies and "pageable, sync" in copies:
-        gain = (copies["pinned, sync"] / copies["pageable, sync"]).median()
+    gain = _pinned_over_pageable(table, "h2d_GBps")
+    if gain is not None:
         sentence = (f"From the loader's memory to the device, pinned copies (the host copy "
                     f"into the page-locked buffer counted) run at {format_ratio(gain)} the "
                     "rate of pageable ones")
-        device_copies = table.pivot_table(index=["compute_ms", "prefetcher"], columns="copy",
-                                          values="h2d_device_GBps")
-        if "pinned, sync" in device_copies and "pageable, sync" in device_copies:
-            dma = (device_copies["pinned, sync"] / device_copies["pageable, sync"]).median()
+        dma = _pinned_over_pageable(table, "h2d_device_GBps")
+        if dma is not None:
             sentence += f"; the device copy alone at {format_ratio(dma)}"
         sentences.append(sentence + " (medians over loaders and compute times).")
     return sentences
+
+
+def _pinned_over_pageable(table: pd.DataFrame, metric: str) -> float | None:
+    """The median, over loaders and compute times, of pinned sync copies' ``metric`` over
+    pageable ones'; None where either was not measured."""
+    copies = table.pivot_table(index=["compute_ms", "prefetcher"], columns="copy",
+                               values=metric)
+    if "pinned, sync" not in copies or "pageable, sync" not in copies:
+        return None
+    return float((copies["pinned, sync"] / copies["pageable, sync"]).median())
 
 
 # -- figures ----------------------------------------------------------------------------
