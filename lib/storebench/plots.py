@@ -132,6 +132,11 @@ def log_axis(ax, which: str = "y") -> None:
     axis.set_minor_formatter(NullFormatter())
 
 
+def linear_axis(ax, which: str = "y") -> None:
+    """A linear axis labelled as ``log_axis`` labels its ticks (``2k``, ``50k``...)."""
+    (ax.yaxis if which == "y" else ax.xaxis).set_major_formatter(FuncFormatter(tick_text))
+
+
 def profile_caption(df: pd.DataFrame, encoding: str | None = None) -> str:
     """``"20,000 samples, 64×64×3, raw"``: the sample count and image size of the rows'
     profile (one encoding, or every encoding present), from ``data_gen``'s profiles; for an

@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 
 from ..bench.cache import CacheState
 from ..bench.plan import plan_for
@@ -25,12 +24,12 @@ from ..plots import (
     empty_figure,
     format_colours,
     grouped,
+    linear_axis,
     metric_title,
     plot_peak_memory,
     plot_resident_fraction,
     profile_caption,
     summarise,
-    tick_text,
 )
 from ..results import (
     Results,
@@ -489,7 +488,7 @@ def plot_knobs(df: pd.DataFrame) -> Figure:
             summary = summary.sort_values("setting", key=lambda c: c.map(setting_rank),
                                           kind="stable")
             bars(ax, list(summary["setting"]), summary)
-            ax.yaxis.set_major_formatter(FuncFormatter(tick_text))
+            linear_axis(ax)
             ax.tick_params(axis="y", labelsize="small")
             if g == 0:
                 ax.set_title(label, fontsize="small")

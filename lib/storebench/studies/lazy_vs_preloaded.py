@@ -25,6 +25,7 @@ from ..plots import (
     bars,
     empty_figure,
     format_colours,
+    linear_axis,
     log_axis,
     metric_title,
     plot_resident_fraction,
@@ -435,7 +436,8 @@ def plot_readahead(df: pd.DataFrame) -> Figure:
     ax = fig.add_subplot()
     bars(ax, list(summary["label"]), summary,
           colours=[colours[f] for f in summary["format"]], horizontal=True)
-    log_axis(ax, "x")
+    # Linear from zero: on a log axis a bar's length would not be its rate.
+    linear_axis(ax, "x")
     ax.set_xlabel("samples per second (cold, shuffled, lazy, one thread)")
     fig.suptitle(f"Readahead knobs of the memory-mapped formats\n({profile_caption(rows)})",
                  fontsize="medium")

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 
 from ..bench.plan import plan_for
 from ..bench.runner import Case
@@ -24,13 +23,13 @@ from ..loaders.paths import LOADER_PATHS, get_loader_path, path_label
 from ..plots import (
     bars,
     empty_figure,
+    linear_axis,
     log_axis,
     metric_title,
     path_colour,
     plot_peak_memory,
     profile_caption,
     summarise,
-    tick_text,
 )
 from ..results import Results, best_row, ordered, params_of, select, stat, summary_table
 from ..text import DASH, ENCODING_NAMES, format_ratio, format_value, relative_text
@@ -355,7 +354,7 @@ def plot_prefetch_scaling(df: pd.DataFrame) -> Figure:
             ax.axhline(float(serial["median"].iloc[0]), color=path_colour("none"),
                        linestyle="--", linewidth=1, label=LOADER_PATHS["none"].label)
         ax.set_ylim(bottom=0)
-        ax.yaxis.set_major_formatter(FuncFormatter(tick_text))
+        linear_axis(ax)
         ax.set_xlabel("workers")
         ax.set_xticks(sorted(part.loc[part["prefetcher"].isin(["thread", "process"]),
                                       "workers"].unique()))
