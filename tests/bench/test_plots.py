@@ -120,27 +120,26 @@ def test_log_axis_labels_ticks_at_1_2_5_of_each_decade():
         "0", "", "0.5", "2M", "3G"]
 
 
-def test_a_log_axis_over_less_than_a_decade_gets_round_ticks_inside_it():
+def log_axis_labels(low: float, high: float) -> list[str]:
+    """The tick labels ``log_axis`` shows on a y axis viewed from ``low`` to ``high``."""
     fig = Figure()
     ax = fig.add_subplot()
-    ax.plot([1, 2], [8_000, 9_900])
+    ax.plot([1, 2], [low, high])
     plots.log_axis(ax)
-    ax.set_ylim(8_000, 9_900)
+    ax.set_ylim(low, high)
     fig.draw_without_rendering()
-    shown = visible_tick_texts(ax.yaxis)
+    return visible_tick_texts(ax.yaxis)
+
+
+def test_a_log_axis_over_less_than_a_decade_gets_round_ticks_inside_it():
+    shown = log_axis_labels(8_000, 9_900)
     assert len(shown) >= 3 and "10k" not in shown, shown
 
 
 def test_a_log_axis_over_less_than_a_decade_is_labelled_near_both_ends():
     """Evenly spaced linear ticks on a log axis from 0.085 to 0.45 s labelled only 0.16 and
     up, leaving the marks below unreadable: round steps spread over the log scale instead."""
-    fig = Figure()
-    ax = fig.add_subplot()
-    ax.plot([1, 2], [0.085, 0.45])
-    plots.log_axis(ax)
-    ax.set_ylim(0.085, 0.45)
-    fig.draw_without_rendering()
-    shown = [float(text) for text in visible_tick_texts(ax.yaxis)]
+    shown = [float(text) for text in log_axis_labels(0.085, 0.45)]
     assert len(shown) >= 3, shown
     assert min(shown) <= 0.085 * 1.5 and max(shown) >= 0.45 / 1.5, shown
 
