@@ -59,6 +59,28 @@ def test_a_time_budget_stops_wide_repeats_that_cost_too_much():
         AdaptiveRepeats(budget_s=0)
 
 
+def test_a_target_interval_that_holds_its_threshold_runs_every_repeat():
+    rule = AdaptiveRepeats(minimum=3, maximum=9, halfwidth=0.05, threshold=200.0)
+    plain = AdaptiveRepeats(minimum=3, maximum=9, halfwidth=0.05)
+    straddling = [207.4, 195.5, 208.4]  # narrow (3%), but 200 lies inside its interval
+    assert plain.done(straddling)
+    assert not rule.done(straddling)
+    # Once undecided, decided and narrow later is still not enough: all 9 repeats.
+    later = straddling + [207.0, 208.0, 207.5, 206.9]
+    assert median_interval(later)[1] >= 200.0 and relative_halfwidth(later) <= 0.05
+    assert not rule.done(later)
+    assert not rule.done(later + [207.2])
+    assert rule.done(later + [207.2, 207.8])
+    # Decided at the minimum, either way: the width rule alone.
+    assert rule.done([207.4, 209.0, 208.4])   # met
+    assert rule.done([150.0, 151.0, 152.0])   # missed
+    assert not rule.done([150.0, 190.0, 120.0])  # missed but wide: the width rule goes on
+    assert "once the interval contains the threshold 200, all 9" in rule.rule
+    assert "threshold" not in plain.rule
+    with pytest.raises(ValueError, match="threshold must be finite"):
+        AdaptiveRepeats(threshold=float("nan"))
+
+
 def test_the_stop_metric_is_the_first_the_case_reports():
     assert stop_metric({"wall_seconds": 1, "samples_per_s": 2}) == "samples_per_s"
     assert stop_metric({"target_ratio": 1, "samples_per_s": 2}) == "target_ratio"

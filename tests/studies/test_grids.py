@@ -58,6 +58,13 @@ def test_default_plan_repeats_adaptively(ci_data_root, monkeypatch):
         budget = None if name == "targets" else REPEAT_BUDGET_S
         assert {(c.min_repeats, c.repeats, c.stop_halfwidth, c.repeat_budget_s)
                 for c in timed} == {(3, 9, 0.05, budget)}, name
+        # A target's repeats know its threshold, which an undecided interval holds.
+        thresholds = {c.case_id: c.stop_threshold for c in timed}
+        if name == "targets":
+            assert thresholds == {c.case_id: get_target(c.param("target")).threshold
+                                  for c in timed}
+        else:
+            assert set(thresholds.values()) == {None}, name
 
 @pytest.fixture(scope="module")
 def variant_data(tmp_path_factory):

@@ -105,6 +105,9 @@ class Case:
     stop_halfwidth: float = 0.05
     # Adaptive repeats only: stop early once another repeat would pass this many seconds.
     repeat_budget_s: float | None = None
+    # Adaptive repeats only: a target's threshold, which an undecided interval must not
+    # stop short of deciding (``stats.AdaptiveRepeats.threshold``).
+    stop_threshold: float | None = None
     warmup: bool = True
     timeout_s: float | None = None
     params: tuple[tuple[str, object], ...] = ()
@@ -151,7 +154,7 @@ class Case:
         from .stats import AdaptiveRepeats
 
         return AdaptiveRepeats(self.min_repeats, self.repeats, self.stop_halfwidth,
-                               self.repeat_budget_s)
+                               self.repeat_budget_s, self.stop_threshold)
 
     @property
     def case_id(self) -> str:

@@ -52,12 +52,21 @@ class AdaptiveRepeats:
     ``halfwidth`` of the median, or at ``maximum`` repeats, or (with ``budget_s``) when one
     more repeat, at the mean pace of those so far, would take the repeats past ``budget_s``
     seconds: the cases that cost most per repeat stop at the minimum instead of dominating
-    the study's time, while the quick ones still narrow their intervals."""
+    the study's time, while the quick ones still narrow their intervals.
+
+    With a ``threshold`` (a target's: its verdict is whether the interval's lower end clears
+    it), the repeats are there to decide, so an undecided interval does not stop them: once
+    the interval after some repeat from the minimum on contains the threshold, the case runs
+    every repeat up to the maximum, whatever the width or budget says. So a case stops
+    before the maximum only where every look from the minimum on found it decided: an
+    undecided one is judged on all its repeats, never at whichever repeat first happened to
+    clear the threshold."""
 
     minimum: int = 3
     maximum: int = 9
     halfwidth: float = 0.05
     budget_s: float | None = None
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.minimum <= self.maximum:
@@ -66,14 +75,19 @@ class AdaptiveRepeats:
             raise ValueError(f"halfwidth must be positive, got {self.halfwidth}")
         if self.budget_s is not None and self.budget_s <= 0:
             raise ValueError(f"budget_s must be positive, got {self.budget_s}")
+        if self.threshold is not None and not np.isfinite(self.threshold):
+            raise ValueError(f"threshold must be finite, got {self.threshold}")
 
     @property
     def rule(self) -> str:
         budget = ("" if self.budget_s is None else
                   f", or once another repeat would take the repeats past {self.budget_s:g} s")
+        undecided = ("" if self.threshold is None else
+                     f"; once the interval contains the threshold {self.threshold:g}, "
+                     f"all {self.maximum}")
         return (f"at least {self.minimum} repeats, then stop when the 95% bootstrap interval "
                 f"of the median has a half-width of at most {self.halfwidth:.0%} of the "
-                f"median{budget}, at most {self.maximum} repeats")
+                f"median{budget}, at most {self.maximum} repeats{undecided}")
 
     def done(self, values: Sequence[float], *, elapsed_s: float | None = None) -> bool:
         """Whether to stop after ``values`` (one per repeat so far), which took
@@ -81,10 +95,20 @@ class AdaptiveRepeats:
         count = len(values)
         if count < self.minimum:
             return False
-        if count >= self.maximum or relative_halfwidth(values) <= self.halfwidth:
+        if count >= self.maximum:
+            return True
+        if self.threshold is not None and any(
+                self._contains_threshold(values[:looked])
+                for looked in range(self.minimum, count + 1)):
+            return False
+        if relative_halfwidth(values) <= self.halfwidth:
             return True
         return (self.budget_s is not None and elapsed_s is not None
                 and elapsed_s * (count + 1) / count > self.budget_s)
+
+    def _contains_threshold(self, values: Sequence[float]) -> bool:
+        _, low, high = median_interval(values)
+        return low < self.threshold <= high
 
 
 def stop_metric(metrics: Mapping[str, object]) -> str | None:
