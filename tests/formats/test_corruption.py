@@ -104,6 +104,37 @@ def test_a_batch_with_two_damaged_samples_names_the_first_in_its_order(
             data_gen.sample(spec, 0)[1], data_gen.sample(spec, VICTIM + 1)[1]]
 
 
+@pytest.mark.parametrize(("format_name", "encoding"), [("memmap", "raw"), ("lmdb", "jpeg")])
+def test_an_unverified_readers_batch_is_checked_on_demand_with_the_callers_reason(
+    ci_dataset, format_name, encoding
+):
+    """What a benchmark does after its timed, unverified reads: ``check_batch`` compares a
+    batch with the manifest whatever ``verify`` says, and names the first wrong sample in
+    the batch's order with the reason the caller gives."""
+    with open_dataset(ci_dataset(format_name, encoding), verify=False) as reader:
+        batch = [VICTIM + 3, 0, VICTIM]
+        images, labels = reader.read_many(batch)
+        reader.check_batch(batch, images, labels)  # as built: passes
+        if reader.is_raw:
+            images = images.copy()
+            images[2, 0, 0, 0] ^= 1
+            images[0, 0, 0, 0] ^= 1
+        else:
+            images = [images[0][:-1] + bytes([images[0][-1] ^ 1]), images[1],
+                      images[2][:-1] + bytes([images[2][-1] ^ 1])]
+        with pytest.raises(CorruptSampleError, match="differs here") as err:
+            reader.check_batch(batch, images, labels, problem="differs here")
+        assert err.value.index == VICTIM + 3
+        with pytest.raises(CorruptSampleError, match="checksum mismatch") as err:
+            reader.check_batch(batch[1:], images[1:], labels[1:])
+        assert err.value.index == VICTIM
+        wrong_label = labels.copy()
+        wrong_label[1] += 1
+        with pytest.raises(CorruptSampleError) as err:
+            reader.check_batch(batch, reader.read_many(batch)[0], wrong_label)
+        assert err.value.index == 0
+
+
 @pytest.mark.parametrize(("format_name", "encoding"), format_cases(CASES, IDS))
 def test_flipped_byte_in_a_sample_names_file_and_sample(
     dataset_copy, ci_profile, format_name, encoding

@@ -12,10 +12,10 @@ import time
 import numpy as np
 import pytest
 import torch
+from feed_batches import make_batches, reusing_source
 
 from storebench.loaders import (
     AcceleratorUnavailableError,
-    Batch,
     EmulatedAccelerator,
     GpuFeeder,
     run_feed,
@@ -23,31 +23,6 @@ from storebench.loaders import (
 from storebench.loaders.gpu import _DeviceClock
 
 needs_no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
-
-
-def make_batches(count: int, size: int = 8):
-    rng = np.random.default_rng(0)
-    return [
-        Batch(
-            rng.integers(0, 255, (size, 4, 4, 3), dtype=np.uint8),
-            np.arange(size, dtype=np.int64) + k,
-            np.arange(size),
-        )
-        for k in range(count)
-    ]
-
-
-def reusing_source(batches):
-    """Yields every batch through the same two arrays, like a prefetcher's reused slots:
-    a batch is valid only until the next one is asked for."""
-    images = np.empty_like(batches[0].images)
-    labels = np.empty_like(batches[0].labels)
-    for batch in batches:
-        images[...] = batch.images
-        labels[...] = batch.labels
-        yield Batch(images, labels, batch.indices)
-        images[...] = 0  # the loader reuses the slot as soon as the consumer moves on
-        labels[...] = -1
 
 
 @needs_no_cuda
@@ -59,7 +34,7 @@ def test_cuda_options_are_refused_with_a_clear_message(options):
 
 @needs_no_cuda
 def test_cpu_feeder_copies_every_batch_into_double_buffers():
-    batches = make_batches(5) + [make_batches(1, size=3)[0]]  # a short last batch
+    batches = make_batches(5, last=3)  # a short last batch
     feeder = GpuFeeder(batches)
     assert feeder.device.type == "cpu" and feeder.timing == "perf_counter"
     got = []

@@ -7,13 +7,16 @@ reason (``tests/loaders/test_gpu.py`` covers the CPU feeder and the refusals).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
+from feed_batches import make_batches as tiny_batches
+from feed_batches import reusing_source
 
 from storebench.loaders import (
     AcceleratorUnavailableError,
-    Batch,
     EmulatedAccelerator,
     GpuFeeder,
     run_feed,
@@ -24,6 +27,8 @@ pytestmark = pytest.mark.skipif(
     reason="needs a CUDA device: torch.cuda.is_available() is False on this machine",
 )
 
+# Batches of 64 samples of 32x32x3: copies long enough to overlap with a consumer's step.
+make_batches = functools.partial(tiny_batches, size=64, image_shape=(32, 32, 3))
 COPY_MODES = {
     "pageable": {},
     "pinned": {"pinned": True},
@@ -32,33 +37,6 @@ COPY_MODES = {
 # About 10 ms of GPU time per consumer step (torch.cuda._sleep spins for this many cycles):
 # long enough that a copy not ordered after the step would land while the step still reads.
 CONSUMER_SPIN_CYCLES = 20_000_000
-
-
-def make_batches(count: int, size: int = 64, last: int | None = None) -> list[Batch]:
-    rng = np.random.default_rng(7)
-    sizes = [size] * count + ([last] if last else [])
-    return [
-        Batch(
-            rng.integers(0, 256, (n, 32, 32, 3), dtype=np.uint8),
-            rng.integers(0, 1000, n, dtype=np.int64),
-            np.arange(n),
-        )
-        for n in sizes
-    ]
-
-
-def reusing_source(batches):
-    """Every batch through the same two arrays, as a prefetcher's reused slots: a batch is
-    valid only until the next one is asked for, and then it is scribbled over."""
-    images = np.empty_like(batches[0].images)
-    labels = np.empty_like(batches[0].labels)
-    for batch in batches:
-        n = len(batch)
-        images[:n] = batch.images
-        labels[:n] = batch.labels
-        yield Batch(images[:n], labels[:n], batch.indices)
-        images.fill(0)
-        labels.fill(-1)
 
 
 @pytest.mark.parametrize("mode", COPY_MODES)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..bench.cases import check_batch, open_options
+from ..bench.cases import DIFFERS_FROM_BUILD, open_options
 from ..bench.runner import Case, Trial
 
 MB = 1e6
@@ -83,7 +83,7 @@ def _timed_batched_reads(
                 if batches >= MIN_TIMED_BATCHES and time.perf_counter() >= deadline:
                     cut = True
                     break
-        check_batch(reader, indices, images, labels)
+        reader.check_batch(indices, images, labels, problem=DIFFERS_FROM_BUILD)
     if not cut and samples != len(order):
         raise RuntimeError(f"{case.dataset}: read {samples} samples, asked for {len(order)}")
     seconds = measurement.wall_seconds

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from ..bench.cases import (
+    DIFFERS_FROM_BUILD,
     batch_size_bytes,
-    check_batch,
     make_sampler,
     open_batches,
     open_options,
@@ -224,7 +224,8 @@ def _epochs(case: Case, trial: Trial, budget, loader: _Loader, reader, files, *,
                 f"epoch{epoch}.file_cache_bytes": (after.file_cache_bytes, "bytes"),
             }
     if reader.is_raw and last is not None and loader.dataset.yields_arrays:
-        check_batch(reader, last.indices, last.images, last.labels)
+        reader.check_batch(last.indices, last.images, last.labels,
+                           problem=DIFFERS_FROM_BUILD)
     metrics["samples"] = (len(reader), "count")
     if epochs >= 2:
         metrics["epoch2_over_epoch1"] = (rates[1] / rates[0], "ratio")

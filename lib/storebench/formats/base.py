@@ -15,6 +15,8 @@ import numpy as np
 from ..buffers import batch_empty
 from .specs import Spec, spec_from_dict
 
+# Why a sample that fails its manifest checksum is refused.
+DAMAGED = "checksum mismatch: stored bytes or label damaged"
 # How a stored PNG/JPEG file starts: lets a reader whose format does not record the encoding
 # refuse a manifest that names the wrong one.
 ENCODING_MAGIC = {"png": b"\x89PNG\r\n\x1a\n", "jpeg": b"\xff\xd8\xff"}
@@ -260,7 +262,7 @@ class Reader(abc.ABC):
         self._ensure_open()
         images, labels = self._read_many(idx, out)
         if self.verify:
-            self._verify_many(idx, images, labels)
+            self.check_batch(idx, images, labels)
         return images, labels
 
     def row_array(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -353,20 +355,21 @@ class Reader(abc.ABC):
 
     def _verify(self, index: int, image: np.ndarray | bytes, label: int) -> None:
         if sample_checksum(image, label) != int(self._manifest_checksums()[index]):
-            raise CorruptSampleError(
-                self._locate(index), index, "checksum mismatch: stored bytes or label damaged"
-            )
+            raise CorruptSampleError(self._locate(index), index, DAMAGED)
 
-    def _verify_many(self, indices: np.ndarray, images, labels: np.ndarray) -> None:
-        """``_verify`` of a batch: the first sample, in the batch's order, that disagrees
-        with its manifest checksum raises."""
+    def check_batch(self, indices: Sequence[int] | np.ndarray, images, labels: np.ndarray, *,
+                    problem: str = DAMAGED) -> None:
+        """Compare a batch as read (``images`` and ``labels`` in ``indices`` order) with the
+        manifest's per-sample checksums, whatever ``verify`` says: the first sample that
+        disagrees raises ``CorruptSampleError`` naming it, with ``problem`` as the reason.
+        ``read_many`` runs it on every batch where ``verify=True``; a benchmark that reads
+        unverified checks a batch with it outside its timed region."""
+        indices = np.asarray(indices)
         wrong = np.flatnonzero(
             sample_checksums(images, labels) != self._manifest_checksums()[indices])
         if wrong.size:
             index = int(indices[wrong[0]])
-            raise CorruptSampleError(
-                self._locate(index), index, "checksum mismatch: stored bytes or label damaged"
-            )
+            raise CorruptSampleError(self._locate(index), index, problem)
 
     def _load_checksums(self) -> np.ndarray:
         from .manifest import load_checksums
