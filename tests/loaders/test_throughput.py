@@ -42,15 +42,21 @@ def test_gather_against_copy_times_interleaved_measurements_of_the_same_bytes(me
                                            rounds=2, rows=dataset.images, copy_threads=2)
     split.close()
     epoch = (len(dataset) // 32) * 32 * dataset.images[0].nbytes
-    assert sorted(timed) == ["bare_take", "copy", "copy_1_thread", "copy_2_threads", "one",
-                             "split"]
+    assert sorted(timed) == ["bare_take", "bare_take_2_threads", "copy", "copy_1_thread",
+                             "copy_2_threads", "one", "split"]
     assert {m.bytes for m in timed.values()} == {2 * epoch}
     assert timed["one"].batches == timed["split"].batches == timed["bare_take"].batches == (
-        2 * (len(dataset) // 32))
+        timed["bare_take_2_threads"].batches) == 2 * (len(dataset) // 32)
     assert all(m.seconds > 0 for m in timed.values())
     assert timed["copy"].seconds == min(timed["copy_1_thread"].seconds,
                                         timed["copy_2_threads"].seconds)
     without = throughput.gather_against_copy({"gather": dataset}, batch_size=32, rounds=1)
     assert sorted(without) == ["copy", "copy_1_thread", "gather"]
-    with pytest.raises(ValueError, match="not \\['bare_take', 'copy'"):
+    one_thread = throughput.gather_against_copy({"gather": dataset}, batch_size=32, rounds=1,
+                                                rows=dataset.images)
+    assert sorted(one_thread) == ["bare_take", "copy", "copy_1_thread", "gather"]
+    with pytest.raises(ValueError, match="not \\['bare_take', 'copy', 'copy_1_thread'\\]"):
         throughput.gather_against_copy({"copy": dataset}, batch_size=32, rounds=1)
+    with pytest.raises(ValueError, match="'bare_take_2_threads', 'copy'"):
+        throughput.gather_against_copy({"bare_take_2_threads": dataset}, batch_size=32,
+                                       rounds=1, copy_threads=2)

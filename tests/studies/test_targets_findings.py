@@ -74,13 +74,22 @@ def test_gather_sentence_splits_the_shortfall_and_names_the_split_gather():
         "memmap_threads.fraction_of_dram_copy": [0.9, 0.8, 1.0],
         "memmap.bare_take_fraction_of_dram_copy": [0.7, 0.75, 0.8],
         "memmap.fraction_of_bare_take": [0.9, 0.85, 0.95],
+        "memmap.bare_take_threads_fraction_of_dram_copy": [1.1, 1.0, 1.2],
+        "memmap_threads.fraction_of_bare_take_threads": [0.82, 0.8, 0.84],
         "threads": [2.0, 2.0, 2.0]}))
     (sentence,) = targets.targets_findings(df)
     assert sentence.endswith(
         " A bare one-thread np.take of the same batches from the same array reaches 75% of "
         "the copy: the access pattern's own limit for one thread; the one-thread loader "
         "gather delivers 90% of that. Gathered by one thread it reaches 60% of the copy, "
-        "split over 2 threads (one per core) 90%.")
+        "split over 2 threads (one per core) 90%. 2 free-running threads, each taking every "
+        "other batch whole with no hand-off per batch, reach 110% of the copy: the access "
+        "pattern's own limit at 2 threads; the split gather, whose parts meet at every "
+        "batch, delivers 82% of that."), sentence
+    four = df.copy()
+    four.loc[four["metric"] == "threads", "value"] = 4.0
+    (sentence,) = targets.targets_findings(four)
+    assert "4 free-running threads, each taking every 4th batch whole" in sentence
     (other,) = targets.targets_findings(frame(target_case("process_vs_torch", [2.0],
                                                           threshold=1.0)))
     assert "np.take" not in other and "split over" not in other

@@ -62,7 +62,9 @@ def _gather(reader, case: Case, *, path: str) -> Measured:
 
     Gathered by one thread (``<path>``) and split over one thread per core
     (``<path>_threads``, ``gather_threads``); the copy is the faster of one thread and one
-    per core, so the split gather is held to what the same threads copy."""
+    per core, so the split gather is held to what the same threads copy. Where a shortfall
+    goes: a bare one-thread ``np.take`` of the same batches, and the same batches taken by
+    one free-running thread per core with no hand-off per batch (``gather_against_copy``)."""
     from storebench.loaders import LazyDataset, PreloadedDataset, throughput
 
     if path == "preloaded":
@@ -95,6 +97,14 @@ def _gather(reader, case: Case, *, path: str) -> Measured:
     }
     for name in (path, f"{path}_threads"):
         extra[f"{name}.fraction_of_dram_copy"] = (timed[name].bytes_per_second / copy, "ratio")
+    # The split gather's own mark: the same batches taken by as many free-running threads,
+    # with no hand-off per batch (absent on one core).
+    free = timed.get(f"bare_take_{cores}_threads")
+    if free is not None:
+        extra[f"{path}.bare_take_threads_fraction_of_dram_copy"] = (
+            free.bytes_per_second / copy, "ratio")
+        extra[f"{path}_threads.fraction_of_bare_take_threads"] = (
+            timed[f"{path}_threads"].bytes_per_second / free.bytes_per_second, "ratio")
     return {path: timed[path], f"{path}_threads": timed[f"{path}_threads"]}, extra
 
 

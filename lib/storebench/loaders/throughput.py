@@ -12,7 +12,7 @@ a dict of named measurements taken in the same run, so ratios between them are f
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -140,12 +140,18 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
     With ``rows`` (the samples as one (N, H, W, C) array: what the datasets gather from),
     each round also times a bare one-thread ``np.take`` of the same batches from it: the
     gather without the loader around it, which says how much of a shortfall is the loader
-    and how much the access pattern itself.
+    and how much the access pattern itself. With k > 1 copy threads too, ``bare_take`` runs
+    free over k threads as well: each takes every k-th batch whole into a buffer of its
+    own, and they meet once a round, not once a batch. That is the pattern's own limit at k
+    threads, the mark for a gather split over k threads, whose parts hand off at every
+    batch.
 
     Returns a measurement per dataset name, ``"copy_1_thread"``, ``"copy_<k>_threads"``,
-    ``"copy"`` and ``"bare_take"`` (with ``rows``); a ``bytes_per_second`` ratio to ``copy``
-    is a fraction of the DRAM copy bandwidth."""
-    reserved = {"copy", "copy_1_thread", f"copy_{copy_threads}_threads", "bare_take"}
+    ``"copy"``, ``"bare_take"`` and ``"bare_take_<k>_threads"`` (with ``rows``); a
+    ``bytes_per_second`` ratio to ``copy`` is a fraction of the DRAM copy bandwidth."""
+    reserved = {"copy", "copy_1_thread", "bare_take"}
+    if copy_threads > 1:
+        reserved |= {f"copy_{copy_threads}_threads", f"bare_take_{copy_threads}_threads"}
     if not datasets or reserved & set(datasets):
         raise ValueError(f"datasets must be named and not {sorted(reserved)}, got "
                          f"{sorted(datasets)}")
@@ -177,7 +183,19 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
                 part.result()
 
         copiers[f"copy_{copy_threads}_threads"] = split_copy
-    seconds = dict.fromkeys([*copiers, *datasets, "bare_take"], 0.0)
+    free_takes = None
+    if flat_rows is not None and pool is not None:
+        outs = [flat_out] + [np.zeros_like(flat_out) for _ in range(copy_threads - 1)]
+
+        def free_takes(order: list[np.ndarray]) -> None:
+            parts = [pool.submit(_take_batches, flat_rows, order[k::copy_threads], outs[k])
+                     for k in range(1, copy_threads)]
+            _take_batches(flat_rows, order[0::copy_threads], outs[0])
+            for part in parts:
+                part.result()
+
+    free_name = f"bare_take_{copy_threads}_threads"
+    seconds = dict.fromkeys([*copiers, *datasets, "bare_take", free_name], 0.0)
     try:
         for epoch, order in enumerate(orders):  # the first round warms up, untimed
             timed = {}
@@ -192,9 +210,12 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
                 timed[name] = time.perf_counter() - started
             if flat_rows is not None:
                 started = time.perf_counter()
-                for idx in order:
-                    np.take(flat_rows, idx, axis=0, out=flat_out, mode="clip")
+                _take_batches(flat_rows, order, flat_out)
                 timed["bare_take"] = time.perf_counter() - started
+            if free_takes is not None:
+                started = time.perf_counter()
+                free_takes(order)
+                timed[free_name] = time.perf_counter() - started
             if epoch:
                 for name, spent in timed.items():
                     seconds[name] += spent
@@ -205,9 +226,16 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
     total = rounds * epoch_bytes
     measured = {name: Measurement(name, 0, total, seconds[name], rounds) for name in copiers}
     measured["copy"] = min(measured.values(), key=lambda m: m.seconds)
-    for name in (*datasets, *(["bare_take"] if flat_rows is not None else [])):
+    bare = ["bare_take"] if flat_rows is not None else []
+    for name in (*datasets, *bare, *([free_name] if free_takes is not None else [])):
         measured[name] = Measurement(name, count * batch_size, total, seconds[name], count)
     return measured
+
+
+def _take_batches(rows: np.ndarray, order: Sequence[np.ndarray], out: np.ndarray) -> None:
+    """``np.take`` of each batch of ``order`` from ``rows`` into ``out``, in this thread."""
+    for idx in order:
+        np.take(rows, idx, axis=0, out=out, mode="clip")
 
 
 def shuffled_batch_assembly(

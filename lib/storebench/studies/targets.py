@@ -141,7 +141,24 @@ def _bare_take_text(median, key: str) -> str:
     if one is not None and split is not None and threads is not None:
         text += (f" Gathered by one thread it reaches {format_percent(one)} of the copy, split "
                  f"over {threads:.0f} threads (one per core) {format_percent(split)}.")
+    free = median(f"{prefix}.bare_take_threads_fraction_of_dram_copy")
+    split_share = median(f"{prefix}_threads.fraction_of_bare_take_threads")
+    if free is not None and split_share is not None and threads is not None:
+        text += (f" {threads:.0f} free-running threads, each taking every "
+                 f"{_ordinal(threads)} batch whole with no hand-off per batch, reach "
+                 f"{format_percent(free)} of the copy: the access pattern's own limit at "
+                 f"{threads:.0f} threads; the split gather, whose parts meet at every batch, "
+                 f"delivers {format_percent(split_share)} of that.")
     return text
+
+
+def _ordinal(count: float) -> str:
+    number = int(round(count))
+    if number == 2:
+        return "other"
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(
+        number % 10, "th")
+    return f"{number}{suffix}"
 
 
 def _row_group_text(median) -> str:
