@@ -60,3 +60,29 @@ def test_gather_against_copy_times_interleaved_measurements_of_the_same_bytes(me
     with pytest.raises(ValueError, match="'bare_take_2_threads', 'copy'"):
         throughput.gather_against_copy({"bare_take_2_threads": dataset}, batch_size=32,
                                        rounds=1, copy_threads=2)
+
+
+def test_an_epoch_function_is_timed_with_each_rounds_batches_in_order(memmap_raw):
+    """``epochs``: each round (the warm-up too) hands its batches to the function, timed
+    beside the datasets; it must be named apart from them."""
+    from storebench.loaders import throughput
+
+    dataset = PreloadedDataset(memmap_raw, progress=False)
+    seen = []
+    timed = throughput.gather_against_copy(
+        {"one": dataset}, batch_size=32, rounds=3,
+        epochs={"passes": lambda order: seen.append([idx.copy() for idx in order])})
+    per_epoch = len(dataset) // 32
+    assert len(seen) == 4 and all(len(order) == per_epoch for order in seen)
+    assert not np.array_equal(np.concatenate(seen[0]), np.concatenate(seen[1]))  # reshuffled
+    for order in seen:  # every round's batches cover distinct samples
+        flat = np.concatenate(order)
+        assert len(np.unique(flat)) == len(flat) == per_epoch * 32
+    assert timed["passes"].batches == 3 * per_epoch
+    assert timed["passes"].bytes == timed["one"].bytes
+    with pytest.raises(ValueError, match="named apart"):
+        throughput.gather_against_copy({"one": dataset}, batch_size=32, rounds=1,
+                                       epochs={"one": lambda order: None})
+    with pytest.raises(ValueError, match="named apart"):
+        throughput.gather_against_copy({"one": dataset}, batch_size=32, rounds=1,
+                                       epochs={"copy": lambda order: None})

@@ -75,6 +75,7 @@ def test_gather_sentence_splits_the_shortfall_and_names_the_split_gather():
         "memmap.bare_take_fraction_of_dram_copy": [0.7, 0.75, 0.8],
         "memmap.fraction_of_bare_take": [0.9, 0.85, 0.95],
         "memmap.bare_take_threads_fraction_of_dram_copy": [1.1, 1.0, 1.2],
+        "memmap_prefetched.fraction_of_dram_copy": [0.7, 0.72, 0.71],
         "memmap_threads.fraction_of_bare_take_threads": [0.82, 0.8, 0.84],
         "threads": [2.0, 2.0, 2.0]}))
     (sentence,) = targets.targets_findings(df)
@@ -82,7 +83,8 @@ def test_gather_sentence_splits_the_shortfall_and_names_the_split_gather():
         " A bare one-thread np.take of the same batches from the same array reaches 75% of "
         "the copy: the access pattern's own limit for one thread; the one-thread loader "
         "gather delivers 90% of that. Gathered by one thread it reaches 60% of the copy, "
-        "split over 2 threads (one per core) 90%. 2 free-running threads, each taking every "
+        "split over 2 threads (one per core) 90%. Through a ThreadPrefetcher with 2 workers, "
+        "kept from epoch to epoch, it reaches 71%. 2 free-running threads, each taking every "
         "other batch whole with no hand-off per batch, reach 110% of the copy: the access "
         "pattern's own limit at 2 threads; the split gather, whose parts meet at every "
         "batch, delivers 82% of that."), sentence
@@ -135,11 +137,18 @@ def test_target_ratio_takes_the_best_numerator_over_the_denominator():
         target_ratio(tf, {"torch_dataloader.samples_per_s": 1.0})
     gather = targets.get_target("memmap_gather_vs_dram")
     assert gather.is_fraction
-    # The gather split over threads is a candidate too: the faster of the two is the figure.
-    assert target_ratio(gather, {"memmap.fraction_of_dram_copy": 0.3,
-                                 "memmap_threads.fraction_of_dram_copy": 0.4}) == 0.4
+    # The gather split over threads and the prefetched one are candidates too: the fastest
+    # of the three is the figure.
+    paths = {"memmap.fraction_of_dram_copy": 0.3, "memmap_threads.fraction_of_dram_copy": 0.4,
+             "memmap_prefetched.fraction_of_dram_copy": 0.35}
+    assert target_ratio(gather, paths) == 0.4
+    assert target_ratio(gather, {**paths, "memmap_prefetched.fraction_of_dram_copy": 0.5}) == 0.5
     with pytest.raises(KeyError, match="memmap_threads"):
-        target_ratio(gather, {"memmap.fraction_of_dram_copy": 0.3})
+        target_ratio(gather, {"memmap.fraction_of_dram_copy": 0.3,
+                              "memmap_prefetched.fraction_of_dram_copy": 0.3})
+    with pytest.raises(KeyError, match="memmap_prefetched"):
+        target_ratio(gather, {"memmap.fraction_of_dram_copy": 0.3,
+                              "memmap_threads.fraction_of_dram_copy": 0.4})
 
 
 def test_target_figure_draws_each_value_against_its_threshold_from_the_rows():

@@ -125,7 +125,9 @@ def _assembly_buffers(dataset, batch_size: int, seed: int):
 
 def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256,
                         rounds: int = 20, seed: int = 0, rows: np.ndarray | None = None,
-                        copy_threads: int = 1) -> dict[str, Measurement]:
+                        copy_threads: int = 1,
+                        epochs: Mapping[str, Callable[[list[np.ndarray]], object]] | None = None,
+                        ) -> dict[str, Measurement]:
     """Shuffled batch assembly into one preallocated buffer from each of ``datasets``
     (``{name: dataset}``, the same samples: one configured per way of gathering) and a plain
     copy of as many bytes between two pre-faulted buffers, interleaved: ``rounds`` x (the
@@ -146,15 +148,22 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
     threads, the mark for a gather split over k threads, whose parts hand off at every
     batch.
 
-    Returns a measurement per dataset name, ``"copy_1_thread"``, ``"copy_<k>_threads"``,
-    ``"copy"``, ``"bare_take"`` and ``"bare_take_<k>_threads"`` (with ``rows``); a
-    ``bytes_per_second`` ratio to ``copy`` is a fraction of the DRAM copy bandwidth."""
+    ``epochs`` (``{name: run_epoch}``) are other ways through the same batches, timed as the
+    datasets are: ``run_epoch(order)`` is given a round's batches (index arrays) and must
+    deliver every one of them before it returns, and do nothing between calls (a loader that
+    reads ahead into the next round would be timed in the copies' turn).
+
+    Returns a measurement per dataset and epoch name, ``"copy_1_thread"``,
+    ``"copy_<k>_threads"``, ``"copy"``, ``"bare_take"`` and ``"bare_take_<k>_threads"``
+    (with ``rows``); a ``bytes_per_second`` ratio to ``copy`` is a fraction of the DRAM copy
+    bandwidth."""
     reserved = {"copy", "copy_1_thread", "bare_take"}
     if copy_threads > 1:
         reserved |= {f"copy_{copy_threads}_threads", f"bare_take_{copy_threads}_threads"}
-    if not datasets or reserved & set(datasets):
-        raise ValueError(f"datasets must be named and not {sorted(reserved)}, got "
-                         f"{sorted(datasets)}")
+    epochs = dict(epochs or {})
+    if not datasets or reserved & {*datasets, *epochs} or set(datasets) & set(epochs):
+        raise ValueError(f"datasets and epochs must be named apart and not "
+                         f"{sorted(reserved)}, got {sorted(datasets)} and {sorted(epochs)}")
     if copy_threads < 1:
         raise ValueError(f"copy_threads must be positive, got {copy_threads}")
     first = next(iter(datasets.values()))
@@ -195,7 +204,7 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
                 part.result()
 
     free_name = f"bare_take_{copy_threads}_threads"
-    seconds = dict.fromkeys([*copiers, *datasets, "bare_take", free_name], 0.0)
+    seconds = dict.fromkeys([*copiers, *datasets, *epochs, "bare_take", free_name], 0.0)
     try:
         for epoch, order in enumerate(orders):  # the first round warms up, untimed
             timed = {}
@@ -207,6 +216,10 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
                 started = time.perf_counter()
                 for idx in order:
                     dataset.get_batch(idx, out=out)
+                timed[name] = time.perf_counter() - started
+            for name, run_epoch in epochs.items():
+                started = time.perf_counter()
+                run_epoch(order)
                 timed[name] = time.perf_counter() - started
             if flat_rows is not None:
                 started = time.perf_counter()
@@ -227,7 +240,7 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
     measured = {name: Measurement(name, 0, total, seconds[name], rounds) for name in copiers}
     measured["copy"] = min(measured.values(), key=lambda m: m.seconds)
     bare = ["bare_take"] if flat_rows is not None else []
-    for name in (*datasets, *bare, *([free_name] if free_takes is not None else [])):
+    for name in (*datasets, *epochs, *bare, *([free_name] if free_takes is not None else [])):
         measured[name] = Measurement(name, count * batch_size, total, seconds[name], count)
     return measured
 

@@ -141,6 +141,10 @@ def _bare_take_text(median, key: str) -> str:
     if one is not None and split is not None and threads is not None:
         text += (f" Gathered by one thread it reaches {format_percent(one)} of the copy, split "
                  f"over {threads:.0f} threads (one per core) {format_percent(split)}.")
+    prefetched = median(f"{prefix}_prefetched.fraction_of_dram_copy")
+    if prefetched is not None and threads is not None:
+        text += (f" Through a ThreadPrefetcher with {threads:.0f} workers, kept from epoch to "
+                 f"epoch, it reaches {format_percent(prefetched)}.")
     free = median(f"{prefix}.bare_take_threads_fraction_of_dram_copy")
     split_share = median(f"{prefix}_threads.fraction_of_bare_take_threads")
     if free is not None and split_share is not None and threads is not None:
