@@ -4,6 +4,7 @@ worker imports only what it runs. The grid lives in ``storebench.studies.targets
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -81,17 +82,16 @@ def _gather(reader, case: Case, *, path: str) -> Measured:
         dataset = LazyDataset(reader)
     cores = len(os.sched_getaffinity(0))
     batch_size = case.batch_size or 256
-    split = dataset.with_gather_threads(cores)
     rows = dataset.images if path == "preloaded" else reader.images
-    passes = _PrefetchedPasses(dataset, workers=cores, batch_size=batch_size)
-    try:
+    with contextlib.ExitStack() as stack:
+        split = dataset.with_gather_threads(cores)
+        stack.callback(split.close)
+        passes = _PrefetchedPasses(dataset, workers=cores, batch_size=batch_size)
+        stack.callback(passes.close)
         timed = throughput.gather_against_copy(
             {path: dataset, f"{path}_threads": split}, batch_size=batch_size,
             rounds=int(case.param("rounds", 20)), rows=rows, copy_threads=cores,
             epochs={f"{path}_prefetched": passes.run})
-    finally:
-        passes.close()
-        split.close()
     copy = timed["copy"].bytes_per_second
     # Where a shortfall goes: the bare np.take of the same batches from the same array is
     # the access pattern's own limit; the rest (gather over bare) is the loader's cost.
