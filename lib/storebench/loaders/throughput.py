@@ -204,7 +204,10 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
                 part.result()
 
     free_name = f"bare_take_{copy_threads}_threads"
-    seconds = dict.fromkeys([*copiers, *datasets, *epochs, "bare_take", free_name], 0.0)
+    # Every timed way through the batches but the copies, in the order the rounds time them.
+    gathers = [*datasets, *epochs, *(["bare_take"] if flat_rows is not None else []),
+               *([free_name] if free_takes is not None else [])]
+    seconds = dict.fromkeys([*copiers, *gathers], 0.0)
     try:
         for epoch, order in enumerate(orders):  # the first round warms up, untimed
             timed = {}
@@ -239,8 +242,7 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
     total = rounds * epoch_bytes
     measured = {name: Measurement(name, 0, total, seconds[name], rounds) for name in copiers}
     measured["copy"] = min(measured.values(), key=lambda m: m.seconds)
-    bare = ["bare_take"] if flat_rows is not None else []
-    for name in (*datasets, *epochs, *bare, *([free_name] if free_takes is not None else [])):
+    for name in gathers:
         measured[name] = Measurement(name, count * batch_size, total, seconds[name], count)
     return measured
 
