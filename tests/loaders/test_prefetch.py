@@ -134,6 +134,71 @@ def test_thread_prefetcher_is_ordered_and_deterministic(memmap_raw, batches):
     assert threading.active_count() == threads_before
 
 
+class ConsumerGatedDataset(LazyDataset):
+    """Records which thread read each batch. A worker thread's reads wait until the
+    consumer (the thread that made the dataset) has read a batch, so a consumer that does
+    read finds nothing arrived and must; ``consumer_raises`` is raised in the consumer's
+    reads."""
+
+    def __init__(self, reader, consumer_raises: BaseException | None = None) -> None:
+        super().__init__(reader)
+        self.consumer = threading.get_ident()
+        self.consumer_raises = consumer_raises
+        self.consumer_read = threading.Event()
+        self.readers: list[int] = []
+
+    def get_batch(self, indices, *, out=None):
+        if threading.get_ident() == self.consumer:
+            self.consumer_read.set()
+            if self.consumer_raises is not None:
+                raise self.consumer_raises
+        else:
+            self.consumer_read.wait(timeout=10)
+        self.readers.append(threading.get_ident())
+        return super().get_batch(indices, out=out)
+
+
+@pytest.mark.timeout(60)
+def test_a_consumer_that_reads_delivers_the_same_batches_reading_some_itself(memmap_raw,
+                                                                           batches):
+    dataset = ConsumerGatedDataset(memmap_raw)
+    threads_before = threading.active_count()
+    with ThreadPrefetcher(dataset, batches, workers=1, consumer_reads=True) as tp:
+        assert tp.depth == 4  # the consumer counts as one more worker
+        for epoch in (0, 1):
+            tp.set_epoch(epoch)
+            assert_same(collected(tp), serial(LazyDataset(memmap_raw), batches))
+    assert threading.active_count() == threads_before
+    assert dataset.readers.count(dataset.consumer) >= 1
+    assert len(set(dataset.readers)) == 2  # the worker read too
+    assert len(dataset.readers) == 2 * len(batches)
+
+
+@pytest.mark.timeout(60)
+def test_a_batch_the_consumer_fails_on_raises_as_a_workers_does(memmap_raw, batches):
+    dataset = ConsumerGatedDataset(memmap_raw, consumer_raises=ValueError("boom here"))
+    threads_before = threading.active_count()
+    tp = ThreadPrefetcher(dataset, batches, workers=1, consumer_reads=True)
+    with pytest.raises(WorkerError, match=r"^prefetch consumer 1 failed on batch \d+ "
+                                          r"\(sample indices \[") as raised:
+        collected(tp)
+    assert "ValueError: boom here" in raised.value.worker_traceback
+    assert raised.value.worker == 1
+    assert tp.closed
+    assert threading.active_count() == threads_before
+
+
+@pytest.mark.timeout(60)
+def test_a_keyboard_interrupt_in_the_consumers_read_raises_and_closes(memmap_raw, batches):
+    dataset = ConsumerGatedDataset(memmap_raw, consumer_raises=KeyboardInterrupt())
+    threads_before = threading.active_count()
+    tp = ThreadPrefetcher(dataset, batches, workers=1, consumer_reads=True)
+    with pytest.raises(KeyboardInterrupt):
+        collected(tp)
+    assert tp.closed
+    assert threading.active_count() == threads_before
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_copy_true_batches_stay_valid(memmap_raw, batches, kind):

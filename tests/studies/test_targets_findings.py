@@ -76,6 +76,7 @@ def test_gather_sentence_splits_the_shortfall_and_names_the_split_gather():
         "memmap.fraction_of_bare_take": [0.9, 0.85, 0.95],
         "memmap.bare_take_threads_fraction_of_dram_copy": [1.1, 1.0, 1.2],
         "memmap_prefetched.fraction_of_dram_copy": [0.7, 0.72, 0.71],
+        "memmap_consumer_reads.fraction_of_dram_copy": [0.74, 0.76, 0.73],
         "memmap_threads.fraction_of_bare_take_threads": [0.82, 0.8, 0.84],
         "threads": [2.0, 2.0, 2.0]}))
     (sentence,) = targets.targets_findings(df)
@@ -84,14 +85,16 @@ def test_gather_sentence_splits_the_shortfall_and_names_the_split_gather():
         "the copy: the access pattern's own limit for one thread; the one-thread loader "
         "gather delivers 90% of that. Gathered by one thread it reaches 60% of the copy, "
         "split over 2 threads (one per core) 90%. Through a ThreadPrefetcher with 2 workers, "
-        "kept from epoch to epoch, it reaches 71%. 2 free-running threads, each taking every "
-        "other batch whole with no hand-off per batch, reach 110% of the copy: the access "
-        "pattern's own limit at 2 threads; the split gather, whose parts meet at every "
-        "batch, delivers 82% of that."), sentence
+        "kept from epoch to epoch, it reaches 71%. With 1 worker and the consumer reading "
+        "a batch itself rather than wait for one, it reaches 74%. 2 free-running threads, "
+        "each taking every other batch whole with no hand-off per batch, reach 110% of the "
+        "copy: the access pattern's own limit at 2 threads; the split gather, whose parts "
+        "meet at every batch, delivers 82% of that."), sentence
     four = df.copy()
     four.loc[four["metric"] == "threads", "value"] = 4.0
     (sentence,) = targets.targets_findings(four)
     assert "4 free-running threads, each taking every 4th batch whole" in sentence
+    assert "With 3 workers and the consumer reading" in sentence
     (other,) = targets.targets_findings(frame(target_case("process_vs_torch", [2.0],
                                                           threshold=1.0)))
     assert "np.take" not in other and "split over" not in other
@@ -137,18 +140,19 @@ def test_target_ratio_takes_the_best_numerator_over_the_denominator():
         target_ratio(tf, {"torch_dataloader.samples_per_s": 1.0})
     gather = targets.get_target("memmap_gather_vs_dram")
     assert gather.is_fraction
-    # The gather split over threads and the prefetched one are candidates too: the fastest
-    # of the three is the figure.
+    # The gather split over threads and the two prefetched ones are candidates too: the
+    # fastest of the four is the figure.
     paths = {"memmap.fraction_of_dram_copy": 0.3, "memmap_threads.fraction_of_dram_copy": 0.4,
-             "memmap_prefetched.fraction_of_dram_copy": 0.35}
+             "memmap_prefetched.fraction_of_dram_copy": 0.35,
+             "memmap_consumer_reads.fraction_of_dram_copy": 0.38}
     assert target_ratio(gather, paths) == 0.4
     assert target_ratio(gather, {**paths, "memmap_prefetched.fraction_of_dram_copy": 0.5}) == 0.5
-    with pytest.raises(KeyError, match="memmap_threads"):
-        target_ratio(gather, {"memmap.fraction_of_dram_copy": 0.3,
-                              "memmap_prefetched.fraction_of_dram_copy": 0.3})
-    with pytest.raises(KeyError, match="memmap_prefetched"):
-        target_ratio(gather, {"memmap.fraction_of_dram_copy": 0.3,
-                              "memmap_threads.fraction_of_dram_copy": 0.4})
+    assert target_ratio(gather, {**paths,
+                                 "memmap_consumer_reads.fraction_of_dram_copy": 0.6}) == 0.6
+    for missing in ("memmap_threads", "memmap_prefetched", "memmap_consumer_reads"):
+        with pytest.raises(KeyError, match=missing):
+            target_ratio(gather, {name: value for name, value in paths.items()
+                                  if not name.startswith(f"{missing}.")})
 
 
 def test_target_figure_draws_each_value_against_its_threshold_from_the_rows():

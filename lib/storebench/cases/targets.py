@@ -62,15 +62,17 @@ def _gather(reader, case: Case, *, path: str) -> Measured:
     writes every byte, as a copy does, so a copy is its honest limit.
 
     Gathered by one thread (``<path>``), split over one thread per core (``<path>_threads``,
-    ``gather_threads``) and through a ``ThreadPrefetcher`` with one worker per core
+    ``gather_threads``), through a ``ThreadPrefetcher`` with one worker per core
     (``<path>_prefetched``): each worker gathers whole batches into a slot of its own, so the
-    threads do not meet inside a batch. The prefetcher is made once and runs one whole pass
-    per round, as a training job's loader runs its epochs: a pass that ends keeps its workers
-    and slots, and submits nothing until the next one, so none of its work falls in the
-    copies' turn. The copy is the faster of one thread and one per core, so the threaded
-    gathers are held to what the same threads copy. Where a shortfall
-    goes: a bare one-thread ``np.take`` of the same batches, and the same batches taken by
-    one free-running thread per core with no hand-off per batch (``gather_against_copy``)."""
+    threads do not meet inside a batch; and through one with a worker fewer whose consumer
+    reads a batch itself rather than wait for one (``<path>_consumer_reads``), so no core
+    sleeps on a hand-off. The prefetchers are made once and run one whole pass per round, as
+    a training job's loader runs its epochs: a pass that ends keeps its workers and slots,
+    and submits nothing until the next one, so none of its work falls in the copies' turn.
+    The copy is the faster of one thread and one per core, so the threaded gathers are held
+    to what the same threads copy. Where a shortfall goes: a bare one-thread ``np.take`` of
+    the same batches, and the same batches taken by one free-running thread per core with no
+    hand-off per batch (``gather_against_copy``)."""
     from storebench.loaders import LazyDataset, PreloadedDataset, throughput
 
     if path == "preloaded":
@@ -86,12 +88,18 @@ def _gather(reader, case: Case, *, path: str) -> Measured:
     with contextlib.ExitStack() as stack:
         split = dataset.with_gather_threads(cores)
         stack.callback(split.close)
-        passes = _PrefetchedPasses(dataset, workers=cores, batch_size=batch_size)
-        stack.callback(passes.close)
+        epochs = {}
+        for name, workers, consumer_reads in ((f"{path}_prefetched", cores, False),
+                                              (f"{path}_consumer_reads", max(1, cores - 1),
+                                               True)):
+            passes = _PrefetchedPasses(dataset, workers=workers, batch_size=batch_size,
+                                       consumer_reads=consumer_reads)
+            stack.callback(passes.close)
+            epochs[name] = passes.run
         timed = throughput.gather_against_copy(
             {path: dataset, f"{path}_threads": split}, batch_size=batch_size,
             rounds=int(case.param("rounds", 20)), rows=rows, copy_threads=cores,
-            epochs={f"{path}_prefetched": passes.run})
+            epochs=epochs)
     copy = timed["copy"].bytes_per_second
     # Where a shortfall goes: the bare np.take of the same batches from the same array is
     # the access pattern's own limit; the rest (gather over bare) is the loader's cost.
@@ -104,7 +112,8 @@ def _gather(reader, case: Case, *, path: str) -> Measured:
         f"{path}.fraction_of_bare_take": (
             timed[path].bytes_per_second / timed["bare_take"].bytes_per_second, "ratio"),
     }
-    for name in (path, f"{path}_threads", f"{path}_prefetched"):
+    gathers = (path, f"{path}_threads", *epochs)
+    for name in gathers:
         extra[f"{name}.fraction_of_dram_copy"] = (timed[name].bytes_per_second / copy, "ratio")
     # The split gather's own mark: the same batches taken by as many free-running threads,
     # with no hand-off per batch (absent on one core).
@@ -114,21 +123,23 @@ def _gather(reader, case: Case, *, path: str) -> Measured:
             free.bytes_per_second / copy, "ratio")
         extra[f"{path}_threads.fraction_of_bare_take_threads"] = (
             timed[f"{path}_threads"].bytes_per_second / free.bytes_per_second, "ratio")
-    return {name: timed[name] for name in (path, f"{path}_threads", f"{path}_prefetched")}, extra
+    return {name: timed[name] for name in gathers}, extra
 
 
 class _PrefetchedPasses:
     """One ``ThreadPrefetcher`` over ``dataset``, made once; ``run(order)`` is one whole pass
     over a round's batches (every one must arrive whole)."""
 
-    def __init__(self, dataset, *, workers: int, batch_size: int) -> None:
+    def __init__(self, dataset, *, workers: int, batch_size: int,
+                 consumer_reads: bool = False) -> None:
         from storebench.loaders import ThreadPrefetcher
 
         self.batch_size = batch_size
         # The prefetcher iterates this list afresh on each pass; each round puts its order in.
         self._order: list[np.ndarray] = []
         self._prefetcher = ThreadPrefetcher(dataset, self._order, workers=workers,
-                                            batch_size=batch_size)
+                                            batch_size=batch_size,
+                                            consumer_reads=consumer_reads)
 
     def run(self, order: list[np.ndarray]) -> None:
         self._order[:] = order
@@ -296,18 +307,22 @@ def measure_tfrecord(reader, case: Case) -> Measured:
 TARGETS: tuple[Target, ...] = (
     Target("preloaded_gather_vs_dram", "preloaded gather vs DRAM copy",
            "shuffled batch assembly from PreloadedDataset: one thread, split over one per "
-           "core, or a ThreadPrefetcher with one worker per core (the fastest) / same-run "
-           "DRAM copy (the faster of one thread and one per core)",
+           "core, a ThreadPrefetcher with one worker per core, or one with a worker fewer "
+           "whose consumer reads too (the fastest) / same-run DRAM copy (the faster of one "
+           "thread and one per core)",
            TargetDataset("raw", ("memmap",), "memmap"), measure_preloaded_gather,
            ("preloaded.fraction_of_dram_copy", "preloaded_threads.fraction_of_dram_copy",
-            "preloaded_prefetched.fraction_of_dram_copy"), None, 0.85),
+            "preloaded_prefetched.fraction_of_dram_copy",
+            "preloaded_consumer_reads.fraction_of_dram_copy"), None, 0.85),
     Target("memmap_gather_vs_dram", "memmap gather vs DRAM copy",
            "shuffled batch assembly from the warm memmap: one thread, split over one per "
-           "core, or a ThreadPrefetcher with one worker per core (the fastest) / same-run "
-           "DRAM copy (the faster of one thread and one per core)",
+           "core, a ThreadPrefetcher with one worker per core, or one with a worker fewer "
+           "whose consumer reads too (the fastest) / same-run DRAM copy (the faster of one "
+           "thread and one per core)",
            TargetDataset("raw", ("memmap",), "memmap"), measure_memmap_gather,
            ("memmap.fraction_of_dram_copy", "memmap_threads.fraction_of_dram_copy",
-            "memmap_prefetched.fraction_of_dram_copy"), None, 0.75),
+            "memmap_prefetched.fraction_of_dram_copy",
+            "memmap_consumer_reads.fraction_of_dram_copy"), None, 0.75),
     Target("process_vs_torch", "ProcessPrefetcher vs torch DataLoader",
            "decoded arrays, same worker count", TargetDataset("raw", ("memmap", "lmdb")),
            measure_process_vs_torch, ("process_prefetcher.samples_per_s",),

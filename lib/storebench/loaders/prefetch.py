@@ -124,19 +124,25 @@ class _ThreadPool:
             task = self.tasks.get()
             if task is None or self.stopping.is_set():
                 return
-            seq, slot, indices, not_after, cut = task
-            if not_after is not None and time.monotonic() > not_after:
-                outcome = NotStarted()
-            else:
-                try:
-                    out = self.buffers[slot] if self.buffers is not None else None
-                    outcome = reads.read(dataset, indices, out, cut)
-                except BaseException as exc:  # everything goes to the consumer
-                    outcome = WorkerFailure("prefetch thread", worker, traceback.format_exc(),
-                                            exc)
-            with self.done:
-                self.results[seq] = outcome
-                self.done.notify_all()
+            # Everything goes to the consumer: a thread has no one else to raise to.
+            self.run_task(task, dataset, reads, "prefetch thread", worker)
+
+    def run_task(self, task: tuple, dataset, reads: CutReader, label: str, worker: int, *,
+                 posts: type[BaseException] = BaseException) -> None:
+        """Read one submitted batch in the calling thread and post its outcome; an exception
+        of type ``posts`` is posted as the batch's failure, any other raised here."""
+        seq, slot, indices, not_after, cut = task
+        if not_after is not None and time.monotonic() > not_after:
+            outcome = NotStarted()
+        else:
+            try:
+                out = self.buffers[slot] if self.buffers is not None else None
+                outcome = reads.read(dataset, indices, out, cut)
+            except posts as exc:
+                outcome = WorkerFailure(label, worker, traceback.format_exc(), exc)
+        with self.done:
+            self.results[seq] = outcome
+            self.done.notify_all()
 
     def shutdown(self) -> None:
         self.stopping.set()
@@ -157,12 +163,15 @@ class _ThreadPool:
 class _ThreadTransport:
     """Threads of this process; a result is the batch itself, written into buffer ``slot``."""
 
-    def __init__(self, dataset, *, workers: int, buffers: list[np.ndarray] | None) -> None:
+    def __init__(self, dataset, *, workers: int, buffers: list[np.ndarray] | None,
+                 consumer_reads: bool = False) -> None:
         self.dataset = dataset
         self.workers = workers
         self.buffers = buffers
+        self.consumer_reads = consumer_reads
         self.not_after: float | None = None
         self.cut: Cut | None = None
+        self._consumer: tuple[object, CutReader] | None = None  # the consumer's own reader
         self._pool: _ThreadPool | None = None
 
     def start(self) -> None:
@@ -179,12 +188,34 @@ class _ThreadTransport:
 
     def wait(self) -> list[tuple[int, object]]:
         pool = self._pool
+        if self.consumer_reads:
+            self._read_one_here(pool)
         with pool.done:
             while not pool.results:
                 pool.done.wait()
             arrived = list(pool.results.items())
             pool.results.clear()
         return arrived
+
+    def _read_one_here(self, pool: _ThreadPool) -> None:
+        """With nothing arrived, read the first batch no worker has taken yet in this
+        (the consumer's) thread rather than sleep until a worker hands one over."""
+        with pool.done:
+            if pool.results:
+                return
+        try:
+            task = pool.tasks.get(block=False)
+        except queue.Empty:
+            return
+        if task is None:  # a shutdown's: it belongs to a worker
+            pool.tasks.put(None)
+            return
+        if self._consumer is None:
+            self._consumer = (self.dataset.for_thread(), CutReader())
+        # Reported as worker number ``workers`` (the threads are 0 .. workers - 1). A
+        # KeyboardInterrupt here is the consumer's own: it raises, and the window closes.
+        pool.run_task(task, *self._consumer, "prefetch consumer", self.workers,
+                      posts=Exception)
 
     def batch(self, slot: int, indices: np.ndarray, result) -> Batch:
         return result
@@ -197,6 +228,14 @@ class ThreadPrefetcher(WindowedPrefetcher):
     reads, ``np.take`` copies, simplejpeg decoding. Threads share the dataset's reader
     (``dataset.for_thread()``). Fixed-size batches are written into ``depth`` preallocated
     buffers. A thread cannot be killed: stopping waits for the batches being read to finish.
+
+    ``consumer_reads``: where the next batch has not arrived, the consuming thread reads the
+    first submitted batch that no worker has taken yet, then looks again, instead of
+    sleeping until a worker hands one over. Its reads count as one more worker (the default
+    ``depth`` is 2 x (workers + 1)), so ``workers`` = cores - 1 keeps every core reading
+    without a third thread per two cores; a batch it fails on raises as a worker's does,
+    from "prefetch consumer". Where the loop body is the slow part (a training step), the
+    workers read ahead as usual and the consumer seldom finds nothing arrived.
     """
 
     def __init__(
@@ -208,11 +247,13 @@ class ThreadPrefetcher(WindowedPrefetcher):
         depth: int | None = None,
         batch_size: int | None = None,
         copy: bool = False,
+        consumer_reads: bool = False,
     ) -> None:
         self.dataset = dataset
         self.batches = batches
         self.workers = positive_int(workers, "workers")
-        self.depth = _depth_of(depth, self.workers)
+        self.consumer_reads = bool(consumer_reads)
+        self.depth = _depth_of(depth, self.workers + self.consumer_reads)
         self.copy = bool(copy)
         if batch_size is not None:
             positive_int(batch_size, "batch_size")
@@ -221,7 +262,8 @@ class ThreadPrefetcher(WindowedPrefetcher):
         if shape is not None:
             size = _batch_size_of(batches, batch_size)
             buffers = [batch_buffer(size, shape, dataset.sample_dtype) for _ in range(self.depth)]
-        transport = _ThreadTransport(dataset, workers=self.workers, buffers=buffers)
+        transport = _ThreadTransport(dataset, workers=self.workers, buffers=buffers,
+                                     consumer_reads=self.consumer_reads)
         self._open_window(transport, depth=self.depth, copy=self.copy)
         transport.start()
 

@@ -145,6 +145,12 @@ def _bare_take_text(median, key: str) -> str:
     if prefetched is not None and threads is not None:
         text += (f" Through a ThreadPrefetcher with {threads:.0f} workers, kept from epoch to "
                  f"epoch, it reaches {format_percent(prefetched)}.")
+    helped = median(f"{prefix}_consumer_reads.fraction_of_dram_copy")
+    if helped is not None and threads is not None:
+        workers = max(1, round(threads) - 1)
+        text += (f" With {workers} worker{'s' if workers > 1 else ''} and the consumer reading "
+                 f"a batch itself rather than wait for one, it reaches "
+                 f"{format_percent(helped)}.")
     free = median(f"{prefix}.bare_take_threads_fraction_of_dram_copy")
     split_share = median(f"{prefix}_threads.fraction_of_bare_take_threads")
     if free is not None and split_share is not None and threads is not None:
