@@ -86,3 +86,35 @@ def test_an_epoch_function_is_timed_with_each_rounds_batches_in_order(memmap_raw
     with pytest.raises(ValueError, match="named apart"):
         throughput.gather_against_copy({"one": dataset}, batch_size=32, rounds=1,
                                        epochs={"copy": lambda order: None})
+
+
+def test_interleaved_passes_run_every_slice_through_every_pass_in_rotating_order():
+    """A warm-up over the first batches, untimed; then equal slices, a multiple of
+    ``multiple`` batches, each run by every pass, the first pass rotating; what does not fill
+    a slice is left out."""
+    order = [np.array([k]) for k in range(13)]
+    calls = []
+
+    def pass_named(name):
+        def run(batches):
+            calls.append((name, [int(b[0]) for b in batches]))
+            return len(batches), 10 * len(batches)
+        return run
+
+    timed = T.interleaved_passes({"a": pass_named("a"), "b": pass_named("b"),
+                                  "c": pass_named("c")}, order, rounds=3,
+                                 warmup_batches=2, multiple=2)
+    assert calls == [
+        ("a", [0, 1]), ("b", [0, 1]), ("c", [0, 1]),  # warm-up
+        ("a", [2, 3]), ("b", [2, 3]), ("c", [2, 3]),
+        ("b", [4, 5]), ("c", [4, 5]), ("a", [4, 5]),
+        ("c", [6, 7]), ("a", [6, 7]), ("b", [6, 7]),
+    ]
+    assert sorted(timed) == ["a", "b", "c"]
+    assert {(m.samples, m.bytes, m.batches) for m in timed.values()} == {(6, 60, 6)}
+    assert all(m.seconds > 0 for m in timed.values())
+    with pytest.raises(ValueError, match="13 batches leave no slice of 4 for each of 3 rounds"):
+        T.interleaved_passes({"a": pass_named("a")}, order, rounds=3, warmup_batches=2,
+                             multiple=4)
+    with pytest.raises(ValueError, match="no passes"):
+        T.interleaved_passes({}, order, rounds=1)

@@ -71,6 +71,33 @@ def test_block_shuffle_interleaves_a_whole_epoch_with_the_random_reads(ci_data_r
     assert extra["rounds"] == (2.0, "count")  # no round without random reads in it
 
 
+@pytest.mark.timeout(120)
+def test_thread_decode_times_one_thread_on_each_core_beside_the_prefetchers(ci_data_root):
+    """One pinned one-thread pass per usable core, both prefetchers, the same batches for
+    each; the denominator is the sum of the per-core rates, and the pin is let go."""
+    import os
+
+    target = get_target("thread_vs_serial_decode")
+    case = replace(_case(ci_data_root / "lmdb-jpeg", target, batch_size=8),
+                   params={"target": target.key, **dict(target.params), "rounds": 2,
+                           "max_batches": 5})
+    usable = os.sched_getaffinity(0)
+    with open_dataset(case.dataset, verify=False) as reader:
+        measured, extra = target.measure(reader, case)
+    assert os.sched_getaffinity(0) == usable
+    serial = [f"serial_cpu{cpu}" for cpu in sorted(usable)]
+    assert sorted(measured) == sorted([*serial, "thread_prefetcher", "process_prefetcher"])
+    (delivered,) = {(m.samples, m.batches) for m in measured.values()}
+    # 5 batches after the warm-up over 2 rounds, each slice whole by the 2 workers: 2 each.
+    assert target.workers == 2
+    assert delivered == (2 * 2 * 8, 2 * 2)
+    rates = [measured[name].samples_per_second for name in serial]
+    best = max(measured[name].samples_per_second
+               for name in ("thread_prefetcher", "process_prefetcher"))
+    assert extra["best_prefetcher.fraction_of_cores"] == (best / sum(rates), "ratio")
+    assert extra["serial.mean_samples_per_s"][0] == pytest.approx(sum(rates) / len(rates))
+
+
 def test_interleaved_random_reads_do_not_evict_the_epochs_row_group(tmp_path, monkeypatch):
     """Row groups loaded in all: the same in one round as in four, since the random reads
     go through their own reader (sharing one, each slice after them would re-read the row

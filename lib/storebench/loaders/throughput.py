@@ -245,6 +245,51 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
     return measured
 
 
+def interleaved_passes(passes: Mapping[str, Callable[[list[np.ndarray]], tuple[int, int]]],
+                       order: Sequence[np.ndarray], *, rounds: int, warmup_batches: int = 0,
+                       multiple: int = 1) -> dict[str, Measurement]:
+    """Several ways through the same batches, interleaved: ``passes`` is ``{name: run}``,
+    where ``run(batches)`` reads the given batches (index arrays) whole and returns the
+    ``(samples, image bytes)`` it delivered.
+
+    Each pass first runs over ``order``'s first ``warmup_batches``, untimed (workers start,
+    decoders load). The batches after those are cut into ``rounds`` slices of equal length,
+    a multiple of ``multiple`` batches (the workers of the widest loader, so that no pass
+    ends with a worker idle for want of a batch; what does not fill a slice is left out),
+    and every pass runs every slice, each timed on its own and summed; which pass goes first
+    rotates from round to round. A machine whose speed drifts (a neighbour, the clock) then
+    drifts for every pass alike, as a ratio between them needs: timed one after the other,
+    whole, the passes of one case saw different machines."""
+    if not passes:
+        raise ValueError("no passes to time")
+    if rounds < 1 or multiple < 1 or warmup_batches < 0:
+        raise ValueError(f"rounds and multiple must be positive and warmup_batches not "
+                         f"negative, got {rounds}, {multiple} and {warmup_batches}")
+    order = list(order)
+    timed_batches = order[warmup_batches:]
+    per_round = len(timed_batches) // rounds // multiple * multiple
+    if per_round == 0:
+        raise ValueError(f"{len(order)} batches leave no slice of {multiple} for each of "
+                         f"{rounds} rounds after {warmup_batches} warm-up batches")
+    names = list(passes)
+    seconds = dict.fromkeys(names, 0.0)
+    samples = dict.fromkeys(names, 0)
+    nbytes = dict.fromkeys(names, 0)
+    if warmup_batches:
+        for run in passes.values():
+            run(order[:warmup_batches])
+    for k in range(rounds):
+        batches = timed_batches[k * per_round:(k + 1) * per_round]
+        for name in names[k % len(names):] + names[:k % len(names)]:
+            started = time.perf_counter()
+            delivered, size = passes[name](batches)
+            seconds[name] += time.perf_counter() - started
+            samples[name] += delivered
+            nbytes[name] += size
+    return {name: Measurement(name, samples[name], nbytes[name], seconds[name],
+                              rounds * per_round) for name in names}
+
+
 def _take_batches(rows: np.ndarray, order: Sequence[np.ndarray], out: np.ndarray) -> None:
     """``np.take`` of each batch of ``order`` from ``rows`` into ``out``, in this thread."""
     for idx in order:
