@@ -213,9 +213,8 @@ def measure_thread_decode(reader, case: Case) -> Measured:
     the one-thread rate and the prefetchers' saw different machines: on a shared VM the
     one-thread rate of one case's repeats spread by a third (``results/targets-runs``), and
     the two cores' one-thread rates differ, which one is faster changing from run to run. The
-    prefetchers
-    are made once, with their workers started in the warm-up, and run one whole pass per
-    slice, as a training job's loader runs its epochs."""
+    prefetchers are made once, with their workers started in the warm-up, and run one whole
+    pass per slice, as a training job's loader runs its epochs."""
     from storebench.buffers import batch_empty
     from storebench.loaders import (
         BatchSampler,
