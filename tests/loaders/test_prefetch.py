@@ -553,11 +553,16 @@ def reads(log: Path) -> list[tuple[int, float]]:
 def prefetcher(kind: str, dataset, batches):
     if kind == "thread":
         return ThreadPrefetcher(dataset, batches, workers=2, depth=4)
+    if kind == "thread_consumer_reads":  # the consumer's reads keep the deadlines too
+        return ThreadPrefetcher(dataset, batches, workers=1, depth=4, consumer_reads=True)
     return ProcessPrefetcher(dataset, batches, workers=2, depth=4, start_method="fork")
 
 
+DEADLINE_KINDS = ["thread", "thread_consumer_reads", "process"]
+
+
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["thread", "process"])
+@pytest.mark.parametrize("kind", DEADLINE_KINDS)
 def test_a_pass_past_its_deadline_reads_only_its_first_batch(memmap_raw, batches, tmp_path,
                                                              kind):
     log = tmp_path / "reads.log"
@@ -571,7 +576,7 @@ def test_a_pass_past_its_deadline_reads_only_its_first_batch(memmap_raw, batches
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["thread", "process"])
+@pytest.mark.parametrize("kind", DEADLINE_KINDS)
 def test_a_pass_cut_short_starts_no_batch_after_its_deadline(memmap_raw, batches, tmp_path,
                                                              kind):
     log = tmp_path / "reads.log"
@@ -601,7 +606,7 @@ class PerSampleDelayDataset(LazyDataset):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["thread", "process"])
+@pytest.mark.parametrize("kind", DEADLINE_KINDS)
 def test_a_pass_cut_in_slices_ends_with_a_prefix_of_the_batch_in_hand(memmap_raw, batches,
                                                                       kind):
     want = serial(LazyDataset(memmap_raw), batches)
