@@ -315,3 +315,32 @@ def test_out_of_core_cuts_passes_under_a_cap_sooner_than_where_the_set_fits(ci_d
     assert limits == {True: {out_of_core.CAPPED_EPOCH_SECONDS_LIMIT},
                       False: {out_of_core.EPOCH_SECONDS_LIMIT}}
     assert out_of_core.CAPPED_EPOCH_SECONDS_LIMIT < out_of_core.EPOCH_SECONDS_LIMIT
+
+
+def test_the_decode_rate_decodes_batches_into_one_buffer_written_beforehand(ci_data_root,
+                                                                           monkeypatch):
+    """Every batch of at most ``batch_size`` samples, in index order, is decoded into the same
+    buffer, made before the clock starts: a fresh array for every sample timed the first
+    touch of its pages too."""
+    from storebench.bench.cases import decode_rate_case
+    from storebench.loaders import PreloadedDataset
+
+    calls = []
+    real = PreloadedDataset.get_batch
+
+    def recorded(self, indices, *, out=None):
+        calls.append((np.asarray(indices).tolist(), out))
+        return real(self, indices, out=out)
+
+    monkeypatch.setattr(PreloadedDataset, "get_batch", recorded)
+    case = Case(study="peers", function="storebench.bench.cases:decode_rate_case",
+                dataset=str(ci_data_root / "lmdb-jpeg"), loader="decode", repeats=1,
+                params={"decode": "simplejpeg", "samples": 20, "batch_size": 8})
+    metrics = decode_rate_case(case, Trial(case, 0))
+    assert metrics["samples"] == (20, "count")
+    assert metrics["decode_per_s"][0] > 0
+    assert [indices for indices, _ in calls] == [list(range(0, 8)), list(range(8, 16)),
+                                                 list(range(16, 20))]
+    buffers = [out for _, out in calls]
+    assert all(out is not None and np.shares_memory(out, buffers[0]) for out in buffers)
+    assert [len(out) for out in buffers] == [8, 8, 4]
