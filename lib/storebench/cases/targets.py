@@ -139,10 +139,7 @@ class _Passes:
 
     def run(self, order: list[np.ndarray]) -> tuple[int, int]:
         self._order[:] = order
-        delivered = nbytes = 0
-        for batch in self._prefetcher:
-            delivered += len(batch)
-            nbytes += batch.nbytes
+        delivered, nbytes = _delivered(self._prefetcher)
         if delivered != len(order) * self.batch_size:
             raise RuntimeError(f"the prefetcher delivered {delivered} samples of "
                                f"{len(order) * self.batch_size}")
@@ -150,6 +147,15 @@ class _Passes:
 
     def close(self) -> None:
         self._prefetcher.close()
+
+
+def _delivered(batches) -> tuple[int, int]:
+    """The samples and image bytes of every batch of ``batches``, iterated whole."""
+    samples = nbytes = 0
+    for batch in batches:
+        samples += len(batch)
+        nbytes += batch.nbytes
+    return samples, nbytes
 
 
 def measure_preloaded_gather(reader, case: Case) -> Measured:
@@ -245,15 +251,10 @@ def measure_thread_decode(reader, case: Case) -> Measured:
             # This thread only (pid 0); it is let go before a prefetcher starts a thread or
             # forks a worker, which would inherit the pin.
             os.sched_setaffinity(0, {cpu})
-            delivered = nbytes = 0
             try:
-                for idx in batches:
-                    batch = dataset.get_batch(idx, out=out)
-                    delivered += len(batch)
-                    nbytes += batch.nbytes
+                return _delivered(dataset.get_batch(idx, out=out) for idx in batches)
             finally:
                 os.sched_setaffinity(0, usable)
-            return delivered, nbytes
         return serial
 
     with contextlib.ExitStack() as stack:
