@@ -282,13 +282,14 @@ def decode_rate_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     JPEGs of 256x256x3), which made one core look slower than it decodes."""
     from storebench.formats import open_dataset
     from storebench.loaders import PreloadedDataset
+    from storebench.loaders.batching import batch_buffer
 
     with open_dataset(case.dataset, verify=False) as reader:
         dataset = PreloadedDataset(reader, decode=case.param("decode"), progress=False)
         indices = np.arange(min(int(case.param("samples", 1024)), len(dataset)))
         size = int(case.param("batch_size", 64))
         shape = dataset.sample_shape
-        out = np.ones((size, *shape), dtype=dataset.sample_dtype) if shape else None
+        out = batch_buffer(size, shape, dataset.sample_dtype) if shape else None
         decoded = 0
         with trial.measure() as measurement:
             for start in range(0, len(indices), size):

@@ -221,7 +221,6 @@ def measure_thread_decode(reader, case: Case) -> Measured:
     the two cores' one-thread rates differ, which one is faster changing from run to run. The
     prefetchers are made once, with their workers started in the warm-up, and run one whole
     pass per slice, as a training job's loader runs its epochs."""
-    from storebench.buffers import batch_empty
     from storebench.loaders import (
         BatchSampler,
         PreloadedDataset,
@@ -230,6 +229,7 @@ def measure_thread_decode(reader, case: Case) -> Measured:
         ThreadPrefetcher,
         throughput,
     )
+    from storebench.loaders.batching import batch_buffer
 
     decode = "simplejpeg" if reader.spec.encoding == "jpeg" else "pil"
     dataset = PreloadedDataset(reader, decode=decode, progress=False)
@@ -242,7 +242,7 @@ def measure_thread_decode(reader, case: Case) -> Measured:
     if case.param("max_batches") is not None:
         order = order[:warmup + int(case.param("max_batches"))]
     rounds = max(1, min(int(case.param("rounds", 4)), (len(order) - warmup) // workers))
-    out = batch_empty((batch_size, *dataset.sample_shape))
+    out = batch_buffer(batch_size, dataset.sample_shape, dataset.sample_dtype)
 
     usable = sorted(os.sched_getaffinity(0))
 
