@@ -12,6 +12,7 @@ is the caller's job (``save_figure``, ``plot_all``).
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -98,16 +99,25 @@ def tick_text(value: float, _position=None) -> str:
 NARROW_LOG_SUBS = ((1.0, 2.0, 3.0, 5.0), (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0))
 # A narrow view's outermost labels lie within this factor of its ends.
 NARROW_LOG_REACH = 1.5
+# Ticks within each decade for a view wider than one, densest first: 1-2-5 where their labels
+# fit, else 1-3 (steps of half a decade), else 1.
+WIDE_LOG_SUBS = ((1.0, 2.0, 5.0), (1.0, 3.0), (1.0,))
+# Tick labels keep this many font sizes apart; a digit of the default sans font is 0.64 of
+# one wide (the widest label character; "k" and "." are narrower).
+LABEL_GAP_EM = 0.5
+CHARACTER_WIDTH_EM = 0.64
 
 
 class ReadableLogLocator(LogLocator):
-    """Ticks at 1, 2 and 5 of every decade. Where the view spans less than a decade (too
-    few of those would fall inside it): finer round steps (``NARROW_LOG_SUBS``), the first
-    that puts three ticks inside it, reaching within ``NARROW_LOG_REACH`` of both ends;
-    else evenly spaced round values."""
+    """Ticks at 1, 2 and 5 of every decade, or where their labels would run into each other
+    on the axis as drawn (a wide range on a short axis), the densest of ``WIDE_LOG_SUBS``,
+    then every second, third... decade, whose labels keep ``LABEL_GAP_EM`` apart. Where the
+    view spans less than a decade (too few of those would fall inside it): finer round steps
+    (``NARROW_LOG_SUBS``), the first that puts three ticks inside it, reaching within
+    ``NARROW_LOG_REACH`` of both ends; else evenly spaced round values."""
 
     def __init__(self) -> None:
-        super().__init__(base=10, subs=(1.0, 2.0, 5.0))
+        super().__init__(base=10, subs=WIDE_LOG_SUBS[0])
 
     def tick_values(self, vmin, vmax):
         low, high = sorted((vmin, vmax))
@@ -119,12 +129,43 @@ class ReadableLogLocator(LogLocator):
                         and inside[-1] >= high / NARROW_LOG_REACH):
                     return ticks
             return MaxNLocator(nbins=5).tick_values(low, high)
-        return super().tick_values(vmin, vmax)
+        if low <= 0 or self.axis is None:
+            return super().tick_values(vmin, vmax)
+        candidates = [LogLocator(base=10, subs=subs).tick_values(low, high)
+                      for subs in WIDE_LOG_SUBS]
+        first, last = math.floor(math.log10(low)), math.ceil(math.log10(high))
+        candidates += [10.0 ** np.arange(first - first % stride, last + stride, stride)
+                       for stride in range(2, max(last - first, 2) + 1)]
+        for ticks in candidates:
+            if labels_fit(self.axis, ticks, low, high):
+                return ticks
+        return candidates[-1]
+
+
+def labels_fit(axis, ticks, low: float, high: float) -> bool:
+    """Whether the ``tick_text`` labels of ``ticks`` inside [low, high] keep at least
+    ``LABEL_GAP_EM`` apart on ``axis`` (a log axis) at its drawn length: side by side on an
+    x axis (each label's width from its characters), stacked on a y axis (one line each)."""
+    inside = np.asarray([t for t in ticks if low <= t <= high], dtype=float)
+    if len(inside) < 2:
+        return True
+    figure = axis.axes.figure
+    box = axis.axes.get_window_extent()
+    horizontal = axis.axis_name == "x"
+    points = (box.width if horizontal else box.height) * 72.0 / figure.dpi
+    em = axis.get_major_ticks(1)[0].label1.get_fontsize()
+    apart = np.diff(np.log10(inside)) * points / math.log10(high / low)
+    if horizontal:
+        widths = np.array([len(tick_text(t)) for t in inside]) * CHARACTER_WIDTH_EM * em
+        needed = (widths[:-1] + widths[1:]) / 2 + LABEL_GAP_EM * em
+    else:
+        needed = np.full(len(apart), (1 + LABEL_GAP_EM) * em)
+    return bool((apart >= needed).all())
 
 
 def log_axis(ax, which: str = "y") -> None:
-    """A log axis with ticks at 1, 2 and 5 of every decade (or evenly spaced ones over a
-    narrow range), labelled ``2k``, ``50k``..."""
+    """A log axis with ticks at 1, 2 and 5 of every decade (fewer where their labels would
+    run into each other, finer round steps over a narrow range), labelled ``2k``, ``50k``..."""
     axis = ax.yaxis if which == "y" else ax.xaxis
     (ax.set_yscale if which == "y" else ax.set_xscale)("log")
     axis.set_major_locator(ReadableLogLocator())

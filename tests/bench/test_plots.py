@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
@@ -238,6 +239,43 @@ def test_every_log_axis_has_at_least_three_labelled_ticks(name, reference_figure
             continue
         shown = visible_tick_texts(axis)
         assert len(shown) >= 3, (name, which, shown)
+
+
+def overlapping_tick_labels(fig: Figure, axis) -> list[tuple[str, str]]:
+    """Neighbouring major tick labels of ``axis`` whose drawn boxes meet."""
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    low, high = sorted(axis.get_view_interval())
+    labels = [tick.label1 for tick in axis.get_major_ticks()
+              if low <= tick.get_loc() <= high and tick.label1.get_visible()
+              and tick.label1.get_text()]
+    boxes = [(label.get_text(), label.get_window_extent(renderer)) for label in labels]
+    return [(a, b) for (a, box_a), (b, box_b) in zip(boxes, boxes[1:], strict=False)
+            if box_a.overlaps(box_b)]
+
+
+@pytest.mark.parametrize("name", list(SPECS))
+def test_no_two_tick_labels_of_a_log_axis_run_into_each_other(name, reference_figures):
+    """On out_of_core_knobs' short x axis 1-2-5 ticks over 4.5 decades read "100k200k"."""
+    fig = reference_figures[name]
+    for which, _, axis in axes_of(fig):
+        if axis.get_scale() == "log":
+            assert not overlapping_tick_labels(fig, axis), (name, which)
+
+
+def test_a_log_axis_too_short_for_1_2_5_labels_thins_them_to_ones_that_fit():
+    fig = Figure(figsize=(3, 2))
+    ax = fig.add_subplot()
+    ax.plot([50, 1_000_000], [1, 2])
+    plots.log_axis(ax, "x")
+    ax.set_xlim(40, 1_200_000)
+    fig.draw_without_rendering()
+    assert visible_tick_texts(ax.xaxis) == ["100", "1k", "10k", "100k", "1M"]
+    assert not overlapping_tick_labels(fig, ax.xaxis)
+    fig.set_size_inches(12, 2)
+    fig.draw_without_rendering()
+    assert visible_tick_texts(ax.xaxis) == [
+        "50", "100", "200", "500", "1k", "2k", "5k", "10k", "20k", "50k", "100k", "200k",
+        "500k", "1M"]
 
 
 def test_every_figure_is_named_after_its_study():
