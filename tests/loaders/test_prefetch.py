@@ -175,6 +175,28 @@ def test_a_consumer_that_reads_delivers_the_same_batches_reading_some_itself(mem
 
 
 @pytest.mark.timeout(60)
+def test_the_consumer_reads_loader_path_is_one_worker_and_a_reading_consumer(memmap_raw):
+    """The prefetch study's ``thread_consumer_reads`` path: what one thread delivers, in
+    its order, read by one worker and the consumer."""
+    from storebench.loaders.paths import PathOptions, get_loader_path
+
+    sampler = ShuffleSampler(len(memmap_raw), seed=7)
+    dataset = ConsumerGatedDataset(memmap_raw)
+    threads_before = threading.active_count()
+    loader, close = get_loader_path("thread_consumer_reads").open(
+        dataset, sampler, PathOptions(batch_size=48, workers=1))
+    try:
+        assert loader.consumer_reads and loader.workers == 1
+        got = collected(loader)
+    finally:
+        close()
+    assert_same(got, serial(LazyDataset(memmap_raw), BatchSampler(sampler, 48)))
+    assert dataset.readers.count(dataset.consumer) >= 1
+    assert len(set(dataset.readers)) == 2
+    assert threading.active_count() == threads_before
+
+
+@pytest.mark.timeout(60)
 def test_a_batch_the_consumer_fails_on_raises_as_a_workers_does(memmap_raw, batches):
     dataset = ConsumerGatedDataset(memmap_raw, consumer_raises=ValueError("boom here"))
     threads_before = threading.active_count()

@@ -98,13 +98,18 @@ def _serial(dataset, sampler, options: PathOptions) -> Batches:
     return (dataset.get_batch(indices, out=out) for indices in order), None
 
 
-def _thread(dataset, sampler, options: PathOptions) -> Batches:
+def _thread(dataset, sampler, options: PathOptions, *, consumer_reads: bool = False
+            ) -> Batches:
     from .prefetch import ThreadPrefetcher
     from .samplers import BatchSampler
 
     loader = ThreadPrefetcher(dataset, BatchSampler(sampler, options.batch_size),
-                              workers=options.workers)
+                              workers=options.workers, consumer_reads=consumer_reads)
     return loader, loader.close
+
+
+def _thread_consumer_reads(dataset, sampler, options: PathOptions) -> Batches:
+    return _thread(dataset, sampler, options, consumer_reads=True)
 
 
 def _process(dataset, sampler, options: PathOptions) -> Batches:
@@ -182,6 +187,8 @@ LOADER_PATHS: dict[str, LoaderPath] = {
     path.name: path for path in (
         LoaderPath("none", "one thread, no prefetcher", "storebench", _serial),
         LoaderPath("thread", "ThreadPrefetcher", "storebench", _thread),
+        LoaderPath("thread_consumer_reads", "ThreadPrefetcher, consumer reads", "storebench",
+                   _thread_consumer_reads),
         LoaderPath("process", "ProcessPrefetcher", "storebench", _process,
                    start_method="fork"),
         LoaderPath("torch", "torch DataLoader", "framework", _torch, start_method="fork"),

@@ -67,11 +67,13 @@ WORKER_SWEEP = (1, 2, 4)  # 4 on a 2-core machine shows oversubscription
 
 def prefetch_grid(*, sweep: tuple[int, ...] = WORKER_SWEEP) -> tuple[PrefetchVariant, ...]:
     """Every path the study compares: one thread, our thread and process prefetchers over
-    ``sweep`` workers (and spawn), the two naive baselines, torch DataLoader in-process and
-    with workers, and tf.data ``from_generator`` (GIL-bound)."""
+    ``sweep`` workers (and spawn), a thread prefetcher with one worker whose consumer reads
+    too (two reading threads, as ThreadPrefetcher ×2 has), the two naive baselines, torch
+    DataLoader in-process and with workers, and tf.data ``from_generator`` (GIL-bound)."""
     return (
         PrefetchVariant("none", 0),
         *(PrefetchVariant("thread", w) for w in sweep),
+        PrefetchVariant("thread_consumer_reads", 1),
         *(PrefetchVariant("process", w, "fork") for w in sweep),
         PrefetchVariant("process", 2, "spawn"),
         PrefetchVariant("locked_list_baseline", 1),
