@@ -174,8 +174,9 @@ def planned_cases(name: str, profile: str, data_dir: Path, repeats: int | None) 
 
 
 def run_estimate(names, profile: str, data_dir: Path, repeats: int | None,
-                 results_dir: Path, label: str):
-    """A ``bench.eta.StudyEta`` over the cases of ``names`` not yet in ``results_dir``,
+                 results_dir: Path, label: str, *, resume: bool = True):
+    """A ``bench.eta.StudyEta`` over the cases of ``names`` not yet in ``results_dir`` (all
+    of them without ``resume``: each study's earlier rows are discarded before it runs),
     expecting each case to take what it took in the committed reference (same profile) or
     in this results directory's earlier rows."""
     from .bench.eta import StudyEta, expected_case_seconds
@@ -192,7 +193,7 @@ def run_estimate(names, profile: str, data_dir: Path, repeats: int | None,
         except StudyNotApplicableError:
             continue
         path = results_dir / f"{name}.csv"
-        done = finished_case_ids(path) if path.exists() else set()
+        done = finished_case_ids(path) if resume and path.exists() else set()
         planned[name] = [c.case_id for c in cases if c.case_id not in done]
     expected = expected_case_seconds(REPO_ROOT / "results" / "reference", label)
     expected.update(expected_case_seconds(results_dir, label))
@@ -460,7 +461,8 @@ def run_full_study(
         drop_caches=drop_caches,
         label=label,
     )
-    estimate = run_estimate(names, profile, data_dir, repeats, results_dir, label)
+    estimate = run_estimate(names, profile, data_dir, repeats, results_dir, label,
+                            resume=resume)
 
     def case_done(case, outcome):
         estimate.done(case.study, case.case_id, outcome.seconds)

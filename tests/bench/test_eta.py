@@ -39,3 +39,23 @@ def test_expected_case_seconds_reads_ok_rows_of_the_profile(tmp_path):
         writer.write_rows(rows)
     assert expected_case_seconds(tmp_path, "small") == {("formats", "c1"): 4.0}
     assert expected_case_seconds(tmp_path / "missing", "small") == {}
+
+
+def test_a_fresh_run_plans_the_cases_its_results_directory_already_holds(tmp_path,
+                                                                          ci_data_root):
+    """``storebench study --fresh`` discards each study's earlier rows before running it, so
+    its estimate counts them to run (it printed "0 cases to run, about 0 s left" throughout);
+    a resumed run skips them. Their earlier times are the expectation either way."""
+    from storebench.study import planned_cases, run_estimate
+
+    cases = planned_cases("prefetch", "ci", ci_data_root, None)
+    finished = cases[0].case_id
+    with ResultsWriter(tmp_path / "prefetch.csv") as writer:
+        writer.write_rows([make_row(run_id="r", study="prefetch", case_id=finished, repeat=-1,
+                                    metric="case_seconds", value=7.0, unit="s", status="ok",
+                                    profile="ci")])
+    fresh = run_estimate(["prefetch"], "ci", ci_data_root, None, tmp_path, "ci", resume=False)
+    resumed = run_estimate(["prefetch"], "ci", ci_data_root, None, tmp_path, "ci")
+    assert fresh.remaining == {("prefetch", case.case_id) for case in cases}
+    assert resumed.remaining == fresh.remaining - {("prefetch", finished)}
+    assert fresh.expected[("prefetch", finished)] == 7.0
