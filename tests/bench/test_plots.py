@@ -331,3 +331,26 @@ def test_a_saved_figure_has_the_same_bytes_every_time(tmp_path):
     first = [p.read_bytes() for p in plots.save_figure(fig, tmp_path / "a" / "figure")]
     second = [p.read_bytes() for p in plots.save_figure(fig, tmp_path / "b" / "figure")]
     assert first == second
+
+
+def test_a_knob_case_that_failed_or_was_skipped_says_why_in_place_of_its_bar(reference):
+    """A case killed at its memory budget drew no bar and no word (run 9bb3b8's k = 5
+    Parquet row_group_size=1024 case): its place now says why."""
+    from storebench.studies.out_of_core import plot_ooc_knobs
+
+    df = reference.df[reference.df["status"] == "ok"]
+    knob_rows = df[(df["study"] == "out_of_core") & df["case_id"].str.contains("/k=5/knob_")
+                   & (df["status"] == "ok")]
+    killed, skipped = sorted(knob_rows["case_id"].unique())[:2]
+    replaced = []
+    for case_id, status, error in (
+            (killed, "failed", "worker was killed by SIGKILL during repeat 1 of 1 without "
+                               "reporting: the kernel's OOM killer killed a process"),
+            (skipped, "skipped", "no room: the budget is below the baseline")):
+        row = df[(df["case_id"] == case_id) & (df["metric"] == "case_seconds")].iloc[[0]]
+        replaced.append(row.assign(status=status, error=error))
+    changed = pd.concat([df[~df["case_id"].isin([killed, skipped])], *replaced])
+    texts = [t.get_text() for ax in plot_ooc_knobs(changed).axes for t in ax.texts]
+    assert texts.count("k = 5: killed for outgrowing its memory budget") == 1
+    assert texts.count("k = 5: skipped: no room") == 1
+    assert not [t for ax in plot_ooc_knobs(df).axes for t in ax.texts]

@@ -395,7 +395,8 @@ def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
     column = f"epoch{DEFAULT_EPOCHS}.samples_per_s"
     pairs = list(dict.fromkeys(zip(knobbed["format"], knobbed["access"], knobbed["setting"])))
     ks = sorted(knobbed["k"].unique())
-    labels, values = [], {k: [] for k in ks}
+    unmeasured = _unmeasured_cases(df)
+    labels, values, notes = [], {k: [] for k in ks}, []
     for fmt, access, setting in pairs:
         for shown in ("default", setting):
             labels.append(f"{fmt}, {access.replace('_', ' ')}: {shown}")
@@ -403,6 +404,9 @@ def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
                 hit = table[(table["format"] == fmt) & (table["access"] == access)
                             & (table["setting"] == shown) & (table["k"] == k)]
                 values[k].append(float(hit[column].iloc[0]) if not hit.empty else np.nan)
+                why = unmeasured.get(("raw", fmt, access, shown, k))
+                if why and not np.isfinite(values[k][-1]):
+                    notes.append((len(labels) - 1, k, why))
     fig = Figure(figsize=(8, 0.5 * len(labels) + 1.5), layout="constrained")
     ax = fig.add_subplot()
     y = np.arange(len(labels))
@@ -416,11 +420,30 @@ def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
     shown = [v for k in ks for v in values[k] if np.isfinite(v)]
     if shown:
         ax.set_xlim(min(shown) / 2, max(shown) * 1.5)
+    # A case that failed or was skipped has no bar: its place says why.
+    for row, k, why in notes:
+        ax.text(ax.get_xlim()[0] * 1.15, row + (ks.index(k) - (len(ks) - 1) / 2) * height,
+                f"{k_text(k)}: {why}", va="center", fontsize="x-small", color="dimgrey")
     ax.set_xlabel(f"samples per second, epoch {DEFAULT_EPOCHS}")
     ax.legend(fontsize="small")
     fig.suptitle(f"Knobs out of core: each against its default ({caption})",
                  fontsize="medium")
     return fig
+
+
+def _unmeasured_cases(df: pd.DataFrame) -> dict[tuple, str]:
+    """Why each case that failed or was skipped has no rate, keyed by (encoding, format,
+    access, setting, k): a case the kernel killed for outgrowing its memory budget says so,
+    any other by its status and the first clause of its error."""
+    rows = ooc_rows(df)
+    rows = rows[~rows["status"].isin(["ok"])]
+    found = {}
+    for _, row in rows.iterrows():
+        error = str(row["error"]) if isinstance(row["error"], str) else ""
+        why = ("killed for outgrowing its memory budget" if "OOM killer" in error
+               else f"{row['status']}: {error.split(':')[0][:60]}".rstrip(": "))
+        found[(row["encoding"], row["format"], row["access"], row["setting"], row["k"])] = why
+    return found
 
 
 def plot_ooc_budget(df: pd.DataFrame) -> Figure:
