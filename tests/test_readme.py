@@ -65,3 +65,22 @@ def test_findings_block_matches_the_reference_results():
         r"<!-- findings:start -->\n(.*?)<!-- findings:end -->", README, flags=re.S
     ).group(1)
     assert block == render_findings_block(reference, relative_to=ROOT)
+
+
+def test_the_study_time_sentence_counts_the_cases_that_failed(tmp_path):
+    import json
+
+    from storebench.readme import study_time_text
+
+    timing = {"profile": "small", "total_seconds": 120.0,
+              "stage_seconds": {"study:formats": 60.0, "study:peers": 50.0},
+              "ran_cases": {"formats": 4, "peers": 3}, "reused_cases": {"formats": 1},
+              "failed_cases": {}}
+    (tmp_path / "timing.json").write_text(json.dumps(timing))
+    assert study_time_text(tmp_path, tmp_path) == (
+        "The `small` study took 2.0 min, 7 cases run and 1 reused (minutes by stage: formats "
+        "1.0, peers 0.8; `timing.json`) on this machine.")
+    timing["failed_cases"] = {"peers": ["peer_epochs:a", "peer_epochs:b"], "formats": ["c"]}
+    (tmp_path / "timing.json").write_text(json.dumps(timing))
+    assert "7 cases run (3 failed: peers, formats in `failed_cases`) and 1 reused" in (
+        study_time_text(tmp_path, tmp_path))

@@ -44,9 +44,12 @@ def study_time_text(results_dir: Path, base: Path) -> str:
                            if seconds >= 30)
         ran = sum(timing.get("ran_cases", {}).values())
         reused = sum(timing.get("reused_cases", {}).values())
+        failed = sum(len(ids) for ids in timing.get("failed_cases", {}).values())
+        failures = (f" ({failed} failed: {', '.join(timing['failed_cases'])} in "
+                    "`failed_cases`)" if failed else "")
         rel = path.resolve().relative_to(base.resolve()).as_posix()
-        parts.append(f"{timing['total_seconds'] / 60:.1f} min, {ran} cases run and {reused} "
-                     f"reused (minutes by stage: {stages}; `{rel}`)")
+        parts.append(f"{timing['total_seconds'] / 60:.1f} min, {ran} cases run{failures} and "
+                     f"{reused} reused (minutes by stage: {stages}; `{rel}`)")
     if not parts:
         return ""
     profile = json.loads(files[-1].read_text())["profile"] if files[-1].exists() else ""
