@@ -321,7 +321,9 @@ def plot_remote_rtt(df: pd.DataFrame) -> Figure:
     right.set_xlabel("emulated round-trip time")
     log_axis(right)
     right.set_title(f"Data-parallel ranks ({_ranked_label()})", fontsize="medium")
-    right.legend(fontsize="x-small")
+    # Outside the axes: the marks move with the data, and inside they were hidden (9bb3b8).
+    fig.legend(*right.get_legend_handles_labels(), loc="outside lower right",
+               fontsize="x-small")
     fig.suptitle("Reading from object storage (SeaweedFS S3) at a distance\n"
                  f"({profile_caption(rows)}; thread prefetcher per rank, simplejpeg)",
                  fontsize="medium")
