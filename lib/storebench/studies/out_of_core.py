@@ -35,6 +35,7 @@ from ..cases.out_of_core import DEFAULT_EPOCHS
 from ..plots import empty_figure, format_colours, log_axis, profile_caption, summarise
 from ..results import (
     Results,
+    failed_cases,
     format_order,
     ordered,
     params_of,
@@ -432,17 +433,19 @@ def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
 
 
 def _unmeasured_cases(df: pd.DataFrame) -> dict[tuple, str]:
-    """Why each case that failed or was skipped has no rate, keyed by (encoding, format,
-    access, setting, k): a case the kernel killed for outgrowing its memory budget says so,
-    any other by its status and the first clause of its error."""
-    rows = ooc_rows(df)
-    rows = rows[~rows["status"].isin(["ok"])]
+    """Why each case that failed or was skipped (``results.failed_cases``) has no rate,
+    keyed by (encoding, format, access, setting, k): a case the kernel killed for outgrowing
+    its memory budget says so, any other its status and the first clause of its error."""
+    cases = ooc_rows(df).drop_duplicates("case_id").set_index("case_id")
     found = {}
-    for _, row in rows.iterrows():
-        error = str(row["error"]) if isinstance(row["error"], str) else ""
-        why = ("killed for outgrowing its memory budget" if "OOM killer" in error
-               else f"{row['status']}: {error.split(':')[0][:60]}".rstrip(": "))
-        found[(row["encoding"], row["format"], row["access"], row["setting"], row["k"])] = why
+    for failure in failed_cases(df, study=NAME).itertuples():
+        if failure.case_id not in cases.index:
+            continue
+        case = cases.loc[failure.case_id]
+        why = ("killed for outgrowing its memory budget" if "OOM killer" in failure.error
+               else f"{failure.status}: {failure.error.split(':')[0][:60]}".rstrip(": "))
+        found[(case["encoding"], case["format"], case["access"], case["setting"],
+               case["k"])] = why
     return found
 
 
