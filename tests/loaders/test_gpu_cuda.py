@@ -172,3 +172,77 @@ def test_a_pinned_dataloaders_batches_reach_the_device_in_sampler_order(memmap_r
         np.testing.assert_array_equal(images, want.images)
         np.testing.assert_array_equal(labels, want.labels)
         start += len(labels)
+
+
+def _prefetcher(kind: str, dataset, batches):
+    from storebench.loaders import ProcessPrefetcher, ThreadPrefetcher
+
+    if kind == "process":
+        return ProcessPrefetcher(dataset, batches, workers=2, start_method="fork",
+                                 pin_memory=True)
+    return ThreadPrefetcher(dataset, batches, workers=2, pin_memory=True)
+
+
+def _page_locked(batch) -> bool:
+    return (torch.from_numpy(batch.images).is_pinned()
+            and torch.from_numpy(batch.labels).is_pinned())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["thread", "process"])
+@pytest.mark.parametrize("mode", ["pinned", "pinned-async"])
+def test_a_prefetcher_with_pinned_slots_has_each_batch_copied_where_it_lies(
+        memmap_raw, kind, mode):
+    """``pin_memory=True``: every batch arrives in page-locked memory and the feeder copies
+    it from there, with no staging copy, byte for byte in the sampler's order, while the
+    consumer queues slow steps (a copy not finished before the slot is refilled would land
+    a later batch's bytes). A pass left early lets go of the locks and the next pass takes
+    them again; closing lets go of them, and the last batch stays readable."""
+    from storebench.loaders import BatchSampler, LazyDataset, ShuffleSampler
+
+    dataset = LazyDataset(memmap_raw)
+    batches = BatchSampler(ShuffleSampler(len(dataset), seed=5), 48)  # 512: a short last one
+    order = np.concatenate([np.asarray(b) for b in batches])
+    loader = _prefetcher(kind, dataset, batches)
+    try:
+        for batch in loader:  # a pass left early
+            assert _page_locked(batch)
+            break
+        locked, kept = [], []
+
+        def recording(source):
+            for batch in source:
+                locked.append(_page_locked(batch))
+                kept.append(batch)
+                yield batch
+
+        feeder = GpuFeeder(recording(loader), device="cuda", **COPY_MODES[mode])
+        seen = []
+        for images, labels in feeder:
+            torch.cuda._sleep(CONSUMER_SPIN_CYCLES)
+            seen.append((images.clone(), labels.clone()))
+        torch.cuda.synchronize()
+    finally:
+        loader.close()
+    assert locked and all(locked)
+    assert feeder.stats()["staging_seconds"] == 0.0 and feeder.stats()["device_copy_seconds"] > 0
+    start = 0
+    for images, labels in seen:
+        want = dataset.get_batch(order[start:start + len(labels)])
+        np.testing.assert_array_equal(images.cpu().numpy(), want.images)
+        np.testing.assert_array_equal(labels.cpu().numpy(), want.labels)
+        start += len(labels)
+    assert start == len(order)
+    last = kept[-1]
+    assert not _page_locked(last)  # closed: the locks are gone, the memory is not
+    np.testing.assert_array_equal(last.images, dataset.get_batch(order[-len(last):]).images)
+
+
+def test_a_pageable_batch_is_still_staged_when_the_feeder_copies_pinned():
+    """Batches from unlocked memory (a prefetcher without pin_memory) go through the
+    feeder's own staging buffer: the in-place branch is only for page-locked memory."""
+    batches = make_batches(3)
+    feeder = GpuFeeder(reusing_source(batches), device="cuda", pinned=True)
+    for _ in feeder:
+        pass
+    assert feeder.stats()["staging_seconds"] > 0

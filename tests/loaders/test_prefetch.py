@@ -708,3 +708,34 @@ def test_a_deadline_far_ahead_changes_nothing(memmap_raw, batches):
     dataset = LazyDataset(memmap_raw)
     with ThreadPrefetcher(dataset, batches, workers=2) as tp:
         assert_same(collected(tp.iter_until(time.monotonic() + 3600)), serial(dataset, batches))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="this machine has CUDA")
+@pytest.mark.parametrize("cls", [ThreadPrefetcher, ProcessPrefetcher])
+def test_a_prefetcher_asked_to_pin_its_slots_without_cuda_refuses_before_any_worker(
+        memmap_raw, batches, cls):
+    from storebench.loaders import AcceleratorUnavailableError
+
+    children, threads = our_children(), threading.active_count()
+    segments = set(Path("/dev/shm").iterdir())
+    with pytest.raises(AcceleratorUnavailableError,
+                       match=rf"^{cls.__name__}\(pin_memory=True\) page-locks its batch memory "
+                             r"for CUDA copies, but torch \S+ reports "
+                             r"torch.cuda.is_available\(\) == False on this machine; "
+                             r"use pin_memory=False$"):
+        cls(LazyDataset(memmap_raw), batches, pin_memory=True)
+    assert our_children() == children and threading.active_count() == threads
+    assert set(Path("/dev/shm").iterdir()) <= segments
+
+
+def test_a_loader_path_that_cannot_pin_its_batches_refuses_pin_memory_by_name(memmap_raw):
+    from storebench.loaders.paths import LOADER_PATHS, PathOptions, get_loader_path
+
+    able = [name for name, path in LOADER_PATHS.items() if path.pins_memory]
+    assert sorted(able) == ["process", "thread", "thread_consumer_reads", "torch"]
+    with pytest.raises(ValueError, match=r"^loader path 'none' cannot deliver batches in "
+                                         r"page-locked memory \(pin_memory=True\); paths that "
+                                         r"can: process, thread, thread_consumer_reads, torch$"):
+        get_loader_path("none").open(LazyDataset(memmap_raw), ShuffleSampler(len(memmap_raw)),
+                                     PathOptions(batch_size=16, pin_memory=True))

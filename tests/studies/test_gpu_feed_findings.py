@@ -143,3 +143,23 @@ def test_the_newest_stored_run_on_a_cuda_device_is_found_and_an_emulated_one_is_
     assert cuda_feed_text(root, tmp_path).endswith(
         "(results/gpu-runs/20260102T000000Z-bbbbbb/figures/gpu_feed_utilisation.png)")
     assert cuda_feed_text(tmp_path / "nowhere", tmp_path) == ""
+
+
+def test_slots_the_prefetcher_pinned_itself_are_compared_with_both_other_copies():
+    def case(h2d, **params):
+        return with_rates(feed_case("process", 2, 2.0, 0.5, device=H100, params=params),
+                          h2d_GBps=h2d)
+
+    df = frame(case(8.0), case(6.0, pinned=True), case(24.0, pinned=True, pin_memory=True))
+    sentences = gpu_feed.feed_findings(df)
+    assert ("Where the prefetch workers write into slots they page-locked themselves "
+            "(pin_memory=True), the feeder copies each batch from where it lies: 3.0\u00d7 the "
+            "rate of pageable copies and 4.0\u00d7 that of pinned copies through a staging "
+            "buffer (medians over compute times).") in sentences
+    # The staged pinned copies are still compared with pageable ones alone.
+    assert any("pinned copies (the host copy into the page-locked buffer counted) run at "
+               "0.75\u00d7" in s for s in sentences)
+    assert "ProcessPrefetcher \u00d72, pinned slots, sync" in set(gpu_feed.feed_rows(df)["label"])
+    # Without the slots measured, no sentence about them.
+    assert not any("page-locked themselves" in s
+                   for s in gpu_feed.feed_findings(frame(case(8.0), case(6.0, pinned=True))))

@@ -182,8 +182,9 @@ def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
 
 def test_feed_grid_copies_every_way_and_reaches_below_2_ms_only_where_cuda_copies(
         ci_data_root, monkeypatch):
-    """Without a compact plan: three copy modes and the sub-2 ms compute times where torch
-    sees a CUDA device; pageable copies to the CPU at 0, 2 and 10 ms where it does not."""
+    """Without a compact plan: three copy modes (and the prefetch processes' own pinned
+    slots) and the sub-2 ms compute times where torch sees a CUDA device; pageable copies to
+    the CPU at 0, 2 and 10 ms where it does not."""
     import torch
 
     from storebench.bench import plan
@@ -198,8 +199,12 @@ def test_feed_grid_copies_every_way_and_reaches_below_2_ms_only_where_cuda_copie
     assert copies == ({(False, False), (True, False), (True, True)} if cuda
                       else {(False, False)})
     assert {c.param("device") for c in feed} == {"cuda" if cuda else "cpu"}
+    # Slots page-locked by the loader itself: only the prefetch processes have any.
+    pinned_slots = [c for c in feed if c.param("pin_memory", False)]
+    assert {(c.prefetcher, c.param("pinned")) for c in pinned_slots} == (
+        {("process", True)} if cuda else set())
     assert len(feed) == len({c.case_id for c in feed}) == (
-        len(CUDA_COMPUTE_MS if cuda else COMPUTE_MS) * 2 * len(copies))
+        len(CUDA_COMPUTE_MS if cuda else COMPUTE_MS) * (2 * len(copies) + cuda))
 
 
 def test_target_ratio_takes_the_best_numerator_path_and_the_summary_the_median():

@@ -136,7 +136,7 @@ def open_batches(case: Case, dataset, sampler):
         start_method=case.param("start_method"), seed=int(case.param("seed", 0)),
         root=case.dataset, shuffle_buffer=int(case.param("shuffle_buffer", 4096)),
         resize=resize_size(case), shuffle=case.access != "sequential",
-        decode=case.param("decode"))
+        decode=case.param("decode"), pin_memory=bool(case.param("pin_memory", False)))
     return path.open(dataset, sampler, options)
 
 

@@ -7,7 +7,9 @@ one of two preallocated device buffers (a double buffer), with one of three copy
   (CUDA first stages pageable memory through a driver buffer, so this is two copies);
 - ``pinned=True``: the batch is first copied into one of two page-locked staging buffers,
   from which the DMA engine reads directly; a batch that is already page-locked (torch
-  tensors from ``DataLoader(pin_memory=True)``) is read where it is, with no staging copy;
+  tensors from ``DataLoader(pin_memory=True)``, the arrays of a ``ThreadPrefetcher`` or
+  ``ProcessPrefetcher`` made with ``pin_memory=True``) is read where it is, with no staging
+  copy;
 - ``non_blocking=True`` (with ``pinned=True``): the copy is queued on a side CUDA stream and
   the host goes on at once; CUDA events order it after the consumer's last use of the
   buffer and before the consumer's first use of the batch.
@@ -61,16 +63,25 @@ def _as_arrays(batch) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _page_locked(batch) -> tuple | None:
-    """``(images, labels)`` when the batch is a pair of page-locked, contiguous torch tensors
-    (``DataLoader(pin_memory=True)`` gives them): the DMA engine can read them in place."""
-    if isinstance(batch, Batch):
-        return None
-    images, labels = batch
-    for tensor in (images, labels):
-        if not (hasattr(tensor, "is_pinned") and tensor.is_pinned()
-                and tensor.is_contiguous()):
+    """``(images, labels)`` as torch tensors when both lie contiguous in page-locked memory,
+    with int64 labels: torch tensors from ``DataLoader(pin_memory=True)``, or the arrays of a
+    prefetcher made with ``pin_memory=True``. The DMA engine can read them in place."""
+    import torch
+
+    images, labels = (batch.images, batch.labels) if isinstance(batch, Batch) else batch
+    tensors = []
+    for array in (images, labels):
+        if isinstance(array, np.ndarray):
+            if not (array.flags.c_contiguous and array.flags.writeable):
+                return None  # torch.from_numpy warns on read-only arrays
+            array = torch.from_numpy(array)
+        if not (isinstance(array, torch.Tensor) and array.is_pinned()
+                and array.is_contiguous()):
             return None
-    return images, labels
+        tensors.append(array)
+    if tensors[1].dtype != torch.int64:
+        return None
+    return tensors[0], tensors[1]
 
 
 def _batch_length(batch) -> int:

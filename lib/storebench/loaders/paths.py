@@ -48,6 +48,9 @@ class PathOptions:
     # and the decoder for encoded samples (None: raw pixels).
     shuffle: bool = True
     decode: str | None = None
+    # Page-lock the memory batches are delivered in, for in-place CUDA copies (paths whose
+    # ``pins_memory`` is True; CUDA only).
+    pin_memory: bool = False
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,8 @@ class LoaderPath:
     libraries: tuple[str, ...] = ()
     dataset_format: str = ""
     shuffle: str = "full permutation (the sampler's)"
+    # Whether the path delivers batches in page-locked memory when asked (pin_memory).
+    pins_memory: bool = False
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -85,6 +90,10 @@ class LoaderPath:
         return text
 
     def open(self, dataset, sampler, options: PathOptions) -> Batches:
+        if options.pin_memory and not self.pins_memory:
+            able = sorted(name for name, path in LOADER_PATHS.items() if path.pins_memory)
+            raise ValueError(f"loader path {self.name!r} cannot deliver batches in page-locked "
+                             f"memory (pin_memory=True); paths that can: {', '.join(able)}")
         return self.factory(dataset, sampler, options)
 
 
@@ -104,7 +113,8 @@ def _thread(dataset, sampler, options: PathOptions, *, consumer_reads: bool = Fa
     from .samplers import BatchSampler
 
     loader = ThreadPrefetcher(dataset, BatchSampler(sampler, options.batch_size),
-                              workers=options.workers, consumer_reads=consumer_reads)
+                              workers=options.workers, consumer_reads=consumer_reads,
+                              pin_memory=options.pin_memory)
     return loader, loader.close
 
 
@@ -117,7 +127,8 @@ def _process(dataset, sampler, options: PathOptions) -> Batches:
     from .samplers import BatchSampler
 
     loader = ProcessPrefetcher(dataset, BatchSampler(sampler, options.batch_size),
-                               workers=options.workers, start_method=options.start_method)
+                               workers=options.workers, start_method=options.start_method,
+                               pin_memory=options.pin_memory)
     return loader, loader.close
 
 
@@ -144,7 +155,8 @@ def _torch(dataset, sampler, options: PathOptions) -> Batches:
 
     loader = torch_dataloader(dataset, batch_size=options.batch_size, sampler=sampler,
                               num_workers=options.workers,
-                              multiprocessing_context=options.start_method, seed=options.seed)
+                              multiprocessing_context=options.start_method, seed=options.seed,
+                              pin_memory=options.pin_memory)
     return loader, None
 
 
@@ -186,12 +198,13 @@ SHARD_SHUFFLE = "shard order shuffled, then a {buffer}-sample shuffle buffer"
 LOADER_PATHS: dict[str, LoaderPath] = {
     path.name: path for path in (
         LoaderPath("none", "one thread, no prefetcher", "storebench", _serial),
-        LoaderPath("thread", "ThreadPrefetcher", "storebench", _thread),
+        LoaderPath("thread", "ThreadPrefetcher", "storebench", _thread, pins_memory=True),
         LoaderPath("thread_consumer_reads", "ThreadPrefetcher, consumer reads", "storebench",
-                   _thread_consumer_reads),
+                   _thread_consumer_reads, pins_memory=True),
         LoaderPath("process", "ProcessPrefetcher", "storebench", _process,
-                   start_method="fork"),
-        LoaderPath("torch", "torch DataLoader", "framework", _torch, start_method="fork"),
+                   start_method="fork", pins_memory=True),
+        LoaderPath("torch", "torch DataLoader", "framework", _torch, start_method="fork",
+                   pins_memory=True),
         LoaderPath("tf_data", "tf.data TFRecord AUTOTUNE", "framework", _tf_data,
                    decode="tensorflow", reads_dataset_files=True),
         LoaderPath("tf_generator", "tf.data from_generator (GIL-bound)", "framework",

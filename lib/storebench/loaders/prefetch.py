@@ -31,6 +31,12 @@ Common behaviour:
 Buffers are reused: with ``copy=False`` (the default) a batch's arrays are views that stay
 valid until the consumer asks for the next batch; pass ``copy=True`` (or ``batch.copy()``) to
 keep them longer.
+
+``pin_memory=True`` (CUDA only; refused without it) page-locks the buffers or shared-memory
+slots the batches are written into (``pinning.PageLocks``) for as long as the workers run,
+so that ``GpuFeeder(pinned=True)`` copies each batch to the device from where it lies,
+without a staging copy of its own (``DataLoader(pin_memory=True)`` instead copies every
+batch once more, into pinned memory).
 """
 
 from __future__ import annotations
@@ -55,6 +61,7 @@ import numpy as np
 
 from ..processes import SHM_DIR, SHM_PREFIX
 from .batching import Batch, batch_buffer
+from .pinning import PageLocks, require_cuda
 from .window import (
     Cut,
     CutReader,
@@ -164,11 +171,12 @@ class _ThreadTransport:
     """Threads of this process; a result is the batch itself, written into buffer ``slot``."""
 
     def __init__(self, dataset, *, workers: int, buffers: list[np.ndarray] | None,
-                 consumer_reads: bool = False) -> None:
+                 consumer_reads: bool = False, page_locks: PageLocks | None = None) -> None:
         self.dataset = dataset
         self.workers = workers
         self.buffers = buffers
         self.consumer_reads = consumer_reads
+        self.page_locks = page_locks
         self.not_after: float | None = None
         self.cut: Cut | None = None
         self._consumer: tuple[object, CutReader] | None = None  # the consumer's own reader
@@ -176,12 +184,17 @@ class _ThreadTransport:
 
     def start(self) -> None:
         if self._pool is None:
+            if self.page_locks is not None and not self.page_locks.locked:
+                for buffer in self.buffers:
+                    self.page_locks.lock_array(buffer)
             self._pool = _ThreadPool(self.dataset, self.workers, self.buffers)
 
     def stop(self) -> None:
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+        if self.page_locks is not None:
+            self.page_locks.release()
 
     def submit(self, seq: int, slot: int, indices: np.ndarray) -> None:
         self._pool.tasks.put((seq, slot, indices, self.not_after, self.cut))
@@ -236,6 +249,9 @@ class ThreadPrefetcher(WindowedPrefetcher):
     without a third thread per two cores; a batch it fails on raises as a worker's does,
     from "prefetch consumer". Where the loop body is the slow part (a training step), the
     workers read ahead as usual and the consumer seldom finds nothing arrived.
+
+    ``pin_memory``: page-lock the batch buffers while the threads run (CUDA only; samples of
+    one fixed shape), for ``GpuFeeder(pinned=True)`` to copy from in place.
     """
 
     def __init__(
@@ -248,7 +264,10 @@ class ThreadPrefetcher(WindowedPrefetcher):
         batch_size: int | None = None,
         copy: bool = False,
         consumer_reads: bool = False,
+        pin_memory: bool = False,
     ) -> None:
+        if pin_memory:
+            require_cuda(type(self).__name__)
         self.dataset = dataset
         self.batches = batches
         self.workers = positive_int(workers, "workers")
@@ -262,8 +281,16 @@ class ThreadPrefetcher(WindowedPrefetcher):
         if shape is not None:
             size = _batch_size_of(batches, batch_size)
             buffers = [batch_buffer(size, shape, dataset.sample_dtype) for _ in range(self.depth)]
+        elif pin_memory:
+            raise ValueError(
+                "ThreadPrefetcher(pin_memory=True) page-locks batch buffers of one sample "
+                f"shape, and {type(dataset).__name__} does not know its samples' shape "
+                "(images of different sizes need a transform with a fixed output)")
+        self.pin_memory = bool(pin_memory)
         transport = _ThreadTransport(dataset, workers=self.workers, buffers=buffers,
-                                     consumer_reads=self.consumer_reads)
+                                     consumer_reads=self.consumer_reads,
+                                     page_locks=PageLocks(type(self).__name__)
+                                     if pin_memory else None)
         self._open_window(transport, depth=self.depth, copy=self.copy)
         transport.start()
 
@@ -631,9 +658,11 @@ class _SharedMemoryTransport:
         batch_size: int,
         sample_shape,
         dtype,
+        page_locks: PageLocks | None = None,
     ) -> None:
         self.dataset = dataset
         self.worker_init = worker_init
+        self.page_locks = page_locks
         self.context = context
         self.workers = workers
         self.depth = depth
@@ -688,6 +717,10 @@ class _SharedMemoryTransport:
                     conn.send_bytes(packed)
                 except OSError:  # it died before reading: re-running __main__, most likely
                     raise self._died(i) from None
+            if self.page_locks is not None:
+                # After the forks: a child inherits no mapping of it, nor its locked pages.
+                self.page_locks.lock(self._slots.control.ctypes.data,
+                                     self._slots.layout.total_bytes)
         except BaseException:
             self.stop()
             raise
@@ -697,6 +730,8 @@ class _SharedMemoryTransport:
             return
         self._slots.control[_STOP] = 1  # skip the tasks still queued in the pipes
         _shutdown_processes(self._processes, self._conns)
+        if self.page_locks is not None:
+            self.page_locks.release()
         self._slots.unlink()
         self._slots = None
         self._processes, self._conns = [], []
@@ -782,6 +817,9 @@ class ProcessPrefetcher(WindowedPrefetcher):
     platform default); under spawn and forkserver the dataset is pickled to each worker.
 
     ``worker_init(worker_index)`` runs in each worker after start-up (seed RNGs there).
+
+    ``pin_memory``: page-lock the shared-memory slots while the workers run (CUDA only), for
+    ``GpuFeeder(pinned=True)`` to copy from in place.
     """
 
     def __init__(
@@ -795,10 +833,14 @@ class ProcessPrefetcher(WindowedPrefetcher):
         start_method: str | None = None,
         copy: bool = False,
         worker_init: Callable[[int], None] | None = None,
+        pin_memory: bool = False,
     ) -> None:
         import multiprocessing
 
         check_not_bootstrapping(type(self).__name__)
+        if pin_memory:
+            require_cuda(type(self).__name__)
+        self.pin_memory = bool(pin_memory)
         self.dataset = dataset
         self.batches = batches
         self.workers = positive_int(workers, "workers")
@@ -830,6 +872,7 @@ class ProcessPrefetcher(WindowedPrefetcher):
             batch_size=self.batch_size,
             sample_shape=shape,
             dtype=dtype,
+            page_locks=PageLocks(type(self).__name__) if pin_memory else None,
         )
         self._open_window(self._transport, depth=self.depth, copy=self.copy)
         try:

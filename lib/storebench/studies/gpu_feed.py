@@ -3,10 +3,11 @@
 An ``EmulatedAccelerator`` spends ``compute_ms`` per batch (as MLPerf Storage does) while a
 loader path feeds it through ``GpuFeeder``, in this thread and with two prefetch processes.
 The copies go to the first CUDA device where one is present (found without importing torch
-in the grid), with pageable, pinned and asynchronous copies; else to the CPU, and every
-case's params say ``emulated=True``, ``device="cpu"``. Accelerator utilisation (AU) is
-compute time over wall time; the accelerator's idle time is split into waiting for data,
-the host copy and host overhead (see ``storebench.loaders.gpu.run_feed``).
+in the grid), with pageable, pinned and asynchronous copies, and for the prefetch processes
+also from slots they page-lock themselves (``pin_memory=True``: no staging copy); else to
+the CPU, and every case's params say ``emulated=True``, ``device="cpu"``. Accelerator
+utilisation (AU) is compute time over wall time; the accelerator's idle time is split into
+waiting for data, the host copy and host overhead (see ``storebench.loaders.gpu.run_feed``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from matplotlib.figure import Figure
 
 from ..bench.plan import plan_for
 from ..bench.runner import Case
-from ..loaders.paths import path_label
+from ..loaders.paths import get_loader_path, path_label
 from ..plots import empty_figure, path_colour, profile_caption, summarise
 from ..results import Results, best_row, latest_runs, select, stat, summary_table
 from ..text import MULTIPLY, format_percent, format_ratio, format_value, grid_value, sig
@@ -53,6 +54,9 @@ FED_HEADROOM = 1.25
 FEED_LOADERS = (("none", 0), ("process", 2))
 
 
+# The copy mode of a prefetcher that page-locks its own slots (pin_memory=True).
+PINNED_SLOTS = "pinned slots, sync"
+
 # Warm-up batches (2) are discarded: an epoch needs more to measure anything.
 MIN_BATCHES = 4
 
@@ -80,7 +84,8 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
     if cuda["torch_cuda_available"]:
         device = {"device": "cuda", "emulated": False,
                   "device_name": (cuda["devices"] or ["CUDA device"])[0]}
-        copies = [{}, {"pinned": True}, {"pinned": True, "non_blocking": True}]
+        copies = [{}, {"pinned": True}, {"pinned": True, "non_blocking": True},
+                  {"pinned": True, "pin_memory": True}]
     else:
         device = {"device": "cpu", "emulated": True, "device_name": "cpu"}
         copies = [{}]
@@ -91,6 +96,8 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
     for ms in compute_ms:
         for prefetcher, workers in FEED_LOADERS:
             for copy in copies:
+                if copy.get("pin_memory") and not get_loader_path(prefetcher).pins_memory:
+                    continue
                 params = {"compute_ms": ms, **device, **copy}
                 if workers:
                     params["start_method"] = "fork"
@@ -104,6 +111,8 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
 
 # -- the one table figures, findings and the guide read ---------------------------------
 def copy_mode(params: Mapping) -> str:
+    if params.get("pin_memory"):
+        return PINNED_SLOTS
     if params.get("non_blocking"):
         return "pinned, non_blocking"
     if params.get("pinned"):
@@ -269,17 +278,29 @@ def feed_findings(df: pd.DataFrame, *, per_compute_time: bool = True) -> list[st
         if dma is not None:
             sentence += f"; the device copy alone at {format_ratio(dma)}"
         sentences.append(sentence + " (medians over loaders and compute times).")
+    in_place = _pinned_over_pageable(table, "h2d_GBps", mode=PINNED_SLOTS)
+    staged = _pinned_over_pageable(table, "h2d_GBps", mode=PINNED_SLOTS, base="pinned, sync")
+    if in_place is not None and staged is not None:
+        sentences.append(
+            f"Where the prefetch workers write into slots they page-locked themselves "
+            f"(pin_memory=True), the feeder copies each batch from where it lies: "
+            f"{format_ratio(in_place)} the rate of pageable copies and "
+            f"{format_ratio(staged)} that of pinned copies through a staging buffer "
+            "(medians over compute times).")
     return sentences
 
 
-def _pinned_over_pageable(table: pd.DataFrame, metric: str) -> float | None:
-    """The median, over loaders and compute times, of pinned sync copies' ``metric`` over
-    pageable ones'; None where either was not measured."""
+def _pinned_over_pageable(table: pd.DataFrame, metric: str, *, mode: str = "pinned, sync",
+                          base: str = "pageable, sync") -> float | None:
+    """The median, over loaders and compute times, of ``mode`` copies' ``metric`` over
+    ``base`` ones' (pinned sync over pageable by default), pairing only the loaders and
+    compute times measured both ways; None where there is no such pair."""
     copies = table.pivot_table(index=["compute_ms", "prefetcher"], columns="copy",
                                values=metric)
-    if "pinned, sync" not in copies or "pageable, sync" not in copies:
+    if mode not in copies or base not in copies:
         return None
-    return float((copies["pinned, sync"] / copies["pageable, sync"]).median())
+    ratios = (copies[mode] / copies[base]).dropna()
+    return float(ratios.median()) if not ratios.empty else None
 
 
 # -- figures ----------------------------------------------------------------------------
