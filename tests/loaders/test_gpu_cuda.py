@@ -205,9 +205,10 @@ def test_a_prefetcher_with_pinned_slots_has_each_batch_copied_where_it_lies(
     order = np.concatenate([np.asarray(b) for b in batches])
     loader = _prefetcher(kind, dataset, batches)
     try:
-        for batch in loader:  # a pass left early
-            assert _page_locked(batch)
+        for first in loader:  # a pass left early
+            assert _page_locked(first)
             break
+        assert not _page_locked(first)  # its workers stopped, and its locks went with them
         locked, kept = [], []
 
         def recording(source):
