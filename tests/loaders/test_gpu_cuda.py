@@ -184,8 +184,9 @@ def _prefetcher(kind: str, dataset, batches):
 
 
 def _page_locked(batch) -> bool:
-    return (torch.from_numpy(batch.images).is_pinned()
-            and torch.from_numpy(batch.labels).is_pinned())
+    """The batch's images lie in page-locked memory (a thread prefetcher's labels come from
+    the dataset in arrays of their own, and are copied from there)."""
+    return torch.from_numpy(batch.images).is_pinned()
 
 
 @pytest.mark.timeout(120)

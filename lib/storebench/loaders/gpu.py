@@ -63,25 +63,25 @@ def _as_arrays(batch) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _page_locked(batch) -> tuple | None:
-    """``(images, labels)`` as torch tensors when both lie contiguous in page-locked memory,
-    with int64 labels: torch tensors from ``DataLoader(pin_memory=True)``, or the arrays of a
-    prefetcher made with ``pin_memory=True``. The DMA engine can read them in place."""
+    """``(images, labels)`` as torch tensors when the images lie contiguous in page-locked
+    memory: torch tensors from ``DataLoader(pin_memory=True)``, or the arrays of a
+    prefetcher made with ``pin_memory=True``. The DMA engine can read them in place. The
+    labels (8 bytes a sample; a thread prefetcher's are not in its locked buffers) are
+    copied from wherever they are."""
     import torch
 
     images, labels = (batch.images, batch.labels) if isinstance(batch, Batch) else batch
-    tensors = []
-    for array in (images, labels):
-        if isinstance(array, np.ndarray):
-            if not (array.flags.c_contiguous and array.flags.writeable):
-                return None  # torch.from_numpy warns on read-only arrays
-            array = torch.from_numpy(array)
-        if not (isinstance(array, torch.Tensor) and array.is_pinned()
-                and array.is_contiguous()):
-            return None
-        tensors.append(array)
-    if tensors[1].dtype != torch.int64:
+    if isinstance(images, np.ndarray):
+        if not (images.flags.c_contiguous and images.flags.writeable):
+            return None  # torch.from_numpy warns on read-only arrays
+        images = torch.from_numpy(images)
+    if not (isinstance(images, torch.Tensor) and images.is_pinned()
+            and images.is_contiguous()):
         return None
-    return tensors[0], tensors[1]
+    if not (isinstance(labels, torch.Tensor) and labels.dtype == torch.int64
+            and labels.is_contiguous()):
+        labels = torch.from_numpy(np.ascontiguousarray(labels, dtype=np.int64))
+    return images, labels
 
 
 def _batch_length(batch) -> int:
