@@ -121,3 +121,11 @@ def test_format_table_formats_by_column_meaning():
 def test_encoding_names_cover_every_encoding_in_order():
     assert tuple(text.ENCODING_NAMES) == text.ENCODING_ORDER
     assert text.MULTIPLY == "\u00d7" and text.DASH == "\u2013"
+
+
+def test_a_percentage_beside_a_bar_never_reads_as_the_bar_itself():
+    assert text.format_percent_beside(0.949, 0.95) == "94.9%"
+    assert text.format_percent_beside(0.9499, 0.95) == "94.99%"
+    assert text.format_percent_beside(0.953, 0.95) == "95.3%"
+    assert text.format_percent_beside(0.95, 0.95) == "95%"
+    assert text.format_percent_beside(0.73, 0.95) == "73%"

@@ -79,6 +79,19 @@ def format_percent(fraction: float) -> str:
     return f"{percent:.0f}%"
 
 
+def format_percent_beside(fraction: float, bar: float) -> str:
+    """``format_percent``, with one or two decimals where a value on either side of ``bar``
+    would otherwise read as the bar itself (0.949 against 0.95: "94.9%", not "95%")."""
+    text = format_percent(fraction)
+    if fraction == bar or text != format_percent(bar):
+        return text
+    for digits in (1, 2):
+        text = f"{100 * fraction:.{digits}f}%"
+        if text != f"{100 * bar:.{digits}f}%":
+            break
+    return text
+
+
 def signed_bytes(value: float) -> str:
     """``+1.2 MB`` / ``-57.3 kB``: a difference in bytes with its sign."""
     if not finite(value):

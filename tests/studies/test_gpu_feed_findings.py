@@ -163,3 +163,10 @@ def test_slots_the_prefetcher_pinned_itself_are_compared_with_both_other_copies(
     # Without the slots measured, no sentence about them.
     assert not any("page-locked themselves" in s
                    for s in gpu_feed.feed_findings(frame(case(8.0), case(6.0, pinned=True))))
+
+
+def test_a_lowest_au_just_under_the_bar_is_not_printed_as_the_bar():
+    df = frame(feed_case("process", 2, 0.0, 0.0, samples_per_s=60_000.0),
+               feed_case("process", 2, 10.0, 0.949))
+    assert any("1 of 1 fall short of 95% AU (lowest: 94.9%)" in s
+               for s in gpu_feed.feed_findings(df))

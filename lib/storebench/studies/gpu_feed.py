@@ -25,7 +25,15 @@ from ..bench.runner import Case
 from ..loaders.paths import get_loader_path, path_label
 from ..plots import empty_figure, path_colour, profile_caption, summarise
 from ..results import Results, best_row, latest_runs, select, stat, summary_table
-from ..text import MULTIPLY, format_percent, format_ratio, format_value, grid_value, sig
+from ..text import (
+    MULTIPLY,
+    format_percent,
+    format_percent_beside,
+    format_ratio,
+    format_value,
+    grid_value,
+    sig,
+)
 from .base import FigureSpec, Study
 from .grid import (
     StudyNotApplicableError,
@@ -261,7 +269,7 @@ def feed_findings(df: pd.DataFrame, *, per_compute_time: bool = True) -> list[st
             f"Where a path alone delivers at least {sig(FED_HEADROOM)}{MULTIPLY} the "
             f"accelerator's rate ({pairs}), {verdict} "
             f"{format_percent(FED_AU)} AU (lowest: "
-            f"{format_percent(fed['accelerator_utilisation'].min())}).")
+            f"{format_percent_beside(fed['accelerator_utilisation'].min(), FED_AU)}).")
     zero = table[table["compute_ms"] == 0]
     if not zero.empty:
         fastest = best_row(zero, "samples_per_s")
