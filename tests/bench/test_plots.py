@@ -324,6 +324,20 @@ def test_no_legend_covers_a_mark(name, reference_figures):
         assert not covered, (name, ax.get_title(), covered[:3])
 
 
+@pytest.mark.parametrize("name", list(SPECS))
+def test_every_legend_stands_outside_the_panels(name, reference_figures):
+    """A legend inside a panel covers a mark as soon as the data moves under it (run
+    9bb3b8 did that to two figures whose legends had been clear): every legend, a panel's or
+    the figure's, lies outside every panel, whatever the data."""
+    fig = reference_figures[name]
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    for legend in [*legends, *fig.legends]:
+        box = legend.get_window_extent()
+        inside = [ax.get_title() or "untitled panel" for ax in fig.axes
+                  if box.overlaps(ax.get_window_extent())]
+        assert not inside, (name, [t.get_text() for t in legend.get_texts()][:3], inside)
+
+
 def test_a_saved_figure_has_the_same_bytes_every_time(tmp_path):
     # Regenerated figures differ in a diff only where their data did.
     df = synthetic_rows(["memmap", "lmdb"])

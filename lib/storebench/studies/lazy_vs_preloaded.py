@@ -25,6 +25,7 @@ from ..plots import (
     bars,
     empty_figure,
     format_colours,
+    legend_below,
     linear_axis,
     log_axis,
     metric_title,
@@ -412,7 +413,7 @@ def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy") -> Figure:
         ax.set_xticks(range(len(formats)), formats, rotation=30, ha="right")
         log_axis(ax)
         ax.set_title(f"{cache} page cache")
-        ax.legend(fontsize="small")
+    legend_below(fig, axes)
     axes[0].set_ylabel(metric_title("samples_per_s"))
     fig.suptitle(f"Access order, {loader} loader, one thread ({profile_caption(rows)})")
     return fig

@@ -32,7 +32,14 @@ from matplotlib.figure import Figure
 from ..bench.plan import plan_for
 from ..bench.runner import Case
 from ..cases.out_of_core import DEFAULT_EPOCHS
-from ..plots import empty_figure, format_colours, log_axis, profile_caption, summarise
+from ..plots import (
+    empty_figure,
+    format_colours,
+    legend_below,
+    log_axis,
+    profile_caption,
+    summarise,
+)
 from ..results import (
     Results,
     failed_cases,
@@ -377,7 +384,7 @@ def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
                 ax.set_ylabel(f"{access.replace('_', ' ')}\nsamples per second")
             if r == len(orders) - 1:
                 ax.set_xlabel("epoch")
-    axes[0][-1].legend(fontsize="x-small")
+    legend_below(fig, [ax for row in axes for ax in row], fontsize="x-small", ncols=5)
     fig.suptitle("Larger than memory: each epoch's throughput under a memory cap of 1/k of "
                  f"the dataset\n({profile_caption(rows)}; lazy reads, two prefetch threads)",
                  fontsize="medium")
@@ -426,7 +433,7 @@ def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
         ax.text(ax.get_xlim()[0] * 1.15, row + (ks.index(k) - (len(ks) - 1) / 2) * height,
                 f"{k_text(k)}: {why}", va="center", fontsize="x-small", color="dimgrey")
     ax.set_xlabel(f"samples per second, epoch {DEFAULT_EPOCHS}")
-    ax.legend(fontsize="small")
+    legend_below(fig, [ax])
     fig.suptitle(f"Knobs out of core: each against its default ({caption})",
                  fontsize="medium")
     return fig
@@ -470,7 +477,7 @@ def plot_ooc_budget(df: pd.DataFrame) -> Figure:
     ax.set_xticks(range(len(ks)), [k_text(k) for k in ks])
     ax.set_ylim(-0.05, 1.05)
     ax.set_ylabel("most of the dataset resident\nat an epoch's end (fraction)")
-    ax.legend(fontsize="x-small")
+    legend_below(fig, [ax], fontsize="x-small")
     fig.suptitle("Resident fraction against what the cap allows (dashed: 1/k of the set, or "
                  "all of it where the set is smaller than the least room a case gets)",
                  fontsize="small")

@@ -23,6 +23,7 @@ from ..loaders.paths import LOADER_PATHS, get_loader_path, path_label
 from ..plots import (
     bars,
     empty_figure,
+    legend_below,
     linear_axis,
     log_axis,
     metric_title,
@@ -363,7 +364,7 @@ def plot_prefetch_scaling(df: pd.DataFrame) -> Figure:
         encoding = part["encoding"].iloc[0]
         ax.set_title(f"{decoded_label(dataset, decode)}\n{profile_caption(part, encoding)}",
                      fontsize="small")
-        ax.legend(fontsize="x-small")
+    legend_below(fig, axes, fontsize="x-small")
     axes[0].set_ylabel(metric_title("samples_per_s"))
     fig.suptitle("Our prefetchers against worker count (warm, shuffled; median, min-max)")
     return fig

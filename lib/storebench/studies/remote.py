@@ -29,7 +29,7 @@ from matplotlib.figure import Figure
 
 from ..bench.plan import plan_for
 from ..bench.runner import Case
-from ..plots import empty_figure, log_axis, profile_caption
+from ..plots import empty_figure, legend_below, log_axis, profile_caption
 from ..remote.capacity import Pipeline, predicted_rate, scale_out, workers_to_keep
 from ..results import Results, params_of, ratio_interval, select, stat, summary_table
 from ..text import format_percent, format_ratio, format_value
@@ -354,7 +354,7 @@ def plot_remote_capacity(df: pd.DataFrame) -> Figure:
     left.set_ylabel(f"loader workers for {format_percent(TARGET_KEEP)} of the 0 ms rate")
     left.set_title("Batches in flight that hide a distance (requests per worker as "
                    "measured)", fontsize="medium")
-    left.legend(fontsize="x-small")
+    legend_below(fig, [left], loc="outside lower left", fontsize="x-small", ncols=2)
     modelled = [(row["samples_per_s"], row) for _, row in zero.iterrows()
                  if pipeline_at_zero(table, row) is not None]
     if not modelled:
@@ -376,7 +376,7 @@ def plot_remote_capacity(df: pd.DataFrame) -> Figure:
     right.set_ylabel("samples per second, all nodes")
     right.set_title(f"Extrapolated at {TARGET_RTT_MS} ms: {best['path']}\n(the fastest path "
                     "whose requests storebench counts)", fontsize="medium")
-    right.legend(fontsize="x-small")
+    legend_below(fig, [right], loc="outside lower right", fontsize="x-small", ncols=1)
     fig.suptitle("Capacity model (assumptions in storebench.remote.capacity), from this run's "
                  "0 ms measurements", fontsize="medium")
     return fig
