@@ -38,3 +38,19 @@ def test_buffers_storebench_allocates_are_offset(build_ci):
             assert batch.images.ctypes.data % PAGE == BATCH_BUFFER_OFFSET, name
             preloaded = PreloadedDataset(reader, progress=False)
             assert preloaded.get_batch([3, 1]).images.ctypes.data % PAGE == BATCH_BUFFER_OFFSET
+
+
+def test_a_lockable_batch_buffer_has_a_mapping_of_its_own_half_a_page_in():
+    """Page-locking registers whole pages: the buffer's mapping holds nothing else, starts
+    on a page, and the buffer starts half a page into it like every other batch buffer."""
+    from storebench.loaders.pinning import lockable_batch_buffer, mapping_of
+
+    buffer = lockable_batch_buffer(5, (7, 9, 3))
+    start, length = mapping_of(buffer)
+    assert buffer.shape == (5, 7, 9, 3) and buffer.dtype == np.uint8
+    assert buffer.flags.c_contiguous and buffer.flags.writeable
+    assert start % PAGE == 0 and buffer.ctypes.data - start == BATCH_BUFFER_OFFSET
+    assert start + length >= buffer.ctypes.data + buffer.nbytes
+    assert mapping_of(buffer[2:]) == (start, length)  # a batch's slice finds it too
+    with pytest.raises(ValueError, match="does not lie in a mapping of its own"):
+        mapping_of(np.zeros(4))

@@ -11,8 +11,13 @@ address: without CUDA nothing can be page-locked, and asking is refused with
 
 from __future__ import annotations
 
+import math
+import mmap
+from collections.abc import Sequence
+
 import numpy as np
 
+from ..buffers import BATCH_BUFFER_OFFSET, PAGE
 from .gpu import AcceleratorUnavailableError
 
 
@@ -25,6 +30,31 @@ def require_cuda(owner: str) -> None:
             f"{owner}(pin_memory=True) page-locks its batch memory for CUDA copies, but torch "
             f"{torch.__version__} reports torch.cuda.is_available() == False on this machine; "
             "use pin_memory=False")
+
+
+def lockable_batch_buffer(batch_size: int, sample_shape: Sequence[int],
+                          dtype=np.uint8) -> np.ndarray:
+    """A pre-faulted batch buffer, as ``batching.batch_buffer`` makes (starting half a page
+    past a page boundary), in an anonymous mapping of its own: CUDA registers whole pages,
+    and a heap buffer shares its first and last pages with other allocations, whose pages
+    would then be locked, and hidden from a process forked later, with it."""
+    dtype = np.dtype(dtype)
+    nbytes = batch_size * math.prod(sample_shape) * dtype.itemsize
+    mapping = mmap.mmap(-1, BATCH_BUFFER_OFFSET + nbytes + PAGE)
+    buffer = np.frombuffer(mapping, dtype=np.uint8, count=nbytes, offset=BATCH_BUFFER_OFFSET)
+    buffer[::PAGE] = 0
+    return buffer.view(dtype).reshape(batch_size, *sample_shape)
+
+
+def mapping_of(array: np.ndarray) -> tuple[int, int]:
+    """(address, length) of the ``mmap`` an array made by ``lockable_batch_buffer`` lies in."""
+    base = array
+    while not isinstance(base, mmap.mmap):
+        base = base.obj if isinstance(base, memoryview) else getattr(base, "base", None)
+        if base is None:
+            raise ValueError("the array does not lie in a mapping of its own")
+    start = np.frombuffer(base, dtype=np.uint8, count=1).ctypes.data
+    return start, len(base)
 
 
 class PageLocks:
@@ -51,19 +81,18 @@ class PageLocks:
                 f"({error}); use pin_memory=False")
         self._addresses.append(address)
 
-    def lock_array(self, array: np.ndarray) -> None:
-        """The memory of a C-contiguous ``array`` (a batch buffer)."""
-        if not array.flags.c_contiguous:
-            raise ValueError(f"{self.owner}: only contiguous memory can be page-locked")
-        self.lock(array.ctypes.data, array.nbytes)
+    def lock_mapping(self, array: np.ndarray) -> None:
+        """The whole mapping of a ``lockable_batch_buffer``."""
+        self.lock(*mapping_of(array))
 
     def release(self) -> None:
+        """Unregister every range, once the device's queued work is done (a copy may still
+        be reading one)."""
         if not self._addresses:
             return
         import torch
 
         cudart = torch.cuda.cudart()
-        # Whatever the DMA engine was reading from these ranges must be done first.
         torch.cuda.synchronize()
         while self._addresses:
             cudart.cudaHostUnregister(self._addresses.pop())

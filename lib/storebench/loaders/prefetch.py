@@ -61,7 +61,7 @@ import numpy as np
 
 from ..processes import SHM_DIR, SHM_PREFIX
 from .batching import Batch, batch_buffer
-from .pinning import PageLocks, require_cuda
+from .pinning import PageLocks, lockable_batch_buffer, require_cuda
 from .window import (
     Cut,
     CutReader,
@@ -186,7 +186,7 @@ class _ThreadTransport:
         if self._pool is None:
             if self.page_locks is not None and not self.page_locks.locked:
                 for buffer in self.buffers:
-                    self.page_locks.lock_array(buffer)
+                    self.page_locks.lock_mapping(buffer)
             self._pool = _ThreadPool(self.dataset, self.workers, self.buffers)
 
     def stop(self) -> None:
@@ -280,7 +280,8 @@ class ThreadPrefetcher(WindowedPrefetcher):
         shape = dataset.sample_shape
         if shape is not None:
             size = _batch_size_of(batches, batch_size)
-            buffers = [batch_buffer(size, shape, dataset.sample_dtype) for _ in range(self.depth)]
+            make = lockable_batch_buffer if pin_memory else batch_buffer
+            buffers = [make(size, shape, dataset.sample_dtype) for _ in range(self.depth)]
         elif pin_memory:
             raise ValueError(
                 "ThreadPrefetcher(pin_memory=True) page-locks batch buffers of one sample "
