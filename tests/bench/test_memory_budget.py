@@ -373,6 +373,26 @@ def _metrics(outcome) -> dict[str, float]:
 
 
 @needs_cgroup
+def test_a_reader_loading_whole_blocks_is_primed_through_as_many_as_its_loader_holds(
+        ci_data_root):
+    """Two batches of a block-shuffled read stay inside one big Parquet row group, and the
+    baseline missed the groups the loader held afterwards: the primer reads through one
+    block per worker and two more (the cached one, the one loading)."""
+    from storebench.cases.out_of_core import BASELINE_BATCHES, priming_batches
+    from storebench.formats import open_dataset
+
+    case = Case(study="out_of_core", function="m:f", workers=2, batch_size=64)
+    with open_dataset(ci_data_root / "parquet-raw") as parquet:
+        largest = int(np.diff(parquet.blocks()).max())
+        assert parquet.loads_whole_blocks and largest > 64
+        assert priming_batches(case, parquet) == -(-4 * largest // 64)
+        assert priming_batches(Case(study="out_of_core", function="m:f", workers=2,
+                                    batch_size=100_000), parquet) == BASELINE_BATCHES
+    with open_dataset(ci_data_root / "memmap-raw") as memmap:
+        assert not memmap.loads_whole_blocks
+        assert priming_batches(case, memmap) == BASELINE_BATCHES
+
+
 @pytest.mark.timeout(240)
 def test_the_out_of_core_case_runs_on_ci_with_and_without_a_cap(ci_data_root):
     results = {}

@@ -5,6 +5,7 @@ what it runs. The grid lives in ``storebench.studies.out_of_core``."""
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Iterator
 
@@ -27,8 +28,12 @@ DEFAULT_EPOCHS = 2
 
 # Batches delivered before the baseline is taken (and the dataset evicted again), so that
 # the loader's working memory (buffers, worker heaps, lazily made state) is in the baseline
-# and the room above it is page cache.
+# and the room above it is page cache; more where the reader loads whole blocks
+# (``priming_batches``).
 BASELINE_BATCHES = 2
+# Whole blocks a loader can hold at once: one in each reading thread's hands, the reader's
+# cached one and the one being loaded.
+BLOCKS_HELD_BESIDE_WORKERS = 2
 
 
 # The least room above a lazy loader's baseline: below a few MB the interpreter's own
@@ -240,6 +245,21 @@ def held_besides_page_cache(budget) -> int:
     return max(stats.peak_bytes - stats.file_cache_bytes, 0)
 
 
+def priming_batches(case: Case, reader) -> int:
+    """How many batches the primer reads: ``BASELINE_BATCHES``, or, for a reader that loads
+    whole blocks, enough to pass through as many of its largest blocks as the loader can
+    hold at once. Two batches of a block-shuffled read stay inside one 1,024-row Parquet
+    group; the next loader then held two or three more (12.6 MB each), the baseline had
+    none of them, and they came out of the room meant for page cache: the case ran at its
+    limit in every run and was killed for outgrowing it in four (99d609, 0ad452, 18aea4 and
+    9bb3b8 in results/study-runs)."""
+    if not getattr(reader, "loads_whole_blocks", False):
+        return BASELINE_BATCHES
+    largest = int(np.diff(reader.blocks()).max())
+    blocks = max(1, case.workers or 0) + BLOCKS_HELD_BESIDE_WORKERS
+    return max(BASELINE_BATCHES, math.ceil(blocks * largest / (case.batch_size or 256)))
+
+
 def _primed_loader(case: Case, dataset, reader, budget=None) -> tuple[_Loader, int | None]:
     """The case's loader, made after a first loader has delivered a few batches and been
     closed with the reader's handles: what the interpreter allocated for them stays in its
@@ -254,8 +274,9 @@ def _primed_loader(case: Case, dataset, reader, budget=None) -> tuple[_Loader, i
     try:
         if budget is not None:
             budget.reset_peak()
+        wanted = priming_batches(case, reader)
         for count, _ in enumerate(primer.epoch(0), start=1):
-            if count >= BASELINE_BATCHES:
+            if count >= wanted:
                 break
         if budget is not None:
             primed = held_besides_page_cache(budget)

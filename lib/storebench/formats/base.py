@@ -179,6 +179,10 @@ class Reader(abc.ABC):
     and str refused) in ``r[i]`` and ``read_many`` alike.
     """
 
+    # Whether a read loads each block (``blocks()``) it touches whole into memory (a
+    # Parquet row group): the reader's working memory then grows with the block size.
+    loads_whole_blocks: bool = False
+
     def __init__(self, root: Path, manifest: dict, *, verify: bool = True) -> None:
         self.root = as_path(root)
         self.manifest = manifest

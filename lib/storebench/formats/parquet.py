@@ -198,9 +198,13 @@ class ParquetReader(Reader):
     of the group stays readable), with ``verify=False`` for the whole group, naming its
     first sample.
 
+    ``loads_whole_blocks``: each row group a read touches is decoded whole.
+
     ``row_group_reads`` says how many row groups this process has read and how long that
     took, which is what an access pattern costs in Parquet's unit of reading.
     """
+
+    loads_whole_blocks = True
 
     def __init__(self, root: Path, manifest: dict, *, verify: bool = True) -> None:
         super().__init__(root, manifest, verify=verify)
