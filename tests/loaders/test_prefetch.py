@@ -739,3 +739,18 @@ def test_a_loader_path_that_cannot_pin_its_batches_refuses_pin_memory_by_name(me
                                          r"can: process, thread, thread_consumer_reads, torch$"):
         get_loader_path("none").open(LazyDataset(memmap_raw), ShuffleSampler(len(memmap_raw)),
                                      PathOptions(batch_size=16, pin_memory=True))
+
+
+def test_a_thread_prefetcher_cannot_pin_batches_of_no_fixed_shape(build_ci):
+    """Encoded bytes (no decoder) have no sample shape: no batch buffer to lock, said
+    before anything else (CUDA or not) and before any thread starts."""
+    with open_dataset(build_ci("lmdb", "jpeg")) as reader:
+        dataset = LazyDataset(reader)
+        assert dataset.sample_shape is None
+        threads = threading.active_count()
+        with pytest.raises(ValueError, match=r"^ThreadPrefetcher\(pin_memory=True\) page-locks "
+                                             r"batch buffers of one sample shape, and "
+                                             r"LazyDataset does not know its samples' shape"):
+            ThreadPrefetcher(dataset, BatchSampler(ShuffleSampler(len(reader)), 16),
+                             pin_memory=True)
+        assert threading.active_count() == threads

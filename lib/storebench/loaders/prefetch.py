@@ -266,6 +266,11 @@ class ThreadPrefetcher(WindowedPrefetcher):
         consumer_reads: bool = False,
         pin_memory: bool = False,
     ) -> None:
+        if pin_memory and dataset.sample_shape is None:
+            raise ValueError(
+                "ThreadPrefetcher(pin_memory=True) page-locks batch buffers of one sample "
+                f"shape, and {type(dataset).__name__} does not know its samples' shape "
+                "(images of different sizes need a transform with a fixed output)")
         if pin_memory:
             require_cuda(type(self).__name__)
         self.dataset = dataset
@@ -282,11 +287,6 @@ class ThreadPrefetcher(WindowedPrefetcher):
             size = _batch_size_of(batches, batch_size)
             make = lockable_batch_buffer if pin_memory else batch_buffer
             buffers = [make(size, shape, dataset.sample_dtype) for _ in range(self.depth)]
-        elif pin_memory:
-            raise ValueError(
-                "ThreadPrefetcher(pin_memory=True) page-locks batch buffers of one sample "
-                f"shape, and {type(dataset).__name__} does not know its samples' shape "
-                "(images of different sizes need a transform with a fixed output)")
         self.pin_memory = bool(pin_memory)
         transport = _ThreadTransport(dataset, workers=self.workers, buffers=buffers,
                                      consumer_reads=self.consumer_reads,
@@ -719,7 +719,8 @@ class _SharedMemoryTransport:
                 except OSError:  # it died before reading: re-running __main__, most likely
                     raise self._died(i) from None
             if self.page_locks is not None:
-                # After the forks: a child inherits no mapping of it, nor its locked pages.
+                # Once the workers are forked: a fork after it would carry locked pages into
+                # a process that has no CUDA.
                 self.page_locks.lock(self._slots.control.ctypes.data,
                                      self._slots.layout.total_bytes)
         except BaseException:
