@@ -65,11 +65,6 @@ class PageLocks:
         self.owner = owner
         self._addresses: list[int] = []
 
-    @property
-    def locked(self) -> int:
-        """How many ranges are registered now."""
-        return len(self._addresses)
-
     def lock(self, address: int, nbytes: int) -> None:
         import torch
 

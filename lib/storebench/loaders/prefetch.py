@@ -184,7 +184,7 @@ class _ThreadTransport:
 
     def start(self) -> None:
         if self._pool is None:
-            if self.page_locks is not None and not self.page_locks.locked:
+            if self.page_locks is not None:  # stop() released them
                 for buffer in self.buffers:
                     self.page_locks.lock_mapping(buffer)
             self._pool = _ThreadPool(self.dataset, self.workers, self.buffers)

@@ -376,8 +376,7 @@ def plot_by_format(
     # One legend below the panels: inside a panel it covered marks (TFRecord's lazy/cold).
     for name in names:
         axes[0].plot([], [], marker_of[name], color="grey", label=name)
-    fig.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
-               ncols=min(len(names), 4), fontsize="x-small")
+    legend_below(fig, [axes[0]], fontsize="x-small", ncols=min(len(names), 4))
     axes[0].set_ylabel(metric_title(metric))
     if title:
         fig.suptitle(title)

@@ -434,8 +434,7 @@ def plot_decoders(df: pd.DataFrame) -> Figure:
     ax.set_xticks(range(len(decoders)), [names.get(d, d) for d in decoders])
     ax.set_ylabel("throughput / one thread, same decoder")
     # Outside the axes: inside, the best corner still hid a whisker (run 9bb3b8).
-    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=3,
-               fontsize="small")
+    legend_below(fig, [ax], ncols=3)
     rows = prefetch_rows(df)
     jpeg = rows[rows["decode"].isin(decoders)]
     fig.suptitle(f"JPEG decoders under threads and processes ({profile_caption(jpeg)})",
