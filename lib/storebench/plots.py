@@ -291,7 +291,10 @@ def plot_resident_fraction(df: pd.DataFrame, *, title: str = "") -> Figure:
     ax.set_xticks(range(len(caches)), [f"{c} cases" for c in caches])
     ax.set_ylim(-0.05, 1.05)
     ax.set_ylabel("fraction of the dataset's files\nin the page cache before the repeat")
-    ax.set_title(title or "Measured page-cache state before each timed repeat")
+    # Named by study: several studies draw this figure, and their titles must tell them apart.
+    studies = [name.replace("_", " ") for name in dict.fromkeys(rows["study"])]
+    which = f"{', '.join(studies)} stud{'y' if len(studies) == 1 else 'ies'}"
+    ax.set_title(title or f"Measured page-cache state before each timed repeat\n({which})")
     legend_below(fig, [ax])
     return fig
 

@@ -338,6 +338,22 @@ def test_every_legend_stands_outside_the_panels(name, reference_figures):
         assert not inside, (name, [t.get_text() for t in legend.get_texts()][:3], inside)
 
 
+def test_no_two_reference_figures_share_a_title(reference_figures):
+    """Two figures under one title read as the same figure twice: the two studies' page-cache
+    figures, and the formats study's bytes and samples per second, did."""
+
+    def title(fig: Figure) -> str:
+        if fig._suptitle is not None:
+            return fig._suptitle.get_text()
+        return " | ".join(ax.get_title() for ax in fig.axes if ax.get_title())
+
+    by_title: dict[str, list[str]] = {}
+    for name, fig in reference_figures.items():
+        by_title.setdefault(title(fig), []).append(name)
+    assert {t: names for t, names in by_title.items() if len(names) > 1} == {}
+    assert "" not in by_title
+
+
 def test_a_saved_figure_has_the_same_bytes_every_time(tmp_path):
     # Regenerated figures differ in a diff only where their data did.
     df = synthetic_rows(["memmap", "lmdb"])
@@ -368,3 +384,24 @@ def test_a_knob_case_that_failed_or_was_skipped_says_why_in_place_of_its_bar(ref
     assert texts.count("k = 5: killed for outgrowing its memory budget") == 1
     assert texts.count("k = 5: skipped: no room") == 1
     assert not [t for ax in plot_ooc_knobs(df).axes for t in ax.texts]
+
+
+def test_an_out_of_core_panel_left_out_by_design_says_why_and_keeps_the_epoch_ticks(
+        reference_figures):
+    """The grid runs raw sequential reads at k = 0 and the largest k only: the k = 2 panel
+    said "not measured" without why, and its empty axis put epoch ticks at 0..1."""
+    from storebench.studies.out_of_core import K_VALUES, SEQUENTIAL_KS, SEQUENTIAL_LEFT_OUT
+
+    fig = reference_figures["out_of_core_epochs"]
+    columns = len(K_VALUES)
+    panels = {(i // columns, K_VALUES[i % columns]): ax for i, ax in enumerate(fig.axes)
+              if ax.get_subplotspec() is not None}
+    left_out = [k for k in K_VALUES if k not in SEQUENTIAL_KS]
+    assert left_out
+    for (row, k), ax in panels.items():
+        texts = [t.get_text() for t in ax.texts]
+        if row == 0 and k in left_out:
+            assert texts == [SEQUENTIAL_LEFT_OUT] and not ax.lines
+        else:
+            assert texts == [] and ax.lines
+        assert list(ax.get_xticks()) == [1, 2] and ax.get_xlim()[0] < 1 < 2 < ax.get_xlim()[1]

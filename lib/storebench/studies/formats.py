@@ -449,8 +449,8 @@ def plot_sequential_read(df: pd.DataFrame, *, metric: str = "file_MBps",
     handles, labels = axes[0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="outside lower center", ncols=len(labels),
                fontsize="small")
-    fig.suptitle("Sequential read through the Reader, cold (hollow) and warm "
-                 "(median, min-max of repeats)")
+    fig.suptitle(f"Sequential read through the Reader in {metric_title(metric)}, cold "
+                 "(hollow) and warm (median, min-max of repeats)")
     return fig
 
 
