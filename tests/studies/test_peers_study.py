@@ -45,9 +45,12 @@ def peer_case(path: str, fmt: str, values, *, encoding: str = "jpeg", cache: str
     return rows
 
 
-def results(*groups, cores: int = 2) -> Results:
-    decode = case_rows("peers", "decode_rate:lmdb-jpeg", {"decode_per_s": [2000.0] * 3},
-                       format="lmdb", encoding="jpeg")
+def results(*groups, cores: int = 2, per_core: bool = False) -> Results:
+    rates = {"decode_per_s": [2000.0] * 3}
+    if per_core:  # the decode rate pinned core by core
+        rates.update({"cpu0.decode_per_s": [1900.0] * 3, "cpu1.decode_per_s": [2100.0] * 3})
+    decode = case_rows("peers", "decode_rate:lmdb-jpeg", rates, format="lmdb",
+                       encoding="jpeg")
     return Results(frame(decode, *groups), {"cpus_usable": cores})
 
 
@@ -71,7 +74,15 @@ def test_decode_efficiency_is_over_cores_times_the_single_core_rate():
     best, fraction, single = peers.decode_efficiency(results(*all_rates()).df, 2)
     assert best[0] == "process:lmdb" and single.median == 2000.0
     assert fraction == pytest.approx(3050 / (2 * 2000))
-    assert "76% of 2 cores" in " ".join(peers.findings(results(*all_rates())))
+    assert ("76% of 2 cores \u00d7 the same run's single-core simplejpeg rate (2.00k samples/s)"
+            in " ".join(peers.findings(results(*all_rates()))))
+
+
+def test_the_decode_efficiency_says_the_rate_was_pinned_only_where_it_was():
+    text = " ".join(peers.findings(results(*all_rates(), per_core=True)))
+    assert ("76% of 2 cores \u00d7 the same run's simplejpeg rate of one thread pinned to each "
+            "core in turn (2.00k samples/s, the cores' mean)") in text
+    assert "single-core" not in text
 
 
 def test_the_guide_takes_every_measured_path_and_lists_skipped_ones():

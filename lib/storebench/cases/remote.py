@@ -1,6 +1,6 @@
 """The remote study's case functions: epochs read from the object store through an emulated
-link, by 1 or more data-parallel ranks, and the single-core decode rate the capacity model
-needs. The grid, figures and findings live in ``storebench.studies.remote``.
+link, by 1 or more data-parallel ranks. The grid, figures and findings live in
+``storebench.studies.remote``.
 
 The study starts the object store (``studies.remote.object_store``) and passes it to every
 case through the environment: ``AWS_*`` for the endpoint and keys, ``REMOTE_ROOT_ENV`` for
@@ -17,10 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bench.cases import (
-    decode_rate_case,  # noqa: F401 - the remote grid's case
-    warmup_samples,
-)
+from ..bench.cases import warmup_samples
 from ..bench.runner import Case, CaseSkipped, Trial
 
 REMOTE_ROOT_ENV = "STOREBENCH_REMOTE_ROOT"

@@ -71,9 +71,9 @@ BUCKET = "storebench"
 
 # -- the grid -------------------------------------------------------------------------
 def _case(path: Path, manifest: dict, *, access: str, params: dict, fields: dict,
-          workers: int = 2, function: str = "remote_epoch_case") -> Case:
+          workers: int = 2) -> Case:
     return Case(
-        function=f"{CASES}:{function}", loader="lazy", prefetcher=PREFETCHER,
+        function=f"{CASES}:remote_epoch_case", loader="lazy", prefetcher=PREFETCHER,
         workers=workers, batch_size=batch_size_for(manifest["num_samples"]), access=access,
         params={**decode_params(manifest), **params}, **fields,
         **dataset_fields(NAME, path, manifest),
@@ -83,8 +83,8 @@ def _case(path: Path, manifest: dict, *, access: str, params: dict, fields: dict
 def remote_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
                 ) -> list[Case]:
     """One rank over S3 for every path of ``PATHS`` at every RTT of ``RTTS_MS``;
-    ``RANKED_PATH`` also with 2 ranks, and from local disk with 1 and 2; the single-core
-    decode rate of the JPEG set; ``RANKED_PATH`` at 20 ms under a ``CAPPED_MBIT`` tbf cap.
+    ``RANKED_PATH`` also with 2 ranks, and from local disk with 1 and 2; ``RANKED_PATH`` at
+    20 ms under a ``CAPPED_MBIT`` tbf cap.
     Compact plans (ci): ``COMPACT_PATHS`` at ``COMPACT_RTTS_MS``."""
     plan = plan_for(profile)
     fields = {**repeat_fields(profile, repeats), **epoch_fields(profile),
@@ -111,8 +111,6 @@ def remote_grid(*, profile: str, data_dir: Path | str, repeats: int | None = Non
         for ranks in (1, 2):
             cases.append(_case(*found, access=RANKED_PATH[1], fields=fields,
                                params={"source": "local", "ranks": ranks}))
-        cases.append(_case(*found, access="", fields=fields, params={},
-                           function="decode_rate_case"))
     return cases
 
 
