@@ -389,7 +389,8 @@ def test_a_knob_case_that_failed_or_was_skipped_says_why_in_place_of_its_bar(ref
 def test_an_out_of_core_panel_left_out_by_design_says_why_and_keeps_the_epoch_ticks(
         reference_figures):
     """The grid runs raw sequential reads at k = 0 and the largest k only: the k = 2 panel
-    said "not measured" without why, and its empty axis put epoch ticks at 0..1."""
+    said "not measured" without why, and its empty axis put epoch ticks at 0..1; Parquet's
+    missing full-shuffle line said nothing either."""
     from storebench.studies.out_of_core import K_VALUES, SEQUENTIAL_KS, SEQUENTIAL_LEFT_OUT
 
     fig = reference_figures["out_of_core_epochs"]
@@ -405,3 +406,7 @@ def test_an_out_of_core_panel_left_out_by_design_says_why_and_keeps_the_epoch_ti
         else:
             assert texts == [] and ax.lines
         assert list(ax.get_xticks()) == [1, 2] and ax.get_xlim()[0] < 1 < 2 < ax.get_xlim()[1]
+    # Parquet has no full-shuffle line (BLOCK_ONLY_FORMATS): its row says so.
+    rows = {row: panels[(row, 0)].get_ylabel() for row in range(len(panels) // columns)}
+    assert [row for row, label in rows.items() if "parquet: block shuffle only" in label] == [
+        max(rows)]

@@ -390,7 +390,12 @@ def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
             if r == 0:
                 ax.set_title(k_text(k), fontsize="medium")
             if c == 0:
-                ax.set_ylabel(f"{access.replace('_', ' ')}\nsamples per second")
+                # The grid gives these formats no full shuffle: say so where their line is
+                # missing.
+                absent = [f for f in BLOCK_ONLY_FORMATS if f in colours] if access == (
+                    "shuffle") else []
+                note = f"\n({', '.join(absent)}: block shuffle only)" if absent else ""
+                ax.set_ylabel(f"{access.replace('_', ' ')}{note}\nsamples per second")
             if r == len(orders) - 1:
                 ax.set_xlabel("epoch")
     legend_below(fig, [ax for row in axes for ax in row], fontsize="x-small",
