@@ -170,3 +170,27 @@ def test_a_lowest_au_just_under_the_bar_is_not_printed_as_the_bar():
                feed_case("process", 2, 10.0, 0.949))
     assert any("1 of 1 fall short of 95% AU (lowest: 94.9%)" in s
                for s in gpu_feed.feed_findings(df))
+
+
+def test_copies_are_compared_within_each_worker_count_of_a_loader():
+    """With prefetch processes at two worker counts (one per core on a GPU server), a copy
+    mode is compared with pageable copies of the same count: pooled over both counts, the
+    ratio of means mixed loaders that feed at different rates."""
+
+    def case(workers, h2d, **params):
+        return with_rates(feed_case("process", workers, 2.0, 0.5, device=H100,
+                                    params=params), h2d_GBps=h2d)
+
+    df = frame(case(2, 8.0), case(2, 6.0, pinned=True),
+               case(16, 10.0), case(16, 10.0, pinned=True))
+    table = gpu_feed.feed_table(df)
+    assert set(table["feed_loader"]) == {"process/w2", "process/w16"}
+    # Medians of the per-count ratios, 0.75 and 1.0 (pooled means would give 8/9).
+    assert gpu_feed._pinned_over_pageable(table, "h2d_GBps") == pytest.approx(0.875)
+    assert {"ProcessPrefetcher \u00d716", "ProcessPrefetcher \u00d716, pinned, sync"} <= set(
+        gpu_feed.feed_rows(df)["label"])
+
+
+def test_the_feed_grid_adds_one_prefetch_process_per_core_where_there_are_more_than_two():
+    assert gpu_feed.feed_loaders(1) == gpu_feed.feed_loaders(2) == gpu_feed.FEED_LOADERS
+    assert gpu_feed.feed_loaders(16) == (*gpu_feed.FEED_LOADERS, ("process", 16))

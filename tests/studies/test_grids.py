@@ -207,6 +207,20 @@ def test_feed_grid_copies_every_way_and_reaches_below_2_ms_only_where_cuda_copie
         len(CUDA_COMPUTE_MS if cuda else COMPUTE_MS) * (2 * len(copies) + cuda))
 
 
+def test_a_machine_with_more_than_two_cores_also_feeds_with_one_process_per_core(
+        ci_data_root, monkeypatch):
+    import os
+
+    two = gpu_feed_study(profile="ci", data_dir=ci_data_root)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    eight = gpu_feed_study(profile="ci", data_dir=ci_data_root)
+    by_workers = {w: [c for c in eight if (c.prefetcher, c.workers) == ("process", w)]
+                  for w in (2, 8)}
+    assert [c.case_id for c in eight if c.workers != 8] == [c.case_id for c in two]
+    assert len(by_workers[8]) == len(by_workers[2]) > 0
+    assert all(c.param("start_method") == "fork" for c in by_workers[8])
+
+
 def test_target_ratio_takes_the_best_numerator_path_and_the_summary_the_median():
     tf_target = get_target("torch_vs_tf_data")
     assert target_ratio(tf_target, {"torch_thread_prefetcher.samples_per_s": 250.0,

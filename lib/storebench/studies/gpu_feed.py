@@ -1,7 +1,8 @@
 """The gpu_feed study: does the loader keep an accelerator busy?
 
 An ``EmulatedAccelerator`` spends ``compute_ms`` per batch (as MLPerf Storage does) while a
-loader path feeds it through ``GpuFeeder``, in this thread and with two prefetch processes.
+loader path feeds it through ``GpuFeeder``, in this thread and with two prefetch processes
+(and one per core, where the machine has more than two: ``feed_loaders``).
 The copies go to the first CUDA device where one is present (found without importing torch
 in the grid), with pageable, pinned and asynchronous copies, and for the prefetch processes
 also from slots they page-lock themselves (``pin_memory=True``: no staging copy); else to
@@ -13,6 +14,7 @@ waiting for data, the host copy and host overhead (see ``storebench.loaders.gpu.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -62,6 +64,16 @@ FED_HEADROOM = 1.25
 FEED_LOADERS = (("none", 0), ("process", 2))
 
 
+def feed_loaders(cores: int) -> tuple[tuple[str, int], ...]:
+    """(loader path, workers) of the grid: ``FEED_LOADERS``, and the prefetch processes once
+    per core where ``cores`` is more than two. A GPU server has many cores per accelerator,
+    and two processes there deliver no faster than they gather: on an H200 machine the time
+    that page-locked slots saved on the copy went into waiting for data
+    (``results/gpu-runs``)."""
+    extra = (("process", cores),) if cores > max(w for _, w in FEED_LOADERS) else ()
+    return (*FEED_LOADERS, *extra)
+
+
 # The copy mode of a prefetcher that page-locks its own slots (pin_memory=True).
 PINNED_SLOTS = "pinned slots, sync"
 
@@ -102,7 +114,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
                       else CUDA_COMPUTE_MS if cuda["torch_cuda_available"] else COMPUTE_MS)
     cases = []
     for ms in compute_ms:
-        for prefetcher, workers in FEED_LOADERS:
+        for prefetcher, workers in feed_loaders(len(os.sched_getaffinity(0))):
             for copy in copies:
                 if copy.get("pin_memory") and not get_loader_path(prefetcher).pins_memory:
                     continue
@@ -134,11 +146,11 @@ FEED_METRICS = ("accelerator_utilisation", "stall_fraction", "wait_for_data_frac
 
 
 def feed_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The study's rows with ``compute_ms``, ``copy`` (mode), ``path`` (registry key,
-    workers, copy mode) and ``label`` columns."""
+    """The study's rows with ``compute_ms``, ``copy`` (mode), ``feed_loader`` (registry
+    key, workers), ``path`` (registry key, workers, copy mode) and ``label`` columns."""
     rows = df[df["study"] == "gpu_feed"]
     if rows.empty:
-        return rows.assign(compute_ms=[], copy=[], path=[], label=[])
+        return rows.assign(compute_ms=[], copy=[], feed_loader=[], path=[], label=[])
     params = rows["params"].map(json.loads)
     workers = rows["workers"].fillna(0).astype(int)
     copies = params.map(copy_mode)
@@ -147,6 +159,7 @@ def feed_rows(df: pd.DataFrame) -> pd.DataFrame:
     return rows.assign(
         compute_ms=params.map(lambda p: float(p.get("compute_ms", 0.0))),
         copy=copies,
+        feed_loader=[f"{p}/w{w}" for p, w in zip(rows["prefetcher"], workers)],
         path=[f"{p}/w{w}/{c}" for p, w, c in zip(rows["prefetcher"], workers, copies)],
         label=[f"{label}, {c}" if c != "pageable, sync" else label
                for label, c in zip(labels, copies)],
@@ -158,7 +171,7 @@ def feed_table(df: pd.DataFrame) -> pd.DataFrame:
     host-to-device GB/s and samples/s; the repeats; and whether the path's own rate (at
     0 ms) gives ``FED_HEADROOM`` over the accelerator's rate."""
     rows = feed_rows(df)
-    keys = ["compute_ms", "path", "label", "prefetcher", "copy"]
+    keys = ["compute_ms", "path", "label", "prefetcher", "feed_loader", "copy"]
     columns = [*keys, *FEED_METRICS, "repeats", "path_rate_over_accelerator"]
     if rows.empty:
         return pd.DataFrame(columns=columns)
@@ -303,8 +316,8 @@ def _pinned_over_pageable(table: pd.DataFrame, metric: str, *, mode: str = "pinn
     """The median, over loaders and compute times, of ``mode`` copies' ``metric`` over
     ``base`` ones' (pinned sync over pageable by default), pairing only the loaders and
     compute times measured both ways; None where there is no such pair."""
-    copies = table.pivot_table(index=["compute_ms", "prefetcher"], columns="copy",
-                               values=metric)
+    # Per loader and worker count: two counts of the same loader are two loaders here.
+    copies = table.pivot_table(index=["compute_ms", "feed_loader"], columns="copy", values=metric)
     if mode not in copies or base not in copies:
         return None
     ratios = (copies[mode] / copies[base]).dropna()
