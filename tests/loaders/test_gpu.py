@@ -158,3 +158,28 @@ def test_emulated_accelerator_rates_and_errors():
         EmulatedAccelerator(0.0, seconds_per_sample=float("nan"))
     with pytest.raises(ValueError, match="only 2 batches.*warmup_batches=2"):
         run_feed(make_batches(2), EmulatedAccelerator(0.0), warmup_batches=2)
+
+
+
+def test_read_ahead_batches_is_what_each_loader_may_hold_before_it_is_asked(memmap_raw):
+    from torch.utils.data import DataLoader
+
+    from storebench.loaders import (
+        BatchSampler,
+        LazyDataset,
+        ProcessPrefetcher,
+        SequentialSampler,
+        ThreadPrefetcher,
+        read_ahead_batches,
+    )
+
+    assert read_ahead_batches(iter(make_batches(3))) == 0
+    assert read_ahead_batches(DataLoader(range(8), batch_size=2)) == 0
+    assert read_ahead_batches(DataLoader(range(8), batch_size=2, num_workers=2,
+                                         prefetch_factor=3)) == 6
+    dataset = LazyDataset(memmap_raw)
+    order = BatchSampler(SequentialSampler(len(dataset)), 8)
+    with ThreadPrefetcher(dataset, order, workers=2) as loader:
+        assert read_ahead_batches(loader) == loader.depth == 4
+    with ProcessPrefetcher(dataset, order, workers=3, depth=5, start_method="fork") as loader:
+        assert read_ahead_batches(loader) == 5

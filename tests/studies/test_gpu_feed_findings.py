@@ -192,5 +192,22 @@ def test_copies_are_compared_within_each_worker_count_of_a_loader():
 
 
 def test_the_feed_grid_adds_one_prefetch_process_per_core_where_there_are_more_than_two():
-    assert gpu_feed.feed_loaders(1) == gpu_feed.feed_loaders(2) == gpu_feed.FEED_LOADERS
-    assert gpu_feed.feed_loaders(16) == (*gpu_feed.FEED_LOADERS, ("process", 16))
+    loaders = gpu_feed.FEED_LOADERS
+    # The small profile's 78 batches of 256: 16 processes read 32 ahead, 42 leave 8 to time.
+    assert gpu_feed.feed_loaders(1, 78) == gpu_feed.feed_loaders(2, 78) == loaders
+    assert gpu_feed.feed_loaders(16, 78) == (*loaders, ("process", 16))
+    # More cores than the epoch can time past their read-ahead: as many as it can.
+    assert gpu_feed.feed_loaders(64, 78) == (*loaders, ("process", 34))
+    assert gpu_feed.feed_loaders(8, 12) == loaders
+
+
+def test_rows_timed_before_the_read_ahead_was_used_up_say_what_that_overstates():
+    caveat = "timed from the third batch, before the batches the workers had read ahead"
+    old = frame(feed_case("none", 0, 2.0, 0.9), feed_case("process", 2, 2.0, 0.9))
+    assert any(caveat in s for s in gpu_feed.feed_findings(old))
+    timed_after = [dict(row) for row in feed_case("process", 2, 2.0, 0.9)]
+    timed_after += [dict(row, metric="warmup_batches", value=6.0, unit="count")
+                    for row in timed_after if row["metric"] == "samples_per_s"]
+    # The loader without a prefetcher reads nothing ahead: its rows need no warm-up metric.
+    new = frame(feed_case("none", 0, 2.0, 0.9), timed_after)
+    assert not any(caveat in s for s in gpu_feed.feed_findings(new))

@@ -207,18 +207,20 @@ def test_feed_grid_copies_every_way_and_reaches_below_2_ms_only_where_cuda_copie
         len(CUDA_COMPUTE_MS if cuda else COMPUTE_MS) * (2 * len(copies) + cuda))
 
 
-def test_a_machine_with_more_than_two_cores_also_feeds_with_one_process_per_core(
+def test_the_feed_grid_adds_processes_per_core_only_where_the_epoch_can_time_them(
         ci_data_root, monkeypatch):
+    """On 8 cores the ci set's 8 batches leave nothing to time after 2 start-up batches
+    and the 16 that 8 processes read ahead: the grid stays the 2-core one."""
     import os
+
+    from storebench.studies.gpu_feed import batches_before_timing
 
     two = gpu_feed_study(profile="ci", data_dir=ci_data_root)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
     eight = gpu_feed_study(profile="ci", data_dir=ci_data_root)
-    by_workers = {w: [c for c in eight if (c.prefetcher, c.workers) == ("process", w)]
-                  for w in (2, 8)}
-    assert [c.case_id for c in eight if c.workers != 8] == [c.case_id for c in two]
-    assert len(by_workers[8]) == len(by_workers[2]) > 0
-    assert all(c.param("start_method") == "fork" for c in by_workers[8])
+    assert [c.case_id for c in eight] == [c.case_id for c in two]
+    assert batches_before_timing(0) == 2 and batches_before_timing(2) == 6
+    assert batches_before_timing(8) == 18
 
 
 def test_target_ratio_takes_the_best_numerator_path_and_the_summary_the_median():
@@ -380,3 +382,21 @@ def test_the_decode_rate_decodes_batches_into_one_buffer_written_beforehand(ci_d
     buffers = [out for _, out, _ in calls]
     assert all(out is not None and np.shares_memory(out, buffers[0]) for out in buffers)
     assert [len(out) for out in buffers] == [len(b) for b, _ in expected]
+
+
+@pytest.mark.timeout(120)
+def test_a_feed_case_is_timed_past_the_batches_its_loader_read_ahead(ci_data_root):
+    """Timed from the third batch, a slow prefetcher's first ``depth`` batches were ready
+    before the feed began and counted as fed: the case now feeds them first, and says how
+    many batches it fed before timing."""
+    from storebench.cases.gpu_feed import START_BATCHES, gpu_feed_case
+    from storebench.loaders.prefetch import default_depth
+
+    by_loader = {}
+    for case in gpu_feed_study(profile="ci", data_dir=ci_data_root):
+        if case.param("compute_ms") == 0.0:
+            by_loader[case.workers] = gpu_feed_case(case, Trial(case, 0))
+    assert by_loader[0]["warmup_batches"] == (START_BATCHES, "count")
+    assert by_loader[2]["warmup_batches"] == (START_BATCHES + default_depth(2), "count")
+    # The ci set's 8 batches leave 2 to time after 6 fed first.
+    assert by_loader[2]["samples"][0] == 2 * 64

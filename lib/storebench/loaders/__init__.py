@@ -15,6 +15,7 @@ from .gpu import (
     EmulatedAccelerator,
     FeedResult,
     GpuFeeder,
+    read_ahead_batches,
     run_feed,
 )
 from .prefetch import ProcessPrefetcher, ThreadPrefetcher, WorkerDiedError, WorkerError
@@ -66,6 +67,7 @@ __all__ = [
     "WorkerStartError",
     "batch_buffer",
     "collate_padded",
+    "read_ahead_batches",
     "run_feed",
     "stack_into",
 ]

@@ -489,6 +489,19 @@ def _in_place(batches: Iterable, clock: _DeviceClock) -> Iterator[_Fed]:
         yield _Fed(batch, None, 0, _batch_length(batch), 0, asked, got, got, got)
 
 
+def read_ahead_batches(batches) -> int:
+    """How many batches ``batches`` may read ahead of the consumer: a prefetcher's
+    ``depth``, a torch DataLoader's ``prefetch_factor`` x workers, 0 for anything else.
+    Until that many are consumed, a feed can be served from batches read before it began:
+    ``run_feed``'s warm-up must cover them for a slow loader's steady state to be timed."""
+    depth = getattr(batches, "depth", None)
+    if isinstance(depth, int):
+        return depth
+    workers = getattr(batches, "num_workers", 0)
+    factor = getattr(batches, "prefetch_factor", None)
+    return int(workers) * int(factor) if workers and factor else 0
+
+
 def run_feed(
     batches: Iterable,
     accelerator: EmulatedAccelerator,

@@ -96,8 +96,14 @@ def _batch_size_of(batches, batch_size: int | None) -> int:
     return positive_int(size, "batches.batch_size")
 
 
+def default_depth(workers: int) -> int:
+    """Batches a prefetcher with ``workers`` workers (its consumer counted, where it reads)
+    holds in flight or ready when no ``depth`` is given."""
+    return max(2 * workers, 2)
+
+
 def _depth_of(depth: int | None, workers: int) -> int:
-    return positive_int(depth, "depth") if depth is not None else max(2 * workers, 2)
+    return positive_int(depth, "depth") if depth is not None else default_depth(workers)
 
 
 # ---------------------------------------------------------------------------------------

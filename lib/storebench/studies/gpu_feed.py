@@ -24,7 +24,9 @@ from matplotlib.figure import Figure
 
 from ..bench.plan import plan_for
 from ..bench.runner import Case
+from ..cases.gpu_feed import START_BATCHES
 from ..loaders.paths import get_loader_path, path_label
+from ..loaders.prefetch import default_depth
 from ..plots import empty_figure, path_colour, profile_caption, summarise
 from ..results import Results, best_row, latest_runs, select, stat, summary_table
 from ..text import (
@@ -64,21 +66,33 @@ FED_HEADROOM = 1.25
 FEED_LOADERS = (("none", 0), ("process", 2))
 
 
-def feed_loaders(cores: int) -> tuple[tuple[str, int], ...]:
-    """(loader path, workers) of the grid: ``FEED_LOADERS``, and the prefetch processes once
-    per core where ``cores`` is more than two. A GPU server has many cores per accelerator,
-    and two processes there deliver no faster than they gather: on an H200 machine the time
-    that page-locked slots saved on the copy went into waiting for data
-    (``results/gpu-runs``)."""
-    extra = (("process", cores),) if cores > max(w for _, w in FEED_LOADERS) else ()
-    return (*FEED_LOADERS, *extra)
+def feed_loaders(cores: int, batches: int) -> tuple[tuple[str, int], ...]:
+    """(loader path, workers) of the grid for an epoch of ``batches`` batches:
+    ``FEED_LOADERS``, and the prefetch processes once per core where ``cores`` is more than
+    two, as many as leave ``PER_CORE_TIMED_BATCHES`` of the epoch to time after
+    ``batches_before_timing``. A GPU server has many cores per accelerator, and two
+    processes there deliver no faster than they gather: on an H200 machine the time that
+    page-locked slots saved on the copy went into waiting for data (``results/gpu-runs``)."""
+    most = max(w for _, w in FEED_LOADERS)
+    fits = [w for w in range(most + 1, cores + 1)
+            if batches_before_timing(w) + PER_CORE_TIMED_BATCHES <= batches]
+    return (*FEED_LOADERS, *((("process", max(fits)),) if fits else ()))
+
+
+def batches_before_timing(workers: int) -> int:
+    """Batches a case feeds before timing: ``START_BATCHES`` and what a prefetcher of
+    ``workers`` processes reads ahead (none without one; ``cases.gpu_feed``)."""
+    return START_BATCHES + (default_depth(workers) if workers else 0)
 
 
 # The copy mode of a prefetcher that page-locks its own slots (pin_memory=True).
 PINNED_SLOTS = "pinned slots, sync"
 
-# Warm-up batches (2) are discarded: an epoch needs more to measure anything.
-MIN_BATCHES = 4
+# Batches timed after the warm-up, at the least (an epoch needs room for them); for the
+# loader with one process per core, as many as the default plan's epochs time (2,048
+# samples of the small profile: 8 batches of 256), or fewer processes.
+TIMED_BATCHES = 2
+PER_CORE_TIMED_BATCHES = 8
 
 
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
@@ -95,10 +109,13 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
                                   "import: storebench import ... --resize HxW)")
     path, manifest = picked
     batch_size = batch_size_for(manifest["num_samples"])
-    if manifest["num_samples"] < MIN_BATCHES * batch_size:
+    batches = manifest["num_samples"] // batch_size
+    needed = max(batches_before_timing(w) for _, w in FEED_LOADERS) + TIMED_BATCHES
+    if batches < needed:
         raise StudyNotApplicableError(
-            f"{path}: gpu_feed needs at least {MIN_BATCHES} batches of {batch_size} samples "
-            f"(warm-up batches are discarded); the dataset has {manifest['num_samples']}")
+            f"{path}: gpu_feed needs at least {needed} batches of {batch_size} samples (the "
+            "batches fed before timing, start-up and what the loader reads ahead, are "
+            f"discarded); the dataset has {manifest['num_samples']} samples")
     fields = dataset_fields("gpu_feed", path, manifest)
     cuda = cuda_info()
     if cuda["torch_cuda_available"]:
@@ -114,7 +131,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
                       else CUDA_COMPUTE_MS if cuda["torch_cuda_available"] else COMPUTE_MS)
     cases = []
     for ms in compute_ms:
-        for prefetcher, workers in feed_loaders(len(os.sched_getaffinity(0))):
+        for prefetcher, workers in feed_loaders(len(os.sched_getaffinity(0)), batches):
             for copy in copies:
                 if copy.get("pin_memory") and not get_loader_path(prefetcher).pins_memory:
                     continue
@@ -261,7 +278,7 @@ def feed_findings(df: pd.DataFrame, *, per_compute_time: bool = True) -> list[st
     table = feed_table(df)
     if table.empty:
         return []
-    sentences = [feed_device_text(df)]
+    sentences = [feed_device_text(df), *_read_ahead_caveat(df)]
     busy = table[table["compute_ms"] > 0]
     for compute_ms, part in busy.groupby("compute_ms") if per_compute_time else ():
         described = "; ".join(
@@ -309,6 +326,20 @@ def feed_findings(df: pd.DataFrame, *, per_compute_time: bool = True) -> list[st
             f"{format_ratio(staged)} that of pinned copies through a staging buffer "
             "(medians over compute times).")
     return sentences
+
+
+def _read_ahead_caveat(df: pd.DataFrame) -> list[str]:
+    """For runs timed from the third batch whatever the loader had read ahead (their rows
+    have no ``warmup_batches``): what that overstates."""
+    rows = feed_rows(df)
+    ahead = rows[(rows["workers"].fillna(0) > 0) & (rows["status"] == "ok")]
+    timed_after = set(ahead.loc[ahead["metric"] == "warmup_batches", "case_id"])
+    if ahead.empty or set(ahead["case_id"]) <= timed_after:
+        return []
+    return ["These prefetcher rows were timed from the third batch, before the batches the "
+            "workers had read ahead were used up: where a path is slower than the "
+            "accelerator, its AU and samples/s are overstated and its waiting for data "
+            "understated (later runs time past them: warmup_batches)."]
 
 
 def _pinned_over_pageable(table: pd.DataFrame, metric: str, *, mode: str = "pinned, sync",
