@@ -211,3 +211,15 @@ def test_rows_timed_before_the_read_ahead_was_used_up_say_what_that_overstates()
     # The loader without a prefetcher reads nothing ahead: its rows need no warm-up metric.
     new = frame(feed_case("none", 0, 2.0, 0.9), timed_after)
     assert not any(caveat in s for s in gpu_feed.feed_findings(new))
+
+
+def test_a_small_set_is_fed_in_smaller_batches_so_that_every_loader_times_some():
+    """36 images of your own in batches of 8 left 4 batches, fewer than two prefetch
+    processes read ahead: their batches shrink until the epoch holds enough."""
+    needed = gpu_feed.min_feed_batches()
+    assert needed == gpu_feed.batches_before_timing(2) + gpu_feed.TIMED_BATCHES == 8
+    assert gpu_feed.feed_batch_size(20_000) == 256
+    assert gpu_feed.feed_batch_size(512) == 64
+    assert gpu_feed.feed_batch_size(36) == 4
+    assert gpu_feed.feed_batch_size(needed) == 1
+    assert gpu_feed.feed_batch_size(needed - 1) is None

@@ -79,6 +79,21 @@ def feed_loaders(cores: int, batches: int) -> tuple[tuple[str, int], ...]:
     return (*FEED_LOADERS, *((("process", max(fits)),) if fits else ()))
 
 
+def min_feed_batches() -> int:
+    """Batches an epoch needs for every loader of ``FEED_LOADERS`` to time some."""
+    return max(batches_before_timing(w) for _, w in FEED_LOADERS) + TIMED_BATCHES
+
+
+def feed_batch_size(num_samples: int) -> int | None:
+    """``batch_size_for``'s batch, or a smaller one where that leaves an epoch too few
+    batches to time past the warm-up (a small import of your own images); None where even
+    one sample a batch does not."""
+    batch_size = batch_size_for(num_samples)
+    if num_samples // batch_size >= min_feed_batches():
+        return batch_size
+    return num_samples // min_feed_batches() or None
+
+
 def batches_before_timing(workers: int) -> int:
     """Batches a case feeds before timing: ``START_BATCHES`` and what a prefetcher of
     ``workers`` processes reads ahead (none without one; ``cases.gpu_feed``)."""
@@ -108,14 +123,13 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
         raise StudyNotApplicableError(f"{data_dir}: gpu_feed needs a raw dataset (for an "
                                   "import: storebench import ... --resize HxW)")
     path, manifest = picked
-    batch_size = batch_size_for(manifest["num_samples"])
-    batches = manifest["num_samples"] // batch_size
-    needed = max(batches_before_timing(w) for _, w in FEED_LOADERS) + TIMED_BATCHES
-    if batches < needed:
+    batch_size = feed_batch_size(manifest["num_samples"])
+    if batch_size is None:
         raise StudyNotApplicableError(
-            f"{path}: gpu_feed needs at least {needed} batches of {batch_size} samples (the "
-            "batches fed before timing, start-up and what the loader reads ahead, are "
-            f"discarded); the dataset has {manifest['num_samples']} samples")
+            f"{path}: gpu_feed needs at least {min_feed_batches()} samples, one batch each "
+            "(the batches fed before timing, start-up and what the loader reads ahead, are "
+            f"discarded); the dataset has {manifest['num_samples']}")
+    batches = manifest["num_samples"] // batch_size
     fields = dataset_fields("gpu_feed", path, manifest)
     cuda = cuda_info()
     if cuda["torch_cuda_available"]:
