@@ -78,6 +78,19 @@ def test_decode_efficiency_is_over_cores_times_the_single_core_rate():
             in " ".join(peers.findings(results(*all_rates()))))
 
 
+def test_a_decode_efficiency_above_the_cores_says_it_bounds_nothing():
+    def decode_text(*groups):
+        return next(s for s in peers.findings(results(*groups)) if "JPEG decode" in s)
+
+    assert "no bound" not in decode_text(*all_rates())  # 76%
+    # ProcessPrefetcher at 4.4k samples/s over 2 x 2k: 110%.
+    faster = [peer_case("process", "lmdb", [4400.0] * 3) if (path, fmt) == ("process", "lmdb")
+              else peer_case(path, fmt, values) for (path, fmt), values in RATES.items()]
+    text = decode_text(*faster)
+    assert "reaches 110% of 2 cores" in text
+    assert "Above 100%, it is no bound" in text
+
+
 def test_the_decode_efficiency_says_the_rate_was_pinned_only_where_it_was():
     text = " ".join(peers.findings(results(*all_rates(), per_core=True)))
     assert ("76% of 2 cores \u00d7 the same run's simplejpeg rate of one thread pinned to each "
