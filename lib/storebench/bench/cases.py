@@ -305,7 +305,8 @@ def decode_rate_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         rounds = max(1, min(int(case.param("rounds", 4)), len(order)))
         with trial.measure():
             measured = throughput.interleaved_passes(
-                {f"cpu{cpu}": _decode_pinned(dataset, cpu, usable, out) for cpu in usable},
+                {f"cpu{cpu}": throughput.pinned_pass(dataset, cpu, usable, out)
+                 for cpu in usable},
                 order, rounds=rounds)
     decoded = [m.samples for m in measured.values()]
     if min(decoded) == 0 or len(set(decoded)) != 1:
@@ -321,19 +322,3 @@ def decode_rate_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         **{f"{name}.decode_per_s": (rate, "samples/s") for name, rate in per_core.items()},
     }
 
-
-def _decode_pinned(dataset, cpu: int, usable: list[int], out: np.ndarray | None):
-    """``run(batches)`` for ``throughput.interleaved_passes``: ``batches`` decoded into
-    ``out`` by the calling thread pinned to ``cpu``, let go to ``usable`` afterwards."""
-
-    def decode(batches: list[np.ndarray]) -> tuple[int, int]:
-        os.sched_setaffinity(0, {cpu})  # pid 0: this thread only
-        try:
-            decoded = 0
-            for part in batches:
-                decoded += len(dataset.get_batch(
-                    part, out=None if out is None else out[:len(part)]))
-            return decoded, 0
-        finally:
-            os.sched_setaffinity(0, usable)
-    return decode

@@ -246,17 +246,6 @@ def measure_thread_decode(reader, case: Case) -> Measured:
 
     usable = sorted(os.sched_getaffinity(0))
 
-    def serial_on(cpu: int) -> Callable[[list[np.ndarray]], tuple[int, int]]:
-        def serial(batches: list[np.ndarray]) -> tuple[int, int]:
-            # This thread only (pid 0); it is let go before a prefetcher starts a thread or
-            # forks a worker, which would inherit the pin.
-            os.sched_setaffinity(0, {cpu})
-            try:
-                return _delivered(dataset.get_batch(idx, out=out) for idx in batches)
-            finally:
-                os.sched_setaffinity(0, usable)
-        return serial
-
     with contextlib.ExitStack() as stack:
         thread = _Passes(ThreadPrefetcher, dataset, workers=workers, batch_size=batch_size)
         stack.callback(thread.close)
@@ -264,7 +253,8 @@ def measure_thread_decode(reader, case: Case) -> Measured:
                           start_method=case.param("start_method"))
         stack.callback(process.close)
         measured = throughput.interleaved_passes(
-            {**{f"serial_cpu{cpu}": serial_on(cpu) for cpu in usable},
+            {**{f"serial_cpu{cpu}": throughput.pinned_pass(dataset, cpu, usable, out)
+                for cpu in usable},
              "thread_prefetcher": thread.run, "process_prefetcher": process.run},
             order, rounds=rounds, warmup_batches=warmup, multiple=workers)
     best = max(measured["thread_prefetcher"].samples_per_second,

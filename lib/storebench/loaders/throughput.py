@@ -10,6 +10,7 @@ The ``targets`` study's measure functions (``storebench.cases.targets``) are bui
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -288,6 +289,29 @@ def interleaved_passes(passes: Mapping[str, Callable[[list[np.ndarray]], tuple[i
             nbytes[name] += size
     return {name: Measurement(name, samples[name], nbytes[name], seconds[name],
                               rounds * per_round) for name in names}
+
+
+def pinned_pass(dataset, cpu: int, usable: Sequence[int], out: np.ndarray | None
+                ) -> Callable[[list[np.ndarray]], tuple[int, int]]:
+    """A pass for ``interleaved_passes``: ``dataset.get_batch`` of each given batch into
+    ``out`` (a shorter batch into its head), in the calling thread pinned to core ``cpu``
+    and let go to ``usable`` afterwards, so that one core's rate is timed, not whichever
+    core the scheduler gave the thread. Returns (samples, image bytes)."""
+
+    def run(batches: list[np.ndarray]) -> tuple[int, int]:
+        # pid 0: this thread only; let go before a prefetcher starts a thread or forks a
+        # worker, which would inherit the pin.
+        os.sched_setaffinity(0, {cpu})
+        try:
+            samples = nbytes = 0
+            for idx in batches:
+                n, size = _sizes(dataset.get_batch(
+                    idx, out=None if out is None else out[:len(idx)]))
+                samples, nbytes = samples + n, nbytes + size
+            return samples, nbytes
+        finally:
+            os.sched_setaffinity(0, usable)
+    return run
 
 
 def _take_batches(rows: np.ndarray, order: Sequence[np.ndarray], out: np.ndarray) -> None:
