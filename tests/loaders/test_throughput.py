@@ -118,3 +118,48 @@ def test_interleaved_passes_run_every_slice_through_every_pass_in_rotating_order
                              multiple=4)
     with pytest.raises(ValueError, match="no passes"):
         T.interleaved_passes({}, order, rounds=1)
+
+
+def test_a_pinned_pass_decodes_into_one_buffer_on_its_core_then_lets_go(ci_data_root,
+                                                                       monkeypatch):
+    """The one-thread rate on each core (the thread decode target's denominator): every batch
+    is decoded into the head of the same buffer, made before the clock starts (a fresh array
+    per batch timed the first touch of its pages too), by the calling thread pinned to one
+    core, the cores taking turns slice by slice; afterwards the thread may run on every
+    usable core again."""
+    import os
+
+    from storebench.formats import open_dataset
+    from storebench.loaders.batching import batch_buffer
+
+    calls = []
+    real = PreloadedDataset.get_batch
+
+    def recorded(self, indices, *, out=None):
+        calls.append((np.asarray(indices).tolist(), out, os.sched_getaffinity(0)))
+        return real(self, indices, out=out)
+
+    monkeypatch.setattr(PreloadedDataset, "get_batch", recorded)
+    usable = os.sched_getaffinity(0)
+    cores = sorted(usable)
+    with open_dataset(ci_data_root / "lmdb-jpeg", verify=False) as reader:
+        dataset = PreloadedDataset(reader, decode="simplejpeg", progress=False)
+        out = batch_buffer(8, dataset.sample_shape, dataset.sample_dtype)
+        batches = [np.arange(0, 8), np.arange(8, 16), np.arange(16, 20)]
+        timed = T.interleaved_passes(
+            {f"cpu{cpu}": T.pinned_pass(dataset, cpu, cores, out) for cpu in cores},
+            batches, rounds=3)
+    assert os.sched_getaffinity(0) == usable
+    assert {name: (m.samples, m.batches) for name, m in timed.items()} == {
+        f"cpu{cpu}": (20, 3) for cpu in cores}
+    assert {m.bytes for m in timed.values()} == {20 * int(np.prod(dataset.sample_shape))}
+    # Three slices of one batch each; every core decodes each slice, the first core of a
+    # slice rotating.
+    expected = []
+    for k, batch in enumerate(batches):
+        turn = cores[k % len(cores):] + cores[:k % len(cores)]
+        expected += [(batch.tolist(), {cpu}) for cpu in turn]
+    assert [(indices, pinned) for indices, _, pinned in calls] == expected
+    buffers = [buffer for _, buffer, _ in calls]
+    assert all(np.shares_memory(buffer, out) for buffer in buffers)
+    assert [len(buffer) for buffer in buffers] == [len(b) for b, _ in expected]

@@ -338,52 +338,6 @@ def test_out_of_core_cuts_passes_under_a_cap_sooner_than_where_the_set_fits(ci_d
     assert out_of_core.CAPPED_EPOCH_SECONDS_LIMIT < out_of_core.EPOCH_SECONDS_LIMIT
 
 
-def test_the_decode_rate_decodes_batches_into_one_buffer_written_beforehand(ci_data_root,
-                                                                           monkeypatch):
-    """Every batch of at most ``batch_size`` samples, in index order, is decoded into the same
-    buffer, made before the clock starts (a fresh array for every sample timed the first
-    touch of its pages too), by one thread pinned to each usable core in turn, the cores
-    taking turns slice by slice, and let go to every core afterwards."""
-    import os
-
-    from storebench.bench.cases import decode_rate_case
-    from storebench.loaders import PreloadedDataset
-
-    calls = []
-    real = PreloadedDataset.get_batch
-
-    def recorded(self, indices, *, out=None):
-        calls.append((np.asarray(indices).tolist(), out, os.sched_getaffinity(0)))
-        return real(self, indices, out=out)
-
-    monkeypatch.setattr(PreloadedDataset, "get_batch", recorded)
-    usable = os.sched_getaffinity(0)
-    case = Case(study="peers", function="storebench.bench.cases:decode_rate_case",
-                dataset=str(ci_data_root / "lmdb-jpeg"), loader="decode", repeats=1,
-                params={"decode": "simplejpeg", "samples": 20, "batch_size": 8})
-    metrics = decode_rate_case(case, Trial(case, 0))
-    assert os.sched_getaffinity(0) == usable
-    cores = sorted(usable)
-    assert metrics["samples"] == (20, "count")
-    assert metrics["cores"] == (float(len(cores)), "count")
-    per_core = [metrics[f"cpu{cpu}.decode_per_s"][0] for cpu in cores]
-    assert all(rate > 0 for rate in per_core)
-    assert metrics["decode_per_s"][0] == pytest.approx(np.mean(per_core))
-    assert metrics["decode_seconds_per_sample"][0] == pytest.approx(
-        1 / metrics["decode_per_s"][0])
-    # Three slices of one batch each; every core decodes each slice, the first core of a
-    # slice rotating.
-    batches = [list(range(0, 8)), list(range(8, 16)), list(range(16, 20))]
-    expected = []
-    for k, batch in enumerate(batches):
-        turn = cores[k % len(cores):] + cores[:k % len(cores)]
-        expected += [(batch, {cpu}) for cpu in turn]
-    assert [(indices, pinned) for indices, _, pinned in calls] == expected
-    buffers = [out for _, out, _ in calls]
-    assert all(out is not None and np.shares_memory(out, buffers[0]) for out in buffers)
-    assert [len(out) for out in buffers] == [len(b) for b, _ in expected]
-
-
 @pytest.mark.timeout(120)
 def test_a_feed_case_is_timed_past_the_batches_its_loader_read_ahead(ci_data_root):
     """Timed from the third batch, a slow prefetcher's first ``depth`` batches were ready

@@ -20,7 +20,6 @@ Grid vocabulary of the loader cases (the Case fields' values):
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -270,55 +269,3 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         "preload_seconds": (ready - started, "s"),
         "cpu_utilisation": (measurement.cpu_seconds / measurement.wall_seconds, "ratio"),
     }
-
-
-def decode_rate_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
-    """The single-core decode rate of ``case.dataset``'s samples (param ``decode``) from
-    RAM (a ``PreloadedDataset``, so no I/O): the denominator of "how close to the cores'
-    limit", measured in the same run.
-
-    One thread decodes the first ``samples`` samples on each usable core in turn, pinned
-    there, the cores interleaved over ``rounds`` slices of the batches
-    (``throughput.interleaved_passes``), as the targets study measures its decode target's
-    denominator: the cores of a shared VM decode at different rates, which one is faster
-    changing from run to run, and a thread left to the scheduler is timed on whichever it
-    got. ``decode_per_s`` is the mean of the cores' rates (``cpu<k>.decode_per_s``), so
-    cores x it is what the cores decode, each alone.
-
-    Decoded in batches of ``batch_size`` (default 64) into one buffer written before the
-    clock starts, as a loader decodes into the slots it reuses: decoding all the samples
-    into one fresh array also timed the first touch of every page of it (200 MB for 1,024
-    JPEGs of 256x256x3), which made one core look slower than it decodes."""
-    from storebench.formats import open_dataset
-    from storebench.loaders import PreloadedDataset, throughput
-    from storebench.loaders.batching import batch_buffer
-
-    usable = sorted(os.sched_getaffinity(0))
-    with open_dataset(case.dataset, verify=False) as reader:
-        dataset = PreloadedDataset(reader, decode=case.param("decode"), progress=False)
-        samples = min(int(case.param("samples", 1024)), len(dataset))
-        size = int(case.param("batch_size", 64))
-        order = [np.arange(start, min(start + size, samples))
-                 for start in range(0, samples, size)]
-        shape = dataset.sample_shape
-        out = batch_buffer(size, shape, dataset.sample_dtype) if shape else None
-        rounds = max(1, min(int(case.param("rounds", 4)), len(order)))
-        with trial.measure():
-            measured = throughput.interleaved_passes(
-                {f"cpu{cpu}": throughput.pinned_pass(dataset, cpu, usable, out)
-                 for cpu in usable},
-                order, rounds=rounds)
-    decoded = [m.samples for m in measured.values()]
-    if min(decoded) == 0 or len(set(decoded)) != 1:
-        raise RuntimeError(f"{case.dataset}: the cores decoded {decoded} samples, expected "
-                           "the same number each")
-    per_core = {name: m.samples_per_second for name, m in measured.items()}
-    mean = float(np.mean(list(per_core.values())))
-    return {
-        "samples": (decoded[0], "count"),
-        "cores": (float(len(usable)), "count"),
-        "decode_per_s": (mean, "samples/s"),
-        "decode_seconds_per_sample": (1.0 / mean, "s"),
-        **{f"{name}.decode_per_s": (rate, "samples/s") for name, rate in per_core.items()},
-    }
-

@@ -109,7 +109,7 @@ def targets_markdown(df: pd.DataFrame) -> str:
     return markdown_table(shown)
 
 
-def _median_of_latest(df: pd.DataFrame, key: str):
+def median_of_latest(df: pd.DataFrame, key: str):
     """``median(metric)``: the median of a target's ``metric`` over its latest run's
     repeats, None where the rows have none."""
     rows = latest_runs(df[(df["study"] == "targets") & (df["loader"] == key)])
@@ -125,7 +125,7 @@ def _bare_take_text(median, key: str) -> str:
     """For a gather target: what a bare one-thread ``np.take`` of the same batches reached
     in the same repeats, which splits a one-thread shortfall into the access pattern's own
     limit and the loader's cost, and what the gather split over threads reached (nothing for
-    other targets, or results without them). ``median``: ``_median_of_latest``'s."""
+    other targets, or results without them). ``median``: ``median_of_latest``'s."""
     prefix = get_target(key).numerator[0].partition(".")[0]
     bare = median(f"{prefix}.bare_take_fraction_of_dram_copy")
     share = median(f"{prefix}.fraction_of_bare_take")
@@ -175,7 +175,7 @@ def _row_group_text(median) -> str:
     """For the Parquet target: the share of each side's time spent reading row groups, the
     rows per group (which bound the ratio: a random read costs one group, the epoch reads
     each once) and the ratio had the epoch cost only its reads (nothing for other targets,
-    or results without them). ``median``: ``_median_of_latest``'s."""
+    or results without them). ``median``: ``median_of_latest``'s."""
     block, random, per_group, reads_only = (median(m) for m in (
         "block_shuffled_epoch.row_group_read_fraction",
         "random_row_access.row_group_read_fraction", "rows_per_row_group", "reads_only_ratio"))
@@ -200,7 +200,7 @@ def targets_findings(df: pd.DataFrame) -> list[str]:
             verdict = f"missed by {format_percent(row['shortfall'])}"
         else:
             verdict = "not met: the median clears it, the interval's lower end does not"
-        median = _median_of_latest(df, row["key"])
+        median = median_of_latest(df, row["key"])
         sentences.append(
             f"{row['target']} ({row['what']}): {fmt(row['value'])} (median of "
             f"{row['repeats']} paired repeats, 95% interval "
