@@ -180,31 +180,37 @@ def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
     assert all(c.summarise == "storebench.cases.targets:summarise_target" for c in targets)
 
 
+@pytest.mark.parametrize("cuda", [False, True], ids=["no-cuda", "cuda"])
 def test_feed_grid_copies_every_way_and_reaches_below_2_ms_only_where_cuda_copies(
-        ci_data_root, monkeypatch):
-    """Without a compact plan: three copy modes (and the prefetch processes' own pinned
-    slots) and the sub-2 ms compute times where torch sees a CUDA device; pageable copies to
-    the CPU at 0, 2 and 10 ms where it does not."""
-    import torch
-
-    from storebench.bench import plan
+        ci_data_root, monkeypatch, cuda):
+    """Without a compact plan, where torch sees a CUDA device (as ``cuda_info`` reports
+    it): three copy modes and the prefetch processes' own pinned slots, a ThreadPrefetcher
+    pageable and from its own page-locked buffers, and the sub-2 ms compute times; where it
+    does not, pageable copies to the CPU at 0, 2 and 10 ms, and no thread loader."""
+    from storebench.bench import envinfo, plan
     from storebench.studies.gpu_feed import COMPUTE_MS, CUDA_COMPUTE_MS
 
     monkeypatch.setitem(plan.PLANS, "ci", plan.StudyPlan(compact=False))
+    monkeypatch.setattr(envinfo, "cuda_info", lambda: {
+        "torch_cuda_available": cuda, "devices": ["NVIDIA H200"] if cuda else []})
     feed = gpu_feed_study(profile="ci", data_dir=ci_data_root)
-    cuda = torch.cuda.is_available()
-    assert sorted({c.param("compute_ms") for c in feed}) == list(
-        CUDA_COMPUTE_MS if cuda else COMPUTE_MS)
-    copies = {(c.param("pinned", False), c.param("non_blocking", False)) for c in feed}
-    assert copies == ({(False, False), (True, False), (True, True)} if cuda
-                      else {(False, False)})
+    times = CUDA_COMPUTE_MS if cuda else COMPUTE_MS
+    assert sorted({c.param("compute_ms") for c in feed}) == list(times)
+    modes = {(c.prefetcher, c.workers, c.param("pinned", False),
+              c.param("non_blocking", False), c.param("pin_memory", False)) for c in feed}
+    assert modes == ({
+        ("none", 0, False, False, False), ("none", 0, True, False, False),
+        ("none", 0, True, True, False),
+        ("process", 2, False, False, False), ("process", 2, True, False, False),
+        ("process", 2, True, True, False), ("process", 2, True, False, True),
+        ("thread", 2, False, False, False), ("thread", 2, True, False, True),
+    } if cuda else {("none", 0, False, False, False), ("process", 2, False, False, False)})
     assert {c.param("device") for c in feed} == {"cuda" if cuda else "cpu"}
-    # Slots page-locked by the loader itself: only the prefetch processes have any.
-    pinned_slots = [c for c in feed if c.param("pin_memory", False)]
-    assert {(c.prefetcher, c.param("pinned")) for c in pinned_slots} == (
-        {("process", True)} if cuda else set())
-    assert len(feed) == len({c.case_id for c in feed}) == (
-        len(CUDA_COMPUTE_MS if cuda else COMPUTE_MS) * (2 * len(copies) + cuda))
+    assert {c.param("device_name") for c in feed} == {"NVIDIA H200" if cuda else "cpu"}
+    # Threads have no start method; the processes fork, as their loader path does.
+    assert {(c.prefetcher, c.param("start_method")) for c in feed if c.workers} == (
+        {("process", "fork"), ("thread", None)} if cuda else {("process", "fork")})
+    assert len(feed) == len({c.case_id for c in feed}) == len(times) * len(modes)
 
 
 def test_the_feed_grid_adds_processes_per_core_only_where_the_epoch_can_time_them(

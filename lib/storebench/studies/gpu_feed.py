@@ -5,10 +5,12 @@ loader path feeds it through ``GpuFeeder``, in this thread and with two prefetch
 (and one per core, where the machine has more than two: ``feed_loaders``).
 The copies go to the first CUDA device where one is present (found without importing torch
 in the grid), with pageable, pinned and asynchronous copies, and for the prefetch processes
-also from slots they page-lock themselves (``pin_memory=True``: no staging copy); else to
-the CPU, and every case's params say ``emulated=True``, ``device="cpu"``. Accelerator
-utilisation (AU) is compute time over wall time; the accelerator's idle time is split into
-waiting for data, the host copy and host overhead (see ``storebench.loaders.gpu.run_feed``).
+also from slots they page-lock themselves (``pin_memory=True``: no staging copy); there a
+``ThreadPrefetcher`` also feeds, pageable and from buffers it page-locked itself
+(``CUDA_FEED_LOADERS``); else to the CPU, and every case's params say ``emulated=True``,
+``device="cpu"``. Accelerator utilisation (AU) is compute time over wall time; the
+accelerator's idle time is split into waiting for data, the host copy and host overhead (see
+``storebench.loaders.gpu.run_feed``).
 """
 
 from __future__ import annotations
@@ -64,6 +66,12 @@ AU_THRESHOLD = 0.9
 FED_AU = 0.95
 FED_HEADROOM = 1.25
 FEED_LOADERS = (("none", 0), ("process", 2))
+# Where a CUDA device takes the copies, a ThreadPrefetcher feeds too: pageable, and from
+# buffers it page-locked itself (pin_memory=True), the in-place copy without prefetch
+# processes. Two copy modes, not four: the staged pinned copies are measured on the loaders
+# above, and each CUDA case pays torch's import and a CUDA context (about 5 s on an H200).
+CUDA_FEED_LOADERS = (("thread", 2),)
+CUDA_FEED_LOADER_COPIES = ({}, {"pinned": True, "pin_memory": True})
 
 
 def feed_loaders(cores: int, batches: int) -> tuple[tuple[str, int], ...]:
@@ -143,15 +151,21 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
     if compute_ms is None:
         compute_ms = (COMPACT_COMPUTE_MS if plan_for(profile).compact
                       else CUDA_COMPUTE_MS if cuda["torch_cuda_available"] else COMPUTE_MS)
+    loaders = [(prefetcher, workers, copies) for prefetcher, workers
+               in feed_loaders(len(os.sched_getaffinity(0)), batches)]
+    if cuda["torch_cuda_available"]:
+        loaders += [(prefetcher, workers, CUDA_FEED_LOADER_COPIES)
+                    for prefetcher, workers in CUDA_FEED_LOADERS]
     cases = []
     for ms in compute_ms:
-        for prefetcher, workers in feed_loaders(len(os.sched_getaffinity(0)), batches):
-            for copy in copies:
-                if copy.get("pin_memory") and not get_loader_path(prefetcher).pins_memory:
+        for prefetcher, workers, loader_copies in loaders:
+            for copy in loader_copies:
+                path = get_loader_path(prefetcher)
+                if copy.get("pin_memory") and not path.pins_memory:
                     continue
                 params = {"compute_ms": ms, **device, **copy}
-                if workers:
-                    params["start_method"] = "fork"
+                if workers and path.start_method:
+                    params["start_method"] = path.start_method
                 cases.append(Case(
                     function=f"{CASES}:gpu_feed_case", loader="lazy", prefetcher=prefetcher,
                     workers=workers, batch_size=batch_size,
@@ -330,16 +344,31 @@ def feed_findings(df: pd.DataFrame, *, per_compute_time: bool = True) -> list[st
         if dma is not None:
             sentence += f"; the device copy alone at {format_ratio(dma)}"
         sentences.append(sentence + " (medians over loaders and compute times).")
-    in_place = _pinned_over_pageable(table, "h2d_GBps", mode=PINNED_SLOTS)
+    in_place = _in_place_by_loader(table)
     staged = _pinned_over_pageable(table, "h2d_GBps", mode=PINNED_SLOTS, base="pinned, sync")
-    if in_place is not None and staged is not None:
-        sentences.append(
-            f"Where the prefetch workers write into slots they page-locked themselves "
-            f"(pin_memory=True), the feeder copies each batch from where it lies: "
-            f"{format_ratio(in_place)} the rate of pageable copies and "
-            f"{format_ratio(staged)} that of pinned copies through a staging buffer "
-            "(medians over compute times).")
+    if in_place:
+        sentence = (
+            "Where the prefetcher writes each batch into memory it page-locked itself "
+            "(pin_memory=True), the feeder copies each batch from where it lies, at "
+            + "; ".join(f"{format_ratio(ratio)} ({label})" for label, ratio in in_place)
+            + " the rate of the same loader's pageable copies")
+        if staged is not None:
+            sentence += (f", and {format_ratio(staged)} that of pinned copies through a "
+                         "staging buffer (median over the loaders measured both ways)")
+        sentences.append(sentence + " (medians over compute times).")
     return sentences
+
+
+def _in_place_by_loader(table: pd.DataFrame) -> list[tuple[str, float]]:
+    """(loader label, median over compute times of its pinned-slot copies' ``h2d_GBps``
+    over its pageable ones') for each loader measured both ways."""
+    found = []
+    for _, part in table.groupby("feed_loader", sort=True):
+        ratio = _pinned_over_pageable(part, "h2d_GBps", mode=PINNED_SLOTS)
+        pageable = part[part["copy"] == "pageable, sync"]
+        if ratio is not None and not pageable.empty:
+            found.append((pageable["label"].iloc[0], ratio))
+    return found
 
 
 def _read_ahead_caveat(df: pd.DataFrame) -> list[str]:
