@@ -486,6 +486,9 @@ def test_adaptive_repeats_stop_when_the_median_interval_is_narrow(tmp_path, rate
     assert whole["repeats_run"] == expected
     assert whole["median_ci_halfwidth"] == pytest.approx(relative_halfwidth(taken))
     assert 0 < whole["case_startup_s"] < 30
+    # The rule the repeats ran under, in the case's own rows: no budget, no threshold.
+    assert {m: v for m, v in whole.items() if m.startswith("repeat_rule.")} == {
+        "repeat_rule.minimum": 3, "repeat_rule.maximum": 9, "repeat_rule.halfwidth": 0.05}
 
 
 @pytest.mark.timeout(120)
@@ -500,8 +503,24 @@ def test_a_repeat_budget_stops_costly_wide_repeats_at_the_minimum(tmp_path):
     whole = {r["metric"]: r["value"] for r in outcome.records if r["repeat"] == -1}
     assert whole["repeats_run"] == 3
     assert 1.2 <= whole["repeats_seconds"] < 30
+    assert whole["repeat_rule.budget_s"] == 1.5
+    assert "repeat_rule.threshold" not in whole
     assert [r["value"] for r in outcome.records if r["metric"] == "samples_per_s"] == [
         100.0, 150.0, 60.0]
+
+
+@pytest.mark.timeout(120)
+def test_a_targets_threshold_is_recorded_with_its_rule():
+    case = Case(study="adaptive", function=f"{FNS}:scripted_rate_case", repeats=9,
+                min_repeats=3, stop_halfwidth=0.05, stop_threshold=50.0,
+                params={"rates": "100,101,100"})
+    outcome = run_case(case, python_path=[HERE])
+    assert outcome.status == "ok", outcome.error
+    whole = {r["metric"]: (r["value"], r["unit"]) for r in outcome.records
+             if r["repeat"] == -1}
+    assert whole["repeats_run"] == (3, "count")  # decided: the interval clears 50
+    assert whole["repeat_rule.threshold"] == (50.0, "ratio")
+    assert "repeat_rule.budget_s" not in whole
 
 
 @pytest.mark.timeout(60)
@@ -511,6 +530,9 @@ def test_fixed_repeats_take_exactly_that_many(tmp_path):
     outcome = run_case(case, python_path=[HERE])
     assert [r["repeat"] for r in outcome.records if r["metric"] == "samples_per_s"] == [
         0, 1, 2, 3]
+    whole = {r["metric"]: r["value"] for r in outcome.records if r["repeat"] == -1}
+    assert {m: v for m, v in whole.items() if m.startswith("repeat_rule.")} == {
+        "repeat_rule.minimum": 4, "repeat_rule.maximum": 4}
 
 
 @pytest.mark.timeout(120)

@@ -19,10 +19,13 @@ DEFAULT_TIMEOUT_S = 600.0
 # Past their minimum, a case's repeats stop once another would take them past this: the
 # reference run's costliest cases (a cold epoch of 20,000 raw files, a shuffled Zarr epoch)
 # took 3 to 9 repeats of several seconds each, most of the study's time, for intervals the
-# guide's tie rule mostly did not need narrower. 4 s, not 6: the repeats that 6 s allowed
-# and 4 s does not took 46 s of run 1635c5, in 23 cases whose intervals they left no
-# narrower (median half-width 9.7% with them, 9.0% without).
-REPEAT_BUDGET_S = 4.0
+# guide's tie rule mostly did not need narrower. 2 s, not 4: replayed under 2 s
+# (``python -m storebench.whatif results/reference --budget 2 --plan-budget 4 --data
+# data/small``), run 372ae4's rows lose 191 repeats in 67 cases, 90 s of its 1,453 s; those
+# cases' median half-width goes from 11.3% to 12.6%, and the guide picks the same best in
+# all 28 rows, two of which call a tie with one candidate fewer or more. At 1 s another
+# 35 s, and the cold raw-array row picks otherwise.
+REPEAT_BUDGET_S = 2.0
 # Samples each timed repeat of a loader epoch reads at most: half the default profile's
 # JPEG and PNG sets, so an epoch of every set reads as many samples (8 batches of 256, 32
 # of the peers' 64) and the 20,000-sample raw sets (whose cold epoch of 20,000 files was

@@ -131,6 +131,12 @@ METRIC_UNITS: dict[str, str] = {
     "median_ci_halfwidth": "ratio",
     "case_startup_s": "s",
     "epoch_samples_cap": "count",
+    # and the rule its repeats ran under (bench.worker.repeat_rule_metrics)
+    "repeat_rule.minimum": "count",
+    "repeat_rule.maximum": "count",
+    "repeat_rule.halfwidth": "ratio",
+    "repeat_rule.budget_s": "s",
+    "repeat_rule.threshold": "ratio",
 }
 
 

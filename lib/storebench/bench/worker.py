@@ -87,13 +87,33 @@ def _check_metrics(case: Case, metrics, harness: dict) -> dict:
     return {**harness, **checked}
 
 
+def repeat_rule_metrics(case: Case) -> dict[str, tuple[float, str]]:
+    """The rule the case's repeats ran under, as whole-case metrics: ``repeat_rule.minimum``
+    and ``.maximum`` (both the count for fixed repeats), and for adaptive repeats the
+    ``.halfwidth`` they stop at, the ``.budget_s`` and a target's ``.threshold`` where the
+    rule has them (``stats.AdaptiveRepeats``)."""
+    adaptive = case.adaptive_repeats
+    if adaptive is None:
+        return {"repeat_rule.minimum": (float(case.repeats), "count"),
+                "repeat_rule.maximum": (float(case.repeats), "count")}
+    rule = {"repeat_rule.minimum": (float(adaptive.minimum), "count"),
+            "repeat_rule.maximum": (float(adaptive.maximum), "count"),
+            "repeat_rule.halfwidth": (adaptive.halfwidth, "ratio")}
+    if adaptive.budget_s is not None:
+        rule["repeat_rule.budget_s"] = (adaptive.budget_s, "s")
+    if adaptive.threshold is not None:
+        rule["repeat_rule.threshold"] = (adaptive.threshold, "ratio")
+    return rule
+
+
 def run_job(job: dict) -> list[dict]:
     """The case's records: each repeat's metrics, then the whole-case rows (``repeat`` -1):
     the case's own summary, ``case_startup_s`` (from the runner starting this process to the
     case function being ready), ``repeats_run``, ``repeats_seconds`` (the timed repeats with
     their cache preparation: what a repeat budget counts) and ``median_ci_halfwidth`` (the
     relative half-width of the 95% bootstrap interval of the stop metric's median; what
-    adaptive repeats stop on), and ``epoch_samples_cap`` where the case caps its epochs."""
+    adaptive repeats stop on), ``epoch_samples_cap`` where the case caps its epochs, and the
+    repeat rule itself (``repeat_rule_metrics``)."""
     case = Case.from_dict(job["case"])
     phase_path = Path(job["phase_path"])
     function = resolve_function(case.function)
@@ -153,6 +173,7 @@ def run_job(job: dict) -> list[dict]:
         summary["case_startup_s"] = (startup, "s")
     if case.epoch_samples is not None:
         summary["epoch_samples_cap"] = (float(case.epoch_samples), "count")
+    summary.update(repeat_rule_metrics(case))
     records += [
         {"repeat": CASE_REPEAT, "metric": name, "value": value, "unit": unit,
          "resident_fraction": math.nan}

@@ -1,0 +1,75 @@
+"""storebench.whatif: a stored run replayed under another repeat budget."""
+
+from __future__ import annotations
+
+import pytest
+from result_rows import frame, prefetch_case
+
+from storebench.bench.stats import AdaptiveRepeats, relative_halfwidth
+from storebench.results import Results
+from storebench.whatif import budget_effect, stored_rules
+
+THREAD = [1000.0, 1300.0, 1050.0, 1150.0, 1700.0, 1650.0, 1620.0, 1680.0, 1640.0]
+NONE = [1000.0, 1010.0, 990.0]
+
+
+def with_summary(rows: list[dict], *, seconds: float, rule: dict[str, float] | None
+                 ) -> list[dict]:
+    """The case's rows with its whole-case rows: repeats run and their seconds, and the
+    ``repeat_rule`` rows of ``rule`` (none for a run from before them)."""
+    first = rows[0]
+    ran = len({row["repeat"] for row in rows})
+    whole = {"repeats_run": (ran, "count"), "repeats_seconds": (seconds, "s")}
+    whole.update({f"repeat_rule.{name}": (value, "s" if name == "budget_s" else
+                                          "ratio" if name in ("halfwidth", "threshold")
+                                          else "count")
+                  for name, value in (rule or {}).items()})
+    return rows + [dict(first, repeat=-1, metric=metric, value=value, unit=unit)
+                   for metric, (value, unit) in whole.items()]
+
+
+PLAN = {"minimum": 3, "maximum": 9, "halfwidth": 0.05, "budget_s": 4.0}
+
+
+def test_a_shorter_budget_cuts_the_cheap_wide_case_and_says_what_the_guide_loses():
+    # 9 repeats of 0.5 s: under 2 s, a fifth would take four past it, so it stops at 4.
+    thread = with_summary(prefetch_case("thread", 2, THREAD), seconds=4.5, rule=PLAN)
+    none = with_summary(prefetch_case("none", 0, NONE), seconds=1.5, rule=PLAN)
+    results = Results(frame(thread, none), {"cpus_usable": 2})
+    effect = budget_effect(results, 2.0, plan_budget_s=4.0)
+    assert effect.cut[["case_id", "repeats", "repeats_under_budget"]].values.tolist() == [
+        [thread[0]["case_id"], 9, 4]]
+    assert effect.seconds_saved == pytest.approx(2.5)
+    assert effect.cut["halfwidth"].iloc[0] == pytest.approx(relative_halfwidth(THREAD))
+    assert effect.cut["halfwidth_under_budget"].iloc[0] == pytest.approx(
+        relative_halfwidth(THREAD[:4]))
+    # All nine put the thread prefetcher ahead; its first four do not tell it from none.
+    assert effect.guide_rows == 1
+    assert effect.changed[["choice", "choice_under_budget"]].values.tolist() == [
+        ["ThreadPrefetcher \u00d72",
+         "no measurable difference: ThreadPrefetcher \u00d72; one thread, no prefetcher"]]
+    assert "stops 1 cases sooner: 5 repeats, 2.5 s." in effect.summary()
+    assert "1 of 1 rows choose otherwise" in effect.summary()
+    # A budget it never reached changes nothing.
+    assert budget_effect(results, 30.0, plan_budget_s=4.0).cut.empty
+
+
+def test_rules_other_than_the_plans_are_kept_and_older_rows_take_them_from_the_grid():
+    target = dict(PLAN, budget_s=None, threshold=1.0)
+    del target["budget_s"]
+    peers_target = dict(PLAN, budget_s=15.0)
+    rows = [with_summary(prefetch_case("thread", 2, THREAD), seconds=4.5, rule=target),
+            with_summary(prefetch_case("process", 2, THREAD), seconds=4.5, rule=peers_target)]
+    results = Results(frame(*rows), {"cpus_usable": 2})
+    rules = stored_rules(results.df)
+    assert rules[("prefetch", rows[0][0]["case_id"])] == AdaptiveRepeats(3, 9, 0.05, None, 1.0)
+    assert rules[("prefetch", rows[1][0]["case_id"])].budget_s == 15.0
+    assert budget_effect(results, 2.0, plan_budget_s=4.0).cut.empty
+
+    older = with_summary(prefetch_case("thread", 2, THREAD), seconds=4.5, rule=None)
+    results = Results(frame(older), {"cpus_usable": 2})
+    assert stored_rules(results.df) == {}
+    assert budget_effect(results, 2.0, plan_budget_s=4.0).cut.empty  # no rule known
+    given = {("prefetch", older[0]["case_id"]): AdaptiveRepeats(budget_s=4.0)}
+    effect = budget_effect(results, 2.0, plan_budget_s=4.0, rules=given)
+    assert effect.cut["repeats_under_budget"].tolist() == [4]
