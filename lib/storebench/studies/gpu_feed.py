@@ -347,15 +347,18 @@ def feed_findings(df: pd.DataFrame, *, per_compute_time: bool = True) -> list[st
     in_place = _in_place_by_loader(table)
     staged = _pinned_over_pageable(table, "h2d_GBps", mode=PINNED_SLOTS, base="pinned, sync")
     if in_place:
+        ratios = [f"{format_ratio(ratio)} for {label}" for label, ratio in in_place]
+        listed = ratios[0] if len(ratios) == 1 else (
+            f"{', '.join(ratios[:-1])} and {ratios[-1]}")
         sentence = (
             "Where the prefetcher writes each batch into memory it page-locked itself "
-            "(pin_memory=True), the feeder copies each batch from where it lies, at "
-            + "; ".join(f"{format_ratio(ratio)} ({label})" for label, ratio in in_place)
-            + " the rate of the same loader's pageable copies")
+            "(pin_memory=True), the feeder copies each batch from where it lies. Over compute "
+            f"times (medians), that runs at {listed} the rate of the same loader's pageable "
+            "copies")
         if staged is not None:
-            sentence += (f", and {format_ratio(staged)} that of pinned copies through a "
-                         "staging buffer (median over the loaders measured both ways)")
-        sentences.append(sentence + " (medians over compute times).")
+            sentence += (f", and at {format_ratio(staged)} that of pinned copies through a "
+                         "staging buffer (the median over the loaders measured both ways)")
+        sentences.append(sentence + ".")
     return sentences
 
 
