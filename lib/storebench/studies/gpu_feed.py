@@ -421,9 +421,10 @@ def plot_feed(df: pd.DataFrame) -> Figure:
     bar_height = 0.8 + 0.24 * len(busy)
     fig = Figure(figsize=(10, 3.4 + bar_height), layout="constrained")
     top, bottom = fig.subplots(2, 1, height_ratios=(3.0, bar_height))
+    colours = _loader_colours(busy_rows)
     # Paths that feed equally well draw on top of each other: each later one gets a smaller
     # marker and another dash, so every line stays visible where they coincide.
-    for order, (path, part) in enumerate(busy_rows.groupby("path", sort=False)):
+    for order, (_, part) in enumerate(busy_rows.groupby("path", sort=False)):
         summary = summarise(part, "accelerator_utilisation", ["compute_ms"]).sort_values(
             "compute_ms")
         if summary.empty:
@@ -435,7 +436,7 @@ def plot_feed(df: pd.DataFrame) -> Figure:
                      marker=_MARKERS[order % len(_MARKERS)],
                      markersize=max(10 - 2.5 * order, 4), linewidth=max(3 - order, 1),
                      linestyle=_DASHES[order % len(_DASHES)], capsize=2,
-                     color=path_colour(path.split("/")[0]), label=part["label"].iloc[0])
+                     color=colours[part["feed_loader"].iloc[0]], label=part["label"].iloc[0])
     top.axhline(FED_AU, color="grey", linestyle=":", linewidth=0.8,
                 label=f"{format_percent(FED_AU)} AU")
     # A log scale where there are enough times to label one: they crowd below 2 ms where
@@ -465,7 +466,7 @@ def plot_feed(df: pd.DataFrame) -> Figure:
                     linewidth=0.4)
         left += values
     bottom.set_yticks(y, labels, fontsize="x-small")
-    bottom.invert_yaxis()
+    bottom.set_ylim(len(busy) - 0.4, -0.6)  # first bar on top, no empty rows around them
     bottom.set_xlim(0, 1.02)
     bottom.set_xlabel("fraction of wall time (medians)")
     # Above the bars: inside the axis, the legend covered the last bar.
@@ -478,6 +479,21 @@ def plot_feed(df: pd.DataFrame) -> Figure:
     fig.suptitle(f"Feeding the accelerator ({where}; {profile_caption(rows)})",
                  fontsize="medium")
     return fig
+
+
+def _loader_colours(rows: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
+    """feed_loader -> colour: the loader path's own (``plots.path_colour``) for its fewest
+    workers, darker for each larger count, so that two process counts are told apart."""
+    from matplotlib.colors import to_rgb
+
+    colours = {}
+    loaders = rows.drop_duplicates("feed_loader")
+    for prefetcher, part in loaders.groupby("prefetcher", sort=False):
+        base = np.array(to_rgb(path_colour(prefetcher)))
+        counts = sorted(part["workers"].fillna(0).astype(int))
+        for shade, count in enumerate(counts):
+            colours[f"{prefetcher}/w{count}"] = tuple(base * (1 - 0.45 * shade / len(counts)))
+    return colours
 
 
 FIGURES = (
