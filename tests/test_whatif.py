@@ -73,3 +73,19 @@ def test_rules_other_than_the_plans_are_kept_and_older_rows_take_them_from_the_g
     given = {("prefetch", older[0]["case_id"]): AdaptiveRepeats(budget_s=4.0)}
     effect = budget_effect(results, 2.0, plan_budget_s=4.0, rules=given)
     assert effect.cut["repeats_under_budget"].tolist() == [4]
+
+
+def test_a_run_without_rule_rows_takes_its_rules_from_the_grid_with_the_budget_it_had(
+        ci_data_root, monkeypatch):
+    """Today's grid over the run's data: cases with the plan's budget get the one the run
+    had; the targets keep theirs (none)."""
+    from storebench.bench import plan
+    from storebench.whatif import grid_rules
+
+    monkeypatch.setitem(plan.PLANS, "ci", plan.StudyPlan(compact=True, epoch_samples=None))
+    rows = [dict(row, study=study) for study in ("prefetch", "targets")
+            for row in prefetch_case("thread", 2, THREAD[:3])]
+    rules = grid_rules(Results(frame(rows)), ci_data_root, plan_budget_s=4.0)
+    budgets = {(study, rule.budget_s) for (study, _), rule in rules.items()}
+    assert budgets == {("prefetch", 4.0), ("targets", None)}
+    assert sum(study == "prefetch" for study, _ in rules) > 1

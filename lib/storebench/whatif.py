@@ -139,17 +139,24 @@ def budget_effect(results: Results, budget_s: float, *, plan_budget_s: float,
     return BudgetEffect(budget_s, cut_frame, changed, len(stored))
 
 
-def grid_rules(results: Results, data_dir: Path | str) -> dict[tuple[str, str], AdaptiveRepeats]:
+def grid_rules(results: Results, data_dir: Path | str, *, plan_budget_s: float
+               ) -> dict[tuple[str, str], AdaptiveRepeats]:
     """The rules of the grids of the run's studies over ``data_dir``, for rows without
-    ``repeat_rule`` rows."""
+    ``repeat_rule`` rows: today's grids, with today's plan budget read as the one the run
+    had (``plan_budget_s``); a case's own budget (none, or the peers targets') stays."""
+    from .bench.plan import REPEAT_BUDGET_S
     from .study import planned_cases
 
     profile = str(results.df["profile"].iloc[0])
     rules = {}
     for name in sorted(set(results.df["study"])):
         for case in planned_cases(name, profile, Path(data_dir), None):
-            if case.adaptive_repeats is not None:
-                rules[(name, case.case_id)] = case.adaptive_repeats
+            rule = case.adaptive_repeats
+            if rule is None:
+                continue
+            if rule.budget_s is not None and math.isclose(rule.budget_s, REPEAT_BUDGET_S):
+                rule = replace(rule, budget_s=plan_budget_s)
+            rules[(name, case.case_id)] = rule
     return rules
 
 
@@ -166,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                         "record no repeat rule")
     args = parser.parse_args(argv)
     results = Results.load(args.results_dir)
-    rules = grid_rules(results, args.data) if args.data else None
+    rules = (grid_rules(results, args.data, plan_budget_s=args.plan_budget) if args.data
+             else None)
     print(budget_effect(results, args.budget, plan_budget_s=args.plan_budget,
                         rules=rules).summary())
     return 0
