@@ -236,3 +236,16 @@ def test_a_small_set_is_fed_in_smaller_batches_so_that_every_loader_times_some()
     assert gpu_feed.feed_batch_size(36) == 4
     assert gpu_feed.feed_batch_size(needed) == 1
     assert gpu_feed.feed_batch_size(needed - 1) is None
+
+
+def test_the_feed_figure_tells_two_worker_counts_of_a_loader_apart_and_leaves_no_empty_rows():
+    df = frame(feed_case("process", 2, 2.0, 0.8), feed_case("process", 16, 2.0, 0.9),
+               feed_case("none", 0, 2.0, 0.5))
+    fig = gpu_feed.plot_feed(df)
+    top, bottom = fig.axes[:2]
+    colours = {bars.get_label(): bars.lines[0].get_color() for bars in top.containers}
+    assert set(colours) == {"ProcessPrefetcher \u00d72", "ProcessPrefetcher \u00d716",
+                            "one thread, no prefetcher"}
+    assert len({tuple(c) if not isinstance(c, str) else c for c in colours.values()}) == 3
+    # Three bars (one per path at 2 ms), the first on top, half a row of margin each side.
+    assert bottom.get_ylim() == (2.6, -0.6)
