@@ -55,8 +55,7 @@ def test_a_shorter_budget_cuts_the_cheap_wide_case_and_says_what_the_guide_loses
 
 
 def test_rules_other_than_the_plans_are_kept_and_older_rows_take_them_from_the_grid():
-    target = dict(PLAN, budget_s=None, threshold=1.0)
-    del target["budget_s"]
+    target = {"minimum": 3, "maximum": 9, "halfwidth": 0.05, "threshold": 1.0}
     peers_target = dict(PLAN, budget_s=15.0)
     rows = [with_summary(prefetch_case("thread", 2, THREAD), seconds=4.5, rule=target),
             with_summary(prefetch_case("process", 2, THREAD), seconds=4.5, rule=peers_target)]

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .bench.stats import STOP_METRICS, AdaptiveRepeats, relative_halfwidth
+from .bench.stats import AdaptiveRepeats, relative_halfwidth, stop_metric
 from .results import Results
 
 
@@ -101,7 +101,8 @@ def budget_effect(results: Results, budget_s: float, *, plan_budget_s: float,
     known = {**(rules or {}), **stored_rules(df)}
     whole = df[df["repeat"] == -1].pivot_table(index=["study", "case_id"], columns="metric",
                                                 values="value", aggfunc="first")
-    timed = df[(df["repeat"] >= 0) & (df["status"] == "ok")]
+    timed = dict(list(df[(df["repeat"] >= 0) & (df["status"] == "ok")].groupby(
+        ["study", "case_id"])))
     keep: dict[tuple[str, str], int] = {}
     cut = []
     for key, rule in known.items():
@@ -111,8 +112,8 @@ def budget_effect(results: Results, budget_s: float, *, plan_budget_s: float,
             continue
         ran = int(whole.loc[key, "repeats_run"])
         pace = float(whole.loc[key, "repeats_seconds"]) / ran
-        rows = timed[(timed["study"] == key[0]) & (timed["case_id"] == key[1])]
-        metric = next((m for m in STOP_METRICS if m in set(rows["metric"])), None)
+        rows = timed.get(key)
+        metric = None if rows is None else stop_metric(dict.fromkeys(rows["metric"]))
         if metric is None:
             continue
         values = rows[rows["metric"] == metric].sort_values("repeat")["value"].to_numpy()

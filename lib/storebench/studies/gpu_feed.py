@@ -159,8 +159,8 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
     cases = []
     for ms in compute_ms:
         for prefetcher, workers, loader_copies in loaders:
+            path = get_loader_path(prefetcher)
             for copy in loader_copies:
-                path = get_loader_path(prefetcher)
                 if copy.get("pin_memory") and not path.pins_memory:
                     continue
                 params = {"compute_ms": ms, **device, **copy}
