@@ -68,6 +68,32 @@ def test_block_shuffle_keeps_blocks_together_and_shuffles_their_order():
     assert len(seen_orders) > 1
 
 
+def test_block_shuffle_shuffles_each_block_uniformly():
+    # Block 0 holds 4 samples: over 2,400 epochs each of its 24 orders turns up about 100
+    # times, and each sample leads the block about 600 times.
+    sampler = BlockShuffleSampler([0, 4, 9], seed=3)
+    orders = []
+    for epoch in range(2400):
+        sampler.set_epoch(epoch)
+        order = sampler.indices()
+        orders.append(tuple(order[order < 4].tolist()))
+    counts = {o: orders.count(o) for o in set(orders)}
+    assert set(counts) == set(itertools.permutations(range(4)))
+    assert min(counts.values()) > 60 and max(counts.values()) < 140
+    leads = np.bincount([o[0] for o in orders], minlength=4)
+    assert np.all(np.abs(leads - 600) < 90)
+
+
+@pytest.mark.parametrize("blocks", [300, 70_000])  # past uint8 and uint16 block numbers
+def test_block_shuffle_keeps_many_blocks_together(blocks):
+    bounds = np.arange(blocks + 1) * 2
+    order = BlockShuffleSampler(bounds, seed=0).indices()
+    assert np.array_equal(np.sort(order), np.arange(2 * blocks))
+    block_of = order // 2
+    assert np.all(block_of[0::2] == block_of[1::2])
+    assert not np.array_equal(block_of[0::2], np.arange(blocks))
+
+
 def test_block_shuffle_within_block_order_is_optional():
     sampler = BlockShuffleSampler(BOUNDS, seed=1, shuffle_within=False)
     order = sampler.indices()

@@ -3,6 +3,7 @@ knob variants and readahead knobs are measured, and the new case functions run f
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 
@@ -147,6 +148,13 @@ def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
                 if c.format == fmt and c.encoding == "raw" and c.loader == "lazy"}
         assert lazy == {(a, s) for a in ("sequential", "shuffle", "block_shuffle")
                         for s in ("cold", "warm")}, fmt
+        # Preloaded: one case per cache state, its other orders read from the same preload.
+        preloaded = {(c.access, c.cache, c.param("ram_orders")) for c in plain
+                     if c.format == fmt and c.encoding == "raw" and c.loader == "preloaded"}
+        assert preloaded == {("block_shuffle", s, "sequential,shuffle")
+                             for s in ("cold", "warm")}, fmt
+    assert all(c.param("ram_orders") is None for c in lvp
+               if c.encoding != "raw" or c.loader != "preloaded")
     knobs = {(c.format, json.dumps(dict(c.params))) for c in lvp if c not in plain}
     assert knobs == {("memmap", '{"open_madvise_random": true}'),
                      ("memmap", '{"open_madvise_random": false}'),
@@ -312,6 +320,28 @@ def test_a_preloaded_cold_epoch_runs_in_a_worker(ci_data_root):
     assert metrics["preload_seconds"]["value"] > 0
     assert metrics["time_to_first_batch_s"]["value"] >= metrics["preload_seconds"]["value"]
     assert resident_fraction(case.cache_files) > 0.95
+    # The other orders, each a whole epoch of the same preload (checked by check_epoch),
+    # timed after the case's own.
+    for order in ("sequential", "shuffle"):
+        assert metrics[f"{order}.samples_per_s"]["unit"] == "samples/s"
+        seconds = metrics[f"{order}.epoch_seconds"]["value"]
+        assert metrics[f"{order}.samples_per_s"]["value"] == pytest.approx(512 / seconds)
+    assert not any(name.startswith("block_shuffle.") for name in metrics)
+
+
+def test_ram_orders_are_a_preloaded_cases_other_orders_only(ci_data_root):
+    from storebench.bench.cases import ram_orders
+
+    case = next(c for c in lazy_vs_preloaded_study(profile="ci", data_dir=ci_data_root)
+                if c.loader == "preloaded" and c.encoding == "raw")
+    assert ram_orders(case) == ("sequential", "shuffle")
+    assert ram_orders(dataclasses.replace(case, params={})) == ()
+    with pytest.raises(ValueError, match="ram_orders needs loader 'preloaded', got 'lazy'"):
+        ram_orders(dataclasses.replace(case, loader="lazy"))
+    for text in ("block_shuffle", "sequential,sequential", "random"):
+        with pytest.raises(ValueError, match=f"other than the case's 'block_shuffle', got "
+                                             f"'{text}'"):
+            ram_orders(dataclasses.replace(case, params={"ram_orders": text}))
 
 
 def test_out_of_core_repeats_what_the_guide_compares(ci_data_root, monkeypatch):

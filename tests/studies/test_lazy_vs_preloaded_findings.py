@@ -60,6 +60,31 @@ def test_loader_table_has_one_row_per_loader_and_cache():
     assert set(table["repeats"]) == {3}
 
 
+def test_a_preloaded_cases_other_orders_read_as_rows_of_their_own():
+    rows = case_rows(
+        "lazy_vs_preloaded", "epoch:memmap/preloaded/warm",
+        {"samples_per_s": [4000.0, 4200.0, 4100.0], "time_to_first_batch_s": [0.05] * 3,
+         "sequential.samples_per_s": [5000.0, 5200.0, 5100.0],
+         "shuffle.samples_per_s": [3000.0, 3300.0, 3100.0]},
+        format="memmap", encoding="raw", loader="preloaded", prefetcher="none", workers=0,
+        access="block_shuffle", cache="warm", params={"ram_orders": "sequential,shuffle"},
+        resident=1.0)
+    table = study.loader_table(frame(rows)).set_index("access")
+    assert table.loc["block_shuffle", "samples_per_s"] == 4100.0
+    assert table.loc["sequential", "samples_per_s"] == 5100.0
+    assert table.loc["shuffle", "samples_per_s"] == 3100.0
+    assert set(table["repeats"]) == {3}
+    # The first batch is the block-shuffled epoch's: not copied to the other orders.
+    assert table.loc["block_shuffle", "time_to_first_batch_s"] == 0.05
+    assert table[["time_to_first_batch_s"]].loc[["sequential", "shuffle"]].isna().all().all()
+    orders = study.access_order_table(frame(rows), loader="preloaded").iloc[0]
+    assert orders["shuffle_vs_sequential"] == pytest.approx(3100.0 / 5100.0)
+    # The guide's rows (block-shuffled epochs) are the case's own epochs only.
+    picked = study.block_shuffled(frame(rows))
+    assert set(picked.loc[picked["metric"] == "samples_per_s", "value"]) == {
+        4000.0, 4200.0, 4100.0}
+
+
 def lazy_epoch(fmt, access, cache, value, params=None):
     return case_rows("lazy_vs_preloaded", f"epoch:{fmt}/{access}/{cache}/{params}",
                      {"samples_per_s": [value] * 3, "time_to_first_batch_s": [0.01] * 3},

@@ -15,7 +15,8 @@ Grid vocabulary of the loader cases (the Case fields' values):
 - params: ``decode`` (None | ``"simplejpeg"`` | ``"pil"`` | ``"auto"`` | ``"tf"``),
   ``resize`` (``"HxW"``: imported images of mixed sizes, resized before batching), ``start_method``,
   ``seed``, ``max_batches``, ``shuffle_buffer`` (tf_data), ``open_<option>`` (format open
-  options).
+  options), ``ram_orders`` (preloaded only: more access orders read from the same preload,
+  ``"sequential,shuffle"``; see ``ram_order_epochs``).
 """
 
 from __future__ import annotations
@@ -140,6 +141,52 @@ def open_batches(case: Case, dataset, sampler):
     return path.open(dataset, sampler, options)
 
 
+def ram_orders(case: Case) -> tuple[str, ...]:
+    """The access orders of param ``ram_orders`` (``"sequential,shuffle"``), checked: a
+    preloaded case's only, each a known order other than the case's own."""
+    text = case.param("ram_orders")
+    if not text:
+        return ()
+    orders = tuple(str(text).split(","))
+    if case.loader != "preloaded":
+        raise ValueError(f"case {case.case_id}: ram_orders needs loader 'preloaded', got "
+                         f"{case.loader!r}: only a preload serves every order alike")
+    wrong = [order for order in orders if order not in ACCESS_ORDERS or order == case.access]
+    if wrong or len(set(orders)) != len(orders):
+        raise ValueError(f"case {case.case_id}: ram_orders must be distinct orders of "
+                         f"{ACCESS_ORDERS} other than the case's {case.access!r}, got {text!r}")
+    return orders
+
+
+def ram_order_epochs(case: Case, orders: tuple[str, ...], dataset, reader,
+                     max_batches: int | None) -> dict[str, tuple[float, str]]:
+    """After a preloaded case's timed epoch (its loader stopped), an epoch of the same
+    preload in each of ``orders``, timed alone: ``<order>.samples_per_s`` and
+    ``<order>.epoch_seconds``. A preload reads the set in one order whatever the epoch's, so
+    the orders share one instead of each case preloading the set again. They are timed
+    outside ``trial.measure()``, whose memory and CPU figures stay the case's own epoch's,
+    and after that epoch, so they find what it left warm (allocator, caches): compare them
+    with each other first."""
+    import dataclasses
+
+    metrics = {}
+    for order in orders:
+        variant = dataclasses.replace(case, access=order)
+        close = None
+        try:
+            loader, close = open_batches(variant, dataset, make_sampler(variant, reader))
+            started = time.perf_counter()
+            tally = drain(loader, started=started, max_batches=max_batches)
+            ended = epoch_ended(tally, max_batches)
+        finally:
+            if close is not None:
+                close()
+        check_epoch(variant, tally, len(reader), max_batches)
+        metrics[f"{order}.samples_per_s"] = (tally.samples / (ended - started), "samples/s")
+        metrics[f"{order}.epoch_seconds"] = (ended - started, "s")
+    return metrics
+
+
 def release(reader, *, dataset=None, close=None) -> None:
     """Stop a case's loader (``close``), then close its dataset and its reader, in that
     order; what was never made (None) is skipped."""
@@ -242,6 +289,7 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     reader = open_dataset(case.dataset, verify=False, **open_options(case))
     max_batches = trial.batches_wanted(case.param("max_batches"), samples=len(reader))
     close = dataset = None
+    orders = ram_orders(case)
     try:
         with trial.measure() as measurement:
             started = time.perf_counter()
@@ -252,10 +300,16 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
             loader, close = open_batches(case, dataset, sampler)
             tally = drain(loader, started=started, max_batches=max_batches)
             ended = epoch_ended(tally, max_batches)
+        check_epoch(case, tally, len(reader), max_batches)
+        more = {}
+        if orders and not trial.warmup:
+            if close is not None:  # the timed epoch's loader stops before the next starts
+                closing, close = close, None
+                closing()
+            more = ram_order_epochs(case, orders, dataset, reader, max_batches)
     finally:
         release(reader, dataset=dataset, close=close)
     samples = tally.samples
-    check_epoch(case, tally, len(reader), max_batches)
     epoch = ended - ready
     return {
         "samples": (samples, "count"),
@@ -268,4 +322,5 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         "set_epoch_seconds": (epoch * len(reader) / samples, "s"),
         "preload_seconds": (ready - started, "s"),
         "cpu_utilisation": (measurement.cpu_seconds / measurement.wall_seconds, "ratio"),
+        **more,
     }

@@ -156,6 +156,13 @@ class BlockShuffleSampler(_ShardedSampler):
         self.boundaries = bounds
         self.seed = _integer(seed, "seed", minimum=0)
         self.shuffle_within = bool(shuffle_within)
+        # Each sample's block, worked out once, in the narrowest unsigned type that holds a
+        # block number: the per-epoch stable sort on it is then numpy's radix sort, O(n).
+        blocks = len(bounds) - 1
+        self._key_type = np.uint8 if blocks <= 1 << 8 else (
+            np.uint16 if blocks <= 1 << 16 else np.int64)
+        self._block_of_sample = np.repeat(np.arange(blocks, dtype=self._key_type),
+                                          np.diff(bounds))
 
     @classmethod
     def from_reader(cls, reader, **kwargs) -> BlockShuffleSampler:
@@ -168,17 +175,18 @@ class BlockShuffleSampler(_ShardedSampler):
 
     def _epoch_order(self) -> np.ndarray:
         rng = np.random.default_rng([self.seed, self.epoch])
-        sizes = np.diff(self.boundaries)
-        block_order = rng.permutation(self.num_blocks)
-        block_of_sample = np.repeat(np.arange(self.num_blocks), sizes)
-        position_of_block = np.empty(self.num_blocks, dtype=np.int64)
-        position_of_block[block_order] = np.arange(self.num_blocks)
-        within = (
-            rng.random(self.num_samples) if self.shuffle_within else np.arange(self.num_samples)
-        )
-        # Sort by (position of the sample's block in the shuffled block order, random key):
-        # one vectorised lexsort instead of a Python loop over blocks.
-        return np.lexsort((within, position_of_block[block_of_sample])).astype(np.int64)
+        position_of_block = np.empty(self.num_blocks, dtype=self._key_type)
+        position_of_block[rng.permutation(self.num_blocks)] = np.arange(
+            self.num_blocks, dtype=self._key_type)
+        # A stable sort by the position of each sample's block in the shuffled block order
+        # keeps, inside each block, the order the samples came in: storage order, or a
+        # uniform random permutation's, which leaves each block's samples uniformly shuffled.
+        # (A lexsort on a random key per sample did the same in O(n log n), several times
+        # slower: most of the time of a capped epoch read from RAM.)
+        order = (rng.permutation(self.num_samples) if self.shuffle_within
+                 else np.arange(self.num_samples))
+        keys = position_of_block[self._block_of_sample[order]]
+        return order[np.argsort(keys, kind="stable")].astype(np.int64, copy=False)
 
     def _describe(self) -> str:
         return f"{super()._describe()}, blocks={self.num_blocks}, seed={self.seed}"

@@ -2,9 +2,10 @@
 
 Every dataset read lazily (``LazyDataset``) and preloaded (``PreloadedDataset``), cold and
 warm, decoded to arrays, one thread. Raw sets in every access order (sequential, shuffled,
-block-shuffled; compact plans preload block-shuffled only, since a preload reads the files
-in one order whatever the epoch's order); encoded sets block-shuffled (compact plans:
-``COMPACT_ENCODED_FORMATS`` only). Plus the readahead knobs of the memory-mapped formats
+block-shuffled); preloaded, one case per cache state reads all three from one preload,
+since a preload reads the files in one order whatever the epoch's (its block-shuffled epoch
+is the case's own, the others ``RAM_ORDERS`` after it). Encoded sets block-shuffled (compact
+plans: ``COMPACT_ENCODED_FORMATS`` only). Plus the readahead knobs of the memory-mapped formats
 (``READAHEAD_KNOBS``) on and off, lazy, cold, shuffled.
 """
 
@@ -73,6 +74,9 @@ CASES = "storebench.bench.cases"
 # Encoded (PNG/JPEG) sets on compact plans: one set of many small files and one single-file
 # store stand for the rest (they decode the same bytes).
 COMPACT_ENCODED_FORMATS = ("rawfiles", "lmdb")
+# The orders a preloaded raw case reads after its block-shuffled epoch, from the same preload
+# (``bench.cases.ram_order_epochs``; ``loader_table`` gives them rows of their own).
+RAM_ORDERS = ("sequential", "shuffle")
 # The readahead knobs of the memory-mapped formats: (format, open option), each tried on and
 # off on a cold, shuffled epoch.
 READAHEAD_KNOBS = (("memmap", "madvise_random"), ("lmdb", "readahead"))
@@ -91,15 +95,18 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
         decoding = {k: v for k, v in decode_params(manifest).items() if v}
         batch_size = batch_size_for(manifest["num_samples"])
         for loader in ("lazy", "preloaded"):
-            orders = ACCESS_ORDERS if raw and (loader == "lazy" or not plan.compact) else (
-                "block_shuffle",)
+            orders = ACCESS_ORDERS if raw and loader == "lazy" else ("block_shuffle",)
+            # A preload reads the set in one order whatever the epoch's: one preloaded case
+            # per cache state reads its raw arrays in every order from the same preload.
+            more = ({"ram_orders": ",".join(RAM_ORDERS)}
+                    if raw and loader == "preloaded" else {})
             for access in orders:
                 for cache in CacheState:
                     cases.append(Case(
                         function=f"{CASES}:loader_epoch_case", loader=loader,
                         prefetcher="none", workers=0, batch_size=batch_size, access=access,
                         cache=cache.value, **repeats,
-                        params=decoding, **fields,
+                        params={**decoding, **more}, **fields,
                     ))
         for knob_format, option in READAHEAD_KNOBS:
             if manifest["format"] != knob_format or not raw:
@@ -118,10 +125,24 @@ LOADER_METRICS = ("samples_per_s", "time_to_first_batch_s", "preload_seconds",
                   "peak_pss_bytes", "peak_uss_bytes")
 
 
+def with_ram_order_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` plus, for each preloaded case's epochs in its other orders
+    (``<order>.samples_per_s``, ``bench.cases.ram_order_epochs``), rows of ``access`` that
+    order and metric ``samples_per_s``: the table reads them as that order's preloaded
+    epochs. Their time to first batch and memory are the case's (block-shuffled) epoch's
+    and are not copied."""
+    names = {f"{order}.samples_per_s": order for order in ACCESS_ORDERS}
+    extra = rows[rows["metric"].isin(list(names))]
+    if extra.empty:
+        return rows
+    extra = extra.assign(access=extra["metric"].map(names), metric="samples_per_s")
+    return pd.concat([rows, extra], ignore_index=True)
+
+
 def loader_table(df: pd.DataFrame, *, study: str = "lazy_vs_preloaded") -> pd.DataFrame:
     """Per dataset, loader, access order and cache state: medians of throughput, time to
     first batch, preload time, peak PSS and USS; the resident fraction at start; repeats."""
-    rows = default_open(df[df["study"] == study])
+    rows = with_ram_order_rows(default_open(df[df["study"] == study]))
     keys = ["encoding", "format", "loader", "access", "cache"]
     tables = []
     for metric in LOADER_METRICS:
