@@ -48,6 +48,30 @@ def test_build_writes_every_format_and_encoding(built):
         assert manifest["bytes_allocated"] > 0 and manifest["write_seconds"] >= 0
 
 
+def test_build_samples_writes_the_first_samples_of_each_set(built, tmp_path):
+    """``--samples N``: the set's first N samples, byte for byte the whole build's."""
+    import numpy as np
+
+    from storebench.formats import open_dataset
+
+    whole_dir, _ = built
+    result = storebench("build", "--profile", "ci", "--out", str(tmp_path), "--quiet",
+                        "--formats", "memmap", "--encodings", "raw", "--samples", "100")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "memmap-raw" / "manifest.json").read_text())[
+        "num_samples"] == 100
+    with open_dataset(tmp_path / "memmap-raw") as cut, \
+            open_dataset(whole_dir / "memmap-raw") as whole:
+        assert len(cut) == 100 and len(whole) == 512
+        for index in (0, 57, 99):
+            (a, label_a), (b, label_b) = cut[index], whole[index]
+            assert label_a == label_b and np.array_equal(a, b)
+    refused = storebench("build", "--profile", "ci", "--out", str(tmp_path), "--quiet",
+                         "--formats", "memmap", "--samples", "0")
+    assert refused.returncode == 2
+    assert refused.stderr.strip().endswith("samples must be positive, got 0")
+
+
 def test_rebuild_is_skipped_and_verify_passes(built):
     out, _ = built
     again = storebench(

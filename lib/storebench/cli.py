@@ -27,6 +27,7 @@ def _build(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         force=args.force,
         log=lambda line: print(line, flush=True),
+        samples=args.samples,
     )
     return 0
 
@@ -193,6 +194,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--formats", nargs="+", help="formats to build (default: all)")
     b.add_argument("--encodings", nargs="+", choices=data_gen.ENCODINGS)
     b.add_argument("--workers", type=int, default=None, help="generator processes (default: cores)")
+    b.add_argument("--samples", type=int, default=None,
+                   help="build each set's first N samples only (the same bytes as the whole "
+                        "set's)")
     b.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_build)

@@ -192,10 +192,12 @@ def linear_axis(ax, which: str = "y") -> None:
     (ax.yaxis if which == "y" else ax.xaxis).set_major_formatter(FuncFormatter(tick_text))
 
 
-def profile_caption(df: pd.DataFrame, encoding: str | None = None) -> str:
+def profile_caption(df: pd.DataFrame, encoding: str | None = None, *,
+                    samples: int | None = None) -> str:
     """``"20,000 samples, 64×64×3, raw"``: the sample count and image size of the rows'
-    profile (one encoding, or every encoding present), from ``data_gen``'s profiles; for an
-    imported dataset's rows (their profile is its name), ``"my_images, mixed"``."""
+    profile (one encoding, or every encoding present), from ``data_gen``'s profiles, or
+    ``samples`` for the count where the rows read a set cut shorter; for an imported
+    dataset's rows (their profile is its name), ``"my_images, mixed"``."""
     import data_gen
 
     profiles = [p for p in dict.fromkeys(df.get("profile", pd.Series(dtype=str))) if p]
@@ -214,7 +216,8 @@ def profile_caption(df: pd.DataFrame, encoding: str | None = None) -> str:
             except KeyError:
                 continue
             h, w, c = spec.image_shape
-            parts.append(f"{spec.num_samples:,} samples, {h}{MULTIPLY}{w}{MULTIPLY}{c}, {enc}")
+            count = spec.num_samples if samples is None else samples
+            parts.append(f"{count:,} samples, {h}{MULTIPLY}{w}{MULTIPLY}{c}, {enc}")
     return "; ".join(parts)
 
 

@@ -3,6 +3,7 @@ execute the notebooks. ``storebench run`` and ``storebench study`` call these.""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -116,12 +117,15 @@ def build_profile(
     progress: bool = True,
     force: bool = False,
     log: Callable[[str], None] | None = None,
+    samples: int | None = None,
 ) -> list:
     """Build (or find already built) every core format x encoding of ``profile`` (or the
     formats named, peer formats included), and with ``knob_variants`` the formats study's
-    variants (``studies.formats.KNOB_VARIANTS``) of its encodings. ``log`` receives one line
-    per dataset built, found or skipped. The peers study builds the peer formats itself, in
-    the peers environment (``Study.prepare``)."""
+    variants (``studies.formats.KNOB_VARIANTS``) of its encodings. With ``samples``, each
+    set is cut to its first ``samples`` samples where it has more: the same bytes as the
+    whole set's, since a sample depends only on its spec's seed and its index. ``log``
+    receives one line per dataset built, found or skipped. The peers study builds the peer
+    formats itself, in the peers environment (``Study.prepare``)."""
     from .formats import CORE_FORMATS, build_dataset, get_format, unavailable_reason
     from .formats.build import SampleCache
     from .studies.formats import KNOB_VARIANTS
@@ -136,6 +140,11 @@ def build_profile(
             say(f"skip   {name}: {reason}")
             formats.remove(name)
     specs = [chosen.spec_for(e) for e in encodings] if encodings else list(chosen.specs)
+    if samples is not None:
+        if samples < 1:
+            raise ValueError(f"samples must be positive, got {samples}")
+        specs = [dataclasses.replace(spec, num_samples=min(samples, spec.num_samples))
+                 for spec in specs]
     results = []
     for spec in specs:
         builds = [(name, {}, None) for name in formats if spec.encoding in modules[name].ENCODINGS]

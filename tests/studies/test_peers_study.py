@@ -3,14 +3,17 @@ synthetic rows whose values are chosen, and the parts of its case that need no p
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
+from pathlib import Path
 
 import numpy as np
 import psutil
 import pytest
 from result_rows import case_rows, frame
 
+import data_gen
 from storebench.cases.peers import UNIFORM_SPREAD, shuffle_quality
 from storebench.results import Results
 from storebench.studies import peers
@@ -109,6 +112,52 @@ def test_without_the_targets_studys_row_the_decode_goal_says_where_it_is_measure
     assert decode_text(*all_rates()) == (
         "JPEG decode against cores \u00d7 one thread: not in these results; the targets study "
         "measures it (storebench run --study targets).")
+
+
+def test_the_raw_sets_are_the_profiles_first_samples_as_many_as_the_jpeg_sets():
+    raw, jpeg = peers.peer_specs("small")
+    profile = data_gen.get_profile("small")
+    assert jpeg == profile.spec_for("jpeg")
+    whole = profile.spec_for("raw")
+    assert raw.num_samples == jpeg.num_samples == 4000 < whole.num_samples
+    assert dataclasses.replace(raw, num_samples=whole.num_samples) == whole
+    for index in (0, 1234, 3999):
+        cut, full = data_gen.sample(raw, index), data_gen.sample(whole, index)
+        assert cut[1] == full[1] and np.array_equal(cut[0], full[0])
+    assert peers.raw_formats()[0] == "memmap"
+    assert set(peers.raw_formats()[1:]) <= set(peers.peer_formats())
+
+
+def test_the_grid_reads_raw_sets_cut_to_the_jpeg_count_from_their_own_directory(
+        ci_data_root):
+    from storebench.formats import read_manifest
+
+    cases = peers.peers_grid(profile="ci", data_dir=ci_data_root)
+    raw = [c for c in cases if c.encoding == "raw"]
+    jpeg = [c for c in cases if c.encoding == "jpeg"]
+    assert raw and jpeg
+    assert {Path(c.dataset).parent for c in raw} == {ci_data_root / peers.PEER_RAW_DIR}
+    assert {Path(c.dataset).parent for c in jpeg} == {ci_data_root}
+    for case in raw:
+        if case.function.endswith(":peer_epochs_case"):
+            assert read_manifest(case.dataset)["num_samples"] == 256, case.case_id
+    (memmap,) = {c.dataset for c in raw if c.prefetcher == "process" and c.format == "memmap"}
+    assert memmap == str(ci_data_root / peers.PEER_RAW_DIR / "memmap-raw")
+
+
+def test_the_captions_give_the_sets_read():
+    """The ci profile's raw set holds 512 samples; the rows' epochs read 256."""
+    cut = case_rows("peers", "peer_epochs:memmap-raw/process/warm",
+                    {"samples": [256.0] * 3, "later_epochs_samples_per_s": [9e3] * 3},
+                    format="memmap", encoding="raw", prefetcher="process", workers=2,
+                    batch_size=64, access="shuffle", cache="warm")
+    rows = peers.peers_rows(results(cut, *all_rates()).df)
+    assert peers.sets_caption(rows, "raw") == "256 samples, 32\u00d732\u00d73, raw"
+    # Rows without the count (older runs'): the profile's.
+    assert peers.sets_caption(rows, "jpeg") == "256 samples, 64\u00d764\u00d73, jpeg"
+    rows = peers.peers_rows(results(*all_rates(), peer_case("process", "memmap", [9e3] * 3,
+                                                           encoding="raw")).df)
+    assert peers.sets_caption(rows, "raw") == "512 samples, 32\u00d732\u00d73, raw"
 
 
 def test_the_peers_grid_measures_no_decode_rate_of_its_own(ci_data_root):
@@ -251,9 +300,9 @@ def test_a_failed_peer_build_names_every_format_it_left_unbuilt(tmp_path, capfd)
     peers.build_peer_formats(profile="ci", data_dir=blocked / "ci", progress=False, jobs=2)
     err = capfd.readouterr().err
     failures = [line for line in err.splitlines() if "peers study: building" in line]
-    assert len(failures) == 2
-    named = {name for line in failures
-             for name in line.split("building ")[1].split(" failed")[0].split(", ")}
-    assert named == set(peers.peer_formats())
+    assert len(failures) == 4  # two shares of the JPEG builds, two of the raw
+    named = [name for line in failures
+             for name in line.split("building ")[1].split(" failed")[0].split(", ")]
+    assert sorted(named) == sorted(peers.peer_formats() + peers.raw_formats())
     assert all(line.endswith("their rows will be skipped") for line in failures)
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= children_before

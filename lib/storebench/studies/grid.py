@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from ..bench.cases import dataset_files  # noqa: F401 - the grids' name for it
@@ -53,17 +54,18 @@ def is_variant(path: Path, manifest: dict) -> bool:
 
 
 def profile_datasets(
-    profile: str, data_dir: Path | str, *, variants: bool = False, peers: bool = False
+    profile: str, data_dir: Path | str, *, variants: bool = False, peers: bool = False,
+    specs: Sequence | None = None,
 ) -> list[tuple[Path, dict]]:
     """(path, manifest) of every default build under ``data_dir`` made from ``profile``'s
-    specs (and the knob variants too with ``variants=True``; the peer formats' builds too
-    with ``peers=True``), sorted by the formats registry's order, then encoding, then
-    directory name."""
+    specs (or ``specs``, one per encoding; the knob variants too with ``variants=True``; the
+    peer formats' builds too with ``peers=True``), sorted by the formats registry's order,
+    then encoding, then directory name."""
     from data_gen import get_profile
     from storebench.formats import CORE_FORMATS, FORMATS, find_datasets, read_manifest
     from storebench.formats.specs import IMPORTED_KIND
 
-    specs = {spec.encoding: spec.to_dict() for spec in get_profile(profile).specs}
+    specs = {spec.encoding: spec.to_dict() for spec in specs or get_profile(profile).specs}
     everything = [(path, read_manifest(path)) for path in find_datasets(data_dir)]
     imported = [(p, m) for p, m in everything if m["spec"].get("kind") == IMPORTED_KIND]
     found = []

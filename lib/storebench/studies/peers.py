@@ -2,9 +2,10 @@
 (WebDataset, LitData, MosaicML Streaming, DALI, FFCV, torchdata; Lance and Zarr as formats),
 under the same rules.
 
-Every path reads the same samples (the profile's JPEG set, decode-bound, and its raw set),
-shuffled, 2 workers, batch 64, through its library's own recommended pipeline over its own
-format (``storebench.loaders.peers``), from a warm cache, and the JPEG set also cold (epoch 1
+Every path reads the same samples (the profile's JPEG set, decode-bound, and its raw set cut
+to as many samples as the JPEG set, ``peer_specs``), shuffled, 2 workers, batch 64, through
+its library's own recommended pipeline over its own format (``storebench.loaders.peers``),
+from a warm cache, and the JPEG set also cold (epoch 1
 from evicted, verified files). Every warm case runs two epochs or more on one loader
 (``cases.peers``): time to first batch (start-up, JIT, index reading), each epoch's rate
 after its first batch, peak PSS of the process tree, and shuffle quality measured from the
@@ -13,6 +14,13 @@ later epochs would find the set cached: the warm case's measurement).
 JPEGs are decoded with simplejpeg wherever the library lets us choose; DALI and FFCV decode
 with their own libjpeg-turbo builds (the path's label says so). Our ProcessPrefetcher also
 reads each peer format through its storebench Reader ("same files, our loader").
+
+The raw sets every path of the study reads (ours over memmap, each peer's own format) live in
+``<data>/peers/`` (``PEER_RAW_DIR``), apart from the profile's whole raw sets: whole epochs
+are the study's unit (a peer's loader stopped mid-epoch pays for its own stop), and whole
+epochs of the 20,000-sample raw set, through the slowest peers, were the study's costliest
+repeats. Cut to the JPEG set's count, a raw epoch reads as many samples as a JPEG one, the
+same bytes as the whole set's first samples.
 
 The peer libraries live in the peers environment (``storebench.environments``): their cases
 run with its interpreter, and ``prepare`` builds the peer formats with it. Where a library or
@@ -75,6 +83,38 @@ RATE = "later_epochs_samples_per_s"  # epochs 2 and on: the steady state
 COLD_RATE = "epoch1_samples_per_s"
 
 
+# Where the study's raw sets (cut to the JPEG set's count) are built, under the data dir.
+PEER_RAW_DIR = "peers"
+
+
+def peer_specs(profile: str) -> tuple:
+    """The specs of the sets the study reads: the profile's JPEG set, and its raw set cut to
+    the JPEG set's sample count (its first samples: a sample depends only on its spec's seed
+    and index, so they are the whole set's bytes)."""
+    import dataclasses
+
+    import data_gen
+
+    chosen = data_gen.get_profile(profile)
+    jpeg, raw = chosen.spec_for("jpeg"), chosen.spec_for("raw")
+    return (dataclasses.replace(raw, num_samples=min(raw.num_samples, jpeg.num_samples)), jpeg)
+
+
+def sets_dir(data_dir: Path | str, encoding: str) -> Path:
+    """Where the study's sets of ``encoding`` are: its raw sets apart (``PEER_RAW_DIR``)."""
+    return Path(data_dir) / PEER_RAW_DIR if encoding == "raw" else Path(data_dir)
+
+
+def raw_formats() -> tuple[str, ...]:
+    """Every format the study reads raw sets in: the core formats its own paths and
+    torchdata's read, then each peer format that holds raw arrays."""
+    from ..formats import CORE_FORMATS, FORMATS
+
+    ours = {fmt for _, fmt in STOREBENCH_PATHS["raw"] + PEER_PATHS["raw"]} & set(CORE_FORMATS)
+    return (*sorted(ours), *(fmt for fmt in peer_formats()
+                             if "raw" in getattr(FORMATS.get(fmt), "ENCODINGS", ())))
+
+
 def peer_formats() -> tuple[str, ...]:
     """The registered peer formats (``PEER = True``), in registry order."""
     from ..formats import FORMATS
@@ -114,7 +154,8 @@ def _case(path: str, fmt: str, encoding: str, cache: str, built: dict, fields: d
         # Not built (its library or the peers environment is missing): a skipped row that
         # says why, never a silently absent path.
         return Case(study=NAME, function=f"{CASES}:missing_dataset_case", format=fmt,
-                    encoding=encoding, dataset=str(Path(data_dir) / f"{fmt}-{encoding}"),
+                    encoding=encoding, dataset=str(sets_dir(data_dir, encoding)
+                                                   / f"{fmt}-{encoding}"),
                     cache="",
                     **{**common, "params": {**params, "cache_wanted": cache}})
     return Case(function=f"{CASES}:peer_epochs_case", cache=cache,
@@ -137,8 +178,11 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
     # of a second or two) still reach a narrow interval, and a slow peer stops early.
     target_fields = {**repeat_fields(profile, repeats, budget_s=TARGET_REPEAT_BUDGET_S),
                      "timeout_s": plan.timeout_s}
-    datasets = profile_datasets(profile, data_dir, peers=True)
-    built = {(m["format"], m["encoding"]): (p, m) for p, m in datasets}
+    # Raw sets from PEER_RAW_DIR only: where the profile's raw set is no longer than its JPEG
+    # set, the whole raw sets beside it have the same spec.
+    datasets = profile_datasets(profile, data_dir, peers=True, specs=peer_specs(profile))
+    built = {(m["format"], m["encoding"]): (p, m) for p, m in datasets
+             if Path(p).parent == sets_dir(data_dir, m["encoding"])}
     # ci-sized epochs: a quarter second of later epochs shows the path works.
     extra = {"later_epochs_min_s": COMPACT_LATER_EPOCHS_MIN_S} if plan.compact else {}
     from ..formats import FORMATS
@@ -165,11 +209,13 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
 
 def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = True,
                        jobs: int | None = None) -> None:
-    """Build the peer formats of ``profile`` with the peers environment's interpreter
-    (where it is missing the grid's rows say so), split among ``jobs`` processes (default:
-    one per core, at most two): importing the peer libraries, not writing the samples, is
-    most of a small build, and nothing is measured meanwhile. A failed build is reported,
-    not fatal: its rows become ``skipped``."""
+    """Build the study's sets with the peers environment's interpreter (where it is missing
+    the grid's rows say so): the JPEG set in every peer format beside the profile's other
+    builds, and the raw set, cut (``peer_specs``), in ``raw_formats()`` in ``sets_dir``.
+    Each is split among ``jobs`` processes (default: one per core, at most two), all
+    running at once: importing the peer libraries, not writing the samples, is most of a
+    small build, and nothing is measured meanwhile. A failed build is reported, not fatal:
+    its rows become ``skipped``."""
     import os
     import sys
 
@@ -180,17 +226,21 @@ def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = T
     except EnvironmentUnavailableError as err:
         print(f"storebench: peers study: {err}", file=sys.stderr)
         return
-    formats = peer_formats()
-    jobs = max(1, min(jobs or min(2, os.cpu_count() or 1), len(formats)))
-    processes = []
+    raw = peer_specs(profile)[0]
+    builds = [("jpeg", peer_formats(), []),
+              ("raw", raw_formats(), ["--samples", str(raw.num_samples)])]
+    jobs = max(1, jobs or min(2, os.cpu_count() or 1))
+    processes, shares = [], []
     try:
-        for share in range(jobs):
-            command = [str(python), "-m", "storebench", "build", "--profile", profile,
-                       "--out", str(data_dir), "--encodings", *ENCODINGS,
-                       "--formats", *formats[share::jobs]]
-            processes.append(subprocess.Popen(command + ([] if progress else ["--quiet"])))
-        failed = [(formats[share::jobs], process.wait())
-                  for share, process in enumerate(processes)]
+        for encoding, formats, extra in builds:
+            for share in range(min(jobs, len(formats))):
+                command = [str(python), "-m", "storebench", "build", "--profile", profile,
+                           "--out", str(sets_dir(data_dir, encoding)), "--encodings",
+                           encoding, *extra, "--formats", *formats[share::jobs]]
+                processes.append(subprocess.Popen(command + ([] if progress else ["--quiet"])))
+                shares.append(formats[share::jobs])
+        failed = [(names, process.wait()) for names, process in zip(shares, processes,
+                                                                   strict=True)]
     finally:
         for process in processes:
             if process.poll() is None:
@@ -318,6 +368,14 @@ def peers_table(df: pd.DataFrame) -> pd.DataFrame:
     return table.drop(columns=["path"])
 
 
+def sets_caption(rows: pd.DataFrame, encoding: str) -> str:
+    """``profile_caption`` with the sample count the rows' epochs read (epoch 1 reads the
+    whole set): the raw set here is cut shorter than the profile's."""
+    counts = select(rows[rows["encoding"] == encoding], "samples")["value"]
+    return profile_caption(rows, encoding,
+                           samples=int(counts.max()) if not counts.empty else None)
+
+
 # -- figures ----------------------------------------------------------------------------
 FAMILY_COLOURS = {"storebench": "C0", "framework": "C2", "peer": "C1", "baseline": "C7"}
 
@@ -356,7 +414,7 @@ def plot_peers(df: pd.DataFrame) -> Figure:
         ax.set_yticks(y, [label for _, label, _, _ in found], fontsize="x-small")
         log_axis(ax, "x")
         what = ENCODING_NAMES.get(encoding, encoding)
-        ax.set_title(f"{what}, {cache} cache ({profile_caption(rows, encoding)})",
+        ax.set_title(f"{what}, {cache} cache ({sets_caption(rows, encoding)})",
                      fontsize="medium")
         ax.set_xlabel("samples per second (faint, above: epoch 1 after its first batch; solid, "
                       "below, warm only: epochs 2 and on; whiskers: the repeats' range)",
@@ -415,7 +473,7 @@ def plot_peers_startup(df: pd.DataFrame) -> Figure:
     axes[2].set_title("shuffle spread, epoch 1 (1 = uniform permutation)", fontsize="small")
     axes[0].set_yticks(y, [label for _, label, _, _ in found], fontsize="x-small")
     axes[0].invert_yaxis()
-    fig.suptitle(f"Start-up, memory and shuffle quality ({profile_caption(rows, 'jpeg')}, "
+    fig.suptitle(f"Start-up, memory and shuffle quality ({sets_caption(rows, 'jpeg')}, "
                  "warm cache)", fontsize="medium")
     return fig
 
@@ -504,7 +562,7 @@ def guide(results: Results) -> list:
                 continue
             what = ENCODING_NAMES.get(encoding, encoding)
             question = (f"{what}, {cache} cache, {epoch}, shuffled, {WORKERS} workers: which "
-                        f"loader library and format? ({profile_caption(rows, encoding)})")
+                        f"loader library and format? ({sets_caption(rows, encoding)})")
             row = choose(NAME, question, metric,
                          [Candidate(key, label, value) for key, label, _, value in found])
             if row is not None:
