@@ -54,17 +54,19 @@ def ci_data_root(tmp_path_factory, ci_profile) -> Path:
     """Every format x encoding of the ci profile, built once for the whole session (the
     peer formats where this interpreter has their library), and the peers study's cut raw
     sets in their own directory, as its ``prepare`` builds them."""
-    from storebench.studies import peers
+    # Not storebench.studies.peers: the studies import pandas and matplotlib, which the
+    # processes these tests fork would then carry.
+    from storebench.bench.plan import peer_sets_dir, peer_specs
 
     root = tmp_path_factory.mktemp("ci-data")
     for spec in ci_profile.specs:
         for name, module in FORMATS.items():
             if spec.encoding in module.ENCODINGS and unavailable_reason(name) is None:
                 build_dataset(spec, name, root, workers=1)
-    raw = peers.peer_specs(ci_profile.name)[0]
-    for name in peers.raw_formats():
-        if unavailable_reason(name) is None:
-            build_dataset(raw, name, peers.sets_dir(root, "raw"), workers=1)
+    raw = peer_specs(ci_profile.name)[0]
+    for name, module in FORMATS.items():  # every raw format: those the study reads among them
+        if "raw" in module.ENCODINGS and unavailable_reason(name) is None:
+            build_dataset(raw, name, peer_sets_dir(root, "raw"), workers=1)
     return root
 
 

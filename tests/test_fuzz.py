@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from storebench.formats import FORMATS, unavailable_reason
+from storebench.formats import FORMATS, find_datasets, unavailable_reason
 from storebench.fuzz import (
     COLUMNS,
     DAMAGES,
@@ -91,9 +91,11 @@ def test_every_dataset_gets_every_damage_class_in_both_modes(fuzzed, ci_data_roo
     df, _, _ = fuzzed
     assert list(df.columns) == list(COLUMNS)
     assert set(df["outcome"]) <= set(OUTCOMES)
-    datasets = sorted(p.name for p in ci_data_root.iterdir() if (p / "manifest.json").exists())
+    # Every dataset under the data dir: the peers study's cut raw sets in peers/ too.
+    datasets = sorted(str(p.relative_to(ci_data_root)) for p in find_datasets(ci_data_root))
     available = [(name, m) for name, m in FORMATS.items() if unavailable_reason(name) is None]
     built = sum(enc in m.ENCODINGS for _, m in available for enc in ("raw", "png", "jpeg"))
+    built += sum("raw" in m.ENCODINGS for _, m in available)  # and again cut, in peers/
     assert sorted(df["dataset"].unique()) == datasets and len(datasets) == built
     for name, rows in df.groupby("dataset"):
         # Every dataset has a donor (its next-seed build) for foreign_file.

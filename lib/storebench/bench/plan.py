@@ -10,7 +10,9 @@ gets the full grid.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 
 from .stats import AdaptiveRepeats
 
@@ -35,6 +37,12 @@ REPEAT_BUDGET_S = 2.0
 # figure is the whole set (a preload, the formats study's full sequential read, epochs
 # under a memory budget) read it whole.
 EPOCH_SAMPLES = 2048
+
+# The peers study reads whole epochs (a peer's loader stopped mid-epoch pays for its own
+# stop), and whole epochs of the 20,000-sample raw set through the slowest peers were the
+# study's costliest repeats: its raw set is cut to as many samples as the profile's JPEG set
+# (``peer_specs``), built apart under the data dir, here.
+PEER_RAW_DIR = "peers"
 
 
 @dataclass(frozen=True)
@@ -80,3 +88,20 @@ def default_repeats(profile: str) -> int:
 
 def case_timeout_s(profile: str) -> float:
     return plan_for(profile).timeout_s
+
+
+def peer_specs(profile: str) -> tuple:
+    """(raw, JPEG) specs of the sets the peers study reads: the profile's JPEG set, and its
+    raw set cut to the JPEG set's sample count (its first samples: a sample depends only on
+    its spec's seed and index, so they are the whole set's bytes)."""
+    import data_gen
+
+    chosen = data_gen.get_profile(profile)
+    jpeg, raw = chosen.spec_for("jpeg"), chosen.spec_for("raw")
+    return (dataclasses.replace(raw, num_samples=min(raw.num_samples, jpeg.num_samples)), jpeg)
+
+
+def peer_sets_dir(data_dir: Path | str, encoding: str) -> Path:
+    """Where the peers study's sets of ``encoding`` are: its raw sets apart (``PEER_RAW_DIR``),
+    its JPEG sets beside the profile's other builds."""
+    return Path(data_dir) / PEER_RAW_DIR if encoding == "raw" else Path(data_dir)

@@ -15,12 +15,14 @@ JPEGs are decoded with simplejpeg wherever the library lets us choose; DALI and 
 with their own libjpeg-turbo builds (the path's label says so). Our ProcessPrefetcher also
 reads each peer format through its storebench Reader ("same files, our loader").
 
-The raw sets every path of the study reads (ours over memmap, each peer's own format) live in
-``<data>/peers/`` (``PEER_RAW_DIR``), apart from the profile's whole raw sets: whole epochs
-are the study's unit (a peer's loader stopped mid-epoch pays for its own stop), and whole
-epochs of the 20,000-sample raw set, through the slowest peers, were the study's costliest
-repeats. Cut to the JPEG set's count, a raw epoch reads as many samples as a JPEG one, the
-same bytes as the whole set's first samples.
+The raw sets every path of the study reads (ours over memmap, each peer's own format) live
+in ``<data>/peers/`` (``bench.plan.PEER_RAW_DIR``), apart from the profile's whole raw sets:
+whole epochs are the study's unit (a peer's loader stopped mid-epoch pays for its own stop),
+and whole epochs of the 20,000-sample raw set, through the slowest peers, were the study's
+costliest repeats. Cut to the JPEG set's count, a raw epoch reads as many samples as a JPEG
+one, the same bytes as the whole set's first samples. A path's cost per epoch weighs more
+in an epoch that short: its later epochs' rate, boundaries included, reads lower than over
+the whole set.
 
 The peer libraries live in the peers environment (``storebench.environments``): their cases
 run with its interpreter, and ``prepare`` builds the peer formats with it. Where a library or
@@ -37,7 +39,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..bench.plan import plan_for
+from ..bench.plan import PEER_RAW_DIR, peer_specs, plan_for  # noqa: F401 - the study's names
+from ..bench.plan import peer_sets_dir as sets_dir
 from ..bench.runner import Case
 from ..loaders.paths import LOADER_PATHS, get_loader_path
 from ..plots import empty_figure, log_axis, profile_caption
@@ -81,28 +84,6 @@ TARGET_REPEAT_BUDGET_S = 15.0  # the warm rows the target compares (see peers_gr
 DECODE_TARGET = "thread_vs_serial_decode"
 RATE = "later_epochs_samples_per_s"  # epochs 2 and on: the steady state
 COLD_RATE = "epoch1_samples_per_s"
-
-
-# Where the study's raw sets (cut to the JPEG set's count) are built, under the data dir.
-PEER_RAW_DIR = "peers"
-
-
-def peer_specs(profile: str) -> tuple:
-    """The specs of the sets the study reads: the profile's JPEG set, and its raw set cut to
-    the JPEG set's sample count (its first samples: a sample depends only on its spec's seed
-    and index, so they are the whole set's bytes)."""
-    import dataclasses
-
-    import data_gen
-
-    chosen = data_gen.get_profile(profile)
-    jpeg, raw = chosen.spec_for("jpeg"), chosen.spec_for("raw")
-    return (dataclasses.replace(raw, num_samples=min(raw.num_samples, jpeg.num_samples)), jpeg)
-
-
-def sets_dir(data_dir: Path | str, encoding: str) -> Path:
-    """Where the study's sets of ``encoding`` are: its raw sets apart (``PEER_RAW_DIR``)."""
-    return Path(data_dir) / PEER_RAW_DIR if encoding == "raw" else Path(data_dir)
 
 
 def raw_formats() -> tuple[str, ...]:
