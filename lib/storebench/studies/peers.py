@@ -5,8 +5,8 @@ under the same rules.
 Every path reads the same samples (the profile's JPEG set, decode-bound, and its raw set cut
 to as many samples as the JPEG set, ``peer_specs``), shuffled, 2 workers, batch 64, through
 its library's own recommended pipeline over its own format (``storebench.loaders.peers``),
-from a warm cache, and the JPEG set also cold (epoch 1
-from evicted, verified files). Every warm case runs two epochs or more on one loader
+from a warm cache, and the JPEG set also cold (epoch 1 from evicted, verified files). Every
+warm case runs two epochs or more on one loader
 (``cases.peers``): time to first batch (start-up, JIT, index reading), each epoch's rate
 after its first batch, peak PSS of the process tree, and shuffle quality measured from the
 delivered order. A cold case stops after epoch 1, the epoch the cold state is about (its
@@ -20,9 +20,10 @@ in ``<data>/peers/`` (``bench.plan.PEER_RAW_DIR``), apart from the profile's who
 whole epochs are the study's unit (a peer's loader stopped mid-epoch pays for its own stop),
 and whole epochs of the 20,000-sample raw set, through the slowest peers, were the study's
 costliest repeats. Cut to the JPEG set's count, a raw epoch reads as many samples as a JPEG
-one, the same bytes as the whole set's first samples. A path's cost per epoch weighs more
-in an epoch that short: its later epochs' rate, boundaries included, reads lower than over
-the whole set.
+one, the same bytes as the whole set's first samples. A path that pays per epoch (workers
+started again, an index read again) pays it more often per sample: its later epochs' rate,
+boundaries included, reads lower than over the whole set (``results/study-runs`` compares
+the two for run 6c79c2).
 
 The peer libraries live in the peers environment (``storebench.environments``): their cases
 run with its interpreter, and ``prepare`` builds the peer formats with it. Where a library or
