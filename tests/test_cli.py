@@ -72,6 +72,32 @@ def test_build_samples_writes_the_first_samples_of_each_set(built, tmp_path):
     assert refused.stderr.strip().endswith("samples must be positive, got 0")
 
 
+def test_build_peer_sets_writes_the_jpeg_set_and_the_cut_raw_set_apart(built, tmp_path):
+    """``--peer-sets``: the peers study's sets, the JPEG set in OUT and the raw set cut to
+    the JPEG set's count (256 of the ci profile's 512) in OUT/peers."""
+    import numpy as np
+
+    from storebench.formats import open_dataset
+
+    whole_dir, _ = built
+    result = storebench("build", "--profile", "ci", "--out", str(tmp_path), "--quiet",
+                        "--peer-sets", "--formats", "memmap", "lmdb")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["lmdb-jpeg", "peers"]
+    assert sorted(p.name for p in (tmp_path / "peers").iterdir()) == [
+        "lmdb-raw", "memmap-raw"]
+    assert "skip   memmap-jpeg" in result.stdout
+    with open_dataset(tmp_path / "peers" / "lmdb-raw") as cut, \
+            open_dataset(whole_dir / "lmdb-raw") as whole:
+        assert len(cut) == 256
+        (a, label_a), (b, label_b) = cut[255], whole[255]
+        assert label_a == label_b and np.array_equal(a, b)
+    refused = storebench("build", "--profile", "ci", "--out", str(tmp_path), "--quiet",
+                         "--peer-sets", "--encodings", "raw")
+    assert refused.returncode == 2
+    assert "takes neither --encodings nor --samples" in refused.stderr
+
+
 def test_rebuild_is_skipped_and_verify_passes(built):
     out, _ = built
     again = storebench(

@@ -14,21 +14,20 @@ DEFAULT_RESULTS_ROOT = Path("results")
 
 
 def _build(args: argparse.Namespace) -> int:
-    from .study import build_profile
+    from .study import build_peer_sets, build_profile
 
     profile = data_gen.get_profile(args.profile)
-    build_profile(
-        profile.name,
-        Path(args.out) if args.out else DEFAULT_DATA_ROOT / profile.name,
-        formats=args.formats,
-        encodings=args.encodings,
-        knob_variants=False,
-        workers=args.workers,
-        progress=not args.quiet,
-        force=args.force,
-        log=lambda line: print(line, flush=True),
-        samples=args.samples,
-    )
+    out = Path(args.out) if args.out else DEFAULT_DATA_ROOT / profile.name
+    options = {"knob_variants": False, "workers": args.workers, "progress": not args.quiet,
+               "force": args.force, "log": lambda line: print(line, flush=True)}
+    if args.peer_sets:
+        if args.encodings or args.samples is not None:
+            raise ValueError("--peer-sets builds the peers study's JPEG set and its cut raw "
+                             "set: it takes neither --encodings nor --samples")
+        build_peer_sets(profile.name, out, formats=args.formats, **options)
+        return 0
+    build_profile(profile.name, out, formats=args.formats, encodings=args.encodings,
+                  samples=args.samples, **options)
     return 0
 
 
@@ -197,6 +196,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--samples", type=int, default=None,
                    help="build each set's first N samples only (the same bytes as the whole "
                         "set's)")
+    b.add_argument("--peer-sets", action="store_true",
+                   help="build the sets the peers study reads: the JPEG set in OUT, the raw "
+                        "set cut to the JPEG set's count in OUT/peers")
     b.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_build)

@@ -172,6 +172,21 @@ def build_profile(
     return results
 
 
+def build_peer_sets(profile: str, data_dir: Path | str, *, formats: Sequence[str] | None = None,
+                    **options) -> list:
+    """Build the sets the peers study reads, in ``formats`` (default: every format): the
+    profile's JPEG set beside its other builds, and its raw set cut to the JPEG set's count
+    in ``<data_dir>/peers`` (``bench.plan.peer_specs``). ``options`` go to
+    ``build_profile``."""
+    from .bench.plan import peer_sets_dir, peer_specs
+
+    raw, _ = peer_specs(profile)
+    return [*build_profile(profile, peer_sets_dir(data_dir, "jpeg"), formats=formats,
+                           encodings=["jpeg"], **options),
+            *build_profile(profile, peer_sets_dir(data_dir, "raw"), formats=formats,
+                           encodings=["raw"], samples=raw.num_samples, **options)]
+
+
 def planned_cases(name: str, profile: str, data_dir: Path, repeats: int | None) -> list:
     """The study's grid for ``profile`` over the datasets in ``data_dir``."""
     from .studies import get_study

@@ -193,11 +193,12 @@ def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = T
                        jobs: int | None = None) -> None:
     """Build the study's sets with the peers environment's interpreter (where it is missing
     the grid's rows say so): the JPEG set in every peer format beside the profile's other
-    builds, and the raw set, cut (``peer_specs``), in ``raw_formats()`` in ``sets_dir``.
-    Each is split among ``jobs`` processes (default: one per core, at most two), all
-    running at once: importing the peer libraries, not writing the samples, is most of a
-    small build, and nothing is measured meanwhile. A failed build is reported, not fatal:
-    its rows become ``skipped``."""
+    builds, and the raw set, cut (``peer_specs``), in ``raw_formats()`` in ``sets_dir``
+    (``storebench build --peer-sets``). The formats are split among ``jobs`` processes
+    (default: one per core, at most two), each building both sets of its formats: importing
+    the peer libraries, not writing the samples, is most of a small build, and nothing is
+    measured meanwhile. A failed build is reported, not fatal: its rows become
+    ``skipped``."""
     import os
     import sys
 
@@ -208,21 +209,16 @@ def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = T
     except EnvironmentUnavailableError as err:
         print(f"storebench: peers study: {err}", file=sys.stderr)
         return
-    raw = peer_specs(profile)[0]
-    builds = [("jpeg", peer_formats(), []),
-              ("raw", raw_formats(), ["--samples", str(raw.num_samples)])]
-    jobs = max(1, jobs or min(2, os.cpu_count() or 1))
-    processes, shares = [], []
+    formats = tuple(dict.fromkeys(raw_formats() + peer_formats()))
+    jobs = max(1, min(jobs or min(2, os.cpu_count() or 1), len(formats)))
+    processes = []
     try:
-        for encoding, formats, extra in builds:
-            for share in range(min(jobs, len(formats))):
-                command = [str(python), "-m", "storebench", "build", "--profile", profile,
-                           "--out", str(sets_dir(data_dir, encoding)), "--encodings",
-                           encoding, *extra, "--formats", *formats[share::jobs]]
-                processes.append(subprocess.Popen(command + ([] if progress else ["--quiet"])))
-                shares.append(formats[share::jobs])
-        failed = [(names, process.wait()) for names, process in zip(shares, processes,
-                                                                   strict=True)]
+        for share in range(jobs):
+            command = [str(python), "-m", "storebench", "build", "--profile", profile,
+                       "--out", str(data_dir), "--peer-sets", "--formats", *formats[share::jobs]]
+            processes.append(subprocess.Popen(command + ([] if progress else ["--quiet"])))
+        failed = [(formats[share::jobs], process.wait())
+                  for share, process in enumerate(processes)]
     finally:
         for process in processes:
             if process.poll() is None:
