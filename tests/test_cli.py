@@ -70,6 +70,15 @@ def test_build_samples_writes_the_first_samples_of_each_set(built, tmp_path):
                          "--formats", "memmap", "--samples", "0")
     assert refused.returncode == 2
     assert refused.stderr.strip().endswith("samples must be positive, got 0")
+    # A cut build never silently replaces the whole set's build at the same place.
+    before = (whole_dir / "memmap-raw" / "manifest.json").read_bytes()
+    replacing = storebench("build", "--profile", "ci", "--out", str(whole_dir), "--quiet",
+                           "--formats", "memmap", "--encodings", "raw", "--samples", "100")
+    assert replacing.returncode == 2
+    assert replacing.stderr.strip().endswith(
+        "memmap-raw: holds a build of 512 samples; a build of its first 100 would replace "
+        "it: choose another --out, or pass --force")
+    assert (whole_dir / "memmap-raw" / "manifest.json").read_bytes() == before
 
 
 def test_build_peer_sets_writes_the_jpeg_set_and_the_cut_raw_set_apart(built, tmp_path):

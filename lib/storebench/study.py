@@ -148,6 +148,8 @@ def build_profile(
     results = []
     for spec in specs:
         builds = [(name, {}, None) for name in formats if spec.encoding in modules[name].ENCODINGS]
+        if spec != chosen.spec_for(spec.encoding) and not force:
+            _refuse_to_replace_whole_sets(spec, data_dir, [name for name, _, _ in builds])
         for name in formats:
             if spec.encoding not in modules[name].ENCODINGS:
                 say(f"skip   {name}-{spec.encoding}: {name} stores {modules[name].ENCODINGS} only")
@@ -170,6 +172,22 @@ def build_profile(
                     f"written in {m['write_seconds']:.2f} s"
                 )
     return results
+
+
+def _refuse_to_replace_whole_sets(spec, data_dir: Path | str, formats: Sequence[str]) -> None:
+    """A build of ``spec``, cut from a profile's set, must not silently replace a build of
+    the whole set at the same place (a build of another spec is rebuilt there)."""
+    from .formats import MANIFEST_NAME, dataset_dirname, read_manifest
+
+    for name in formats:
+        target = Path(data_dir) / dataset_dirname(name, spec.encoding)
+        if not (target / MANIFEST_NAME).is_file():
+            continue
+        found = read_manifest(target)["spec"].get("num_samples")
+        if found is not None and found != spec.num_samples:
+            raise ValueError(
+                f"{target}: holds a build of {found} samples; a build of its first "
+                f"{spec.num_samples} would replace it: choose another --out, or pass --force")
 
 
 def build_peer_sets(profile: str, data_dir: Path | str, *, formats: Sequence[str] | None = None,

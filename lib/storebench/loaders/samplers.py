@@ -182,7 +182,7 @@ class BlockShuffleSampler(_ShardedSampler):
         # keeps, inside each block, the order the samples came in: storage order, or a
         # uniform random permutation's, which leaves each block's samples uniformly shuffled.
         # (A lexsort on a random key per sample did the same in O(n log n), several times
-        # slower: most of the time of a capped epoch read from RAM.)
+        # slower: much of the time of a capped epoch read from RAM.)
         order = (rng.permutation(self.num_samples) if self.shuffle_within
                  else np.arange(self.num_samples))
         keys = position_of_block[self._block_of_sample[order]]
