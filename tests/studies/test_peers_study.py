@@ -14,6 +14,7 @@ import pytest
 from result_rows import case_rows, frame
 
 import data_gen
+from storebench.bench.plan import PEER_RAW_DIR
 from storebench.cases.peers import UNIFORM_SPREAD, shuffle_quality
 from storebench.results import Results
 from storebench.studies import peers
@@ -136,13 +137,13 @@ def test_the_grid_reads_raw_sets_cut_to_the_jpeg_count_from_their_own_directory(
     raw = [c for c in cases if c.encoding == "raw"]
     jpeg = [c for c in cases if c.encoding == "jpeg"]
     assert raw and jpeg
-    assert {Path(c.dataset).parent for c in raw} == {ci_data_root / peers.PEER_RAW_DIR}
+    assert {Path(c.dataset).parent for c in raw} == {ci_data_root / PEER_RAW_DIR}
     assert {Path(c.dataset).parent for c in jpeg} == {ci_data_root}
     for case in raw:
         if case.function.endswith(":peer_epochs_case"):
             assert read_manifest(case.dataset)["num_samples"] == 256, case.case_id
     (memmap,) = {c.dataset for c in raw if c.prefetcher == "process" and c.format == "memmap"}
-    assert memmap == str(ci_data_root / peers.PEER_RAW_DIR / "memmap-raw")
+    assert memmap == str(ci_data_root / PEER_RAW_DIR / "memmap-raw")
 
 
 def test_the_captions_give_the_sets_read():

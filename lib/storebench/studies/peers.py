@@ -40,8 +40,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..bench.plan import PEER_RAW_DIR, peer_specs, plan_for  # noqa: F401 - the study's names
 from ..bench.plan import peer_sets_dir as sets_dir
+from ..bench.plan import peer_specs, plan_for
 from ..bench.runner import Case
 from ..loaders.paths import LOADER_PATHS, get_loader_path
 from ..plots import empty_figure, log_axis, profile_caption
@@ -160,7 +160,7 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
     # of a second or two) still reach a narrow interval, and a slow peer stops early.
     target_fields = {**repeat_fields(profile, repeats, budget_s=TARGET_REPEAT_BUDGET_S),
                      "timeout_s": plan.timeout_s}
-    # Raw sets from PEER_RAW_DIR only: where the profile's raw set is no longer than its JPEG
+    # Raw sets from their own directory only: where the profile's raw set is no longer than its JPEG
     # set, the whole raw sets beside it have the same spec.
     datasets = profile_datasets(profile, data_dir, peers=True, specs=peer_specs(profile))
     built = {(m["format"], m["encoding"]): (p, m) for p, m in datasets
