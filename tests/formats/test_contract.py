@@ -216,6 +216,11 @@ def test_indices_are_integers_and_negative_ones_count_from_the_end(
                 reader[bad]
             with pytest.raises(IndexError, match=f"sample index {bad} out of range for {n}"):
                 reader.read_many([0, bad])
+            # A loader's batch (one int64 array) takes the one-reduction check first.
+            with pytest.raises(IndexError, match=f"sample index {bad} out of range for {n}"):
+                reader.read_many(np.array([0, bad], dtype=np.int64))
+        assert list(reader.read_many(np.array([n - 1, 0, -n], dtype=np.int64))[1]) == [
+            last[1], data_gen.sample(spec, 0)[1], data_gen.sample(spec, 0)[1]]
         assert reader.read_many(np.array([], dtype=np.uint8))[1].shape == (0,)
 
 

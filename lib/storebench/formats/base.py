@@ -84,6 +84,11 @@ def check_indices(indices, length: int, *, where: object) -> np.ndarray:
     array of bools, floats or strings is a TypeError naming its first element, as is a list
     holding a bool (NumPy would silently turn ``[True, 1]`` into ``[1, 1]``).
     """
+    if (type(indices) is np.ndarray and indices.dtype == np.int64 and indices.ndim == 1
+            and indices.size and indices.view(np.uint64).max() < length):
+        # Every index in [0, length): what a loader's batches are, one reduction on the hot
+        # path (negative ones wrap past ``length`` here and take the full check below).
+        return indices
     if not isinstance(indices, np.ndarray) and any(
         isinstance(x, bool | np.bool_) for x in indices
     ):

@@ -217,7 +217,9 @@ class _MapDataset:
         idx = check_indices(indices, len(self), where=self.reader.root)
         if out is not None:
             out = out[: len(idx)]
-            if self.is_ragged:
+            # Raw pixels are never ragged (decoding them is refused): the gather's hot path
+            # skips the property chain.
+            if self.spec.encoding != "raw" and self.is_ragged:
                 self._refuse_out_for_ragged(out)
         if self.spec.encoding == "raw" and self.transform is None:
             source = self._row_array()

@@ -116,7 +116,7 @@ class SplitGather:
         the first failing part in batch order is the error raised. A call made while another
         thread's call holds the helpers gathers alone, in the calling thread."""
         count = len(indices)
-        parts = self.parts(count, out.nbytes)
+        parts = 1 if self.threads == 1 else self.parts(count, out.nbytes)
         helpers = self._take_helpers() if parts > 1 else None
         if helpers is None or not helpers.busy.acquire(blocking=False):
             np.take(rows, indices, axis=0, out=out, mode="clip")

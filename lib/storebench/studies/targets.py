@@ -45,7 +45,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
             function=f"{CASES}:target_case", summarise=f"{CASES}:summarise_target",
             loader=target.key, workers=target.workers,
             batch_size=batch_size_for(manifest["num_samples"], target.batch_size),
-            access="shuffle", cache="warm",
+            access="shuffle", cache="warm", warmup=target.warmup,
             # No time budget: a target is met by its interval's lower end, so it gets every
             # repeat the width rule asks for, and all of them while the interval still holds
             # its threshold.
