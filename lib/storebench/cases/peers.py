@@ -45,10 +45,12 @@ from ..bench.runner import Case, CaseSkipped, Trial
 # The median |i - j| of two independent uniform positions, as a fraction of n.
 UNIFORM_SPREAD = 1 - 1 / math.sqrt(2)
 # Epochs after the first run until they took LATER_EPOCHS_MIN_S (at least one, at most
-# LATER_EPOCHS_MAX): a 20 ms epoch of cached raw arrays is too short to time alone. Half a
-# second: one more epoch of the cached JPEG set (about 0.5 s at the study's 2 workers),
-# where a whole second took two, the cost of every warm JPEG repeat.
-LATER_EPOCHS_MIN_S = 0.5
+# LATER_EPOCHS_MAX): a 20 ms epoch of cached raw arrays is too short to time alone. A
+# quarter second: a dozen epochs of the cached 4,000-sample raw set at 200k samples/s, and
+# still one epoch of the cached JPEG set (about 0.5 s at the study's 2 workers), where half
+# a second added a quarter second to every warm raw repeat and a whole second took two
+# JPEG epochs.
+LATER_EPOCHS_MIN_S = 0.25
 LATER_EPOCHS_MAX = 20
 # Samples of the first batches of epochs 1 and 2 compared with the build after timing: a
 # few, so that the copies kept for it add little to the peak memory measured.

@@ -56,8 +56,10 @@ class Target:
     params: tuple[tuple[str, object], ...] = ()
     # The case's untimed run of ``measure`` before its repeats. Off where ``measure`` warms
     # up inside, untimed (a first round, first batches, workers started), as most do: a
-    # whole extra run there cost 0.4 to 3.3 s a case and put the process in no state that
-    # the inner warm-up does not. On where ``measure`` times its first pass on purpose.
+    # whole extra run there cost 0.4 to 3.1 s a case and put the process in no state that
+    # the inner warm-up does not. On where ``measure`` times its first pass on purpose
+    # (Parquet), and for tf.data: without it, run 81b40b's first repeat read 1.35x where the
+    # others read 1.18 to 1.29 (1.51 once) and the case ran all 9 repeats, 39 s.
     warmup: bool = False
 
     @property
@@ -407,7 +409,7 @@ TARGETS: tuple[Target, ...] = (
            ("torch_thread_prefetcher.samples_per_s", "torch_process_prefetcher.samples_per_s",
             "torch_dataloader.samples_per_s"),
            "tf_data_autotune.samples_per_s", 1.0, workers=2,
-           params=(("start_method", "fork"),)),
+           params=(("start_method", "fork"),), warmup=True),
 )
 
 
