@@ -52,8 +52,8 @@ def ci_profile() -> data_gen.Profile:
 @pytest.fixture(scope="session")
 def ci_data_root(tmp_path_factory, ci_profile) -> Path:
     """Every format x encoding of the ci profile, built once for the whole session (the
-    peer formats where this interpreter has their library), and the peers study's cut raw
-    sets in their own directory, as its ``prepare`` builds them."""
+    peer formats where this interpreter has their library), and the peers study's cut sets
+    in their own directory, as its ``prepare`` builds them."""
     # Not storebench.studies.peers: the studies import pandas and matplotlib, which the
     # processes these tests fork would then carry.
     from storebench.bench.plan import peer_sets_dir, peer_specs
@@ -63,10 +63,10 @@ def ci_data_root(tmp_path_factory, ci_profile) -> Path:
         for name, module in FORMATS.items():
             if spec.encoding in module.ENCODINGS and unavailable_reason(name) is None:
                 build_dataset(spec, name, root, workers=1)
-    raw = peer_specs(ci_profile.name)[0]
-    for name, module in FORMATS.items():  # every raw format: those the study reads among them
-        if "raw" in module.ENCODINGS and unavailable_reason(name) is None:
-            build_dataset(raw, name, peer_sets_dir(root, "raw"), workers=1)
+    for spec in peer_specs(ci_profile.name):  # every format: those the study reads among them
+        for name, module in FORMATS.items():
+            if spec.encoding in module.ENCODINGS and unavailable_reason(name) is None:
+                build_dataset(spec, name, peer_sets_dir(root), workers=1)
     return root
 
 

@@ -79,11 +79,17 @@ def test_build_samples_writes_the_first_samples_of_each_set(built, tmp_path):
         "memmap-raw: holds a build of 512 samples; a build of its first 100 would replace "
         "it: choose another --out, or pass --force")
     assert (whole_dir / "memmap-raw" / "manifest.json").read_bytes() == before
+    # A set cut to another count is no whole set: rebuilt at the new count, as any spec is.
+    recut = storebench("build", "--profile", "ci", "--out", str(tmp_path), "--quiet",
+                       "--formats", "memmap", "--encodings", "raw", "--samples", "50")
+    assert recut.returncode == 0, recut.stderr
+    assert json.loads((tmp_path / "memmap-raw" / "manifest.json").read_text())[
+        "num_samples"] == 50
 
 
-def test_build_peer_sets_writes_the_jpeg_set_and_the_cut_raw_set_apart(built, tmp_path):
-    """``--peer-sets``: the peers study's sets, the JPEG set in OUT and the raw set cut to
-    the JPEG set's count (256 of the ci profile's 512) in OUT/peers."""
+def test_build_peer_sets_writes_both_sets_cut_to_one_count_apart(built, tmp_path):
+    """``--peer-sets``: the peers study's sets, raw and JPEG cut to one count (256: the ci
+    JPEG set's, of the raw set's 512), in OUT/peers."""
     import numpy as np
 
     from storebench.formats import open_dataset
@@ -92,15 +98,17 @@ def test_build_peer_sets_writes_the_jpeg_set_and_the_cut_raw_set_apart(built, tm
     result = storebench("build", "--profile", "ci", "--out", str(tmp_path), "--quiet",
                         "--peer-sets", "--formats", "memmap", "lmdb")
     assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["lmdb-jpeg", "peers"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["peers"]
     assert sorted(p.name for p in (tmp_path / "peers").iterdir()) == [
-        "lmdb-raw", "memmap-raw"]
+        "lmdb-jpeg", "lmdb-raw", "memmap-raw"]
     assert "skip   memmap-jpeg" in result.stdout
-    with open_dataset(tmp_path / "peers" / "lmdb-raw") as cut, \
-            open_dataset(whole_dir / "lmdb-raw") as whole:
-        assert len(cut) == 256
-        (a, label_a), (b, label_b) = cut[255], whole[255]
-        assert label_a == label_b and np.array_equal(a, b)
+    for encoding in ("raw", "jpeg"):
+        with open_dataset(tmp_path / "peers" / f"lmdb-{encoding}") as cut, \
+                open_dataset(whole_dir / f"lmdb-{encoding}") as whole:
+            assert len(cut) == 256
+            (a, label_a), (b, label_b) = cut[255], whole[255]
+            assert label_a == label_b and (a == b if isinstance(a, bytes)
+                                           else np.array_equal(a, b))
     refused = storebench("build", "--profile", "ci", "--out", str(tmp_path), "--quiet",
                          "--peer-sets", "--encodings", "raw")
     assert refused.returncode == 2

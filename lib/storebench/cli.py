@@ -22,8 +22,8 @@ def _build(args: argparse.Namespace) -> int:
                "force": args.force, "log": lambda line: print(line, flush=True)}
     if args.peer_sets:
         if args.encodings or args.samples is not None:
-            raise ValueError("--peer-sets builds the peers study's JPEG set and its cut raw "
-                             "set: it takes neither --encodings nor --samples")
+            raise ValueError("--peer-sets builds the peers study's cut raw and JPEG sets: "
+                             "it takes neither --encodings nor --samples")
         build_peer_sets(profile.name, out, formats=args.formats, **options)
         return 0
     build_profile(profile.name, out, formats=args.formats, encodings=args.encodings,
@@ -197,8 +197,8 @@ def parser() -> argparse.ArgumentParser:
                    help="build each set's first N samples only (the same bytes as the whole "
                         "set's)")
     b.add_argument("--peer-sets", action="store_true",
-                   help="build the sets the peers study reads: the JPEG set in OUT, the raw "
-                        "set cut to the JPEG set's count in OUT/peers")
+                   help="build the sets the peers study reads: the raw and JPEG sets cut to "
+                        "one count (at most 2,048 samples), in OUT/peers")
     b.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_build)

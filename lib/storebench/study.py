@@ -148,8 +148,9 @@ def build_profile(
     results = []
     for spec in specs:
         builds = [(name, {}, None) for name in formats if spec.encoding in modules[name].ENCODINGS]
-        if spec != chosen.spec_for(spec.encoding) and not force:
-            _refuse_to_replace_whole_sets(spec, data_dir, [name for name, _, _ in builds])
+        whole = chosen.spec_for(spec.encoding)
+        if spec != whole and not force:
+            _refuse_to_replace_whole_sets(spec, whole, data_dir, [name for name, _, _ in builds])
         for name in formats:
             if spec.encoding not in modules[name].ENCODINGS:
                 say(f"skip   {name}-{spec.encoding}: {name} stores {modules[name].ENCODINGS} only")
@@ -174,9 +175,11 @@ def build_profile(
     return results
 
 
-def _refuse_to_replace_whole_sets(spec, data_dir: Path | str, formats: Sequence[str]) -> None:
-    """A build of ``spec``, cut from a profile's set, must not silently replace a build of
-    the whole set at the same place (a build of another spec is rebuilt there)."""
+def _refuse_to_replace_whole_sets(spec, whole, data_dir: Path | str,
+                                  formats: Sequence[str]) -> None:
+    """A build of ``spec``, cut from the profile's set ``whole``, must not silently replace a
+    build of the whole set at the same place (a build of another spec is rebuilt there, as
+    a set cut to another count is)."""
     from .formats import MANIFEST_NAME, dataset_dirname, read_manifest
 
     for name in formats:
@@ -184,7 +187,7 @@ def _refuse_to_replace_whole_sets(spec, data_dir: Path | str, formats: Sequence[
         if not (target / MANIFEST_NAME).is_file():
             continue
         found = read_manifest(target)["spec"].get("num_samples")
-        if found is not None and found != spec.num_samples:
+        if found is not None and found == whole.num_samples != spec.num_samples:
             raise ValueError(
                 f"{target}: holds a build of {found} samples; a build of its first "
                 f"{spec.num_samples} would replace it: choose another --out, or pass --force")
@@ -193,16 +196,13 @@ def _refuse_to_replace_whole_sets(spec, data_dir: Path | str, formats: Sequence[
 def build_peer_sets(profile: str, data_dir: Path | str, *, formats: Sequence[str] | None = None,
                     **options) -> list:
     """Build the sets the peers study reads, in ``formats`` (default: every format): the
-    profile's JPEG set beside its other builds, and its raw set cut to the JPEG set's count
-    in ``<data_dir>/peers`` (``bench.plan.peer_specs``). ``options`` go to
-    ``build_profile``."""
+    profile's raw and JPEG sets cut to one count (``bench.plan.peer_specs``), in
+    ``<data_dir>/peers``. ``options`` go to ``build_profile``."""
     from .bench.plan import peer_sets_dir, peer_specs
 
     raw, _ = peer_specs(profile)
-    return [*build_profile(profile, peer_sets_dir(data_dir, "jpeg"), formats=formats,
-                           encodings=["jpeg"], **options),
-            *build_profile(profile, peer_sets_dir(data_dir, "raw"), formats=formats,
-                           encodings=["raw"], samples=raw.num_samples, **options)]
+    return build_profile(profile, peer_sets_dir(data_dir), formats=formats,
+                         encodings=["raw", "jpeg"], samples=raw.num_samples, **options)
 
 
 def planned_cases(name: str, profile: str, data_dir: Path, repeats: int | None) -> list:

@@ -14,7 +14,7 @@ import pytest
 from result_rows import case_rows, frame
 
 import data_gen
-from storebench.bench.plan import PEER_RAW_DIR
+from storebench.bench.plan import EPOCH_SAMPLES, PEER_SETS_DIR
 from storebench.cases.peers import UNIFORM_SPREAD, shuffle_quality
 from storebench.results import Results
 from storebench.studies import peers
@@ -115,35 +115,35 @@ def test_without_the_targets_studys_row_the_decode_goal_says_where_it_is_measure
         "measures it (storebench run --study targets).")
 
 
-def test_the_raw_sets_are_the_profiles_first_samples_as_many_as_the_jpeg_sets():
+def test_the_sets_are_the_profiles_first_samples_as_many_as_an_epoch_reads():
     raw, jpeg = peers.peer_specs("small")
     profile = data_gen.get_profile("small")
-    assert jpeg == profile.spec_for("jpeg")
-    whole = profile.spec_for("raw")
-    assert raw.num_samples == jpeg.num_samples == 4000 < whole.num_samples
-    assert dataclasses.replace(raw, num_samples=whole.num_samples) == whole
-    for index in (0, 1234, 3999):
-        cut, full = data_gen.sample(raw, index), data_gen.sample(whole, index)
-        assert cut[1] == full[1] and np.array_equal(cut[0], full[0])
-    assert peers.raw_formats()[0] == "memmap"
-    assert set(peers.raw_formats()[1:]) <= set(peers.peer_formats())
+    assert raw.num_samples == jpeg.num_samples == EPOCH_SAMPLES == 2048
+    for cut in (raw, jpeg):
+        whole = profile.spec_for(cut.encoding)
+        assert cut.num_samples < whole.num_samples
+        assert dataclasses.replace(cut, num_samples=whole.num_samples) == whole
+        for index in (0, 1234, 2047):
+            (a, label_a), (b, label_b) = data_gen.sample(cut, index), data_gen.sample(whole,
+                                                                                      index)
+            assert label_a == label_b and np.array_equal(a, b)
+    # ci: the smaller set's count, under the cap.
+    assert [s.num_samples for s in peers.peer_specs("ci")] == [256, 256]
+    assert peers.study_formats()[:4] == ("lmdb", "memmap", "rawfiles", "tfrecord")
+    assert set(peers.study_formats()[4:]) == set(peers.peer_formats())
 
 
-def test_the_grid_reads_raw_sets_cut_to_the_jpeg_count_from_their_own_directory(
-        ci_data_root):
+def test_the_grid_reads_sets_cut_to_one_count_from_their_own_directory(ci_data_root):
     from storebench.formats import read_manifest
 
     cases = peers.peers_grid(profile="ci", data_dir=ci_data_root)
-    raw = [c for c in cases if c.encoding == "raw"]
-    jpeg = [c for c in cases if c.encoding == "jpeg"]
-    assert raw and jpeg
-    assert {Path(c.dataset).parent for c in raw} == {ci_data_root / PEER_RAW_DIR}
-    assert {Path(c.dataset).parent for c in jpeg} == {ci_data_root}
-    for case in raw:
+    assert {c.encoding for c in cases} == {"raw", "jpeg"}
+    assert {Path(c.dataset).parent for c in cases} == {ci_data_root / PEER_SETS_DIR}
+    for case in cases:
         if case.function.endswith(":peer_epochs_case"):
             assert read_manifest(case.dataset)["num_samples"] == 256, case.case_id
-    (memmap,) = {c.dataset for c in raw if c.prefetcher == "process" and c.format == "memmap"}
-    assert memmap == str(ci_data_root / PEER_RAW_DIR / "memmap-raw")
+    (memmap,) = {c.dataset for c in cases if c.prefetcher == "process" and c.format == "memmap"}
+    assert memmap == str(ci_data_root / PEER_SETS_DIR / "memmap-raw")
 
 
 def test_the_captions_give_the_sets_read():
@@ -304,6 +304,6 @@ def test_a_failed_peer_build_names_every_format_it_left_unbuilt(tmp_path, capfd)
     assert len(failures) == 2  # one line per process, each building both sets
     named = [name for line in failures
              for name in line.split("building ")[1].split(" failed")[0].split(", ")]
-    assert sorted(named) == sorted(set(peers.peer_formats() + peers.raw_formats()))
+    assert sorted(named) == sorted(peers.study_formats())
     assert all(line.endswith("their rows will be skipped") for line in failures)
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= children_before

@@ -43,10 +43,10 @@ REPEAT_BUDGET_S = 1.5
 EPOCH_SAMPLES = 2048
 
 # The peers study reads whole epochs (a peer's loader stopped mid-epoch pays for its own
-# stop), and whole epochs of the 20,000-sample raw set through the slowest peers were the
-# study's costliest repeats: its raw set is cut to as many samples as the profile's JPEG set
-# (``peer_specs``), built apart under the data dir, here.
-PEER_RAW_DIR = "peers"
+# stop), so its epochs are sized by its sets: the profile's raw and JPEG sets cut to
+# EPOCH_SAMPLES (``peer_specs``), as many samples as every other study's epochs read, built
+# apart under the data dir, here.
+PEER_SETS_DIR = "peers"
 
 
 @dataclass(frozen=True)
@@ -95,17 +95,19 @@ def case_timeout_s(profile: str) -> float:
 
 
 def peer_specs(profile: str) -> tuple:
-    """(raw, JPEG) specs of the sets the peers study reads: the profile's JPEG set, and its
-    raw set cut to the JPEG set's sample count (its first samples: a sample depends only on
-    its spec's seed and index, so they are the whole set's bytes)."""
+    """(raw, JPEG) specs of the sets the peers study reads: the profile's raw and JPEG sets
+    cut to one count, the smaller set's or ``EPOCH_SAMPLES``, whichever is less (their first
+    samples: a sample depends only on its spec's seed and index, so they are the whole
+    sets' bytes), so that an epoch of either reads as many samples."""
     import data_gen
 
     chosen = data_gen.get_profile(profile)
-    jpeg, raw = chosen.spec_for("jpeg"), chosen.spec_for("raw")
-    return (dataclasses.replace(raw, num_samples=min(raw.num_samples, jpeg.num_samples)), jpeg)
+    specs = (chosen.spec_for("raw"), chosen.spec_for("jpeg"))
+    count = min(EPOCH_SAMPLES, *(spec.num_samples for spec in specs))
+    return tuple(dataclasses.replace(spec, num_samples=count) for spec in specs)
 
 
-def peer_sets_dir(data_dir: Path | str, encoding: str) -> Path:
-    """Where the peers study's sets of ``encoding`` are: its raw sets apart (``PEER_RAW_DIR``),
-    its JPEG sets beside the profile's other builds."""
-    return Path(data_dir) / PEER_RAW_DIR if encoding == "raw" else Path(data_dir)
+def peer_sets_dir(data_dir: Path | str) -> Path:
+    """Where the peers study's sets are: apart from the profile's other builds
+    (``PEER_SETS_DIR``)."""
+    return Path(data_dir) / PEER_SETS_DIR

@@ -2,8 +2,8 @@
 (WebDataset, LitData, MosaicML Streaming, DALI, FFCV, torchdata; Lance and Zarr as formats),
 under the same rules.
 
-Every path reads the same samples (the profile's JPEG set, decode-bound, and its raw set cut
-to as many samples as the JPEG set, ``peer_specs``), shuffled, 2 workers, batch 64, through
+Every path reads the same samples (the profile's JPEG set, decode-bound, and its raw set,
+both cut to one count, ``peer_specs``), shuffled, 2 workers, batch 64, through
 its library's own recommended pipeline over its own format (``storebench.loaders.peers``),
 from a warm cache, and the JPEG set also cold (epoch 1 from evicted, verified files). Every
 warm case runs two epochs or more on one loader
@@ -15,15 +15,17 @@ JPEGs are decoded with simplejpeg wherever the library lets us choose; DALI and 
 with their own libjpeg-turbo builds (the path's label says so). Our ProcessPrefetcher also
 reads each peer format through its storebench Reader ("same files, our loader").
 
-The raw sets every path of the study reads (ours over memmap, each peer's own format) live
-in ``<data>/peers/`` (``bench.plan.PEER_RAW_DIR``), apart from the profile's whole raw sets:
-whole epochs are the study's unit (a peer's loader stopped mid-epoch pays for its own stop),
-and whole epochs of the 20,000-sample raw set, through the slowest peers, were the study's
-costliest repeats. Cut to the JPEG set's count, a raw epoch reads as many samples as a JPEG
-one, the same bytes as the whole set's first samples. A path that pays per epoch (workers
-started again, an index read again) pays it more often per sample: its later epochs' rate,
-boundaries included, reads lower than over the whole set (``results/study-runs`` compares
-the two for run 6c79c2).
+The sets every path of the study reads (ours over memmap, LMDB and TFRecord, each peer's own
+format) live in ``<data>/peers/`` (``bench.plan.PEER_SETS_DIR``), apart from the profile's
+whole sets: whole epochs are the study's unit (a peer's loader stopped mid-epoch pays for its
+own stop), so its sets size its epochs. Both are cut to one count, the same bytes as the
+whole sets' first samples: 2,048 on the default profile (``EPOCH_SAMPLES``, what every other
+study's timed epoch reads; runs up to 81b40b read 4,000), the smaller set's where that is
+less (256 on ci). A path that pays per epoch
+(workers started again, an index read again) pays it more often per sample: its later
+epochs' rate, boundaries included, reads lower than over a longer set
+(``results/study-runs`` compares run 6c79c2's 20,000-sample raw epochs with 4,000, and a
+later run's 2,048 with 4,000).
 
 The peer libraries live in the peers environment (``storebench.environments``): their cases
 run with its interpreter, and ``prepare`` builds the peer formats with it. Where a library or
@@ -91,14 +93,16 @@ RATE = "later_epochs_samples_per_s"  # epochs 2 and on: the steady state
 COLD_RATE = "epoch1_samples_per_s"
 
 
-def raw_formats() -> tuple[str, ...]:
-    """Every format the study reads raw sets in: the core formats its own paths and
-    torchdata's read, then each peer format that holds raw arrays."""
-    from ..formats import CORE_FORMATS, FORMATS
+def study_formats() -> tuple[str, ...]:
+    """Every format the study reads: the core formats its own paths and the peers' read
+    (torchdata over memmap and LMDB, DALI over raw files and TFRecord), then every peer
+    format."""
+    from ..formats import CORE_FORMATS
 
-    ours = {fmt for _, fmt in STOREBENCH_PATHS["raw"] + PEER_PATHS["raw"]} & set(CORE_FORMATS)
-    return (*sorted(ours), *(fmt for fmt in peer_formats()
-                             if "raw" in getattr(FORMATS.get(fmt), "ENCODINGS", ())))
+    paths = [path for encoding in ENCODINGS
+             for path in STOREBENCH_PATHS[encoding] + PEER_PATHS[encoding]]
+    ours = {fmt for _, fmt in paths} & set(CORE_FORMATS)
+    return (*sorted(ours), *peer_formats())
 
 
 def peer_formats() -> tuple[str, ...]:
@@ -140,7 +144,7 @@ def _case(path: str, fmt: str, encoding: str, cache: str, built: dict, fields: d
         # Not built (its library or the peers environment is missing): a skipped row that
         # says why, never a silently absent path.
         return Case(study=NAME, function=f"{CASES}:missing_dataset_case", format=fmt,
-                    encoding=encoding, dataset=str(sets_dir(data_dir, encoding)
+                    encoding=encoding, dataset=str(sets_dir(data_dir)
                                                    / f"{fmt}-{encoding}"),
                     cache="",
                     **{**common, "params": {**params, "cache_wanted": cache}})
@@ -164,11 +168,11 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
     # of a second or two) still reach a narrow interval, and a slow peer stops early.
     target_fields = {**repeat_fields(profile, repeats, budget_s=TARGET_REPEAT_BUDGET_S),
                      "timeout_s": plan.timeout_s}
-    # Raw sets from their own directory only: where the profile's raw set is no longer than its JPEG
-    # set, the whole raw sets beside it have the same spec.
+    # Sets from their own directory only: where a profile's set is no longer than the cut,
+    # its whole builds beside the directory have the same spec.
     datasets = profile_datasets(profile, data_dir, peers=True, specs=peer_specs(profile))
     built = {(m["format"], m["encoding"]): (p, m) for p, m in datasets
-             if Path(p).parent == sets_dir(data_dir, m["encoding"])}
+             if Path(p).parent == sets_dir(data_dir)}
     # ci-sized epochs: a quarter second of later epochs shows the path works.
     extra = {"later_epochs_min_s": COMPACT_LATER_EPOCHS_MIN_S} if plan.compact else {}
     from ..formats import FORMATS
@@ -196,13 +200,12 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
 def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = True,
                        jobs: int | None = None) -> None:
     """Build the study's sets with the peers environment's interpreter (where it is missing
-    the grid's rows say so): the JPEG set in every peer format beside the profile's other
-    builds, and the raw set, cut (``peer_specs``), in ``raw_formats()`` in ``sets_dir``
-    (``storebench build --peer-sets``). The formats are split among ``jobs`` processes
-    (default: one per core, at most two), each building both sets of its formats: importing
-    the peer libraries, not writing the samples, is most of a small build, and nothing is
-    measured meanwhile. A failed build is reported, not fatal: its rows become
-    ``skipped``."""
+    the grid's rows say so): the raw and JPEG sets, cut (``peer_specs``), in every format of
+    ``study_formats()`` that holds them, in ``sets_dir`` (``storebench build --peer-sets``).
+    The formats are split among ``jobs`` processes (default: one per core, at most two),
+    each building both sets of its formats: importing the peer libraries, not writing the
+    samples, is most of a small build, and nothing is measured meanwhile. A failed build is
+    reported, not fatal: its rows become ``skipped``."""
     import os
     import sys
 
@@ -213,7 +216,7 @@ def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = T
     except EnvironmentUnavailableError as err:
         print(f"storebench: peers study: {err}", file=sys.stderr)
         return
-    formats = tuple(dict.fromkeys(raw_formats() + peer_formats()))
+    formats = study_formats()
     jobs = max(1, min(jobs or min(2, os.cpu_count() or 1), len(formats)))
     processes = []
     try:
