@@ -91,11 +91,12 @@ def test_every_dataset_gets_every_damage_class_in_both_modes(fuzzed, ci_data_roo
     df, _, _ = fuzzed
     assert list(df.columns) == list(COLUMNS)
     assert set(df["outcome"]) <= set(OUTCOMES)
-    # Every dataset under the data dir: the peers study's cut raw sets in peers/ too.
+    # Every dataset under the data dir: the peers study's cut sets in peers/ too.
     datasets = sorted(str(p.relative_to(ci_data_root)) for p in find_datasets(ci_data_root))
     available = [(name, m) for name, m in FORMATS.items() if unavailable_reason(name) is None]
     built = sum(enc in m.ENCODINGS for _, m in available for enc in ("raw", "png", "jpeg"))
-    built += sum("raw" in m.ENCODINGS for _, m in available)  # and again cut, in peers/
+    # and raw and JPEG again, cut, in peers/
+    built += sum(enc in m.ENCODINGS for _, m in available for enc in ("raw", "jpeg"))
     assert sorted(df["dataset"].unique()) == datasets and len(datasets) == built
     for name, rows in df.groupby("dataset"):
         # Every dataset has a donor (its next-seed build) for foreign_file.

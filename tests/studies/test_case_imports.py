@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 from storebench.formats import find_datasets, open_dataset
 top = Path({str(ci_data_root)!r})
-for root in find_datasets(top):  # the peers study's cut raw sets in peers/ too
+for root in find_datasets(top):  # the peers study's cut sets in peers/ too
     reader = open_dataset(root)
     reader.read_many([3, 0, len(reader) - 1])
     reader.close()
