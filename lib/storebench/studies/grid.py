@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..bench.cases import dataset_files  # noqa: F401 - the grids' name for it
-from ..bench.plan import plan_for
+from ..bench.plan import peer_sets_dir, plan_for
 from ..text import ENCODING_ORDER
 
 # The dataset directory of a format x encoding default build: ``<format>-<encoding>``; a
@@ -59,14 +59,19 @@ def profile_datasets(
 ) -> list[tuple[Path, dict]]:
     """(path, manifest) of every default build under ``data_dir`` made from ``profile``'s
     specs (or ``specs``, one per encoding; the knob variants too with ``variants=True``; the
-    peer formats' builds too with ``peers=True``), sorted by the formats registry's order,
-    then encoding, then directory name."""
+    peer formats' builds, and the peers study's own directory of sets, too with
+    ``peers=True``), sorted by the formats registry's order, then encoding, then directory
+    name."""
     from data_gen import get_profile
     from storebench.formats import CORE_FORMATS, FORMATS, find_datasets, read_manifest
     from storebench.formats.specs import IMPORTED_KIND
 
     specs = {spec.encoding: spec.to_dict() for spec in specs or get_profile(profile).specs}
-    everything = [(path, read_manifest(path)) for path in find_datasets(data_dir)]
+    # The peers study's cut sets are its own: where a cut holds the whole set's count (a
+    # small profile), they would otherwise be every other study's second copy of a set.
+    apart = Path(peer_sets_dir(data_dir))
+    everything = [(path, read_manifest(path)) for path in find_datasets(data_dir)
+                  if peers or apart not in Path(path).parents]
     imported = [(p, m) for p, m in everything if m["spec"].get("kind") == IMPORTED_KIND]
     found = []
     # A directory of imported datasets (storebench import) is studied whatever the profile:
