@@ -20,12 +20,12 @@ format) live in ``<data>/peers/`` (``bench.plan.PEER_SETS_DIR``), apart from the
 whole sets: whole epochs are the study's unit (a peer's loader stopped mid-epoch pays for its
 own stop), so its sets size its epochs. Both are cut to one count, the same bytes as the
 whole sets' first samples: 2,048 on the default profile (``EPOCH_SAMPLES``, what every other
-study's timed epoch reads; runs up to 81b40b read 4,000), the smaller set's where that is
+study's timed epoch reads; runs up to a3789e read 4,000), the smaller set's where that is
 less (256 on ci). A path that pays per epoch
 (workers started again, an index read again) pays it more often per sample: its later
 epochs' rate, boundaries included, reads lower than over a longer set
-(``results/study-runs`` compares run 6c79c2's 20,000-sample raw epochs with 4,000, and a
-later run's 2,048 with 4,000).
+(``results/study-runs`` compares run 6c79c2's 4,000-sample raw epochs with 5f05d8's
+20,000, and run 3c5425's 2,048-sample epochs with a3789e's 4,000).
 
 The peer libraries live in the peers environment (``storebench.environments``): their cases
 run with its interpreter, and ``prepare`` builds the peer formats with it. Where a library or
