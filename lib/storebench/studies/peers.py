@@ -3,8 +3,8 @@
 under the same rules.
 
 Every path reads the same samples (the profile's JPEG set, decode-bound, and its raw set,
-both cut to one count, ``peer_specs``), shuffled, 2 workers, batch 64, through
-its library's own recommended pipeline over its own format (``storebench.loaders.peers``),
+both cut to one count, ``peer_specs``), shuffled, 2 workers, batch 64, through its library's
+own recommended pipeline over its own format (``storebench.loaders.peers``),
 from a warm cache, and the JPEG set also cold (epoch 1 from evicted, verified files). Every
 warm case runs two epochs or more on one loader
 (``cases.peers``): time to first batch (start-up, JIT, index reading), each epoch's rate
@@ -21,11 +21,10 @@ whole sets: whole epochs are the study's unit (a peer's loader stopped mid-epoch
 own stop), so its sets size its epochs. Both are cut to one count, the same bytes as the
 whole sets' first samples: 2,048 on the default profile (``EPOCH_SAMPLES``, what every other
 study's timed epoch reads; runs up to a3789e read 4,000), the smaller set's where that is
-less (256 on ci). A path that pays per epoch
-(workers started again, an index read again) pays it more often per sample: its later
-epochs' rate, boundaries included, reads lower than over a longer set
-(``results/study-runs`` compares run 6c79c2's 4,000-sample raw epochs with 5f05d8's
-20,000, and run 3c5425's 2,048-sample epochs with a3789e's 4,000).
+less (256 on ci). A path that pays per epoch (workers started again, an index read again)
+pays it more often per sample: its later epochs' rate, boundaries included, reads lower than
+over a longer set (``results/study-runs`` compares run 6c79c2's 4,000-sample raw epochs with
+5f05d8's 20,000, and run 3c5425's 2,048-sample epochs with a3789e's 4,000).
 
 The peer libraries live in the peers environment (``storebench.environments``): their cases
 run with its interpreter, and ``prepare`` builds the peer formats with it. Where a library or
