@@ -56,10 +56,11 @@ class Target:
     params: tuple[tuple[str, object], ...] = ()
     # The case's untimed run of ``measure`` before its repeats. Off where ``measure`` warms
     # up inside, untimed (a first round, first batches, workers started), as most do: a
-    # whole extra run there cost 0.4 to 3.1 s a case and put the process in no state that
-    # the inner warm-up does not. On where ``measure`` times its first pass on purpose
-    # (Parquet), and for tf.data: without it, run 81b40b's first repeat read 1.35x where the
-    # others read 1.18 to 1.29 (1.51 once) and the case ran all 9 repeats, 39 s.
+    # whole extra run there (in run 6c79c2 each such case spent 0.8 to 4.5 s outside its
+    # repeats, imports included) puts the process in no state that the inner warm-up does
+    # not. On where ``measure`` times its first pass on purpose (Parquet), and for tf.data:
+    # without it, run 81b40b's first repeat read 1.35x where the others read 1.18 to 1.29
+    # (1.51 once) and the case ran all 9 repeats, 39 s.
     warmup: bool = False
 
     @property
