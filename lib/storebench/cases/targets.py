@@ -19,7 +19,8 @@ MB = 1e6
 # Rounds of a gather target's repeat (each: the copies, then every path's pass over the
 # set). What spreads the ratio between repeats is the two-thread copy running fast or slow
 # for whole repeats at a time (results/targets-runs, entry "Five runs at 801bcb2"), which
-# more rounds per repeat do not average out; 20 rounds took 3.1 s a repeat, 12 about 1.9.
+# more rounds per repeat do not average out. A preloaded gather's repeat took 3.0 to 3.2 s
+# at 20 rounds (run 6c79c2), 1.9 to 2.3 s at 12 after its first (run 81b40b).
 GATHER_ROUNDS = 12
 
 # What a measure function returns: {path: Measurement} and extra metrics.
