@@ -13,7 +13,8 @@ FFCV_APT := libopencv-dev libturbojpeg0-dev pkg-config
 
 .PHONY: setup peers study test lint clean-data
 
-$(STAMP): pyproject.toml
+# lib/storebench/_rows.c: the C row gather, built into the checkout by `pip install -e`.
+$(STAMP): pyproject.toml lib/storebench/_rows.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev]'
 	touch $(STAMP)
@@ -21,7 +22,7 @@ $(STAMP): pyproject.toml
 # FFCV compiles against OpenCV and libjpeg-turbo: installed with apt when we are root and
 # they are missing. Without them FFCV is not installed, and its rows and tests say why
 # (`storebench.environments`); everything else still works.
-$(PEERS_STAMP): pyproject.toml
+$(PEERS_STAMP): pyproject.toml lib/storebench/_rows.c
 	test -x $(PEERS_BIN)/python || $(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev,peers]'
 	@if ! pkg-config --exists opencv4 libturbojpeg 2>/dev/null && [ "$$(id -u)" = 0 ] \

@@ -9,6 +9,8 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+# What environment.yml names to make the environment, not as one of storebench's packages.
+TOOLS = ("python", "pip", "c-compiler")
 
 
 def name_of(requirement: str) -> str:
@@ -29,7 +31,7 @@ def environment_requirements() -> dict[str, str]:
             for requirement in item["pip"]:
                 if not requirement.startswith("-e"):
                     found[name_of(requirement)] = requirement.replace(" ", "")
-        elif name_of(item) not in ("python", "pip"):
+        elif name_of(item) not in TOOLS:
             found[name_of(item)] = item.replace(" ", "")
     return found
 
@@ -43,6 +45,14 @@ def test_same_version_constraints_in_both():
     assert {k: env[k] for k in project} == project
     assert project["torch"] == "torch==2.13.0"
     assert project["h5py"].endswith("<3.15")  # TensorFlow 2.21's cap
+
+
+def test_conda_users_get_a_compiler_for_the_c_extension():
+    """pyproject builds storebench._rows from C; conda has no system compiler to rely on."""
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    assert [module["name"] for module in setuptools["ext-modules"]] == ["storebench._rows"]
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    assert "c-compiler" in env["dependencies"]
 
 
 def test_the_peers_environment_is_described_in_both():

@@ -32,8 +32,8 @@ def test_batch_assembly_runs_as_many_batches_as_asked(memmap_raw):
 
 def test_gather_against_copy_times_interleaved_measurements_of_the_same_bytes(memmap_raw):
     """Each round: the copies (one thread, split over k), each dataset's gathers, a bare
-    np.take of the same batches; every measurement covers the same bytes, and "copy" is the
-    faster copy."""
+    take_rows and NumPy's np.take of the same batches; every measurement covers the same
+    bytes, and "copy" is the faster copy."""
     from storebench.loaders import throughput
 
     dataset = PreloadedDataset(memmap_raw, progress=False)
@@ -43,10 +43,11 @@ def test_gather_against_copy_times_interleaved_measurements_of_the_same_bytes(me
     split.close()
     epoch = (len(dataset) // 32) * 32 * dataset.images[0].nbytes
     assert sorted(timed) == ["bare_take", "bare_take_2_threads", "copy", "copy_1_thread",
-                             "copy_2_threads", "one", "split"]
+                             "copy_2_threads", "numpy_take", "one", "split"]
     assert {m.bytes for m in timed.values()} == {2 * epoch}
     assert timed["one"].batches == timed["split"].batches == timed["bare_take"].batches == (
-        timed["bare_take_2_threads"].batches) == 2 * (len(dataset) // 32)
+        timed["bare_take_2_threads"].batches) == timed["numpy_take"].batches == 2 * (
+        len(dataset) // 32)
     assert all(m.seconds > 0 for m in timed.values())
     assert timed["copy"].seconds == min(timed["copy_1_thread"].seconds,
                                         timed["copy_2_threads"].seconds)
@@ -54,8 +55,9 @@ def test_gather_against_copy_times_interleaved_measurements_of_the_same_bytes(me
     assert sorted(without) == ["copy", "copy_1_thread", "gather"]
     one_thread = throughput.gather_against_copy({"gather": dataset}, batch_size=32, rounds=1,
                                                 rows=dataset.images)
-    assert sorted(one_thread) == ["bare_take", "copy", "copy_1_thread", "gather"]
-    with pytest.raises(ValueError, match="not \\['bare_take', 'copy', 'copy_1_thread'\\]"):
+    assert sorted(one_thread) == ["bare_take", "copy", "copy_1_thread", "gather", "numpy_take"]
+    with pytest.raises(ValueError, match="not \\['bare_take', 'copy', 'copy_1_thread', "
+                                         "'numpy_take'\\]"):
         throughput.gather_against_copy({"copy": dataset}, batch_size=32, rounds=1)
     with pytest.raises(ValueError, match="'bare_take_2_threads', 'copy'"):
         throughput.gather_against_copy({"bare_take_2_threads": dataset}, batch_size=32,

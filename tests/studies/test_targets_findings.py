@@ -74,6 +74,7 @@ def test_gather_sentence_splits_the_shortfall_and_names_the_split_gather():
         "memmap_threads.fraction_of_dram_copy": [0.9, 0.8, 1.0],
         "memmap.bare_take_fraction_of_dram_copy": [0.7, 0.75, 0.8],
         "memmap.fraction_of_bare_take": [0.9, 0.85, 0.95],
+        "memmap.numpy_take_fraction_of_dram_copy": [0.4, 0.45, 0.5],
         "memmap.bare_take_threads_fraction_of_dram_copy": [1.1, 1.0, 1.2],
         "memmap_prefetched.fraction_of_dram_copy": [0.7, 0.72, 0.71],
         "memmap_consumer_reads.fraction_of_dram_copy": [0.74, 0.76, 0.73],
@@ -81,9 +82,10 @@ def test_gather_sentence_splits_the_shortfall_and_names_the_split_gather():
         "threads": [2.0, 2.0, 2.0]}))
     (sentence,) = targets.targets_findings(df)
     assert sentence.endswith(
-        " A bare one-thread np.take of the same batches from the same array reaches 75% of "
+        " A bare one-thread take_rows of the same batches from the same array reaches 75% of "
         "the copy: the access pattern's own limit for one thread; the one-thread loader "
-        "gather delivers 90% of that. Gathered by one thread it reaches 60% of the copy, "
+        "gather delivers 90% of that. NumPy's np.take of the same batches, one row at a time, "
+        "reaches 45%. Gathered by one thread it reaches 60% of the copy, "
         "split over 2 threads (one per core) 90%. Through a ThreadPrefetcher with 2 workers, "
         "kept from epoch to epoch, it reaches 71%. With 1 worker and the consumer reading "
         "a batch itself rather than wait for one, it reaches 74%. 2 free-running threads, "

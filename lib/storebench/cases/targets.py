@@ -84,9 +84,10 @@ def _gather(reader, case: Case, *, path: str) -> Measured:
     a training job's loader runs its epochs: a pass that ends keeps its workers and slots,
     and submits nothing until the next one, so none of its work falls in the copies' turn.
     The copy is the faster of one thread and one per core, so the threaded gathers are held
-    to what the same threads copy. Where a shortfall goes: a bare one-thread ``np.take`` of
+    to what the same threads copy. Where a shortfall goes: a bare one-thread ``take_rows`` of
     the same batches, and the same batches taken by one free-running thread per core with no
-    hand-off per batch (``gather_against_copy``)."""
+    hand-off per batch (``gather_against_copy``); NumPy's ``np.take`` of them, for the
+    gather the loaders replaced (``storebench.gather``)."""
     from storebench.loaders import LazyDataset, PreloadedDataset, ThreadPrefetcher, throughput
 
     if path == "preloaded":
@@ -115,7 +116,7 @@ def _gather(reader, case: Case, *, path: str) -> Measured:
             rounds=int(case.param("rounds", GATHER_ROUNDS)), rows=rows, copy_threads=cores,
             epochs=epochs)
     copy = timed["copy"].bytes_per_second
-    # Where a shortfall goes: the bare np.take of the same batches from the same array is
+    # Where a shortfall goes: the bare take_rows of the same batches from the same array is
     # the access pattern's own limit; the rest (gather over bare) is the loader's cost.
     extra = {
         "threads": (float(cores), "count"),
@@ -123,6 +124,8 @@ def _gather(reader, case: Case, *, path: str) -> Measured:
         "dram_copy_1_thread_GBps": (timed["copy_1_thread"].bytes_per_second / 1e9, "GB/s"),
         f"{path}.bare_take_fraction_of_dram_copy": (timed["bare_take"].bytes_per_second / copy,
                                                     "ratio"),
+        f"{path}.numpy_take_fraction_of_dram_copy": (
+            timed["numpy_take"].bytes_per_second / copy, "ratio"),
         f"{path}.fraction_of_bare_take": (
             timed[path].bytes_per_second / timed["bare_take"].bytes_per_second, "ratio"),
     }

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from data_gen import DatasetSpec
 
+from ..gather import take_rows
 from .base import (
     CorruptSampleError,
     DatasetError,
@@ -408,7 +409,7 @@ class ParquetReader(Reader):
         first = int(positions[0])
         if positions[-1] - first + 1 == len(positions):
             target = images[first : first + len(positions)].reshape(len(positions), expected)
-            np.take(block, local, axis=0, out=target, mode="clip")
+            take_rows(block, local, target)
         else:
             images[positions] = block[local].reshape(-1, *self.spec.image_shape)
 

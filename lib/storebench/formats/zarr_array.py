@@ -52,6 +52,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..gather import take_rows
 from .base import (
     CorruptSampleError,
     DatasetError,
@@ -351,7 +352,7 @@ class ZarrReader(Reader):
         labels = self._labels(indices)
         if self.is_raw:
             images = self._raw_buffer(len(indices), out)
-            np.take(rows, where, axis=0, out=images)
+            take_rows(rows, where, images)
             return images, labels
         return [bytes(rows[k]) for k in where.tolist()], labels
 

@@ -47,6 +47,7 @@ from storebench.formats.base import (
     sniff_encoding,
 )
 from storebench.formats.specs import fixed_size, is_imported
+from storebench.gather import take_rows
 
 from .batching import Batch, stack_into
 from .split_gather import SplitGather
@@ -539,13 +540,10 @@ class PreloadedDataset(_MapDataset):
             if out is None:
                 out = batch_empty((len(indices), *self.images.shape[1:]))
             if out.flags.c_contiguous:
-                # Indices are checked in get_batch, so "clip" never clips; it lets numpy skip its
-                # own per-index checks and copy rows directly (about 1.7x faster gathers of
-                # 12 KiB rows than the default mode="raise" on the reference machine).
                 rows = self.images.reshape(len(self.images), -1)
-                np.take(rows, indices, axis=0, out=out.reshape(len(indices), -1), mode="clip")
+                take_rows(rows, indices, out.reshape(len(indices), -1))
             else:
-                np.take(self.images, indices, axis=0, out=out)
+                take_rows(self.images, indices, out)
             return out, labels
         starts, stops = self.offsets[indices], self.offsets[indices + 1]
         spans = zip(starts.tolist(), stops.tolist(), strict=True)

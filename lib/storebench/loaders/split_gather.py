@@ -1,12 +1,13 @@
 """One batch's gather split over threads.
 
 A shuffled gather of 12 KiB rows is bound by memory latency, not bandwidth: each row starts
-where the hardware prefetcher has no stream yet. Two threads each gathering half of the batch
-keep two streams of misses in flight, where a single thread cannot (the targets study
-measures one thread against one per core, both against the same run's copy bandwidth). The
-copies release the GIL (``np.take``, ``pread``), so the parts run at once.
+where the hardware prefetcher has no stream yet. ``take_rows`` keeps a group of rows' misses
+in flight in one thread (``storebench.gather``); threads each gathering a part of the batch
+add their own (the targets study measures one thread against one per core, both against the
+same run's copy bandwidth). The copies release the GIL (``take_rows``, ``pread``), so the
+parts run at once.
 
-Two ways in: ``SplitGather.take`` hands bare ``np.take`` calls to helper threads, for
+Two ways in: ``SplitGather.take`` hands bare ``take_rows`` calls to helper threads, for
 datasets whose samples sit in one array (``PreloadedDataset``, the memmap reader); calling
 the ``SplitGather`` runs any reader's ``read_many`` per part in a thread pool. Every part
 writes straight into its slice of the caller's buffer: no copy is added.
@@ -29,6 +30,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+
+from ..gather import take_rows
 
 # A part smaller than this costs more in the hand-off (tens of microseconds) than it saves.
 MIN_BYTES_PER_THREAD = 256 * 1024
@@ -109,7 +112,7 @@ class SplitGather:
 
     def take(self, rows: np.ndarray, indices: np.ndarray, out: np.ndarray) -> None:
         """``out[k] = rows[indices[k]]`` for a 2-D ``rows`` array and a 2-D C-contiguous
-        ``out``, the helpers' parts as bare ``np.take`` calls: no Python runs between a
+        ``out``, the helpers' parts as bare ``take_rows`` calls: no Python runs between a
         helper waking and its copy, which releases the GIL (a reader's ``read_many`` per part
         runs enough Python, under the GIL, to give back much of what the split gains).
         Indices must be checked; every part has finished when this returns or raises, and
@@ -119,7 +122,7 @@ class SplitGather:
         parts = 1 if self.threads == 1 else self.parts(count, out.nbytes)
         helpers = self._take_helpers() if parts > 1 else None
         if helpers is None or not helpers.busy.acquire(blocking=False):
-            np.take(rows, indices, axis=0, out=out, mode="clip")
+            take_rows(rows, indices, out)
             return
         try:
             helpers.take(rows, indices, out, parts)
@@ -178,7 +181,7 @@ def _balanced_share(parts: int, rows: int, first_rows: int, first_s: float,
 
 
 class _Helper:
-    """One thread parked on its ``go`` lock; a release wakes it for one ``np.take``, and it
+    """One thread parked on its ``go`` lock; a release wakes it for one ``take_rows``, and it
     releases ``done`` when that has finished (or failed)."""
 
     def __init__(self, name: str) -> None:
@@ -201,7 +204,7 @@ class _Helper:
                 return
             rows, indices, out = task
             try:
-                np.take(rows, indices, axis=0, out=out, mode="clip")
+                take_rows(rows, indices, out)
             except BaseException as err:  # handed to the caller, which raises it
                 self._error = err
             self.finished_at = time.perf_counter()
@@ -262,7 +265,7 @@ class _TakeHelpers:
             helper.start(rows, indices[bounds[k]:bounds[k + 1]], out[bounds[k]:bounds[k + 1]])
         errors: list[BaseException | None] = [None]
         try:
-            np.take(rows, indices[:first], axis=0, out=out[:first], mode="clip")
+            take_rows(rows, indices[:first], out[:first])
         except BaseException as err:
             errors[0] = err
         first_s = time.perf_counter() - started

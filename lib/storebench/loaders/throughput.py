@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..gather import take_rows
 from .batching import Batch, batch_buffer
 from .samplers import BatchSampler, ShuffleSampler
 
@@ -139,9 +140,11 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
     threads: ``"copy"`` is the faster of the two, the machine's copy bandwidth as far as k
     threads reach it (a gather split over k threads is then held to the same limit).
     With ``rows`` (the samples as one (N, H, W, C) array: what the datasets gather from),
-    each round also times a bare one-thread ``np.take`` of the same batches from it: the
-    gather without the loader around it, which says how much of a shortfall is the loader
-    and how much the access pattern itself. With k > 1 copy threads too, ``bare_take`` runs
+    each round also times a bare one-thread ``take_rows`` of the same batches from it
+    (``bare_take``): the gather without the loader around it, which says how much of a
+    shortfall is the loader and how much the access pattern itself; and NumPy's own
+    ``np.take`` of them (``numpy_take``), what the loaders gathered with before
+    ``storebench.gather``. With k > 1 copy threads too, ``bare_take`` runs
     free over k threads as well: each takes every k-th batch whole into a buffer of its
     own, and they meet once a round, not once a batch. That is the pattern's own limit at k
     threads, the mark for a gather split over k threads, whose parts hand off at every
@@ -153,10 +156,10 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
     reads ahead into the next round would be timed in the copies' turn).
 
     Returns a measurement per dataset and epoch name, ``"copy_1_thread"``,
-    ``"copy_<k>_threads"``, ``"copy"``, ``"bare_take"`` and ``"bare_take_<k>_threads"``
-    (with ``rows``); a ``bytes_per_second`` ratio to ``copy`` is a fraction of the DRAM copy
-    bandwidth."""
-    reserved = {"copy", "copy_1_thread", "bare_take"}
+    ``"copy_<k>_threads"``, ``"copy"``, ``"bare_take"``, ``"numpy_take"`` and
+    ``"bare_take_<k>_threads"`` (with ``rows``); a ``bytes_per_second`` ratio to ``copy`` is
+    a fraction of the DRAM copy bandwidth."""
+    reserved = {"copy", "copy_1_thread", "bare_take", "numpy_take"}
     if copy_threads > 1:
         reserved |= {f"copy_{copy_threads}_threads", f"bare_take_{copy_threads}_threads"}
     epochs = dict(epochs or {})
@@ -204,7 +207,8 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
 
     free_name = f"bare_take_{copy_threads}_threads"
     # Every timed way through the batches but the copies, in the order the rounds time them.
-    gathers = [*datasets, *epochs, *(["bare_take"] if flat_rows is not None else []),
+    gathers = [*datasets, *epochs,
+               *(["bare_take", "numpy_take"] if flat_rows is not None else []),
                *([free_name] if free_takes is not None else [])]
     seconds = dict.fromkeys([*copiers, *gathers], 0.0)
     try:
@@ -227,6 +231,10 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
                 started = time.perf_counter()
                 _take_batches(flat_rows, order, flat_out)
                 timed["bare_take"] = time.perf_counter() - started
+                started = time.perf_counter()
+                for idx in order:
+                    np.take(flat_rows, idx, axis=0, out=flat_out, mode="clip")
+                timed["numpy_take"] = time.perf_counter() - started
             if free_takes is not None:
                 started = time.perf_counter()
                 free_takes(order)
@@ -315,9 +323,10 @@ def pinned_pass(dataset, cpu: int, usable: Sequence[int], out: np.ndarray | None
 
 
 def _take_batches(rows: np.ndarray, order: Sequence[np.ndarray], out: np.ndarray) -> None:
-    """``np.take`` of each batch of ``order`` from ``rows`` into ``out``, in this thread."""
+    """``take_rows`` of each batch of ``order`` from ``rows`` into ``out``, in this
+    thread."""
     for idx in order:
-        np.take(rows, idx, axis=0, out=out, mode="clip")
+        take_rows(rows, idx, out)
 
 
 def shuffled_batch_assembly(

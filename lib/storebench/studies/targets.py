@@ -122,7 +122,7 @@ def median_of_latest(df: pd.DataFrame, key: str):
 
 
 def _bare_take_text(median, key: str) -> str:
-    """For a gather target: what a bare one-thread ``np.take`` of the same batches reached
+    """For a gather target: what a bare one-thread ``take_rows`` of the same batches reached
     in the same repeats, which splits a one-thread shortfall into the access pattern's own
     limit and the loader's cost, and what the gather split over threads reached (nothing for
     other targets, or results without them). ``median``: ``median_of_latest``'s."""
@@ -131,10 +131,14 @@ def _bare_take_text(median, key: str) -> str:
     share = median(f"{prefix}.fraction_of_bare_take")
     text = ""
     if bare is not None and share is not None:
-        text = (f" A bare one-thread np.take of the same batches from the same array reaches "
+        text = (f" A bare one-thread take_rows of the same batches from the same array reaches "
                 f"{format_percent(bare)} of the copy: the access pattern's own limit for one "
                 f"thread; the one-thread loader gather delivers {format_percent(share)} of "
                 "that.")
+    numpy_take = median(f"{prefix}.numpy_take_fraction_of_dram_copy")
+    if numpy_take is not None:
+        text += (f" NumPy's np.take of the same batches, one row at a time, reaches "
+                 f"{format_percent(numpy_take)}.")
     one, split = (median(f"{name}.fraction_of_dram_copy")
                   for name in (prefix, f"{prefix}_threads"))
     threads = median("threads")
