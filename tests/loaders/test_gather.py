@@ -1,4 +1,5 @@
-"""storebench.gather.take_rows: the interleaved row gather every raw batch goes through."""
+"""storebench._rows: the interleaved row gather every raw batch goes through
+(``storebench.gather.take_rows``), and a raw batch's checksums (``sample_checksums``)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import mmap
 import numpy as np
 import pytest
 
+from storebench._rows import crc32c_rows, crc32c_rows_portable
 from storebench._rows import take_rows as c_take_rows
+from storebench.formats import sample_checksums
 from storebench.gather import take_rows
 
 
@@ -103,3 +106,27 @@ def test_strided_rows_or_out_take_numpy_with_the_same_result_and_checks():
     assert out.tobytes() == strided_rows[indices].tobytes()
     with pytest.raises(IndexError, match="row index -2 out of range for 30 rows"):
         take_rows(strided_rows, np.array([0, -2]), out[:2])
+
+
+@pytest.mark.parametrize("width", [0, 1, 7, 8, 9, 63, 12_288])
+@pytest.mark.parametrize("count", [0, 1, 3, 4, 5, 9])
+def test_batch_checksums_are_the_per_sample_crc32c_of_bytes_then_label(width, count):
+    # Four rows' CRCs interleaved, then the rows left over; the table-driven path too.
+    import crc32c
+
+    rows = _rows(count, (width,), seed=width + count)
+    labels = np.random.default_rng(count).integers(-3, 1 << 40, count)
+    expected = [crc32c.crc32c(int(label).to_bytes(8, "little", signed=True),
+                              crc32c.crc32c(row.tobytes())) for row, label in zip(rows, labels)]
+    assert sample_checksums(rows, labels).tolist() == expected
+    portable = np.empty(count, np.uint32)
+    crc32c_rows_portable(rows, labels, portable)
+    assert portable.tolist() == expected
+
+
+def test_batch_checksums_refuse_mismatched_labels_and_out():
+    rows = _rows(4, (16,))
+    with pytest.raises(ValueError, match="labels must be a 1-D int64 array of 4 values"):
+        crc32c_rows(rows, np.arange(3), np.empty(4, np.uint32))
+    with pytest.raises(ValueError, match="out must be a 1-D uint32 array of 4 values"):
+        crc32c_rows(rows, np.arange(4), np.empty(4, np.uint64))
