@@ -11,9 +11,10 @@
  * best the CPU runs (GCC's target_clones). Other compilers and CPUs build the plain loop.
  */
 #define PY_SSIZE_T_CLEAN
-#include <Python.h>
+#include <Python.h> /* first: it defines _GNU_SOURCE, which RUSAGE_THREAD needs */
 #include <stdint.h>
 #include <string.h>
+#include <sys/resource.h>
 
 /* Rows copied together, and the bytes of each row copied before the next row's turn. Eight
  * rows in 64-byte turns ran fastest of 8 or 16 rows in 64- or 256-byte turns. */
@@ -46,6 +47,43 @@ static void take_rows_impl(const uint8_t *rows, const int64_t *indices, Py_ssize
         for (Py_ssize_t j = 0; j < group; j++)
             memcpy(dst[j] + offset, src[j] + offset, width - offset);
     }
+}
+
+/* Rows that must come from the device (a file map whose pages are not in the page cache, or
+ * swapped memory) are copied one after the other, as np.take copies them: the kernel reads
+ * around each faulting page, and eight rows faulting at once put eight such windows in
+ * flight, which under a memory limit evicted pages before their rows were copied (the
+ * out_of_core study's memmap rows read twice the bytes and more, once for a 32-sample epoch
+ * 24 GB). The batch's first group is copied row by row and tells which case this is: a major
+ * fault in it sends the rest row by row too. */
+static long major_faults(void) {
+#ifdef RUSAGE_THREAD
+    struct rusage usage;
+    if (getrusage(RUSAGE_THREAD, &usage) == 0)
+        return usage.ru_majflt;
+#endif
+    return 0;
+}
+
+static void copy_rows_in_turn(const uint8_t *rows, const int64_t *indices, Py_ssize_t count,
+                              size_t width, uint8_t *out) {
+    for (Py_ssize_t k = 0; k < count; k++)
+        memcpy(out + (size_t)k * width, rows + (size_t)indices[k] * width, width);
+}
+
+/* Returns 1 where the rows were copied one after the other (a major fault in the first
+ * group), 0 where groups were interleaved. */
+static int gather_rows(const uint8_t *rows, const int64_t *indices, Py_ssize_t count,
+                       size_t width, uint8_t *out) {
+    Py_ssize_t head = count < GROUP ? count : GROUP;
+    long before = major_faults();
+    copy_rows_in_turn(rows, indices, head, width, out);
+    if (major_faults() != before) {
+        copy_rows_in_turn(rows, indices + head, count - head, width, out + (size_t)head * width);
+        return 1;
+    }
+    take_rows_impl(rows, indices + head, count - head, width, out + (size_t)head * width);
+    return 0;
 }
 
 static int is_int64(const Py_buffer *view) {
@@ -222,7 +260,9 @@ PyDoc_STRVAR(take_rows_doc,
 "N equal rows (its first axis), indices a 1-D C-contiguous int64 buffer of values in\n"
 "[0, N), out a writable C-contiguous buffer of len(indices) such rows that does not\n"
 "overlap rows. Every index is checked before any byte is written (IndexError). The GIL\n"
-"is released while rows are copied.");
+"is released while rows are copied. Returns True where the rows were copied one after\n"
+"the other because the first of them faulted in from the device, False where groups of\n"
+"rows were copied interleaved.");
 
 static PyObject *take_rows(PyObject *module, PyObject *args) {
     PyObject *rows_obj, *indices_obj, *out_obj;
@@ -276,10 +316,11 @@ static PyObject *take_rows(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "take_rows: out overlaps rows");
         goto done;
     }
+    int in_turn;
     Py_BEGIN_ALLOW_THREADS
-    take_rows_impl(rows_start, index, count, width, out_start);
+    in_turn = gather_rows(rows_start, index, count, width, out_start);
     Py_END_ALLOW_THREADS
-    result = Py_NewRef(Py_None);
+    result = PyBool_FromLong(in_turn);
 done:
     if (rows.obj)
         PyBuffer_Release(&rows);

@@ -6,6 +6,13 @@ where no hardware prefetch stream runs yet: a thread spends much of every row wa
 memory, one row's misses in flight. ``take_rows`` (C, ``storebench._rows``) copies a group
 of eight rows 64 bytes at a time, interleaved, which keeps eight rows' misses in flight.
 
+Rows that come from the device are the exception: where the batch's first eight rows (copied
+one after the other) took a major fault, a file map being read from disk or memory swapped
+out, the rest are copied one after the other too. The kernel reads around each faulting
+page, and eight rows faulting at once put eight such windows in flight: under the
+out_of_core study's memory limits that evicted pages before their rows were copied, and a
+memmap epoch read twice the bytes and more from the device.
+
 ``python -m storebench.gather`` times both against a plain copy of as many bytes, one and two
 threads, interleaved, and prints the medians: the measurements behind this module come from
 it, and the targets study records the same comparison in every run

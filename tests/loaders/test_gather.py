@@ -130,3 +130,28 @@ def test_batch_checksums_refuse_mismatched_labels_and_out():
         crc32c_rows(rows, np.arange(3), np.empty(4, np.uint32))
     with pytest.raises(ValueError, match="out must be a 1-D uint32 array of 4 values"):
         crc32c_rows(rows, np.arange(4), np.empty(4, np.uint64))
+
+
+def test_rows_that_fault_in_from_the_device_are_copied_one_after_the_other(tmp_path):
+    # Eight rows faulting at once put eight read-around windows in flight; under a memory
+    # limit that evicted pages before their rows were copied. A cold map is read row by row.
+    import os
+
+    rows = _rows(2000, (12_288,))
+    path = tmp_path / "rows.bin"
+    with open(path, "wb") as file:
+        file.write(rows.tobytes())
+        file.flush()
+        os.fsync(file.fileno())
+    indices = np.random.default_rng(5).permutation(2000)[:256]
+    out = np.empty((256, 12_288), np.uint8)
+    with open(path, "rb") as file:
+        os.posix_fadvise(file.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        with mmap.mmap(file.fileno(), 0, prot=mmap.PROT_READ) as mapped:
+            mapped.madvise(mmap.MADV_RANDOM)  # one page per fault: every row faults
+            cold = np.frombuffer(mapped, np.uint8).reshape(2000, 12_288)
+            assert c_take_rows(cold, indices, out) is True
+            assert out.tobytes() == rows[indices].tobytes()
+            assert c_take_rows(cold, indices, out) is False  # now in memory: interleaved
+            assert out.tobytes() == rows[indices].tobytes()
+            del cold
