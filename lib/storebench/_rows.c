@@ -86,6 +86,15 @@ static int gather_rows(const uint8_t *rows, const int64_t *indices, Py_ssize_t c
     return 0;
 }
 
+/* The entry points' epilogue: every view they got, released (one they did not get has no
+ * obj). */
+static void release_views(Py_buffer *first, Py_buffer *second, Py_buffer *third) {
+    Py_buffer *views[] = {first, second, third};
+    for (int k = 0; k < 3; k++)
+        if (views[k]->obj)
+            PyBuffer_Release(views[k]);
+}
+
 static int is_int64(const Py_buffer *view) {
     if (view->itemsize != 8 || view->format == NULL)
         return 0;
@@ -234,12 +243,7 @@ static PyObject *crc32c_rows_with(PyObject *args, crc_rows_fn compute) {
     Py_END_ALLOW_THREADS
     result = Py_NewRef(Py_None);
 done:
-    if (rows.obj)
-        PyBuffer_Release(&rows);
-    if (labels.obj)
-        PyBuffer_Release(&labels);
-    if (out.obj)
-        PyBuffer_Release(&out);
+    release_views(&rows, &labels, &out);
     return result;
 }
 
@@ -322,12 +326,7 @@ static PyObject *take_rows(PyObject *module, PyObject *args) {
     Py_END_ALLOW_THREADS
     result = PyBool_FromLong(in_turn);
 done:
-    if (rows.obj)
-        PyBuffer_Release(&rows);
-    if (indices.obj)
-        PyBuffer_Release(&indices);
-    if (out.obj)
-        PyBuffer_Release(&out);
+    release_views(&rows, &indices, &out);
     return result;
 }
 

@@ -40,9 +40,7 @@ def take_rows(rows: np.ndarray, indices: np.ndarray, out: np.ndarray) -> np.ndar
     if out.shape[:1] != (len(indices),):
         raise ValueError(f"take_rows: out has shape {out.shape}, {len(indices)} rows asked")
     if rows.flags.c_contiguous and out.flags.c_contiguous:
-        if type(indices) is not np.ndarray or indices.dtype != np.int64:
-            indices = np.asarray(indices, dtype=np.int64)
-        _take_rows(rows, np.ascontiguousarray(indices), out)
+        _take_rows(rows, np.ascontiguousarray(indices, dtype=np.int64), out)
         return out
     indices = np.asarray(indices, dtype=np.int64)
     if indices.size and (indices.min() < 0 or indices.max() >= len(rows)):
