@@ -48,7 +48,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .formats import FORMATS, DatasetError, find_datasets, open_dataset, read_manifest
-from .formats.manifest import MANIFEST_NAME
+from .formats.manifest import CHECKSUMS_NAME, MANIFEST_NAME, SIDECAR_NAMES, check_files
+from .fuzz_hostile import HOSTILE_KINDS
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -90,7 +91,8 @@ class FuzzTarget:
     def from_path(cls, path: Path | str, *, name: str | None = None,
                   donors: Sequence[Path] = ()) -> FuzzTarget:
         path = Path(path)
-        manifest = read_manifest(path)
+        manifest = read_manifest(path)  # refuses names that lead out of the dataset
+        check_files(path, manifest, fingerprints=False)  # regular files inside it only
         return cls(name or path.name, path, manifest["format"], manifest["spec"]["encoding"],
                    tuple(sorted(manifest["files"])), tuple(donors))
 
@@ -104,6 +106,8 @@ class Damage:
     apply: Callable[[Path, FuzzTarget, np.random.Generator], str]
     applies: Callable[[FuzzTarget], bool] = lambda target: True
     content: bool = False
+    # Hostile input (storebench.fuzz_hostile): must be refused in both modes, never read.
+    hostile: bool = False
 
 
 def _kinds(files: Sequence[str]) -> dict[str, list[str]]:
@@ -390,6 +394,7 @@ DAMAGES: dict[str, Damage] = {
     "manifest_num_samples": Damage(_manifest_num_samples),
     "manifest_unknown_format": Damage(_manifest_unknown_format),
     "manifest_unsealed": Damage(_manifest_unsealed),
+    **{name: Damage(apply, hostile=True) for name, apply in HOSTILE_KINDS.items()},
 }
 
 
@@ -420,8 +425,25 @@ def make_damaged_copy(target: FuzzTarget, dest: Path | str, *, seed: int, copy: 
     if not DAMAGES[damage].applies(target):
         raise ValueError(f"damage {damage!r} does not apply to {target.name}")
     dest = Path(dest)
-    shutil.copytree(target.path, dest)
+    copy_dataset(target, dest)
     return damage, DAMAGES[damage].apply(dest, target, copy_rng(seed, target, copy))
+
+
+def copy_dataset(target: FuzzTarget, dest: Path) -> None:
+    """Copy the files ``target``'s manifest lists, its checksums, sidecars and manifest (and
+    nothing else: a stray FIFO or device beside them is not read) into a new ``dest``.
+    Every damage then writes into files this copy owns, never through a link."""
+    from .formats.confine import confined_path, open_regular
+
+    names = [*target.files, CHECKSUMS_NAME, *SIDECAR_NAMES]
+    dest.mkdir()
+    for rel in dict.fromkeys(names):
+        source = confined_path(target.path, rel, target.path / MANIFEST_NAME)
+        if not os.path.lexists(source) and rel in SIDECAR_NAMES:
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        with open(open_regular(source), "rb") as fin, open(dest / rel, "wb") as fout:
+            shutil.copyfileobj(fin, fout)
 
 
 def catchable_without_verify(format_name: str, damage: str) -> bool:
@@ -679,7 +701,9 @@ class KillablePool:
                 done += self._collect(slot)
             now = time.monotonic()
             for slot in waiting:
-                if slot.process is not None and now > self._deadline(slot):
+                # A slot whose task answered in this round is idle now: not a hang.
+                busy = slot.task is not None or not slot.ready
+                if slot.process is not None and busy and now > self._deadline(slot):
                     done += self._expire(slot)
             self._dispatch()
         return done
@@ -980,12 +1004,15 @@ def summarise(df: pd.DataFrame, by: Sequence[str] = ("format", "damage", "verify
 def violations(df: pd.DataFrame) -> pd.DataFrame:
     """Rows that break the bar: any hang or crash, any error that is not a DatasetError,
     any silently wrong sample with verify=True, and with verify=False where the format's own
-    checks or the file-identity check should have seen the damage."""
+    checks or the file-identity check should have seen the damage; and any hostile input
+    (``fuzz_hostile``) that was not refused."""
     catchable = np.array([catchable_without_verify(f, d)
                           for f, d in zip(df["format"], df["damage"])], dtype=bool)
+    hostile = np.array([DAMAGES[d].hostile for d in df["damage"]], dtype=bool)
     silent = df["outcome"] == "silent_wrong"
     bad = (df["outcome"].isin(["hang", "crash", "other_error"])
-           | (silent & df["verify"]) | (silent & ~df["verify"] & catchable))
+           | (silent & df["verify"]) | (silent & ~df["verify"] & catchable)
+           | (hostile & (df["outcome"] != "detected")))
     return df[bad]
 
 

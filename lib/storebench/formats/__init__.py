@@ -29,7 +29,7 @@ from .base import (
     sample_checksums,
 )
 from .build import BuildResult, build_dataset, dataset_dirname
-from .manifest import MANIFEST_NAME, check_files, read_manifest
+from .manifest import MANIFEST_NAME, check_checksums_file, check_files, read_manifest
 
 # Format name -> its module in this package. The core formats are the studies'; the peers'
 # (PEER = True) are the peers study's.
@@ -135,6 +135,8 @@ def open_dataset(path: Path | str, **options) -> Reader:
             f"its options are {sorted({'verify', *module.OPEN_OPTIONS})}"
         )
     check_files(root, manifest, fingerprints=getattr(module, "FINGERPRINTS_AT_OPEN", True))
+    # Before the reader sizes anything from num_samples: a real file's size bounds it.
+    check_checksums_file(root, manifest["num_samples"])
     reader = module.open(root, manifest, **options)
     reader.check()
     return reader

@@ -15,9 +15,11 @@ files without reading them whole:
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import platform
+import stat
 from importlib import metadata
 from pathlib import Path, PurePath
 
@@ -25,6 +27,14 @@ import crc32c
 import numpy as np
 
 from .base import DatasetError, ManifestError
+from .confine import (
+    check_name,
+    check_pixels,
+    check_regular,
+    confined_path,
+    open_regular,
+    read_regular,
+)
 from .npyfile import load as load_npy
 from .npyfile import loads as loads_npy
 from .specs import spec_from_dict
@@ -37,6 +47,10 @@ FINGERPRINT_BYTES = 4096
 # Files beside the data that describe it; they are not counted as the format's bytes.
 SOURCES_NAME = "sources.json"  # imported datasets: the source file of each sample
 SIDECAR_NAMES = (MANIFEST_NAME, CHECKSUMS_NAME, SOURCES_NAME)
+
+# The largest manifest read: a raw-files set of ImageNet's 1.28 M files lists each with its
+# size and fingerprint in about 200 MB. Anything larger is refused unread.
+MAX_MANIFEST_BYTES = 1 << 30
 
 VERSIONED_PACKAGES = ("numpy", "pillow", "h5py", "lmdb", "pyarrow", "protobuf", "crc32c")
 
@@ -89,7 +103,7 @@ def file_fingerprint(path: Path | str, head: int, tail: int) -> int:
     Read with POSIX_FADV_RANDOM, so that checking a cold file pulls in these pages only, not a
     readahead window.
     """
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
         size = os.fstat(fd).st_size
@@ -129,15 +143,15 @@ def read_manifest(root: Path | str) -> dict:
     if not root.exists():
         raise ManifestError(f"{root}: no such dataset directory")
     path = root / MANIFEST_NAME
-    if not path.is_file():
+    if not path.exists():
         raise ManifestError(
             f"{path}: missing; {root} is not a complete storebench dataset "
             "(an interrupted build leaves no manifest)"
         )
     try:
-        text = path.read_text()
-    except OSError as err:
-        raise ManifestError(f"{path}: unreadable manifest: {err}") from err
+        text = read_regular(path, limit=MAX_MANIFEST_BYTES)
+    except DatasetError as err:  # a FIFO, a device, a directory, a huge file
+        raise ManifestError(f"unreadable manifest: {err}") from err
     return parse_manifest(text, path)
 
 
@@ -146,7 +160,7 @@ def parse_manifest(text: str | bytes, path) -> dict:
     names it in errors."""
     try:
         manifest = json.loads(text)
-    except ValueError as err:
+    except (ValueError, RecursionError) as err:  # RecursionError: nesting 100,000 deep
         raise ManifestError(f"{path}: unreadable manifest: {err}") from err
     if not isinstance(manifest, dict):
         raise ManifestError(f"{path}: unreadable manifest: not a JSON object")
@@ -167,10 +181,15 @@ def parse_manifest(text: str | bytes, path) -> dict:
         spec = spec_from_dict(manifest["spec"])
     except (TypeError, ValueError, AttributeError) as err:
         raise ManifestError(f"{path}: invalid spec: {err}") from err
+    try:
+        check_pixels(spec.height, spec.width, path, what="the spec's image")
+    except DatasetError as err:
+        raise ManifestError(str(err)) from None
     if manifest["num_samples"] != spec.num_samples:
         raise ManifestError(f"{path}: num_samples disagrees with the spec")
     if manifest["encoding"] != spec.encoding:
         raise ManifestError(f"{path}: encoding {manifest['encoding']!r} disagrees with the spec")
+    check_manifest_names(manifest, path)
     if set(manifest["fingerprints"]) != set(manifest["files"]):
         raise ManifestError(f"{path}: fingerprints do not cover exactly the listed files")
     if manifest_digest(manifest) != manifest["manifest_digest"]:
@@ -181,18 +200,57 @@ def parse_manifest(text: str | bytes, path) -> dict:
     return manifest
 
 
+def check_manifest_names(manifest: dict, path) -> None:
+    """Every file name a manifest holds is a safe relative name (``confine.check_name``),
+    every size a non-negative int and every sidecar a known one: a hostile manifest cannot
+    name a file outside its dataset, whatever its digest says (anyone can recompute it)."""
+    files, prints = manifest["files"], manifest["fingerprints"]
+    if not isinstance(files, dict) or not isinstance(prints, dict):
+        raise ManifestError(f"{path}: 'files' and 'fingerprints' must be objects")
+    for name, size in files.items():
+        check_name(name, path, what="file")
+        if name in SIDECAR_NAMES:
+            raise ManifestError(f"{path}: file {name!r} is a sidecar, not a data file")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise ManifestError(f"{path}: file {name!r} has a bad size {size!r}")
+    for name, recorded in prints.items():
+        check_name(name, path, what="fingerprint")
+        if not isinstance(recorded, dict) or not all(
+                isinstance(recorded.get(k), int) and recorded[k] >= 0
+                for k in ("head", "tail", "crc32c")):
+            raise ManifestError(f"{path}: fingerprint of {name!r} is malformed")
+    unknown = set(manifest.get("sidecars") or {}) - set(SIDECAR_NAMES)
+    if unknown:
+        raise ManifestError(f"{path}: unknown sidecar(s) {sorted(unknown)}")
+
+
 def check_files(root: Path, manifest: dict, *, fingerprints: bool = True) -> None:
-    """Every data file the manifest lists exists with the size it was written with and,
-    with ``fingerprints``, the same bytes at its head and tail (for index files: the same
-    bytes throughout)."""
+    """Every data file the manifest lists is a regular file inside ``root`` (no symbolic link
+    out, no FIFO or device) with the size it was written with and, with ``fingerprints``,
+    the same bytes at its head and tail (for index files: the same bytes throughout)."""
     # Strings, not Paths, in the loop: a raw-files set lists 20,000 files, and building a
     # Path per file took half of every open's time (a Path is made only for an error).
+    # Each folder is resolved once; a file is resolved only where it is a symbolic link.
     base = os.fspath(root)
+    real_root = os.path.realpath(base)
+    where = Path(root) / MANIFEST_NAME
+    folders: set[str] = set()
     for rel, size in manifest["files"].items():
+        folder = os.path.dirname(rel)
+        if folder and folder not in folders:
+            confined_path(base, folder, where, what="folder", real_root=real_root)
+            folders.add(folder)
+        path = os.path.join(base, rel)
         try:
-            actual = os.stat(os.path.join(base, rel)).st_size
+            st = os.lstat(path)
         except FileNotFoundError:
             raise ManifestError(f"{root / rel}: listed in the manifest but missing") from None
+        if stat.S_ISLNK(st.st_mode):
+            confined_path(base, rel, where, what="file", real_root=real_root)
+            st = check_regular(path, where, what="file")
+        elif not stat.S_ISREG(st.st_mode):
+            check_regular(path, where, what="file")
+        actual = st.st_size
         if actual != size:
             raise ManifestError(
                 f"{root / rel}: {actual} bytes on disk, the manifest says {size} (truncated or "
@@ -231,7 +289,7 @@ def load_checksums(root: Path, num_samples: int, data: bytes | None = None) -> n
     path = (root if isinstance(root, PurePath) else Path(root)) / CHECKSUMS_NAME
     try:
         if data is None:
-            checksums = load_npy(path, dtype="<u4", ndim=1)
+            checksums = load_npy(path, dtype="<u4", ndim=1, limit=checksums_limit(num_samples))
         else:
             checksums = loads_npy(data, path, dtype="<u4", ndim=1)
     except DatasetError as err:
@@ -239,3 +297,37 @@ def load_checksums(root: Path, num_samples: int, data: bytes | None = None) -> n
     if checksums.shape != (num_samples,):
         raise ManifestError(f"{path}: {checksums.shape[0]} checksums for {num_samples} samples")
     return checksums
+
+
+def checksums_limit(num_samples: int) -> int:
+    """The most bytes ``checksums.npy`` of ``num_samples`` samples can hold: 4 a sample and
+    a header (np.save pads it to 64 bytes; a long shape takes more)."""
+    return 4 * num_samples + 4096
+
+
+def check_checksums_file(root: Path, num_samples: int) -> None:
+    """``checksums.npy`` is a regular file inside ``root`` whose header says
+    ``(num_samples,)`` uint32 and whose size fits it exactly, read before anything is sized
+    from ``num_samples``: a manifest claiming 10**12 samples is refused here, by a real
+    file's size, not by an allocation that fails. Reads the header only."""
+    from .npyfile import parse_header
+
+    path = Path(root) / CHECKSUMS_NAME
+    confined_path(root, CHECKSUMS_NAME, Path(root) / MANIFEST_NAME)
+    fd = open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        head = io.BytesIO(os.pread(fd, min(size, 4096), 0))
+    except OSError as err:
+        raise ManifestError(f"{path}: cannot read: {err.strerror or err}") from err
+    finally:
+        os.close(fd)
+    try:
+        shape, dtype, offset = parse_header(head, path)
+    except DatasetError as err:
+        raise ManifestError(f"cannot read checksums: {err}") from err
+    if shape != (num_samples,) or dtype != np.dtype("<u4") or size != offset + 4 * num_samples:
+        raise ManifestError(
+            f"{path}: holds {shape} {dtype} in {size} bytes, the manifest says "
+            f"{num_samples} samples ({offset + 4 * num_samples} bytes): truncated, replaced or "
+            "a manifest that claims more samples than the dataset has")

@@ -99,7 +99,8 @@ class MemmapReader(Reader):
     def _open(self) -> None:
         path = self.root / IMAGES
         images = npyfile.open_memmap(path, dtype=np.uint8, ndim=4)
-        labels = npyfile.load(self.root / LABELS, dtype="<i8", ndim=1).astype(np.int64)
+        labels = npyfile.load(self.root / LABELS, dtype="<i8", ndim=1,
+                              limit=int(self.manifest["files"].get(LABELS, 0))).astype(np.int64)
         expected = (len(self), *self.spec.image_shape)
         if images.shape != expected:
             raise DatasetError(f"{path}: holds {images.shape}, the manifest's spec says {expected}")

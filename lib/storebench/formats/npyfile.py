@@ -65,26 +65,23 @@ def loads(data: bytes, path: Path | str, *, dtype, ndim: int) -> np.ndarray:
     return np.frombuffer(data, dtype=found, offset=offset).reshape(shape)
 
 
-def load(path: Path | str, *, dtype, ndim: int) -> np.ndarray:
-    """Read a whole small ``.npy`` file strictly."""
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: missing") from None
-    except OSError as err:
-        raise DatasetError(f"{path}: cannot read: {err}") from err
-    return loads(data, path, dtype=dtype, ndim=ndim)
+def load(path: Path | str, *, dtype, ndim: int, limit: int = 1 << 31) -> np.ndarray:
+    """Read a whole small ``.npy`` file strictly: a regular file (a FIFO or device is
+    refused, not waited on) of at most ``limit`` bytes."""
+    from .confine import read_regular
+
+    return loads(read_regular(path, limit=limit), path, dtype=dtype, ndim=ndim)
 
 
 def open_memmap(path: Path | str, *, dtype, ndim: int) -> np.memmap:
     """A read-only map of a ``.npy`` file's data, after checking its header and length."""
+    from .confine import open_regular
+
     try:
-        with open(path, "rb") as f:
+        with open(open_regular(path), "rb") as f:  # a FIFO or device is refused, not read
             shape, found, offset = parse_header(f, path)
             f.seek(0, io.SEEK_END)
             size = f.tell()
-    except FileNotFoundError:
-        raise DatasetError(f"{path}: missing") from None
     except OSError as err:
         raise DatasetError(f"{path}: cannot read: {err}") from err
     _check_layout(path, shape, found, size - offset, dtype, ndim)

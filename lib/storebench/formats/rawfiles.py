@@ -26,7 +26,9 @@ import numpy as np
 from data_gen import DatasetSpec
 
 from .base import CorruptSampleError, DatasetError, Reader, sniff_encoding
+from .confine import open_regular, read_fd
 from .manifest import bytes_fingerprint
+from .npyfile import write_header
 from .specs import Spec, is_imported
 
 NAME = "rawfiles"
@@ -45,10 +47,11 @@ def index_width(num_samples: int) -> int:
 
 
 def npy_header(spec: DatasetSpec) -> bytes:
-    """The exact .npy header np.save writes for one sample of ``spec``."""
+    """The exact .npy header np.save writes for one sample of ``spec`` (made without an
+    array of the sample's size: a hostile spec's shape is never allocated)."""
     buffer = io.BytesIO()
-    np.save(buffer, np.zeros(spec.image_shape, dtype=np.uint8))
-    return buffer.getvalue()[: -spec.raw_sample_bytes]
+    write_header(buffer, spec.image_shape, np.uint8)
+    return buffer.getvalue()
 
 
 def class_dirs(spec: Spec) -> list[str]:
@@ -109,12 +112,20 @@ class RawFilesReader(Reader):
 
     def _fetch(self, name: str, index: int) -> bytes:
         """The bytes of sample ``index``'s file ``name`` (relative to the root, POSIX); an
-        I/O hook: ``storebench.remote`` reads an object."""
+        I/O hook: ``storebench.remote`` reads an object. A regular file only (a FIFO or a
+        link to a device swapped in since the open is refused), read up to the size the
+        manifest lists plus one byte: the size check follows in ``_check_bytes``."""
+        path = f"{self._root_text}/{name}"
         try:
-            with builtins.open(f"{self._root_text}/{name}", "rb", buffering=0) as f:
-                return f.read()
-        except OSError as err:
+            fd = open_regular(path)
+        except DatasetError as err:
+            raise CorruptSampleError(self.root / name, index, str(err)) from err
+        try:
+            return read_fd(fd, path, limit=self.manifest["files"].get(name, 0))
+        except (OSError, DatasetError) as err:
             raise CorruptSampleError(self.root / name, index, f"cannot read: {err}") from err
+        finally:
+            os.close(fd)
 
     def _open(self) -> None:
         labels = np.full(len(self), -1, dtype=np.int64)

@@ -19,11 +19,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..formats.base import DatasetError, ManifestError, Reader
+from ..formats.confine import check_regular, confined_path
 from ..formats.manifest import (
     CHECKSUMS_NAME,
     MANIFEST_NAME,
     SIDECAR_NAMES,
     bytes_fingerprint,
+    check_checksums_file,
+    check_files,
+    checksums_limit,
     parse_manifest,
     read_manifest,
 )
@@ -139,22 +143,30 @@ def upload_dataset(local_dir: Path | str, url, *, s3: S3Config | None = None,
 
     root = Path(local_dir)
     manifest = read_manifest(root)
+    # Every check before the first byte goes out: the listed files are regular files inside
+    # the dataset (no symbolic link out, no FIFO or device) with their sizes and fingerprints.
+    check_files(root, manifest)
+    check_checksums_file(root, manifest["num_samples"])
+    sizes = dict(manifest["files"])
+    for name in _sidecars(root):
+        sizes[name] = check_regular(confined_path(root, name, root / MANIFEST_NAME), root).st_size
     store = _store(url, s3)
     store.ensure_bucket()
     store.delete([MANIFEST_NAME])
-    names = [*manifest["files"], *_sidecars(root)]
+    names = list(sizes)
     started = time.perf_counter()
-    total = sum((root / name).stat().st_size for name in names)
+    total = sum(sizes.values())
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"upload {root.name}",
               disable=not progress) as bar, ThreadPoolExecutor(UPLOAD_THREADS) as pool:
         def send(name: str) -> int:
-            written = store.upload(root / name, name)
+            written = store.upload(root / name, name, size=sizes[name])
             bar.update(written)
             return written
 
         moved = sum(pool.map(send, names))
     check_remote_files(store, manifest, fingerprints=False)
-    moved += store.upload(root / MANIFEST_NAME, MANIFEST_NAME)
+    moved += store.upload(root / MANIFEST_NAME, MANIFEST_NAME,
+                          size=check_regular(root / MANIFEST_NAME, root).st_size)
     return Transfer(str(root), str(store.root), len(names) + 1, moved,
                     time.perf_counter() - started)
 
@@ -173,6 +185,10 @@ def download_dataset(url, local_dir: Path | str, *, s3: S3Config | None = None,
     store = _store(url, s3)
     manifest = read_remote_manifest(store)
     check_remote_files(store, manifest, fingerprints=False)
+    checksums_size = store.size(CHECKSUMS_NAME)
+    if checksums_size > checksums_limit(manifest["num_samples"]):
+        raise ManifestError(f"{store.path(CHECKSUMS_NAME)}: {checksums_size} bytes, too many "
+                            f"for {manifest['num_samples']} samples: not downloaded")
     names = [*manifest["files"], CHECKSUMS_NAME,
              *[n for n in SIDECAR_NAMES if n in manifest.get("sidecars", {})]]
     tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
@@ -186,7 +202,9 @@ def download_dataset(url, local_dir: Path | str, *, s3: S3Config | None = None,
             for start in range(0, len(names), 256):
                 batch = names[start:start + 256]
                 for name, data in zip(batch, store.read_many(batch)):
-                    (tmp / name).write_bytes(data)
+                    # Names were checked with the manifest (relative, no '..'); the
+                    # folder is new and ours, so nothing in it links out.
+                    confined_path(tmp, name, store.path(MANIFEST_NAME)).write_bytes(data)
                     moved += len(data)
                 bar.update(len(batch))
         manifest_bytes = store.read(MANIFEST_NAME)

@@ -22,7 +22,7 @@ import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import PurePosixPath
 from urllib.parse import urlsplit
 
@@ -102,8 +102,9 @@ class S3Config:
 
     endpoint_url: str | None = None
     access_key: str | None = None
-    secret_key: str | None = None
-    session_token: str | None = None
+    # Kept out of repr (and so out of logs, tracebacks and results).
+    secret_key: str | None = field(default=None, repr=False)
+    session_token: str | None = field(default=None, repr=False)
     region: str = "us-east-1"
     concurrency: int = DEFAULT_CONCURRENCY
     connect_timeout_s: float = 5.0
@@ -388,15 +389,24 @@ class ObjectStore:
         except OSError as err:
             raise self._error(name, "write", err) from err
 
-    def upload(self, local_path, name: str, *, chunk_bytes: int = 8 << 20) -> int:
-        """Copy a local file to object ``name`` (multipart above the chunk size); returns the
-        bytes written."""
+    def upload(self, local_path, name: str, *, size: int | None = None,
+               chunk_bytes: int = 8 << 20) -> int:
+        """Copy a local regular file to object ``name`` (multipart above the chunk size);
+        returns the bytes written. A FIFO, device or socket is refused before anything is
+        sent, as is a file whose size is not ``size`` (when given)."""
+        from ..formats.confine import open_regular
+
         self._ensure()
         written = 0
+        fd = open_regular(local_path)
+        actual = os.fstat(fd).st_size
+        if size is not None and actual != size:
+            os.close(fd)
+            raise ObjectStoreError(f"{local_path}: {actual} bytes, expected {size}: not sent")
         try:
-            with open(local_path, "rb") as source, \
+            with open(fd, "rb") as source, \
                     self._fs.open_output_stream(self._arrow(name)) as stream:
-                while chunk := source.read(chunk_bytes):
+                while chunk := source.read(min(chunk_bytes, actual - written + 1)):
                     stream.write(chunk)
                     written += len(chunk)
         except OSError as err:
