@@ -44,6 +44,18 @@ def no_child_process_outlives_its_module():
     assert not left, f"the module left child processes running: {left}"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def trust_marks(tmp_path_factory):
+    """The marks builds leave for trusted-input-only files (``storebench.formats.trust``)
+    go to this session's own folder, not to the user's ~/.local/state."""
+    from storebench.formats.trust import STATE_DIR_ENV
+
+    patch = pytest.MonkeyPatch()
+    patch.setenv(STATE_DIR_ENV, str(tmp_path_factory.mktemp("state")))
+    yield
+    patch.undo()
+
+
 @pytest.fixture(scope="session")
 def ci_profile() -> data_gen.Profile:
     return data_gen.PROFILES["ci"]

@@ -10,6 +10,17 @@ from pathlib import Path
 import data_gen
 
 DEFAULT_DATA_ROOT = Path("data")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1 (``--workers 0`` or ``-3`` is refused)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 DEFAULT_RESULTS_ROOT = Path("results")
 
 
@@ -192,7 +203,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--out", help="output directory (default: data/<profile>)")
     b.add_argument("--formats", nargs="+", help="formats to build (default: all)")
     b.add_argument("--encodings", nargs="+", choices=data_gen.ENCODINGS)
-    b.add_argument("--workers", type=int, default=None, help="generator processes (default: cores)")
+    b.add_argument("--workers", type=positive_int, default=None,
+                   help="generator processes (default: cores)")
     b.add_argument("--samples", type=int, default=None,
                    help="build each set's first N samples only (the same bytes as the whole "
                         "set's)")
@@ -216,7 +228,7 @@ def parser() -> argparse.ArgumentParser:
     im.add_argument("--on-error", choices=("fail", "skip"), default="fail",
                     help="a damaged or unreadable image stops the import (fail, the default) "
                          "or is left out and counted (skip)")
-    im.add_argument("--workers", type=int, default=None, help="threads checking images")
+    im.add_argument("--workers", type=positive_int, default=None, help="threads checking images")
     im.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
     im.add_argument("--quiet", action="store_true", help="no progress bars")
     im.set_defaults(func=_import)
@@ -224,7 +236,7 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="re-read every sample and compare with data_gen (or, for "
                                       "an imported dataset, with its source files)")
     v.add_argument("path", help="a dataset directory or a directory of datasets")
-    v.add_argument("--workers", type=int, default=None)
+    v.add_argument("--workers", type=positive_int, default=None)
     v.add_argument("--quiet", action="store_true")
     v.set_defaults(func=_verify)
 
@@ -294,7 +306,7 @@ def parser() -> argparse.ArgumentParser:
     fz.add_argument("--out", help="CSV, one row per damaged copy and verify mode")
     fz.add_argument("--timeout", type=float, default=30.0,
                     help="seconds per read before it counts as a hang")
-    fz.add_argument("--workers", type=int, default=2)
+    fz.add_argument("--workers", type=positive_int, default=2)
     fz.add_argument("--formats", nargs="+")
     fz.add_argument("--quiet", action="store_true")
     fz.set_defaults(func=_fuzz)
@@ -319,6 +331,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("storebench: interrupted; finished work is kept", file=sys.stderr)
         return 130
+    except (MemoryError, RecursionError) as err:
+        # A dataset or folder that asks for more than this machine has, or nests deeper than
+        # Python recurses: one line, never a traceback (docs/security.md).
+        what = "out of memory" if isinstance(err, MemoryError) else "nested too deeply"
+        print(f"storebench {args.command}: {what} ({type(err).__name__}): the input is larger "
+              "or deeper than storebench accepts", file=sys.stderr)
+        return 2
     except (KeyError, ValueError, TypeError, OSError, DatasetError) as err:
         # User errors (a bad name, a missing or unwritable path, a damaged dataset) end in
         # one line and exit code 2, never a traceback.

@@ -27,13 +27,19 @@ from pathlib import Path
 
 import numpy as np
 
-from .formats.base import DatasetError, sample_checksum, sniff_encoding
+from .formats.base import DatasetError, ManifestError, sample_checksum, sniff_encoding
+from .formats.confine import check_name, check_pixels, read_regular
 from .formats.specs import ImportedSpec
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
 LISTING_SUFFIXES = (".csv", ".parquet")
 RESIZE_FILTER = "bilinear"
 ON_ERROR = ("fail", "skip")
+# The largest source image read (a 20,000 x 20,000 PNG of noise is about 1.2 GB; real photos
+# are far below this): a file over it is refused unread, as a link to /dev/zero would be.
+MAX_SOURCE_BYTES = 512 << 20
+# The most classes an integer-labelled listing may have (ImageNet-21k has 21,841).
+MAX_CLASSES = 1_000_000
 SOURCES_VERSION = 1
 
 
@@ -116,24 +122,57 @@ def check_class_name(name: str, where: object) -> str:
     return name
 
 
+def _is_dir(entry: os.DirEntry) -> bool:
+    """Whether ``entry`` is a folder or a link to one; a link loop is not."""
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+def walk_images(top: Path, visited: set[tuple[int, int]]) -> list[str]:
+    """The JPEG/PNG files under ``top`` (hidden names skipped), walked iteratively (a tree
+    10,000 levels deep is no RecursionError). Symbolic links are followed, to folders and
+    files alike (a class folder on another disk is common), but each real folder is walked
+    once: ``visited`` holds the (device, inode) of every folder seen, across classes, so a
+    link loop ends and no image is imported twice through two links to one folder."""
+    found: list[str] = []
+    pending = [os.fspath(top)]
+    while pending:
+        folder = pending.pop()
+        try:
+            st = os.stat(folder)
+            if (st.st_dev, st.st_ino) in visited:
+                continue
+            visited.add((st.st_dev, st.st_ino))
+            with os.scandir(folder) as entries:
+                entries = sorted((e for e in entries if not _is_hidden(e.name)),
+                                 key=lambda e: e.name)
+        except OSError as err:  # a dangling or looping link, an unreadable folder
+            raise SourceImageError(folder, f"cannot list: {err.strerror or err}") from err
+        subfolders = []
+        for entry in entries:
+            if _is_dir(entry):
+                subfolders.append(entry.path)
+            elif os.path.splitext(entry.name)[1].lower() in IMAGE_SUFFIXES:
+                found.append(entry.path)
+        pending.extend(reversed(subfolders))
+    return found
+
+
 def scan_folder(root: Path) -> SourceListing:
     """An ImageFolder tree: one subfolder per class (sorted by name), its JPEG/PNG files
-    found recursively and sorted; other files are ignored, hidden ones too."""
+    found recursively (``walk_images``) and sorted; other files are ignored, hidden ones
+    too."""
     classes = sorted(
-        entry.name for entry in os.scandir(root) if entry.is_dir() and not _is_hidden(entry.name)
+        entry.name for entry in os.scandir(root) if _is_dir(entry) and not _is_hidden(entry.name)
     )
     paths: list[str] = []
     labels: list[int] = []
     kept: list[str] = []
+    visited: set[tuple[int, int]] = set()
     for name in classes:
-        found = []
-        for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
-            dirnames[:] = sorted(d for d in dirnames if not _is_hidden(d))
-            found += [
-                os.path.relpath(os.path.join(dirpath, f), root)
-                for f in filenames
-                if not _is_hidden(f) and os.path.splitext(f)[1].lower() in IMAGE_SUFFIXES
-            ]
+        found = [os.path.relpath(p, root) for p in walk_images(root / name, visited)]
         if found:
             kept.append(name)
             paths += sorted(found)
@@ -181,8 +220,10 @@ def scan_listing(listing: Path) -> SourceListing:
             raise DatasetError(f"{listing}: row {row + 2}: empty path or label")
     if pa.types.is_integer(labels.type):
         values = np.asarray(labels.to_numpy(), dtype=np.int64)
-        if values.min() < 0:
-            raise DatasetError(f"{listing}: integer labels must be >= 0, found {values.min()}")
+        if values.min() < 0 or values.max() >= MAX_CLASSES:
+            bad = values.min() if values.min() < 0 else values.max()
+            raise DatasetError(f"{listing}: integer labels must be in [0, {MAX_CLASSES}) "
+                               f"(one class name each up to the largest), found {bad}")
         class_names = tuple(str(i) for i in range(int(values.max()) + 1))
     else:
         names = [str(x) for x in labels.to_pylist()]
@@ -191,8 +232,17 @@ def scan_listing(listing: Path) -> SourceListing:
             check_class_name(name, listing)
         position = {name: i for i, name in enumerate(class_names)}
         values = np.asarray([position[name] for name in names], dtype=np.int64)
-    root = listing.parent.resolve()
-    return SourceListing(listing, root, tuple(str(p) for p in paths), values, class_names)
+    root, names = common_root(listing.parent.resolve(), [str(p) for p in paths])
+    return SourceListing(listing, root, names, values, class_names)
+
+
+def common_root(base: Path, paths: list[str]) -> tuple[Path, tuple[str, ...]]:
+    """The listing's paths (relative to ``base``, or absolute) as one root folder and names
+    under it with no '..': what ``sources.json`` records, and what ``verify`` confines every
+    name to."""
+    full = [os.path.normpath(os.path.join(base, p)) for p in paths]
+    root = os.path.commonpath([os.path.dirname(p) for p in full])
+    return Path(root), tuple(os.path.relpath(p, root) for p in full)
 
 
 def scan_source(source: Path | str, *, limit: int | None = None) -> SourceListing:
@@ -219,11 +269,32 @@ def scan_source(source: Path | str, *, limit: int | None = None) -> SourceListin
 
 
 def read_source_bytes(path: Path) -> bytes:
+    """A source image's bytes: a regular file (a FIFO, device or socket is refused, not
+    waited on or read forever) of at most ``MAX_SOURCE_BYTES``."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
-    except OSError as err:
-        raise SourceImageError(path, f"cannot read: {err.strerror or err}") from err
+        return read_regular(path, limit=MAX_SOURCE_BYTES)
+    except DatasetError as err:
+        reason = str(err).removeprefix(f"{path}: ")
+        raise SourceImageError(path, f"cannot read: {reason}") from err
+
+
+def check_sources(sources: object, count: int, where: Path) -> tuple[Path, list[str], list[int]]:
+    """``(root, paths, labels)`` of a ``sources.json``, each path a safe relative name
+    (``confine.check_name``) and each label an int, ``count`` of each; else a
+    ``ManifestError`` naming the entry. (Where each path resolves is checked as it is read.)"""
+    if not isinstance(sources, dict):
+        raise ManifestError(f"{where}: not a JSON object")
+    root, paths, labels = sources.get("root"), sources.get("paths"), sources.get("labels")
+    if not isinstance(root, str) or not os.path.isabs(root):
+        raise ManifestError(f"{where}: 'root' {root!r} is not an absolute path")
+    if not isinstance(paths, list) or not isinstance(labels, list) or not (
+            len(paths) == len(labels) == count):
+        raise ManifestError(f"{where}: needs {count} paths and {count} labels")
+    for name in paths:
+        check_name(name, where, what="source")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in labels):
+        raise ManifestError(f"{where}: labels must be integers")
+    return Path(root), paths, labels
 
 
 def open_image(data: bytes, path: Path):
@@ -234,9 +305,10 @@ def open_image(data: bytes, path: Path):
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             image = Image.open(io.BytesIO(data))
+            check_pixels(image.size[1], image.size[0], path)  # before decoding anything
             image.load()
         return image
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombWarning,
+    except (OSError, SyntaxError, ValueError, DatasetError, Image.DecompressionBombWarning,
             Image.DecompressionBombError) as err:
         raise SourceImageError(path, f"cannot decode: {err}") from err
 
@@ -362,6 +434,17 @@ def source_samples(plan: ImportPlan, spec: ImportedSpec) -> Callable[[], Iterato
     return samples
 
 
+def check_out_outside_source(source: Path, out_dir: Path) -> None:
+    """Refuse an output folder inside the folder being imported: the next import of the
+    source would take the datasets written there for a class of images."""
+    if not source.is_dir():
+        return
+    real_source, real_out = os.path.realpath(source), os.path.realpath(out_dir)
+    if real_out == real_source or real_out.startswith(real_source.rstrip("/") + "/"):
+        raise ValueError(f"--out {out_dir} is inside the source folder {source}: write the "
+                         "datasets outside the images being imported")
+
+
 def parse_resize(text: str | None) -> tuple[int, int] | None:
     """``"224x224"`` (or ``"224"``) -> (224, 224)."""
     if text is None:
@@ -400,6 +483,9 @@ def import_images(
     from .formats.build import SampleCache
 
     say = log or (lambda line: None)
+    check_out_outside_source(Path(source), Path(out_dir))
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
     names = list(formats or CORE_FORMATS)
     modules = {name: get_format(name) for name in names}
     if resize is None and formats:

@@ -15,6 +15,7 @@ is a ``DatasetError`` naming the environment that has it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Mapping
 from importlib import import_module
 from pathlib import Path
@@ -98,6 +99,10 @@ def open_dataset(path: Path | str, **options) -> Reader:
     and head/tail fingerprint against it, and the reader opens once to check the layout,
     index and labels. Any mismatch is a ``DatasetError`` naming the file.
 
+    ``trust=True`` opens a trusted-input-only format's files (LMDB's ``data.mdb``) that this
+    user has neither built nor verified here; by default they are refused
+    (``storebench.formats.trust``, docs/security.md).
+
     An ``s3://bucket/prefix`` path opens a dataset uploaded there (``storebench.remote``):
     the same checks over the network; ``s3=S3Config(...)`` says where the store is (default:
     the AWS environment variables) and ``concurrency`` how many requests stay in flight.
@@ -128,6 +133,7 @@ def open_dataset(path: Path | str, **options) -> Reader:
     reason = unavailable_reason(module.NAME)
     if reason:
         raise DatasetError(f"{root}: {reason}")
+    trust = options.pop("trust", False)
     unknown = set(options) - {"verify", *module.OPEN_OPTIONS}
     if unknown:
         raise TypeError(
@@ -137,17 +143,63 @@ def open_dataset(path: Path | str, **options) -> Reader:
     check_files(root, manifest, fingerprints=getattr(module, "FINGERPRINTS_AT_OPEN", True))
     # Before the reader sizes anything from num_samples: a real file's size bounds it.
     check_checksums_file(root, manifest["num_samples"])
+    if not trust:
+        check_trusted(root, module)
     reader = module.open(root, manifest, **options)
     reader.check()
     return reader
 
 
+def untrusted_files(root: Path, module) -> list[str]:
+    """The format's trusted-input-only files (``TRUSTED_INPUT_ONLY``, LMDB's ``data.mdb``)
+    under ``root`` that this user has neither built nor verified as they are now."""
+    from .trust import is_trusted
+
+    return [name for name in getattr(module, "TRUSTED_INPUT_ONLY", ())
+            if not is_trusted(root / name)]
+
+
+def check_trusted(root: Path, module) -> None:
+    untrusted = untrusted_files(root, module)
+    if untrusted:
+        raise DatasetError(
+            f"{root / untrusted[0]}: not built or verified by you here (or changed since): "
+            f"{module.NAME} is trusted input only, as a crafted file can crash the reading "
+            f"process with SIGBUS. Run `storebench verify {root}` (it reads the file in a "
+            "separate process and trusts it if every sample matches), or open it with "
+            "trust=True if you know where it came from"
+        )
+
+
 def find_datasets(root: Path | str) -> list[Path]:
-    """Every built dataset (a directory with a manifest) under ``root``, sorted."""
+    """Every built dataset (a directory with a manifest) under ``root``, sorted.
+
+    The walk is iterative (a folder 10,000 levels deep is no RecursionError), follows no
+    symbolic link, stays on ``root``'s filesystem (no other mount is walked) and skips
+    ``.tmp-*`` build directories. ``root`` itself may not be ``/``."""
     root = Path(root)
+    if os.path.realpath(root) == "/":
+        raise ValueError(f"{root}: is the filesystem root; name a dataset directory or a "
+                         "directory of datasets")
     if (root / MANIFEST_NAME).is_file():
         return [root]
-    return sorted(p.parent for p in root.rglob(MANIFEST_NAME) if ".tmp-" not in str(p))
+    device = os.stat(root).st_dev
+    found, pending = [], [os.fspath(root)]
+    while pending:
+        try:
+            with os.scandir(pending.pop()) as entries:
+                folders = [e for e in entries if e.is_dir(follow_symlinks=False)
+                           and ".tmp-" not in e.name]
+        except OSError:  # unreadable, or gone: not a dataset we can use
+            continue
+        for entry in folders:
+            if entry.stat(follow_symlinks=False).st_dev != device:
+                continue
+            if os.path.isfile(os.path.join(entry.path, MANIFEST_NAME)):
+                found.append(Path(entry.path))
+            else:
+                pending.append(entry.path)
+    return sorted(found)
 
 
 __all__ = [

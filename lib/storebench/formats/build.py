@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import shutil
 import time
 import uuid
@@ -45,6 +46,7 @@ from .manifest import (
 )
 from .npyfile import write_header
 from .specs import Spec, fixed_size, is_imported
+from .trust import mark_trusted
 
 TMP_PREFIX = ".tmp-"
 # Write failures that mean "the disk cannot take this build", not a bug: reported as a
@@ -275,16 +277,25 @@ def matching_manifest(path: Path, spec: Spec, format_name: str, knobs: dict) -> 
     return manifest if same else None
 
 
+# What a build, a replaced build and the sample cache name their scratch directories:
+# ``.tmp-<what>-<pid>-<8 hex digits>``. Nothing else under --out is ever swept.
+STALE_BUILD_NAME = re.compile(r"\.tmp-.+-([0-9]{1,7})-[0-9a-f]{8}")
+
+
 def remove_stale_builds(out_dir: Path) -> None:
-    """Delete temporary directories left by interrupted builds (their owner is gone)."""
+    """Delete temporary directories left by interrupted builds (their owner is gone): only
+    names of the form builds make (a user's ``.tmp-notes`` stays), only real directories (a
+    symbolic link is neither followed nor removed)."""
     if not out_dir.is_dir():
         return
-    for entry in out_dir.iterdir():
-        if entry.name.startswith(TMP_PREFIX) and entry.is_dir():
-            pid = entry.name.split("-")[-2] if entry.name.count("-") >= 3 else ""
-            if pid.isdigit() and pid_alive(int(pid)):
+    with os.scandir(out_dir) as entries:
+        for entry in entries:
+            match = STALE_BUILD_NAME.fullmatch(entry.name)
+            if match is None or not entry.is_dir(follow_symlinks=False):
                 continue
-            shutil.rmtree(entry, ignore_errors=True)
+            if pid_alive(int(match.group(1))):
+                continue
+            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 def build_dataset(
@@ -339,6 +350,8 @@ def build_dataset(
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, target)
+        for trusted in getattr(module, "TRUSTED_INPUT_ONLY", ()):
+            mark_trusted(target / trusted)  # this user's own build: opens without a verify
     except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
         # Spawned workers that re-ran an unguarded main script started builds of their own

@@ -189,6 +189,9 @@ class Hdf5Reader(Reader):
                 f"{path}: the spec in the file's attributes differs from the manifest's "
                 "(or is missing or damaged)"
             )
+        names = ("images", "labels") if self.is_raw else ("images", "labels", "offsets")
+        for name in names:
+            self._check_self_contained(f, name, path)
         images, labels = f["images"], f["labels"][:]
         n = len(self)
         if labels.shape != (n,) or labels.dtype != np.int64:
@@ -217,6 +220,31 @@ class Hdf5Reader(Reader):
             self._check_integrity("sizes_crc32c", sizes, path, "sample offsets")
             self._h_offsets = offsets
         self._h_images, self._h_labels = images, labels
+
+    @staticmethod
+    def _check_self_contained(f, name: str, path: Path) -> None:
+        """Refuse a dataset whose bytes live outside this file: an external link, external
+        raw storage or a virtual dataset can name any file on disk (a hostile file's
+        ``labels`` in /etc/passwd, say), which the manifest neither lists nor fingerprints.
+        storebench writes none of them."""
+        import h5py
+
+        link = f.get(name, getlink=True)
+        if link is None:
+            raise DatasetError(f"{path}: no dataset {name!r}")
+        if not isinstance(link, h5py.HardLink):
+            raise DatasetError(f"{path}: {name!r} is a {type(link).__name__} (it points at "
+                               "another file or object): refused")
+        dataset = f[name]
+        if not isinstance(dataset, h5py.Dataset):
+            raise DatasetError(f"{path}: {name!r} is not a dataset")
+        if dataset.external:
+            files = sorted({str(entry[0]) for entry in dataset.external})
+            raise DatasetError(f"{path}: {name!r} keeps its bytes in external file(s) "
+                               f"{files}: refused (a dataset's bytes stay in its own file)")
+        if dataset.is_virtual:
+            raise DatasetError(f"{path}: {name!r} is a virtual dataset mapping other files: "
+                               "refused")
 
     def _close(self) -> None:
         if self._h_file is not None:

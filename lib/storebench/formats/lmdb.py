@@ -11,6 +11,13 @@ the pages the environment uses (one ``fstat``) before every read and raises ``Da
 instead; a truncation in the microseconds between that check and the read can still end the
 process with SIGBUS. LMDB has no checksums: with ``verify=False`` a damaged value is returned
 as it is (the per-sample CRC32C of ``verify=True`` catches it).
+
+LMDB is trusted input only (``TRUSTED_INPUT_ONLY``): it follows the page numbers and value
+sizes it finds in the map, so a crafted ``data.mdb`` (a leaf node's size field raised) makes
+a read touch pages past the file's end and the process dies with SIGBUS; no check outside
+LMDB sees it coming. ``open_dataset`` opens a ``data.mdb`` only where this user built or
+verified that very file (``storebench.formats.trust``); ``storebench verify`` reads any other
+one in a separate process first.
 """
 
 from __future__ import annotations
@@ -32,6 +39,8 @@ NAME = "lmdb"
 ENCODINGS = ("raw", "png", "jpeg", "mixed")
 DEFAULT_KNOBS: dict = {"batch_samples": 1024}
 OPEN_OPTIONS = ("readahead",)
+# Files a crafted copy of which can crash the reading process (see the module docstring).
+TRUSTED_INPUT_ONLY = ("data.mdb",)
 LABELS_KEY = b"__labels__"
 SPEC_KEY = b"__spec__"
 DATA_FILE = "data.mdb"

@@ -41,11 +41,13 @@ import numpy as np
 from storebench.buffers import batch_empty
 from storebench.formats.base import (
     CorruptSampleError,
+    DatasetError,
     Reader,
     check_index,
     check_indices,
     sniff_encoding,
 )
+from storebench.formats.confine import check_pixels
 from storebench.formats.specs import fixed_size, is_imported
 from storebench.gather import take_rows
 
@@ -316,7 +318,7 @@ class _MapDataset:
                 image = self._decode_simplejpeg(data, out if expected is not None else None)
             if image is None:
                 image = self._decode_pil(data)
-        except (ValueError, OSError, SyntaxError) as err:
+        except (ValueError, OSError, SyntaxError, DatasetError) as err:
             raise CorruptSampleError(
                 self.reader._locate(index), index, f"cannot decode {self.spec.encoding}: {err}"
             ) from err
@@ -342,9 +344,12 @@ class _MapDataset:
         """The decoded JPEG, or None for one that Pillow should decode (CMYK, YCCK)."""
         import simplejpeg
 
-        if self._may_hold_cmyk:
-            _, _, colorspace, _ = simplejpeg.decode_jpeg_header(data)
-            if colorspace in PIL_ONLY_JPEG_COLORSPACES:
+        if self._may_hold_cmyk or out is None:
+            # simplejpeg has no pixel cap of its own: a 65,000 x 65,000 JPEG would ask for
+            # 12 GB. (Into ``out`` it writes no more than ``out`` holds, or refuses.)
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+            check_pixels(height, width, "JPEG header")
+            if colorspace in PIL_ONLY_JPEG_COLORSPACES and self._may_hold_cmyk:
                 return None
         # Greyscale JPEGs come out as RGB too (the three channels equal) when the spec has 3.
         wanted = "GRAY" if self.spec.channels == 1 else "RGB"
@@ -353,11 +358,15 @@ class _MapDataset:
     def _decode_pil(self, data) -> np.ndarray:
         from PIL import Image
 
-        with Image.open(io.BytesIO(data)) as img:
-            # Every mode (L, P, RGBA, CMYK, ...) converts to the spec's: alpha is dropped
-            # and palettes expanded, as ImageFolder's img.convert("RGB") does.
-            mode = "L" if self.spec.channels == 1 else "RGB"
-            image = np.asarray(img if img.mode == mode else img.convert(mode))
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                check_pixels(img.size[1], img.size[0], "image header")  # before decoding
+                # Every mode (L, P, RGBA, CMYK, ...) converts to the spec's: alpha is dropped
+                # and palettes expanded, as ImageFolder's img.convert("RGB") does.
+                mode = "L" if self.spec.channels == 1 else "RGB"
+                image = np.asarray(img if img.mode == mode else img.convert(mode))
+        except Image.DecompressionBombError as err:  # not an OSError: caught by nothing else
+            raise ValueError(str(err)) from err
         return image.reshape(*image.shape[:2], -1)
 
     def _close_gather(self) -> None:
