@@ -134,15 +134,16 @@ def walk_images(top: Path, visited: set[tuple[int, int]]) -> list[str]:
     """The JPEG/PNG files under ``top`` (hidden names skipped), walked iteratively (a tree
     10,000 levels deep is no RecursionError). Symbolic links are followed, to folders and
     files alike (a class folder on another disk is common), but each real folder is walked
-    once: ``visited`` holds the (device, inode) of every folder seen, across classes, so a
-    link loop ends and no image is imported twice through two links to one folder."""
+    once: ``visited`` holds the (device, inode) of every folder seen, across classes (``top``
+    itself is walked whatever it holds), so a link loop ends and no image is imported twice
+    through two links to one folder."""
     found: list[str] = []
     pending = [os.fspath(top)]
     while pending:
         folder = pending.pop()
         try:
             st = os.stat(folder)
-            if (st.st_dev, st.st_ino) in visited:
+            if folder != os.fspath(top) and (st.st_dev, st.st_ino) in visited:
                 continue
             visited.add((st.st_dev, st.st_ino))
             with os.scandir(folder) as entries:
@@ -170,7 +171,9 @@ def scan_folder(root: Path) -> SourceListing:
     paths: list[str] = []
     labels: list[int] = []
     kept: list[str] = []
-    visited: set[tuple[int, int]] = set()
+    # The root and every class folder count as seen: a link back to them from inside a
+    # class (``cats/up -> ..``) would import other classes' images under this one.
+    visited = {(st.st_dev, st.st_ino) for st in map(os.stat, [root, *(root / c for c in classes)])}
     for name in classes:
         found = [os.path.relpath(p, root) for p in walk_images(root / name, visited)]
         if found:

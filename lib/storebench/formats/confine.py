@@ -29,6 +29,9 @@ from .base import DatasetError, ManifestError
 # variable STOREBENCH_MAX_IMAGE_PIXELS (docs/security.md).
 DEFAULT_MAX_IMAGE_PIXELS = 2 * 89_478_485
 MAX_IMAGE_PIXELS_ENV = "STOREBENCH_MAX_IMAGE_PIXELS"
+# The largest single stored sample or source image read in one piece (an index entry that
+# places a bigger member, in a sparse shard, say, is refused before any read is sized).
+MAX_SAMPLE_BYTES = 512 << 20
 
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),

@@ -46,6 +46,7 @@ from data_gen import DatasetSpec
 
 from . import example_proto, npyfile
 from .base import CorruptSampleError, DatasetError, ManifestError, Reader, has_encoding_magic
+from .confine import MAX_SAMPLE_BYTES
 from .manifest import check_fingerprint
 from .manifest import fingerprint_span as default_span
 from .specs import fixed_size, stored_image_shape
@@ -168,7 +169,8 @@ def check_index(
         raise DatasetError(f"{path}: empty offset index")
     offsets, lengths = index[:, 0], index[:, 1]
     ends = offsets + lengths
-    bad = (lengths < FRAME_OVERHEAD) | (offsets != np.concatenate([[0], ends[:-1]]))
+    bad = ((lengths < FRAME_OVERHEAD) | (lengths > MAX_SAMPLE_BYTES)
+           | (offsets != np.concatenate([[0], ends[:-1]])))
     if bad.any():
         row = int(np.flatnonzero(bad)[0])
         raise DatasetError(

@@ -53,6 +53,7 @@ from .base import (
     Reader,
     sniff_encoding,
 )
+from .confine import MAX_SAMPLE_BYTES, read_regular
 from .manifest import check_fingerprint
 from .manifest import fingerprint_span as default_span
 
@@ -267,11 +268,9 @@ class WebDatasetReader(Reader):
     def _load_index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         path = self.index_path
         try:
-            data = path.read_bytes()
-        except FileNotFoundError:
-            raise DatasetError(f"{path}: offset index missing") from None
-        except OSError as err:
-            raise DatasetError(f"{path}: unreadable offset index: {err}") from err
+            data = read_regular(path, limit=self.manifest["files"].get(INDEX_NAME, 0))
+        except DatasetError as err:
+            raise DatasetError(f"unreadable offset index: {err}") from err
         recorded = self.manifest["fingerprints"].get(INDEX_NAME)
         if recorded is None:
             raise DatasetError(f"{path}: not listed in the manifest")
@@ -295,7 +294,8 @@ class WebDatasetReader(Reader):
         same_shard = np.zeros(len(self), dtype=bool)
         same_shard[1:] = expected_shard[1:] == expected_shard[:-1]
         expected_start = np.where(same_shard, np.concatenate([[0], ends[:-1]]), 0)
-        bad = (shard != expected_shard) | (sizes < 0) | (starts != expected_start)
+        bad = ((shard != expected_shard) | (sizes < 0) | (sizes > MAX_SAMPLE_BYTES)
+               | (starts != expected_start))
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise DatasetError(
