@@ -385,7 +385,7 @@ def test_16_a_very_deep_folder_is_walked_without_recursion(small_folder, tmp_pat
         deep = os.path.join(deep, "d")
         os.mkdir(deep)
     deep = Path(deep)
-    image = sorted(cls.glob("*.png"))[0]
+    image = sorted(small_folder.rglob("*.png"))[0]
     (deep / "deep.png").write_bytes(image.read_bytes())
     listing = scan_source(small_folder)
     assert sum(p.endswith("deep.png") for p in listing.paths) == 1
