@@ -380,16 +380,21 @@ def test_16_a_very_deep_folder_is_walked_without_recursion(small_folder, tmp_pat
     from storebench.importer import scan_source
 
     cls = sorted(p for p in small_folder.iterdir() if p.is_dir() and p.name[0] != ".")[0]
-    deep = os.fspath(cls)
-    for _ in range(1500):  # past Python's recursion limit of 1,000 frames (mkdir, one by one)
-        deep = os.path.join(deep, "d")
-        os.mkdir(deep)
-    deep = Path(deep)
     image = sorted(small_folder.rglob("*.png"))[0]
-    (deep / "deep.png").write_bytes(image.read_bytes())
-    listing = scan_source(small_folder)
-    assert sum(p.endswith("deep.png") for p in listing.paths) == 1
-    assert find_datasets(small_folder) == []
+    folders = [os.fspath(cls)]
+    for _ in range(1500):  # past Python's recursion limit of 1,000 frames (mkdir, one by one)
+        folders.append(os.path.join(folders[-1], "d"))
+        os.mkdir(folders[-1])
+    deep = Path(folders[-1]) / "deep.png"
+    deep.write_bytes(image.read_bytes())
+    try:
+        listing = scan_source(small_folder)
+        assert sum(p.endswith("deep.png") for p in listing.paths) == 1
+        assert find_datasets(small_folder) == []
+    finally:  # bottom up: shutil.rmtree (and pytest's cleanup) recurse and would fail
+        deep.unlink()
+        for folder in reversed(folders[1:]):
+            os.rmdir(folder)
 
 
 # -- 17: --out inside the source is refused -----------------------------------------------------
