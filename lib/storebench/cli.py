@@ -81,11 +81,16 @@ def _upload(args: argparse.Namespace) -> int:
 
 
 def _download(args: argparse.Namespace) -> int:
+    from .formats import FORMATS, read_manifest, untrusted_files
     from .remote.dataset import download_dataset
 
     done = download_dataset(args.url, Path(args.out), progress=not args.quiet)
     print(f"{done.source} -> {done.target}: {done.files} files, {done.bytes / 1e6:.1f} MB in "
           f"{done.seconds:.1f} s", flush=True)
+    module = FORMATS.get(read_manifest(Path(args.out))["format"])
+    if module is not None and untrusted_files(Path(args.out), module):
+        print(f"{module.NAME} is trusted input only: run storebench verify {args.out} before "
+              "opening it", flush=True)
     return 0
 
 

@@ -47,6 +47,7 @@ from storebench.remote.seaweed import (
     SeaweedUnavailableError,
     remove_stale_sockets,
 )
+from storebench.verify import verify_dataset
 
 REMOTE_CASES = [(f, e) for f in sorted(REMOTE_READERS) for e in ("raw", "jpeg", "png")]
 
@@ -185,6 +186,10 @@ def test_local_only_formats_refuse_and_download_stages_them(
     staged = tmp_path / "staged"
     done = download_dataset(url, staged, s3=s3)
     assert done.target == str(staged) and not list(tmp_path.glob(".staged.tmp-*"))
+    if format_name == "lmdb":  # trusted input only: a downloaded copy opens once verified
+        with pytest.raises(DatasetError, match="trusted input only"):
+            open_dataset(staged)
+        assert verify_dataset(staged).ok
     with open_dataset(staged) as copy, open_dataset(local_path) as local:
         everything = np.arange(len(local))
         same_samples(copy.read_many(everything), local.read_many(everything))

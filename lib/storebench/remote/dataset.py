@@ -174,10 +174,12 @@ def upload_dataset(local_dir: Path | str, url, *, s3: S3Config | None = None,
 def download_dataset(url, local_dir: Path | str, *, s3: S3Config | None = None,
                      progress: bool = False) -> Transfer:
     """Stage the dataset at ``url`` in ``local_dir`` (which must not exist): written beside
-    it under a temporary name, checked by ``open_dataset``, then renamed into place."""
+    it under a temporary name, checked by ``open_dataset``, then renamed into place. Every
+    name is confined to ``local_dir``. A trusted-input-only format (LMDB) is checked for
+    sizes and fingerprints but not opened: ``storebench verify`` it before use."""
     from tqdm.auto import tqdm
 
-    from ..formats import open_dataset
+    from ..formats import FORMATS, open_dataset
 
     target = Path(local_dir)
     if target.exists():
@@ -209,7 +211,14 @@ def download_dataset(url, local_dir: Path | str, *, s3: S3Config | None = None,
                 bar.update(len(batch))
         manifest_bytes = store.read(MANIFEST_NAME)
         (tmp / MANIFEST_NAME).write_bytes(manifest_bytes)
-        open_dataset(tmp).close()
+        module = FORMATS.get(manifest["format"])
+        if getattr(module, "TRUSTED_INPUT_ONLY", ()):
+            # Not opened here: a crafted LMDB file can crash the process that reads it. The
+            # copy stays untrusted until `storebench verify` reads it in a child process.
+            check_files(tmp, read_manifest(tmp))
+            check_checksums_file(tmp, manifest["num_samples"])
+        else:
+            open_dataset(tmp).close()
         os.replace(tmp, target)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
