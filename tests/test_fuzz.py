@@ -38,6 +38,7 @@ from storebench.fuzz import (
     summarise,
     violations,
 )
+from storebench.fuzz_hostile import HOSTILE_KINDS
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -148,6 +149,28 @@ def test_every_error_is_a_dataset_error_naming_the_file(fuzzed):
 def test_the_fuzz_run_leaves_no_process_and_no_directory(fuzzed):
     _, children, scratch = fuzzed
     assert children == [] and scratch == []
+
+
+def test_every_hostile_kind_is_refused_in_every_format_and_mode(fuzzed, ci_data_root):
+    """Names out of the copy, links out, FIFOs, devices, link loops and huge headers: each
+    refused (detected) on every dataset, in both modes; never read, hung on or crashed."""
+    df, _, _ = fuzzed
+    hostile = df[[DAMAGES[d].hostile for d in df["damage"]]]
+    assert set(hostile["damage"]) == set(HOSTILE_KINDS)
+    assert set(hostile["dataset"]) == set(df["dataset"])
+    bad = hostile[hostile["outcome"] != "detected"]
+    assert bad.empty, _shown(bad)
+    assert hostile["names_file"].all(), _shown(hostile[~hostile["names_file"]])
+
+
+def test_a_hostile_copy_that_reads_harmlessly_breaks_the_bar():
+    import pandas as pd
+
+    row = {c: "" for c in COLUMNS} | {"format": "hdf5", "verify": False, "wrong_samples": 0}
+    rows = pd.DataFrame([row | {"damage": "symlink_out", "outcome": "harmless"},
+                         row | {"damage": "flip_bytes", "outcome": "harmless"},
+                         row | {"damage": "fifo", "outcome": "detected"}])
+    assert list(violations(rows)["damage"]) == ["symlink_out"]
 
 
 def test_summary_counts_every_row_once(fuzzed):
