@@ -186,8 +186,11 @@ def test_summary_counts_every_row_once(fuzzed):
 # Damage classes
 # ---------------------------------------------------------------------------------------
 def _tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file()}
+    """Each file's bytes; a symbolic link's target instead (never read through: the hostile
+    kinds link to /dev/zero)."""
+    return {str(p.relative_to(root)): (b"-> " + os.readlink(p).encode() if p.is_symlink()
+                                       else p.read_bytes())
+            for p in sorted(root.rglob("*")) if p.is_symlink() or p.is_file()}
 
 
 @pytest.fixture(scope="module")

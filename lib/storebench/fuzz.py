@@ -911,7 +911,9 @@ def run_fuzz(
             while plan or pool.busy:
                 while plan and pool.idle:
                     target, copy = plan.popleft()
-                    dest = copies_dir / f"{len(rows) + len(pending)}-{copy}"
+                    # A folder per copy: hostile kinds put files beside the copy.
+                    dest = copies_dir / f"{len(rows) + len(pending)}-{copy}" / "dataset"
+                    dest.parent.mkdir()
                     damage, detail = make_damaged_copy(target, dest, seed=seed, copy=copy)
                     copy_info = {"target": target, "copy": copy, "damage": damage,
                                  "detail": detail, "path": dest, "left": 2}
@@ -927,7 +929,7 @@ def run_fuzz(
                     outcomes[row["outcome"]] += 1
                     copy_info["left"] -= 1
                     if not copy_info["left"]:
-                        shutil.rmtree(copy_info["path"], ignore_errors=True)
+                        shutil.rmtree(copy_info["path"].parent, ignore_errors=True)
                     bar.update(1)
                     bar.set_postfix(outcomes, refresh=False)
     finally:

@@ -11,7 +11,7 @@ with a memory limit and a time limit, so an unbounded allocation or a hang is co
 suffered.
 
 Where a kind points out of the copy, it points at a file placed beside the copy with the
-very bytes the dataset expects (``OUTSIDE_SUFFIX``): a reader that follows the name reads
+very bytes the dataset expects (``OUTSIDE_PREFIX``): a reader that follows the name reads
 correct samples, and only confinement can tell.
 """
 
@@ -27,8 +27,8 @@ import numpy as np
 
 from .formats.manifest import CHECKSUMS_NAME, MANIFEST_NAME, manifest_digest
 
-# A file of the right bytes placed outside the copy, next to it: ``<copy>.outside-<name>``.
-OUTSIDE_SUFFIX = ".outside-"
+# A file of the right bytes placed outside the copy, next to it: ``outside-<name>``.
+OUTSIDE_PREFIX = "outside-"
 HUGE_SAMPLES = 10**12
 HUGE_SIDE = 1 << 20  # a 2**20 x 2**20 image: 3 TiB of raw pixels
 MANIFEST_NESTING = 200_000
@@ -43,8 +43,9 @@ def _pick(names: list[str], rng: np.random.Generator) -> str:
 
 
 def _outside_copy(root: Path, rel: str) -> Path:
-    """A copy of ``root/rel`` placed beside ``root`` (outside the dataset)."""
-    outside = root.parent / f"{root.name}{OUTSIDE_SUFFIX}{rel.replace('/', '_')}"
+    """A copy of ``root/rel`` placed beside ``root`` (outside the dataset), named without
+    ``root``'s own name, so that a copy made again elsewhere is byte for byte the same."""
+    outside = root.parent / f"{OUTSIDE_PREFIX}{rel.replace('/', '_')}"
     shutil.copyfile(root / rel, outside)
     return outside
 
