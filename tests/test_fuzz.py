@@ -40,7 +40,9 @@ from storebench.fuzz import (
 )
 from storebench.fuzz_hostile import HOSTILE_KINDS
 
-pytestmark = pytest.mark.timeout(300)
+# The fuzzed fixture (a copy per damage and hostile kind of every ci dataset, read in
+# both modes) is set up inside the first test that asks for it.
+pytestmark = pytest.mark.timeout(900)
 
 
 def _live(pid: int) -> bool:
