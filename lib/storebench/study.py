@@ -463,7 +463,7 @@ def run_full_study(
     needing a raw copy that was not imported) is listed in ``timing.json`` with its reason.
     """
     from .bench import runner
-    from .plots import plot_all
+    from .report.figures import plot_all
     from .studies import STUDIES, get_study
     from .studies.grid import StudyNotApplicableError
 
@@ -558,7 +558,8 @@ def run_full_study(
 
 def study_summary(results_dir: Path, times: StudyTimes) -> str:
     """What a finished study did and this machine's guide, as text for the terminal."""
-    from .guide import decision_guide, guide_text
+    from .guide import guide_text
+    from .report.guide import decision_guide
     from .results import Results
 
     ran = sum(times.ran_cases.values())

@@ -116,7 +116,8 @@ class LmdbReader(Reader):
     """One read transaction per batch, with values copied straight out of the map.
 
     ``readahead=False`` suits data far larger than RAM; on data that fits it costs 10-15x
-    for cold reads (see FACTS.md), so it is a knob and the default is the library's (True).
+    for cold reads (the lazy_vs_preloaded study measures both), so it is a knob and the
+    default is the library's (True).
     """
 
     def __init__(

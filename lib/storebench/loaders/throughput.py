@@ -94,22 +94,6 @@ def dram_read_bandwidth(*, nbytes: int = 1 << 30, repeats: int = 5) -> float:
     return buffer.nbytes / float(np.median(seconds))
 
 
-def dram_copy_bandwidth(*, nbytes: int = 1 << 28, repeats: int = 5) -> float:
-    """Bytes/s copied by one thread from one pre-faulted ``nbytes`` buffer into another
-    (``np.copyto``: every byte read once and written once, as a gather does), the median of
-    ``repeats`` runs after one warm-up."""
-    source = np.ones(max(nbytes, 1), dtype=np.uint8)  # written once: pre-faulted
-    target = np.zeros_like(source)
-    target[:] = 1
-    np.copyto(target, source)
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        np.copyto(target, source)
-        seconds.append(time.perf_counter() - started)
-    return source.nbytes / float(np.median(seconds))
-
-
 def _assembly_buffers(dataset, batch_size: int, seed: int):
     """(one preallocated (B, H, W, C) batch buffer, full shuffled batches) for timing batch
     assembly from ``dataset``; fixed-size samples and at least one batch required."""

@@ -47,6 +47,7 @@ from ...text import (
     ENCODING_NAMES,
     ENCODING_ORDER,
     MULTIPLY,
+    bullets,
     faster_sentence,
     format_percent,
     format_ratio,
@@ -612,6 +613,15 @@ def findings(results: Results) -> list[str]:
     return formats_findings(df) + verify_cost_findings(df) + knob_findings(df)
 
 
+
+def readme_text(results: Results, place) -> str:
+    sentences = verify_cost_findings(results.study("formats"))
+    if not sentences:
+        return ""
+    return ("**What `verify=True` costs** (the `formats` study; see "
+            "[Integrity](#integrity-what-each-mode-checks))\n\n" + bullets(sentences))
+
+
 STUDY = Study(
     name="formats",
     question="What does each storage format cost to build, and to read cold and warm?",
@@ -620,4 +630,6 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="01_storage_formats.ipynb",
+    readme_figures=("formats_build_cost", "formats_sequential_read"),
+    readme_text=readme_text,
 )

@@ -554,6 +554,11 @@ def findings(results: Results) -> list[str]:
     return lazy_vs_preloaded_findings(results.df, results.env, profile_bytes=over)
 
 
+
+def caveats(results: Results) -> list[str]:
+    return ram_findings(results.df, results.env)
+
+
 STUDY = Study(
     name="lazy_vs_preloaded",
     question="Read from storage per access, or preload into RAM first?",
@@ -562,4 +567,6 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="02_lazy_vs_preloaded.ipynb",
+    readme_figures=("lazy_vs_preloaded_throughput",),
+    caveats=caveats,
 )

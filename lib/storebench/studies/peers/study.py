@@ -47,7 +47,14 @@ from ...bench.plan import peer_specs, plan_for
 from ...loaders.paths import LOADER_PATHS, get_loader_path
 from ...plots import empty_figure, log_axis, profile_caption
 from ...results import Results, ratio_interval, select, stat, summary_table
-from ...text import ENCODING_NAMES, MULTIPLY, format_percent, format_ratio, format_value
+from ...text import (
+    ENCODING_NAMES,
+    MULTIPLY,
+    bullets,
+    format_percent,
+    format_ratio,
+    format_value,
+)
 from ..base import FigureSpec, Study
 from ..grid import dataset_fields, profile_datasets, repeat_fields
 
@@ -554,6 +561,14 @@ def guide(results: Results) -> list:
     return out
 
 
+
+def readme_text(results: Results, place) -> str:
+    sentences = target_findings(results)
+    if not sentences:
+        return ""
+    return ("**Against the peer libraries** (the `peers` study)\n\n" + bullets(sentences))
+
+
 STUDY = Study(
     name=NAME,
     question="Which loader library: storebench's, or WebDataset, LitData, MDS, DALI, FFCV, "
@@ -570,6 +585,8 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="08_peers.ipynb",
+    readme_figures=("peers_rate",),
+    readme_text=readme_text,
     synthetic_only=True,
     prepare=build_peer_formats,
 )

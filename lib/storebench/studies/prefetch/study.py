@@ -510,4 +510,5 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="03_thread_vs_process_prefetch.ipynb",
+    readme_figures=("prefetch_paths",),
 )
