@@ -121,14 +121,19 @@ def build_profile(
 ) -> list:
     """Build (or find already built) every core format x encoding of ``profile`` (or the
     formats named, peer formats included), and with ``knob_variants`` the formats study's
-    variants (``studies.formats.KNOB_VARIANTS``) of its encodings. With ``samples``, each
+    variants (each format's ``TRAITS.knob_variants``) of its encodings. With ``samples``, each
     set is cut to its first ``samples`` samples where it has more: the same bytes as the
     whole set's, since a sample depends only on its spec's seed and its index. ``log``
     receives one line per dataset built, found or skipped. The peers study builds the peer
     formats itself, in the peers environment (``Study.prepare``)."""
-    from .formats import CORE_FORMATS, build_dataset, get_format, unavailable_reason
+    from .formats import (
+        CORE_FORMATS,
+        build_dataset,
+        get_format,
+        knob_variants,
+        unavailable_reason,
+    )
     from .formats.build import SampleCache
-    from .studies.formats.study import KNOB_VARIANTS
 
     chosen = data_gen.get_profile(profile)
     formats = list(formats or CORE_FORMATS)
@@ -155,8 +160,8 @@ def build_profile(
             if spec.encoding not in modules[name].ENCODINGS:
                 say(f"skip   {name}-{spec.encoding}: {name} stores {modules[name].ENCODINGS} only")
         if knob_variants:
-            builds += [(v.format, dict(v.knobs), v.name) for v in KNOB_VARIANTS
-                       if v.encoding == spec.encoding and v.format in formats]
+            builds += [(v.format, dict(v.knobs), v.name) for v in knob_variants(formats)
+                       if v.encoding == spec.encoding]
         # One generation per spec, replayed for every format and knob variant.
         with SampleCache(spec, data_dir, workers=workers, progress=progress) as cache:
             for name, knobs, dirname in builds:

@@ -15,10 +15,9 @@ from storebench.bench.case import Case, Trial
 from storebench.bench.plan import REPEAT_BUDGET_S, case_timeout_s, default_repeats, plan_for
 from storebench.bench.runner import run_case
 from storebench.bench.stats import AdaptiveRepeats  # noqa: E402
-from storebench.formats import CORE_FORMATS, FORMATS, build_dataset
+from storebench.formats import CORE_FORMATS, FORMATS, build_dataset, knob_variants
 from storebench.loaders.paths import LOADER_PATHS
 from storebench.studies import STUDIES
-from storebench.studies.formats.study import KNOB_VARIANTS
 from storebench.studies.formats.study import grid as formats_study
 from storebench.studies.gpu_feed.study import grid as gpu_feed_study
 from storebench.studies.lazy_vs_preloaded.study import grid as lazy_vs_preloaded_study
@@ -73,7 +72,7 @@ def variant_data(tmp_path_factory):
     """The ci raw set as the default hdf5 build and one knob variant (chunks of one)."""
     root = tmp_path_factory.mktemp("variants")
     spec = PROFILES["ci"].spec_for("raw")
-    variant = next(v for v in KNOB_VARIANTS if v.format == "hdf5")
+    variant = next(v for v in knob_variants() if v.format == "hdf5")
     build_dataset(spec, "hdf5", root, workers=1)
     build_dataset(spec, "hdf5", root, knobs=dict(variant.knobs), name=variant.name, workers=1)
     return root, variant

@@ -27,11 +27,18 @@ import numpy as np
 from data_gen import DatasetSpec
 
 from .base import CorruptSampleError, DatasetError, ManifestError, Reader
+from .traits import FormatTraits
 
 NAME = "lmdb"
 ENCODINGS = ("raw", "png", "jpeg", "mixed")
 DEFAULT_KNOBS: dict = {"batch_samples": 1024}
 OPEN_OPTIONS = ("readahead",)
+TRAITS = FormatTraits(
+    out_of_core_options=(({"readahead": False}, "shuffle"),),
+    readahead_option="readahead",
+    remote_unsupported="LMDB maps its database file into memory (mmap), which needs a local file",
+    distributions=("lmdb",),
+)
 LABELS_KEY = b"__labels__"
 SPEC_KEY = b"__spec__"
 DATA_FILE = "data.mdb"

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,8 @@ from matplotlib.figure import Figure
 from ...bench.cache import CacheState
 from ...bench.case import Case
 from ...bench.plan import plan_for
+from ...formats import traits
+from ...formats.traits import KNOB_EFFECTS
 from ...plots import (
     bars,
     empty_figure,
@@ -61,33 +62,6 @@ MB = 1e6
 CASES = "storebench.studies.formats.cases"
 
 
-@dataclass(frozen=True)
-class KnobVariant:
-    """A build of ``format`` x ``encoding`` with ``knobs`` other than the format's defaults,
-    stored beside the default build as ``<format>-<encoding>-<knob>=<value>``."""
-
-    format: str
-    encoding: str
-    knobs: tuple[tuple[str, object], ...]
-
-    @property
-    def name(self) -> str:
-        knobs = ",".join(f"{k}={v}" for k, v in self.knobs)
-        return f"{self.format}-{self.encoding}-{knobs}"
-
-
-# What each format's build knobs change, measured against the default build (raw samples,
-# where the format's unit of I/O matters most; plus JPEG for Parquet's codec).
-KNOB_VARIANTS: tuple[KnobVariant, ...] = (
-    KnobVariant("hdf5", "raw", (("chunk_samples", 1),)),
-    KnobVariant("hdf5", "raw", (("chunk_samples", 1024),)),
-    KnobVariant("parquet", "raw", (("row_group_size", 64),)),
-    KnobVariant("parquet", "raw", (("row_group_size", 1024),)),
-    KnobVariant("parquet", "raw", (("compression", "zstd"),)),
-    KnobVariant("parquet", "jpeg", (("compression", "zstd"),)),
-    KnobVariant("tfrecord", "raw", (("num_shards", 1),)),
-    KnobVariant("tfrecord", "raw", (("num_shards", 16),)),
-)
 # Random batches read per repeat: enough for a stable rate, bounded so that a large chunk or
 # row group (read whole for every sample) does not take minutes.
 RANDOM_READ_SAMPLES = 1024
@@ -355,22 +329,18 @@ def knob_table(df: pd.DataFrame) -> pd.DataFrame:
     return sort_rows(table.sort_values(["format", "encoding", "knob"], kind="stable"))[columns]
 
 
-KNOB_EFFECTS = {
-    "chunk_samples": ("random_cold", "random batches, cold"),
-    "row_group_size": ("random_cold", "random batches, cold"),
-    "compression": ("size_ratio", "bytes on disk / raw bytes"),
-    "num_shards": ("sequential_cold", "a cold sequential read"),
-}
 
 
 def knob_findings(df: pd.DataFrame) -> list[str]:
-    """Per varied knob: its settings on the figure that knob is about (``KNOB_EFFECTS``),
+    """Per varied knob: its settings on the figure that knob is about (the format's
+    ``TRAITS.knob_metrics``),
     plus sequential warm reads, all from the formats study."""
     table = knob_table(df)
     sentences = []
     for (fmt, encoding, knob), part in table.groupby(["format", "encoding", "knob"],
                                                      sort=False):
-        column, what = KNOB_EFFECTS.get(knob, ("sequential_warm", "sequential reads, warm"))
+        column = traits(fmt).knob_metrics.get(knob, "sequential_warm")
+        what = KNOB_EFFECTS[column]
         unit = "ratio" if column == "size_ratio" else "samples/s"
         shown = part.dropna(subset=[column])
         if len(shown) < 2:
