@@ -164,8 +164,8 @@ def labels_fit(axis, ticks, low: float, high: float) -> bool:
 def legend_below(fig: Figure, axes: Sequence, *, loc: str = "outside lower center",
                  fontsize: str = "small", ncols: int | None = None) -> None:
     """One legend for ``axes`` below the panels, each label once in the order first drawn.
-    Inside a panel, marks that move with the data end up under it (run 9bb3b8 hid a whisker
-    and a mark that way), whatever corner matplotlib picks for the data drawn today."""
+    Inside a panel, marks that move with the data end up under it, whatever corner
+    matplotlib picks for the data drawn today."""
     entries: dict[str, object] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):

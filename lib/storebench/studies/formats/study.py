@@ -65,14 +65,9 @@ CASES = "storebench.studies.formats.cases"
 # Random batches read per repeat: enough for a stable rate, bounded so that a large chunk or
 # row group (read whole for every sample) does not take minutes.
 RANDOM_READ_SAMPLES = 1024
-# ... and, warm, at most about this long (at least four batches): a random sample of a
-# row-group format costs its whole group, so 1,024 of them took 1 to 3 s a repeat (run
-# 1635c5: Parquet at 360 to 960 samples/s) for a per-sample cost that is the same in every
-# batch. Cold reads are not cut: the later samples of a cold pass find more of their units
-# already read in it (most of 1,024 samples, over the small set's 79 row groups), so
-# a read cut sooner is a colder one, and every format's cold read must be the same 1,024
-# samples to compare (cut, Parquet's cold rates fell to 0.74-0.85 of run 1635c5's while its
-# warm ones stayed within 5%: run 99d609).
+# ... and, warm, at most about this long (at least four batches): a row-group format pays
+# its whole group per random sample, the same in every batch. Cold reads are not cut: a
+# cold pass cut sooner is a colder one, and every format's must read the same samples.
 RANDOM_READ_SECONDS = 0.5
 
 

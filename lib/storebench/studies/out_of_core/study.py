@@ -89,13 +89,9 @@ PREFETCHER, WORKERS = "thread", 2  # the prefetch study's best path, raw and JPE
 # one slice of the limit, or half the limit for a batch that ends sooner:
 # ``cases.out_of_core``).
 EPOCH_SECONDS_LIMIT = 1.0
-# Under a cap (k > 0), half a second: the cap's room fills well within it. Against a second,
-# in two runs an hour apart (results/study-runs f24e29, 9b9cd4), 40 of 43 capped cases ended
-# epoch 2 with the same residency (within 0.05), their median rates moved by 1 to 2% (the
-# k = 0 cases, whose limit stayed, by 4 to 7%), and the study's cases took 200 s, not 280.
-# Where the set fits (k = 0) a pass keeps the second: cut sooner, a cold epoch 1 would leave
-# the set partly uncached, so epoch 2 would no longer show what a set that fits gets from
-# the cache.
+# Under a cap (k > 0), half a second: the cap's room fills well within it (results/
+# study-runs/README.md, "Constants and their evidence"). Where the set fits (k = 0) a pass
+# keeps the second, or a cold epoch 1 would leave it partly uncached for epoch 2.
 CAPPED_EPOCH_SECONDS_LIMIT = 0.5
 PRELOADED_FORMAT = "memmap"
 GUIDE_REPEATS = 3

@@ -20,11 +20,10 @@ format) live in ``<data>/peers/`` (``bench.plan.PEER_SETS_DIR``), apart from the
 whole sets: whole epochs are the study's unit (a peer's loader stopped mid-epoch pays for its
 own stop), so its sets size its epochs. Both are cut to one count, the same bytes as the
 whole sets' first samples: 2,048 on the default profile (``EPOCH_SAMPLES``, what every other
-study's timed epoch reads; runs up to a3789e read 4,000), the smaller set's where that is
-less (256 on ci). A path that pays per epoch (workers started again, an index read again)
-pays it more often per sample: its later epochs' rate, boundaries included, reads lower than
-over a longer set (``results/study-runs`` compares run 6c79c2's 4,000-sample raw epochs with
-5f05d8's 20,000, and run 3c5425's 2,048-sample epochs with a3789e's 4,000).
+study's timed epoch reads), the smaller set's where that is less (256 on ci). A path that
+pays per epoch (workers started again, an index read again) pays it more often per sample:
+its later epochs' rate, boundaries included, reads lower than over a longer set
+(``results/study-runs/README.md`` compares the epoch lengths).
 
 The peer libraries live in the peers environment (``storebench.environments``): their cases
 run with its interpreter, and ``prepare`` builds the peer formats with it. Where a library or
@@ -87,10 +86,8 @@ COMPACT = {"jpeg": (("process", "lmdb"), ("webdataset", "webdataset"), ("ffcv", 
 ENCODINGS = ("jpeg", "raw")
 COLD_ENCODINGS = ("jpeg",)
 TARGET_RATIO = 1.2  # storebench's best path over the best peer
-# The warm rows the target compares (see peers_grid). 8 s, not 15: a candidate of a second
-# or two a repeat still gets 4 to 8 repeats, while at 15 s the noisiest slow peers ran all
-# 9 (run 6c79c2: MDS raw 14.3 s, DALI over TFRecord 14.2 s), rows that were not the best
-# peer and so decided neither target.
+# The warm rows the target compares (see peers_grid): a candidate of a second or two a
+# repeat still gets 4 to 8 repeats; longer only let slow peers that decide nothing run all 9.
 TARGET_REPEAT_BUDGET_S = 8.0
 # JPEG decode against cores x one thread: measured once, by the targets study, which times
 # the one-thread rate on each core beside the prefetchers, interleaved in one case.
