@@ -498,16 +498,8 @@ def run_full_study(
 
     if dataset is None:
         stage("build", build_profile, profile, data_dir, progress=progress)
-    stage(
-        "environment",
-        record_environment,
-        profile,
-        data_dir,
-        results_dir,
-        run_id=times.run_id,
-        drop_caches=drop_caches,
-        label=label,
-    )
+    stage("environment", record_environment, profile, data_dir, results_dir,
+          run_id=times.run_id, drop_caches=drop_caches, label=label)
     estimate = run_estimate(names, profile, data_dir, repeats, results_dir, label,
                             resume=resume)
 
@@ -520,22 +512,10 @@ def run_full_study(
             continue
         try:
             summary = stage(
-                f"study:{name}",
-                run_study,
-                name,
-                profile=profile,
-                data_root=data_root,
-                results_root=results_root,
-                repeats=repeats,
-                resume=resume,
-                drop_caches=drop_caches,
-                progress=progress,
-                run_id=times.run_id,
-                record_env=False,
-                dataset=dataset,
-                on_case_done=case_done,
-                eta=estimate.text,
-            )
+                f"study:{name}", run_study, name, profile=profile, data_root=data_root,
+                results_root=results_root, repeats=repeats, resume=resume,
+                drop_caches=drop_caches, progress=progress, run_id=times.run_id,
+                record_env=False, dataset=dataset, on_case_done=case_done, eta=estimate.text)
         except StudyNotApplicableError as err:
             if dataset is None:
                 raise
@@ -547,14 +527,8 @@ def run_full_study(
         times.reused_cases[name] = len(summary.skipped)
     stage("plots", plot_all, results_dir)
     if notebooks:
-        stage(
-            "notebooks",
-            execute_notebooks,
-            results_dir,
-            profile=profile,
-            data_root=data_root,
-            progress=progress,
-        )
+        stage("notebooks", execute_notebooks, results_dir, profile=profile,
+              data_root=data_root, progress=progress)
     times.write(results_dir)
     os.sync()
     (log or (lambda text: print(text, flush=True)))(study_summary(results_dir, times))
