@@ -127,7 +127,7 @@ def build_profile(
     receives one line per dataset built, found or skipped. The peers study builds the peer
     formats itself, in the peers environment (``Study.prepare``)."""
     from .formats import (
-        CORE_FORMATS,
+        FORMATS,
         build_dataset,
         get_format,
         knob_variants,
@@ -136,7 +136,7 @@ def build_profile(
     from .formats.build import SampleCache
 
     chosen = data_gen.get_profile(profile)
-    formats = list(formats or CORE_FORMATS)
+    formats = list(formats or FORMATS.core)
     modules = {name: get_format(name) for name in formats}
     say = log or (lambda line: None)
     for name in list(formats):
