@@ -36,19 +36,18 @@ def write(samples: Iterable, root: Path, spec, *, alignment: int = 1) -> None:
     if not isinstance(alignment, int) or alignment < 1:
         raise DatasetError(f"{root}: alignment must be a positive integer, got {alignment!r}")
     padding = bytes(stride(spec.raw_sample_bytes, alignment) - spec.raw_sample_bytes)
-    labels = np.empty(spec.num_samples, dtype=np.int64)
-    count = 0
+    labels: list[int] = []
     with builtins.open(root / DATA, "wb") as f:
-        for i, (image, label) in enumerate(samples):
-            image = np.asarray(image)
-            if i >= spec.num_samples or image.shape != spec.image_shape:
-                raise DatasetError(f"{root}: sample {i} does not fit the spec")
-            f.write(np.ascontiguousarray(image, dtype=np.uint8).tobytes() + padding)
-            labels[i] = label
-            count += 1
-    if count != spec.num_samples:
-        raise DatasetError(f"{root}: got {count} samples, the spec says {spec.num_samples}")
-    np.save(root / LABELS, labels)
+        for image, label in samples:
+            pixels = np.ascontiguousarray(image, dtype=np.uint8)
+            if pixels.shape != spec.image_shape or len(labels) == spec.num_samples:
+                raise DatasetError(f"{root}: sample {len(labels)} does not fit the spec")
+            f.write(pixels.tobytes() + padding)
+            labels.append(int(label))
+    if len(labels) != spec.num_samples:
+        raise DatasetError(f"{root}: got {len(labels)} samples, the spec says "
+                           f"{spec.num_samples}")
+    np.save(root / LABELS, np.array(labels, dtype=np.int64))
 
 
 class ToyReader(Reader):

@@ -19,11 +19,11 @@ is a ``DatasetError`` naming the environment that has it.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from importlib import import_module
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
 
+from ..registry import LazyRegistry
 from .base import (
     CorruptSampleError,
     DatasetError,
@@ -48,7 +48,7 @@ PEER_FORMAT_MODULES = {
 }
 
 
-class FormatRegistry(Mapping):
+class FormatRegistry(LazyRegistry):
     """Format name -> format module, each imported on first use: a case process that reads
     one format pays for its library alone (pyarrow, protobuf, h5py... cost a fresh
     interpreter tens of milliseconds each). Listing the names imports nothing.
@@ -56,23 +56,12 @@ class FormatRegistry(Mapping):
     ``core`` and ``peers`` map names to modules of this package; ``core`` names the formats
     every study covers, in order."""
 
+    kind = "format"
+
     def __init__(self, core: Mapping[str, str], peers: Mapping[str, str]) -> None:
-        self._modules = {name: f"{__name__}.{module}" for name, module in {**core, **peers}.items()}
+        super().__init__({name: f"{__name__}.{module}"
+                          for name, module in {**core, **peers}.items()})
         self._core = list(core)
-
-    def __getitem__(self, name: str) -> ModuleType:
-        if name not in self._modules:
-            raise KeyError(name)
-        return import_module(self._modules[name])
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._modules
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._modules)
-
-    def __len__(self) -> int:
-        return len(self._modules)
 
     @property
     def core(self) -> tuple[str, ...]:
@@ -82,9 +71,7 @@ class FormatRegistry(Mapping):
     def register(self, name: str, module: str, *, peer: bool = False) -> None:
         """Add format ``name``, defined by the importable ``module`` (a format of your own,
         or one in a plugin): it then builds, opens and is studied like the others."""
-        if name in self._modules:
-            raise ValueError(f"format {name!r} is registered already")
-        self._modules[name] = module
+        super().register(name, module)
         if not peer:
             self._core.append(name)
 
