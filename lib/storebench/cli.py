@@ -1,5 +1,5 @@
 """Command line: ``storebench build | import | verify | upload | download | run | study |
-findings | plot | readme``."""
+findings | advise | plot | readme``."""
 
 from __future__ import annotations
 
@@ -164,6 +164,17 @@ def _findings(args: argparse.Namespace) -> int:
     return 0
 
 
+def _advise(args: argparse.Namespace) -> int:
+    from .advise import advise_command
+
+    print(advise_command(
+        args.results, as_json=args.json, images=args.images, count=args.count,
+        mean_bytes=args.mean_bytes, storage=args.storage, rtt_ms=args.rtt_ms,
+        ram_gb=args.ram_gb, cores=args.cores, accelerators=args.accelerators, nodes=args.nodes,
+        demand=args.demand, workload=args.workload, dataset=args.dataset))
+    return 0
+
+
 def _fuzz(args: argparse.Namespace) -> int:
     from .fuzz import fuzz_command
 
@@ -286,6 +297,8 @@ def parser() -> argparse.ArgumentParser:
                    help="one object per guide row, with its candidates and their medians")
     f.set_defaults(func=_findings)
 
+    _advise_parser(sub)
+
     fz = sub.add_parser("fuzz", help="damage copies of built datasets; check that every read "
                                      "fails loudly (no silently wrong sample, hang or crash)")
     fz.add_argument("data_dir", help="a directory of built datasets, e.g. data/ci")
@@ -308,6 +321,36 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--readme", default="README.md")
     r.set_defaults(func=_readme)
     return p
+
+
+def _advise_parser(sub) -> None:
+    from .advise import IMAGE_KINDS, STORAGES, WORKLOADS
+
+    a = sub.add_parser(
+        "advise", help="which format, loader and cores for your images, storage and "
+        "accelerators: answered from measured results plus the capacity model")
+    a.add_argument("--images", choices=IMAGE_KINDS, help="what the samples are")
+    a.add_argument("--count", type=int, help="how many samples")
+    a.add_argument("--mean-bytes", type=float, help="mean stored bytes of a sample")
+    a.add_argument("--dataset", type=Path,
+                   help="a directory written by storebench import: the images, count and "
+                        "mean bytes from its manifest")
+    a.add_argument("--storage", choices=STORAGES, default="local",
+                   help="where the data lives (default: local)")
+    a.add_argument("--rtt-ms", type=float, help="round trip to nfs or s3 storage, ms")
+    a.add_argument("--ram-gb", type=float, help="RAM per node, GB")
+    a.add_argument("--cores", type=int, help="CPU cores per node")
+    a.add_argument("--accelerators", type=int, default=1, help="accelerators per node")
+    a.add_argument("--nodes", type=int, default=1)
+    demand = a.add_mutually_exclusive_group()
+    demand.add_argument("--demand", type=float, metavar="SAMPLES_PER_S",
+                        help="samples/s each accelerator consumes")
+    demand.add_argument("--workload", metavar="NAME",
+                        help=f"a named demand: {', '.join(sorted(WORKLOADS))}")
+    a.add_argument("--results", type=Path, default=Path("results/reference"),
+                   help="the measured results to answer from (default: results/reference)")
+    a.add_argument("--json", action="store_true", help="the same answer as one JSON object")
+    a.set_defaults(func=_advise)
 
 
 def main(argv: list[str] | None = None) -> int:
