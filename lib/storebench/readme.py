@@ -117,7 +117,7 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
     verify_cost = verify_cost_findings(results.study("formats"))
     if verify_cost:
         parts += ["", "**What `verify=True` costs** (the `formats` study; see "
-                  "[Integrity](#integrity-what-each-mode-checks))", "",
+                  "[Integrity](docs/integrity.md))", "",
                   bullets(verify_cost).rstrip("\n")]
     cuda_text = cuda_feed_text(
         Path(cuda_runs_dir) if cuda_runs_dir is not None else results_dir.parent / "gpu-runs",
