@@ -13,12 +13,18 @@ DEFAULT_DATA_ROOT = Path("data")
 DEFAULT_RESULTS_ROOT = Path("results")
 
 
+def _progress(args: argparse.Namespace) -> bool:
+    """Progress bars on a terminal only: redrawn in a log (``make study > log 2>&1``) they
+    would be thousands of carriage-return frames; the commands print plain lines there."""
+    return not args.quiet and sys.stderr.isatty()
+
+
 def _build(args: argparse.Namespace) -> int:
     from .study import build_peer_sets, build_profile
 
     profile = data_gen.get_profile(args.profile)
     out = Path(args.out) if args.out else DEFAULT_DATA_ROOT / profile.name
-    options = {"knob_variants": False, "workers": args.workers, "progress": not args.quiet,
+    options = {"knob_variants": False, "workers": args.workers, "progress": _progress(args),
                "force": args.force, "log": lambda line: print(line, flush=True)}
     if args.peer_sets:
         if args.encodings or args.samples is not None:
@@ -42,7 +48,7 @@ def _import(args: argparse.Namespace) -> int:
         limit=args.limit,
         on_error=args.on_error,
         workers=args.workers,
-        progress=not args.quiet,
+        progress=_progress(args),
         force=args.force,
         log=lambda line: print(line, flush=True),
     )
@@ -63,7 +69,7 @@ def _upload(args: argparse.Namespace) -> int:
     for path in datasets:
         # A directory of datasets keeps its layout under the prefix.
         target = url if path == source else url / path.relative_to(source).as_posix()
-        done = upload_dataset(path, target, progress=not args.quiet)
+        done = upload_dataset(path, target, progress=_progress(args))
         print(f"{path} -> {done.target}: {done.files} files, {done.bytes / 1e6:.1f} MB in "
               f"{done.seconds:.1f} s", flush=True)
     return 0
@@ -72,7 +78,7 @@ def _upload(args: argparse.Namespace) -> int:
 def _download(args: argparse.Namespace) -> int:
     from .remote.dataset import download_dataset
 
-    done = download_dataset(args.url, Path(args.out), progress=not args.quiet)
+    done = download_dataset(args.url, Path(args.out), progress=_progress(args))
     print(f"{done.source} -> {done.target}: {done.files} files, {done.bytes / 1e6:.1f} MB in "
           f"{done.seconds:.1f} s", flush=True)
     return 0
@@ -92,7 +98,7 @@ def _verify(args: argparse.Namespace) -> int:
         return 2
     failures = 0
     for path in datasets:
-        result = verify_dataset(path, workers=args.workers, progress=not args.quiet)
+        result = verify_dataset(path, workers=args.workers, progress=_progress(args))
         status = "OK  " if result.ok else "FAIL"
         print(f"{status} {path}  {result.samples_checked} samples  {result.message}", flush=True)
         failures += not result.ok
@@ -110,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         resume=not args.fresh,
         drop_caches=args.drop_caches,
-        progress=not args.quiet,
+        progress=_progress(args),
         dataset=args.dataset,
     )
     return 0
@@ -128,7 +134,7 @@ def _study(args: argparse.Namespace) -> int:
         resume=not args.fresh,
         drop_caches=args.drop_caches,
         notebooks=not args.no_notebooks,
-        progress=not args.quiet,
+        progress=_progress(args),
     )
     return 0
 
@@ -180,7 +186,7 @@ def _fuzz(args: argparse.Namespace) -> int:
 
     return fuzz_command(Path(args.data_dir), copies_per_dataset=args.copies, seed=args.seed,
                         out=args.out, timeout_s=args.timeout, workers=args.workers,
-                        formats=args.formats, progress=not args.quiet)
+                        formats=args.formats, progress=_progress(args))
 
 
 def _readme(args: argparse.Namespace) -> int:
