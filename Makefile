@@ -46,12 +46,14 @@ peers: $(PEERS_STAMP)
 study: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/storebench study --profile $(PROFILE)
 
-# ruff; the docs site built --strict into a temporary directory (a broken link or an unresolved
-# API reference fails); the whole suite (which also executes every notebook on the ci profile
-# and regenerates every figure from results/reference); then the tests marked `peers` again in
-# the peers environment, where the peer libraries are. pytest's "no tests collected" (5) fails.
+# ruff, the layers contract (import-linter, pyproject's [tool.importlinter]), the docs site
+# built --strict into a temporary directory (a broken link or an unresolved API reference
+# fails), then the whole suite (which also executes every notebook on the ci profile and
+# regenerates every figure from results/reference), then the tests marked `peers` again in the
+# peers environment, where the peer libraries are. pytest's "no tests collected" (5) fails.
 test: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet \
 	  --site-dir $$site; \
 	rc=$$?; rm -rf $$site; test $$rc -eq 0
@@ -68,6 +70,7 @@ docs: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 clean-data:
 	rm -rf data

@@ -14,8 +14,8 @@ import pandas as pd
 import pytest
 from PIL import Image
 
-from storebench import advise as adv
 from storebench.cli import main
+from storebench.report import advise as adv
 from storebench.results import Results, default_builds, stat
 from storebench.studies import get_study
 

@@ -140,7 +140,7 @@ def _study(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from .plots import plot_all
+    from .report.figures import plot_all
 
     written = plot_all(Path(args.results_dir))
     for path in written:
@@ -154,7 +154,8 @@ def _plot(args: argparse.Namespace) -> int:
 def _findings(args: argparse.Namespace) -> int:
     import json
 
-    from .guide import decision_guide, guide_text
+    from .guide import guide_text
+    from .report.guide import decision_guide
     from .results import Results
 
     results = Results.load(Path(args.results_dir))
@@ -162,7 +163,7 @@ def _findings(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([row.to_dict() for row in rows], indent=2))
     else:
-        from .findings import machine_text
+        from .text import machine_text
 
         if results.env:
             print(f"Measured on: {machine_text(results.env)}\n")
@@ -171,7 +172,7 @@ def _findings(args: argparse.Namespace) -> int:
 
 
 def _advise(args: argparse.Namespace) -> int:
-    from .advise import advise_command
+    from .report.advise import advise_command
 
     print(advise_command(
         args.results, as_json=args.json, images=args.images, count=args.count,
@@ -190,7 +191,7 @@ def _fuzz(args: argparse.Namespace) -> int:
 
 
 def _readme(args: argparse.Namespace) -> int:
-    from .readme import update_readme
+    from .report.readme import update_readme
 
     changed = update_readme(Path(args.readme), Path(args.results_dir))
     print(f"{args.readme}: findings {'updated' if changed else 'already current'}")
@@ -330,7 +331,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def _advise_parser(sub) -> None:
-    from .advise import IMAGE_KINDS, STORAGES, WORKLOADS
+    from .report.advise import IMAGE_KINDS, STORAGES, WORKLOADS
 
     a = sub.add_parser(
         "advise", help="which format, loader and cores for your images, storage and "

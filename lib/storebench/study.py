@@ -121,14 +121,19 @@ def build_profile(
 ) -> list:
     """Build (or find already built) every core format x encoding of ``profile`` (or the
     formats named, peer formats included), and with ``knob_variants`` the formats study's
-    variants (``studies.formats.KNOB_VARIANTS``) of its encodings. With ``samples``, each
+    variants (each format's ``TRAITS.knob_variants``) of its encodings. With ``samples``, each
     set is cut to its first ``samples`` samples where it has more: the same bytes as the
     whole set's, since a sample depends only on its spec's seed and its index. ``log``
     receives one line per dataset built, found or skipped. The peers study builds the peer
     formats itself, in the peers environment (``Study.prepare``)."""
-    from .formats import CORE_FORMATS, build_dataset, get_format, unavailable_reason
+    from .formats import (
+        CORE_FORMATS,
+        build_dataset,
+        get_format,
+        knob_variants,
+        unavailable_reason,
+    )
     from .formats.build import SampleCache
-    from .studies.formats import KNOB_VARIANTS
 
     chosen = data_gen.get_profile(profile)
     formats = list(formats or CORE_FORMATS)
@@ -155,8 +160,8 @@ def build_profile(
             if spec.encoding not in modules[name].ENCODINGS:
                 say(f"skip   {name}-{spec.encoding}: {name} stores {modules[name].ENCODINGS} only")
         if knob_variants:
-            builds += [(v.format, dict(v.knobs), v.name) for v in KNOB_VARIANTS
-                       if v.encoding == spec.encoding and v.format in formats]
+            builds += [(v.format, dict(v.knobs), v.name) for v in knob_variants(formats)
+                       if v.encoding == spec.encoding]
         # One generation per spec, replayed for every format and knob variant.
         with SampleCache(spec, data_dir, workers=workers, progress=progress) as cache:
             for name, knobs, dirname in builds:
@@ -317,7 +322,7 @@ def run_study(
     With ``dataset`` (a directory written by ``storebench import``) the study runs on those
     datasets instead, into ``<results_root>/<dataset name>/``, sized by ``profile``'s plan
     (``ci`` or ``small``); its rows name the dataset as their profile. ``on_case_done`` and
-    ``eta`` are passed to ``bench.runner.run_study`` (a full study's time estimate);
+    ``eta`` are passed to ``bench.runner.run_cases`` (a full study's time estimate);
     ``on_planned(name, case_ids)`` is told the cases left to run once the grid is planned.
     """
     from .bench import runner
@@ -349,7 +354,7 @@ def run_study(
 
         done = finished_case_ids(results_path)
         on_planned(name, [case.case_id for case in cases if case.case_id not in done])
-    return runner.run_study(
+    return runner.run_cases(
         cases,
         results_path,
         profile=label,
@@ -507,7 +512,7 @@ def run_full_study(
     needing a raw copy that was not imported) is listed in ``timing.json`` with its reason.
     """
     from .bench import runner
-    from .plots import plot_all
+    from .report.figures import plot_all
     from .studies import STUDIES, get_study
     from .studies.grid import StudyNotApplicableError
 
@@ -592,7 +597,8 @@ def study_summary(results_dir: Path, times: StudyTimes) -> str:
     """What a finished study did, as text for the terminal or a log: where its results,
     figures and notebooks are, the time of each stage, every case that failed or was
     skipped with its reason, and this machine's guide."""
-    from .guide import decision_guide, guide_text
+    from .guide import guide_text
+    from .report.guide import decision_guide
     from .results import Results, failed_cases
 
     ran = sum(times.ran_cases.values())

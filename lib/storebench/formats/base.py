@@ -8,6 +8,7 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePath
+from typing import NamedTuple
 
 import crc32c
 import numpy as np
@@ -151,6 +152,62 @@ def sample_checksums(images: np.ndarray | Sequence[bytes], labels: np.ndarray) -
         (crc32c.crc32c(label_bytes[8 * k : 8 * k + 8], crc32c.crc32c(data))
          for k, data in enumerate(stored)),
         dtype=np.uint32, count=len(labels))
+
+
+# The most bytes one coalesced read fetches: it bounds a run's buffer whatever the batch.
+MAX_RUN_BYTES = 16 << 20
+
+
+class ByteRun(NamedTuple):
+    """One read that fetches adjacent samples: ``length`` bytes at ``offset`` of file number
+    ``file``, the first being sample ``first_index``; ``samples`` holds (index, position in
+    the batch, start, end) of each, start and end counted from ``offset``."""
+
+    file: int
+    offset: int
+    length: int
+    first_index: int
+    samples: tuple[tuple[int, int, int, int], ...]
+
+
+def coalesced_runs(indices: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                   files: np.ndarray | None = None, *, order: np.ndarray | None = None,
+                   max_bytes: int = MAX_RUN_BYTES) -> list[ByteRun]:
+    """The reads that fetch a batch: ``indices`` in batch order with each one's bytes
+    ``[starts, ends)`` in file ``files`` (one file where None), visited in ``order`` (default:
+    index order, which is file-then-offset order where samples are stored in index order).
+    Samples that follow each other directly in one file share a read of at most
+    ``max_bytes``; a file change, a gap or a repeated index starts a new one."""
+    order = np.argsort(indices, kind="stable") if order is None else order
+    files = np.zeros(len(indices), np.int64) if files is None else files[order]
+    starts, ends = starts[order], ends[order]
+    follows = np.zeros(len(order), dtype=bool)
+    follows[1:] = (files[1:] == files[:-1]) & (starts[1:] == ends[:-1])
+    # Python lists: the loop below touches them per sample, where NumPy scalars are slow.
+    sorted_idx, positions = indices[order].tolist(), order.tolist()
+    files, starts, ends, follows = files.tolist(), starts.tolist(), ends.tolist(), follows.tolist()
+    runs, a = [], 0
+    while a < len(sorted_idx):
+        stop, base = a + 1, starts[a]
+        while stop < len(sorted_idx) and follows[stop] and ends[stop] - base <= max_bytes:
+            stop += 1
+        runs.append(ByteRun(files[a], base, ends[stop - 1] - base, sorted_idx[a], tuple(
+            (sorted_idx[j], positions[j], starts[j] - base, ends[j] - base)
+            for j in range(a, stop))))
+        a = stop
+    return runs
+
+
+def run_samples(runs: Sequence[ByteRun], fetched, cut_off) -> Iterator[tuple]:
+    """(run, index, position in the batch, bytes) of every sample of ``runs``, whose bytes
+    ``fetched`` yields run by run (possibly short where a file ends: then ``cut_off(run,
+    index, file_end, sample_end)`` is the error raised for the first sample it cuts)."""
+    for run, data in zip(runs, fetched):
+        buffer = memoryview(data)
+        for index, position, lo, hi in run.samples:
+            if hi > len(buffer):
+                raise cut_off(run, index, run.offset + len(buffer), run.offset + hi)
+            yield run, index, position, buffer[lo:hi]
 
 
 def runs_by_block(blocks: np.ndarray, cached: int | None) -> list[np.ndarray]:

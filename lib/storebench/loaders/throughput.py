@@ -5,7 +5,7 @@ These only measure (no files are written); the benchmark harness turns the retur
 imports, first-touch page faults) by discarding ``warmup_batches`` batches before the clock
 starts. Open readers with ``verify=False`` to time the loader rather than CRC32C checks.
 
-The ``targets`` study's measure functions (``storebench.cases.targets``) are built from these.
+The ``targets`` study's measure functions (``studies.targets.cases``) are built from these.
 """
 
 from __future__ import annotations
@@ -92,22 +92,6 @@ def dram_read_bandwidth(*, nbytes: int = 1 << 30, repeats: int = 5) -> float:
         buffer.sum()
         seconds.append(time.perf_counter() - started)
     return buffer.nbytes / float(np.median(seconds))
-
-
-def dram_copy_bandwidth(*, nbytes: int = 1 << 28, repeats: int = 5) -> float:
-    """Bytes/s copied by one thread from one pre-faulted ``nbytes`` buffer into another
-    (``np.copyto``: every byte read once and written once, as a gather does), the median of
-    ``repeats`` runs after one warm-up."""
-    source = np.ones(max(nbytes, 1), dtype=np.uint8)  # written once: pre-faulted
-    target = np.zeros_like(source)
-    target[:] = 1
-    np.copyto(target, source)
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        np.copyto(target, source)
-        seconds.append(time.perf_counter() - started)
-    return source.nbytes / float(np.median(seconds))
 
 
 def _assembly_buffers(dataset, batch_size: int, seed: int):
