@@ -127,7 +127,7 @@ def build_profile(
     receives one line per dataset built, found or skipped. The peers study builds the peer
     formats itself, in the peers environment (``Study.prepare``)."""
     from .formats import (
-        CORE_FORMATS,
+        FORMATS,
         build_dataset,
         get_format,
         knob_variants,
@@ -136,7 +136,7 @@ def build_profile(
     from .formats.build import SampleCache
 
     chosen = data_gen.get_profile(profile)
-    formats = list(formats or CORE_FORMATS)
+    formats = list(formats or FORMATS.core)
     modules = {name: get_format(name) for name in formats}
     say = log or (lambda line: None)
     for name in list(formats):
@@ -545,24 +545,11 @@ def run_full_study(
             continue
         try:
             summary = stage(
-                f"study:{name}",
-                run_study,
-                name,
-                profile=profile,
-                data_root=data_root,
-                results_root=results_root,
-                repeats=repeats,
-                resume=resume,
-                drop_caches=drop_caches,
-                progress=progress,
-                run_id=times.run_id,
-                record_env=False,
-                dataset=dataset,
-                on_case_done=case_done,
-                eta=estimate.text,
-                on_planned=estimate.plan,
-                done_text=StageLog.cases_text,
-            )
+                f"study:{name}", run_study, name, profile=profile, data_root=data_root,
+                results_root=results_root, repeats=repeats, resume=resume,
+                drop_caches=drop_caches, progress=progress, run_id=times.run_id,
+                record_env=False, dataset=dataset, on_case_done=case_done, eta=estimate.text,
+                on_planned=estimate.plan, done_text=StageLog.cases_text)
         except StudyNotApplicableError as err:
             if dataset is None:
                 raise
@@ -574,14 +561,8 @@ def run_full_study(
         times.reused_cases[name] = len(summary.skipped)
     stage("plots", plot_all, results_dir)
     if notebooks:
-        stage(
-            "notebooks",
-            execute_notebooks,
-            results_dir,
-            profile=profile,
-            data_root=data_root,
-            progress=progress,
-        )
+        stage("notebooks", execute_notebooks, results_dir, profile=profile,
+              data_root=data_root, progress=progress)
     times.write(results_dir)
     os.sync()
     (log or (lambda text: print(text, flush=True)))(study_summary(results_dir, times))

@@ -12,18 +12,18 @@ fuzzer then cover it.
 A peer's format (WebDataset, LitData, MDS, Lance, Zarr, FFCV) is listed among the peers'
 modules, and its module also has ``PEER = True`` and
 ``LIBRARIES``, the modules it imports to write and read. The peers study covers those; the
-other studies cover the ``CORE_FORMATS``. Where a library is missing (the main environment
+other studies cover the ``FORMATS.core``. Where a library is missing (the main environment
 has none of the peers'), ``unavailable_reason`` says so, and building or opening the format
 is a ``DatasetError`` naming the environment that has it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from importlib import import_module
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
 
+from ..registry import LazyRegistry
 from .base import (
     CorruptSampleError,
     DatasetError,
@@ -48,37 +48,41 @@ PEER_FORMAT_MODULES = {
 }
 
 
-class FormatRegistry(Mapping):
+class FormatRegistry(LazyRegistry):
     """Format name -> format module, each imported on first use: a case process that reads
     one format pays for its library alone (pyarrow, protobuf, h5py... cost a fresh
-    interpreter tens of milliseconds each). Listing the names imports nothing."""
+    interpreter tens of milliseconds each). Listing the names imports nothing.
 
-    def __init__(self, modules: Mapping[str, str]) -> None:
-        self._modules = dict(modules)
+    ``core`` and ``peers`` map names to modules of this package; ``core`` names the formats
+    every study covers, in order."""
 
-    def __getitem__(self, name: str) -> ModuleType:
-        if name not in self._modules:
-            raise KeyError(name)
-        return import_module(f"{__name__}.{self._modules[name]}")
+    kind = "format"
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._modules
+    def __init__(self, core: Mapping[str, str], peers: Mapping[str, str]) -> None:
+        super().__init__({name: f"{__name__}.{module}"
+                          for name, module in {**core, **peers}.items()})
+        self._core = list(core)
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._modules)
+    @property
+    def core(self) -> tuple[str, ...]:
+        """The formats the studies other than peers cover, in the registry's order."""
+        return tuple(self._core)
 
-    def __len__(self) -> int:
-        return len(self._modules)
+    def register(self, name: str, module: str, *, peer: bool = False) -> None:
+        """Add format ``name``, defined by the importable ``module`` (a format of your own,
+        or one in a plugin): it then builds, opens and is studied like the others."""
+        super().register(name, module)
+        if not peer:
+            self._core.append(name)
 
 
-FORMATS = FormatRegistry({**CORE_FORMAT_MODULES, **PEER_FORMAT_MODULES})
+FORMATS = FormatRegistry(CORE_FORMAT_MODULES, PEER_FORMAT_MODULES)
 OBJECT_STORE_SCHEME = "s3://"
-CORE_FORMATS: tuple[str, ...] = tuple(CORE_FORMAT_MODULES)
 
 
 def is_peer_format(name: str) -> bool:
     get_format(name)
-    return name in PEER_FORMAT_MODULES
+    return name not in FORMATS.core
 
 
 def unavailable_reason(name: str) -> str | None:
@@ -175,7 +179,6 @@ def find_datasets(root: Path | str) -> list[Path]:
 
 
 __all__ = [
-    "CORE_FORMATS",
     "FORMATS",
     "BuildResult",
     "CorruptSampleError",

@@ -288,6 +288,18 @@ class Reader(abc.ABC):
             encoded.append(image)
         return encoded, labels
 
+    def _read_runs(self, indices: np.ndarray, out: np.ndarray | None,
+                   runs: Sequence[ByteRun], fetched, cut_off, parse):
+        """A batch read as ``coalesced_runs``: ``fetched`` yields each run's bytes,
+        ``parse(file, index, data) -> (image, label)`` makes each sample of them, and
+        ``cut_off(run, index, file_end, sample_end)`` is the error for a sample a short read
+        leaves out."""
+        labels = np.empty(len(indices), dtype=np.int64)
+        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
+        for run, index, k, data in run_samples(runs, fetched, cut_off):
+            images[k], labels[k] = parse(run.file, index, data)
+        return images, labels
+
     def blocks(self) -> np.ndarray:
         """Boundaries of the format's natural blocks (chunks, row groups, shards) as
         ``[0, b1, ..., len]``; a block-shuffle sampler keeps each block's samples together."""

@@ -63,7 +63,6 @@ from .base import (
     Reader,
     coalesced_runs,
     has_encoding_magic,
-    run_samples,
 )
 from .manifest import fingerprint_span as default_span
 from .specs import fixed_size, stored_image_shape
@@ -395,15 +394,14 @@ class FFCVReader(Reader):
         return self._sample(index, data), int(self._h_labels[index])
 
     def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
-        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
         starts = self._h_ptrs[indices]
         runs = coalesced_runs(indices, starts, starts + self._h_sizes[indices],
                               order=np.argsort(starts, kind="stable"))
-        fetched = (self._pread(run.offset, run.length, run.first_index) for run in runs)
-        for _, index, k, data in run_samples(
-                runs, fetched, lambda run, index, end, want: self._cut_off(index, end, want)):
-            images[k] = self._sample(index, data)
-        return images, self._h_labels[indices]
+        return self._read_runs(
+            indices, out, runs,
+            (self._pread(run.offset, run.length, run.first_index) for run in runs),
+            lambda run, index, end, want: self._cut_off(index, end, want),
+            lambda _, index, data: (self._sample(index, data), self._h_labels[index]))
 
     def _pread(self, offset: int, length: int, index: int) -> bytes:
         try:

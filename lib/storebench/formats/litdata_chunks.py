@@ -62,7 +62,6 @@ from .base import (
     Reader,
     coalesced_runs,
     has_encoding_magic,
-    run_samples,
 )
 from .manifest import check_fingerprint
 from .manifest import fingerprint_span as default_span
@@ -317,17 +316,13 @@ class LitDataReader(Reader):
         return self._parse_item(chunk, index, memoryview(data))
 
     def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
-        labels = np.empty(len(indices), dtype=np.int64)
-        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
         chunks = np.searchsorted(self._h_bounds, indices, side="right") - 1
         runs = coalesced_runs(indices, self._h_starts[indices], self._h_ends[indices], chunks)
-        fetched = (self._pread(run.file, run.offset, run.length, run.first_index)
-                   for run in runs)
-        for run, index, k, data in run_samples(
-                runs, fetched,
-                lambda run, index, end, want: self._cut_off(run.file, index, end, want)):
-            images[k], labels[k] = self._parse_item(run.file, index, data)
-        return images, labels
+        return self._read_runs(
+            indices, out, runs,
+            (self._pread(run.file, run.offset, run.length, run.first_index) for run in runs),
+            lambda run, index, end, want: self._cut_off(run.file, index, end, want),
+            self._parse_item)
 
     def _pread(self, chunk: int, offset: int, length: int, index: int) -> bytes:
         try:

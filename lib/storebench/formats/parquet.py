@@ -321,13 +321,16 @@ class ParquetReader(Reader):
             cached = self._h_cached
             if cached is not None and cached.group == group:
                 return cached
-            first, stop = int(self._h_bounds[group]), int(self._h_bounds[group + 1])
-            try:
-                rows = self._load(self._h_file, group, stop - first)
-            except _OPEN_ERRORS as err:
-                rows = self._salvage(group, first, stop, err)
-            self._h_cached = rows
+            rows = self._h_cached = self._load_group(self._h_file, group)
             return rows
+
+    def _load_group(self, file: pq.ParquetFile, group: int) -> _RowGroup:
+        """Row group ``group`` read from ``file``, or what of it can be salvaged."""
+        first, stop = int(self._h_bounds[group]), int(self._h_bounds[group + 1])
+        try:
+            return self._load(file, group, stop - first)
+        except _OPEN_ERRORS as err:
+            return self._salvage(group, first, stop, err)
 
     def _salvage(self, group: int, first: int, stop: int, err: Exception) -> _RowGroup:
         """A row group that fails its page checksums: with the manifest's per-sample checksums
@@ -460,13 +463,8 @@ class RemoteParquetReader(RemoteReader, ParquetReader):
             return cached
         if not hasattr(mine, "file"):
             mine.file = self._parquet_file()
-        first, stop = int(self._h_bounds[group]), int(self._h_bounds[group + 1])
-        try:
-            rows = self._load(mine.file, group, stop - first)
-        except _OPEN_ERRORS as err:
-            rows = self._salvage(group, first, stop, err)
-        mine.cached = rows
-        return rows
+        mine.cached = self._load_group(mine.file, group)
+        return mine.cached
 
 
 def open_remote(store, manifest: dict, **options) -> RemoteParquetReader:

@@ -53,7 +53,6 @@ from .base import (
     Reader,
     coalesced_runs,
     has_encoding_magic,
-    run_samples,
 )
 from .manifest import check_fingerprint
 from .manifest import fingerprint_span as default_span
@@ -402,16 +401,13 @@ class TFRecordReader(Reader):
         return self._decode(shard, index, memoryview(frame))
 
     def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
-        labels = np.empty(len(indices), dtype=np.int64)
-        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
         offsets = self._h_offsets[indices]
         shards = np.searchsorted(self.bounds, indices, side="right") - 1
         runs = coalesced_runs(indices, offsets, offsets + self._h_lengths[indices], shards)
-        for run, index, k, data in run_samples(
-                runs, self._fetch_runs(runs),
-                lambda run, index, end, want: self._cut_off(run.file, index, end, want)):
-            images[k], labels[k] = self._decode(run.file, index, data)
-        return images, labels
+        return self._read_runs(
+            indices, out, runs, self._fetch_runs(runs),
+            lambda run, index, end, want: self._cut_off(run.file, index, end, want),
+            self._decode)
 
     # -- helpers --------------------------------------------------------------------------
     def _pread(self, shard: int, offset: int, length: int, index: int, *,

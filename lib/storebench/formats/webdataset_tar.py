@@ -52,7 +52,6 @@ from .base import (
     ManifestError,
     Reader,
     coalesced_runs,
-    run_samples,
     sniff_encoding,
 )
 from .manifest import check_fingerprint
@@ -332,16 +331,14 @@ class WebDatasetReader(Reader):
         return self._parse(index, memoryview(span))
 
     def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
-        labels = np.empty(len(indices), dtype=np.int64)
-        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
         runs = coalesced_runs(indices, self._h_starts[indices], self._h_ends[indices],
                               indices // self.samples_per_shard)
-        fetched = (self._pread(run.file, run.offset, run.length, run.first_index,
-                               allow_short=True) for run in runs)
-        for _, index, k, data in run_samples(
-                runs, fetched, lambda run, index, end, want: self._cut_off(index, end, want)):
-            images[k], labels[k] = self._parse(index, data)
-        return images, labels
+        return self._read_runs(
+            indices, out, runs,
+            (self._pread(run.file, run.offset, run.length, run.first_index, allow_short=True)
+             for run in runs),
+            lambda run, index, end, want: self._cut_off(index, end, want),
+            lambda shard, index, data: self._parse(index, data))
 
     # -- helpers ----------------------------------------------------------------------------
     def _pread(self, shard: int, offset: int, length: int, index: int, *,

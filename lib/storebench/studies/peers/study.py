@@ -100,11 +100,11 @@ def study_formats() -> tuple[str, ...]:
     """Every format the study reads: the core formats its own paths and the peers' read
     (torchdata over memmap and LMDB, DALI over raw files and TFRecord), then every peer
     format."""
-    from ...formats import CORE_FORMATS
+    from ...formats import FORMATS
 
     paths = [path for encoding in ENCODINGS
              for path in STOREBENCH_PATHS[encoding] + PEER_PATHS[encoding]]
-    ours = {fmt for _, fmt in paths} & set(CORE_FORMATS)
+    ours = {fmt for _, fmt in paths} & set(FORMATS.core)
     return (*sorted(ours), *peer_formats())
 
 
