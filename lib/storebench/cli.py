@@ -1,5 +1,5 @@
 """Command line: ``storebench build | import | verify | upload | download | run | study |
-findings | plot | readme``."""
+findings | advise | plot | readme``."""
 
 from __future__ import annotations
 
@@ -24,12 +24,18 @@ def positive_int(text: str) -> int:
 DEFAULT_RESULTS_ROOT = Path("results")
 
 
+def _progress(args: argparse.Namespace) -> bool:
+    """Progress bars on a terminal only: redrawn in a log (``make study > log 2>&1``) they
+    would be thousands of carriage-return frames; the commands print plain lines there."""
+    return not args.quiet and sys.stderr.isatty()
+
+
 def _build(args: argparse.Namespace) -> int:
     from .study import build_peer_sets, build_profile
 
     profile = data_gen.get_profile(args.profile)
     out = Path(args.out) if args.out else DEFAULT_DATA_ROOT / profile.name
-    options = {"knob_variants": False, "workers": args.workers, "progress": not args.quiet,
+    options = {"knob_variants": False, "workers": args.workers, "progress": _progress(args),
                "force": args.force, "log": lambda line: print(line, flush=True)}
     if args.peer_sets:
         if args.encodings or args.samples is not None:
@@ -53,7 +59,7 @@ def _import(args: argparse.Namespace) -> int:
         limit=args.limit,
         on_error=args.on_error,
         workers=args.workers,
-        progress=not args.quiet,
+        progress=_progress(args),
         force=args.force,
         log=lambda line: print(line, flush=True),
     )
@@ -74,7 +80,7 @@ def _upload(args: argparse.Namespace) -> int:
     for path in datasets:
         # A directory of datasets keeps its layout under the prefix.
         target = url if path == source else url / path.relative_to(source).as_posix()
-        done = upload_dataset(path, target, progress=not args.quiet)
+        done = upload_dataset(path, target, progress=_progress(args))
         print(f"{path} -> {done.target}: {done.files} files, {done.bytes / 1e6:.1f} MB in "
               f"{done.seconds:.1f} s", flush=True)
     return 0
@@ -84,7 +90,7 @@ def _download(args: argparse.Namespace) -> int:
     from .formats import FORMATS, read_manifest, untrusted_files
     from .remote.dataset import download_dataset
 
-    done = download_dataset(args.url, Path(args.out), progress=not args.quiet)
+    done = download_dataset(args.url, Path(args.out), progress=_progress(args))
     print(f"{done.source} -> {done.target}: {done.files} files, {done.bytes / 1e6:.1f} MB in "
           f"{done.seconds:.1f} s", flush=True)
     module = FORMATS.get(read_manifest(Path(args.out))["format"])
@@ -108,7 +114,7 @@ def _verify(args: argparse.Namespace) -> int:
         return 2
     failures = 0
     for path in datasets:
-        result = verify_dataset(path, workers=args.workers, progress=not args.quiet)
+        result = verify_dataset(path, workers=args.workers, progress=_progress(args))
         status = "OK  " if result.ok else "FAIL"
         print(f"{status} {path}  {result.samples_checked} samples  {result.message}", flush=True)
         failures += not result.ok
@@ -126,7 +132,7 @@ def _run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         resume=not args.fresh,
         drop_caches=args.drop_caches,
-        progress=not args.quiet,
+        progress=_progress(args),
         dataset=args.dataset,
     )
     return 0
@@ -144,13 +150,13 @@ def _study(args: argparse.Namespace) -> int:
         resume=not args.fresh,
         drop_caches=args.drop_caches,
         notebooks=not args.no_notebooks,
-        progress=not args.quiet,
+        progress=_progress(args),
     )
     return 0
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from .plots import plot_all
+    from .report.figures import plot_all
 
     written = plot_all(Path(args.results_dir))
     for path in written:
@@ -164,7 +170,8 @@ def _plot(args: argparse.Namespace) -> int:
 def _findings(args: argparse.Namespace) -> int:
     import json
 
-    from .guide import decision_guide, guide_text
+    from .guide import guide_text
+    from .report.guide import decision_guide
     from .results import Results
 
     results = Results.load(Path(args.results_dir))
@@ -172,11 +179,22 @@ def _findings(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([row.to_dict() for row in rows], indent=2))
     else:
-        from .findings import machine_text
+        from .text import machine_text
 
         if results.env:
             print(f"Measured on: {machine_text(results.env)}\n")
         print(guide_text(rows))
+    return 0
+
+
+def _advise(args: argparse.Namespace) -> int:
+    from .report.advise import advise_command
+
+    print(advise_command(
+        args.results, as_json=args.json, images=args.images, count=args.count,
+        mean_bytes=args.mean_bytes, storage=args.storage, rtt_ms=args.rtt_ms,
+        ram_gb=args.ram_gb, cores=args.cores, accelerators=args.accelerators, nodes=args.nodes,
+        demand=args.demand, workload=args.workload, dataset=args.dataset))
     return 0
 
 
@@ -185,11 +203,11 @@ def _fuzz(args: argparse.Namespace) -> int:
 
     return fuzz_command(Path(args.data_dir), copies_per_dataset=args.copies, seed=args.seed,
                         out=args.out, timeout_s=args.timeout, workers=args.workers,
-                        formats=args.formats, progress=not args.quiet)
+                        formats=args.formats, progress=_progress(args))
 
 
 def _readme(args: argparse.Namespace) -> int:
-    from .readme import update_readme
+    from .report.readme import update_readme
 
     changed = update_readme(Path(args.readme), Path(args.results_dir))
     print(f"{args.readme}: findings {'updated' if changed else 'already current'}")
@@ -303,6 +321,8 @@ def parser() -> argparse.ArgumentParser:
                    help="one object per guide row, with its candidates and their medians")
     f.set_defaults(func=_findings)
 
+    _advise_parser(sub)
+
     fz = sub.add_parser("fuzz", help="damage copies of built datasets; check that every read "
                                      "fails loudly (no silently wrong sample, hang or crash)")
     fz.add_argument("data_dir", help="a directory of built datasets, e.g. data/ci")
@@ -325,6 +345,36 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--readme", default="README.md")
     r.set_defaults(func=_readme)
     return p
+
+
+def _advise_parser(sub) -> None:
+    from .report.advise import IMAGE_KINDS, STORAGES, WORKLOADS
+
+    a = sub.add_parser(
+        "advise", help="which format, loader and cores for your images, storage and "
+        "accelerators: answered from measured results plus the capacity model")
+    a.add_argument("--images", choices=IMAGE_KINDS, help="what the samples are")
+    a.add_argument("--count", type=int, help="how many samples")
+    a.add_argument("--mean-bytes", type=float, help="mean stored bytes of a sample")
+    a.add_argument("--dataset", type=Path,
+                   help="a directory written by storebench import: the images, count and "
+                        "mean bytes from its manifest")
+    a.add_argument("--storage", choices=STORAGES, default="local",
+                   help="where the data lives (default: local)")
+    a.add_argument("--rtt-ms", type=float, help="round trip to nfs or s3 storage, ms")
+    a.add_argument("--ram-gb", type=float, help="RAM per node, GB")
+    a.add_argument("--cores", type=int, help="CPU cores per node")
+    a.add_argument("--accelerators", type=int, default=1, help="accelerators per node")
+    a.add_argument("--nodes", type=int, default=1)
+    demand = a.add_mutually_exclusive_group()
+    demand.add_argument("--demand", type=float, metavar="SAMPLES_PER_S",
+                        help="samples/s each accelerator consumes")
+    demand.add_argument("--workload", metavar="NAME",
+                        help=f"a named demand: {', '.join(sorted(WORKLOADS))}")
+    a.add_argument("--results", type=Path, default=Path("results/reference"),
+                   help="the measured results to answer from (default: results/reference)")
+    a.add_argument("--json", action="store_true", help="the same answer as one JSON object")
+    a.set_defaults(func=_advise)
 
 
 def main(argv: list[str] | None = None) -> int:

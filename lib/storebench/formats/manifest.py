@@ -52,7 +52,8 @@ SIDECAR_NAMES = (MANIFEST_NAME, CHECKSUMS_NAME, SOURCES_NAME)
 # size and fingerprint in about 200 MB. Anything larger is refused unread.
 MAX_MANIFEST_BYTES = 1 << 30
 
-VERSIONED_PACKAGES = ("numpy", "pillow", "h5py", "lmdb", "pyarrow", "protobuf", "crc32c")
+# Every manifest records these; a format adds its own (``FormatTraits.distributions``).
+VERSIONED_PACKAGES = ("numpy", "pillow", "crc32c")
 
 
 def package_versions(names=VERSIONED_PACKAGES) -> dict[str, str | None]:
