@@ -10,6 +10,7 @@ from pathlib import Path
 import data_gen
 
 DEFAULT_DATA_ROOT = Path("data")
+DEFAULT_RESULTS_ROOT = Path("results")
 
 
 def positive_int(text: str) -> int:
@@ -21,7 +22,6 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
-DEFAULT_RESULTS_ROOT = Path("results")
 
 
 def _progress(args: argparse.Namespace) -> bool:

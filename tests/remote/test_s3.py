@@ -154,7 +154,9 @@ def test_a_replaced_sample_object_is_refused(uploaded, s3, tmp_path):
         rel = local._locate(7).relative_to(local_path).as_posix()
     copy = damaged_copy(local_path, tmp_path, rel, 40)
     url = "s3://ci-data/damaged/rawfiles-png"
-    upload_dataset(copy, url, s3=s3)
+    # Upload refuses a damaged dataset before sending anything: replace the object after.
+    upload_dataset(local_path, url, s3=s3)
+    ObjectStore(url, s3).write(rel, (copy / rel).read_bytes())
     with open_dataset(url, s3=s3, verify=False) as remote, \
             pytest.raises(CorruptSampleError, match="fingerprint differs") as caught:
         remote.read_many(np.arange(0, 16))
