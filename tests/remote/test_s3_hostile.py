@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 
 import pytest
-from hostile import copy_dataset, edit_manifest
+from hostile import assert_one_line_error, bounded, copy_dataset, edit_manifest
 
 from storebench.formats import ManifestError
 from storebench.formats.manifest import manifest_digest
@@ -69,13 +70,13 @@ def test_2_upload_of_a_manifest_naming_a_parent_file_sends_nothing(ci_dataset, s
 
 
 def test_2_upload_refuses_a_fifo_before_sending_anything(ci_dataset, s3, tmp_path):
-    import os
-
     copy = copy_dataset(ci_dataset("memmap", "raw"), tmp_path / "memmap-raw")
     (copy / "labels.npy").unlink()
     os.mkfifo(copy / "labels.npy")
-    store = ObjectStore("s3://ci-data/hostile-up/fifo", s3)
-    with pytest.raises(ManifestError, match="FIFO"):
-        upload_dataset(copy, store.root, s3=s3)
+    url = "s3://ci-data/hostile-up/fifo"
+    # A child bounded in time: reading the FIFO would wait forever for a writer.
+    result = bounded(["upload", str(copy), url, "--quiet"], env={**os.environ, **s3.env()})
+    assert_one_line_error(result, "labels.npy", "FIFO")
+    store = ObjectStore(url, s3)
     store.ensure_bucket()
     assert store.sizes() == {}
