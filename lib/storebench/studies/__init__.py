@@ -19,6 +19,7 @@ from . import (
     targets,
 )
 from .base import FigureSpec, Study
+from .gpu_decode import study as gpu_decode
 
 # Run order: cheap and foundational first.
 STUDIES: dict[str, Study] = {
@@ -31,6 +32,7 @@ STUDIES: dict[str, Study] = {
         out_of_core.STUDY,
         remote.STUDY,
         peers.STUDY,
+        gpu_decode.STUDY,
     )
 }
 
