@@ -14,7 +14,7 @@ from storebench.guide import Candidate, choose
 from storebench.loaders.paths import LOADER_PATHS, path_label
 from storebench.results import TIE_RULE, Results, Stat
 from storebench.studies import STUDIES
-from storebench.studies.prefetch import prefetch_grid
+from storebench.studies.prefetch.study import prefetch_grid
 
 
 def candidate(key: str, values, unit: str = "samples/s") -> Candidate:

@@ -18,8 +18,8 @@ import pytest
 from storebench.bench.envinfo import read_env
 from storebench.bench.schema import read_results
 from storebench.studies import STUDIES
-from storebench.studies.formats import KNOB_VARIANTS
-from storebench.studies.targets import TARGETS
+from storebench.studies.formats.study import KNOB_VARIANTS
+from storebench.studies.targets.study import TARGETS
 from storebench.study import NOTEBOOKS_DIR, REPO_ROOT
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))

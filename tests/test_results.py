@@ -257,7 +257,7 @@ def test_default_builds_open_options_and_dataset_names():
                                                   "memmap-raw"]
     assert results.default_builds(df)["value"].tolist() == [1.0, 3.0]
     assert results.default_open(df)["value"].tolist() == [1.0, 2.0]
-    assert results.open_options(json.dumps({"open_readahead": False, "seed": 1})) == {
+    assert open_options(json.dumps({"open_readahead": False, "seed": 1})) == {
         "readahead": False}
     assert results.default_builds(df.iloc[0:0]).empty
 

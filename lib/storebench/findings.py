@@ -15,8 +15,8 @@ from .text import DASH, bullets, format_value, markdown_table
 
 def caveats(results: Results) -> list[str]:
     """What the results cover and what they do not, from the results themselves."""
-    from .studies.gpu_feed import feed_device_text, feed_devices
-    from .studies.lazy_vs_preloaded import ram_findings
+    from .studies.gpu_feed.study import feed_device_text, feed_devices
+    from .studies.lazy_vs_preloaded.study import ram_findings
 
     df, env = results.df, results.env
     rows = latest_runs(df)

@@ -61,7 +61,7 @@ def study_time_text(results_dir: Path, base: Path) -> str:
 
 def peers_target_findings(results) -> list[str]:
     """The peers study's target sentences, where ``results`` hold its rows."""
-    from .studies.peers import target_findings
+    from .studies.peers.study import target_findings
 
     if (results.df["study"] != "peers").all():
         return []
@@ -73,7 +73,7 @@ def cuda_feed_text(cuda_runs_dir: Path, base: Path) -> str:
     machine, findings (AU per compute time is in its figure) and figure, as README markdown;
     empty where there is none."""
     from .findings import machine_text
-    from .studies.gpu_feed import feed_findings, latest_cuda_run
+    from .studies.gpu_feed.study import feed_findings, latest_cuda_run
     from .text import bullets
 
     run = latest_cuda_run(cuda_runs_dir)
@@ -97,8 +97,8 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
     and key figures, as README markdown."""
     from .findings import readme_findings_table
     from .results import Results
-    from .studies.formats import verify_cost_findings
-    from .studies.targets import targets_markdown
+    from .studies.formats.study import verify_cost_findings
+    from .studies.targets.study import targets_markdown
     from .text import bullets
 
     results_dir = Path(results_dir)

@@ -128,7 +128,7 @@ def build_profile(
     formats itself, in the peers environment (``Study.prepare``)."""
     from .formats import CORE_FORMATS, build_dataset, get_format, unavailable_reason
     from .formats.build import SampleCache
-    from .studies.formats import KNOB_VARIANTS
+    from .studies.formats.study import KNOB_VARIANTS
 
     chosen = data_gen.get_profile(profile)
     formats = list(formats or CORE_FORMATS)
@@ -314,7 +314,7 @@ def run_study(
     With ``dataset`` (a directory written by ``storebench import``) the study runs on those
     datasets instead, into ``<results_root>/<dataset name>/``, sized by ``profile``'s plan
     (``ci`` or ``small``); its rows name the dataset as their profile. ``on_case_done`` and
-    ``eta`` are passed to ``bench.runner.run_study`` (a full study's time estimate).
+    ``eta`` are passed to ``bench.runner.run_cases`` (a full study's time estimate).
     """
     from .bench import runner
     from .bench.plan import case_timeout_s
@@ -340,7 +340,7 @@ def run_study(
     results_path = results_dir / f"{name}.csv"
     if not resume and results_path.exists():
         results_path.unlink()
-    return runner.run_study(
+    return runner.run_cases(
         cases,
         results_path,
         profile=label,

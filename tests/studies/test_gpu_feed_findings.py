@@ -7,7 +7,7 @@ import pytest
 from result_rows import feed_case, frame
 
 from storebench.results import Results
-from storebench.studies import gpu_feed
+from storebench.studies.gpu_feed import study as gpu_feed
 
 H100 = {"device": "cuda", "emulated": False, "device_name": "NVIDIA H100"}
 

@@ -5,7 +5,7 @@ These only measure (no files are written); the benchmark harness turns the retur
 imports, first-touch page faults) by discarding ``warmup_batches`` batches before the clock
 starts. Open readers with ``verify=False`` to time the loader rather than CRC32C checks.
 
-The ``targets`` study's measure functions (``storebench.cases.targets``) are built from these.
+The ``targets`` study's measure functions (``studies.targets.cases``) are built from these.
 """
 
 from __future__ import annotations

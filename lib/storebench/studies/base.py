@@ -1,14 +1,17 @@
-"""What a study is: its grid of cases, its figures, its findings and its guide rows, in one
-module (``storebench.studies.<name>``) registered in ``storebench.studies.STUDIES``."""
+"""What a study is: its grid of cases, its figures, its findings, its guide rows and its
+README parts, in one folder (``storebench.studies.<name>``) registered in
+``storebench.studies.STUDIES``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from matplotlib.figure import Figure
+if TYPE_CHECKING:  # a case worker imports this package: no pandas or matplotlib at run time
+    from matplotlib.figure import Figure
 
-from ..results import Results
+    from ..results import Results
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..bench.cases import dataset_files  # noqa: F401 - the grids' name for it
 from ..bench.plan import peer_sets_dir, plan_for
 from ..text import ENCODING_ORDER
+from .shared_cases import dataset_files  # noqa: F401 - the grids' name for it
 
 # The dataset directory of a format x encoding default build: ``<format>-<encoding>``; a
 # knob variant's is ``<format>-<encoding>-<knob>=<value>``.

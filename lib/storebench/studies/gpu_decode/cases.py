@@ -33,9 +33,9 @@ import numpy as np
 
 from data_gen import DatasetSpec
 
-from ...bench.cases import open_batches, release
-from ...bench.runner import Case, CaseSkipped, Trial
+from ...bench.case import Case, CaseSkipped, Trial
 from ...loaders.device import DeviceUnavailableError, crop_plan, decode_crop_reference
+from ..shared_cases import open_batches, release
 
 DECODE_SET_DIR = "gpu_decode"
 DECODE_FORMAT = "lmdb"
@@ -291,10 +291,10 @@ def cpu_decode_feed_case(case: Case, trial: Trial) -> dict[str, tuple[float, str
     fast as it delivers them (``samples_per_s``, ``cpu_cores_busy`` of the process tree),
     then as many fed through ``GpuFeeder`` to an accelerator consuming
     ``demand_samples_per_s`` (``accelerator_utilisation``, ``fed_samples_per_s``)."""
-    from storebench.bench.cases import drain
     from storebench.formats import open_dataset
     from storebench.loaders import EmulatedAccelerator, GpuFeeder, read_ahead_batches, run_feed
     from storebench.loaders.prefetch import default_depth
+    from storebench.studies.shared_cases import drain
 
     require_built(case)
     demand = float(case.param("demand_samples_per_s"))

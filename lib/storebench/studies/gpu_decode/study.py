@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from ...bench.case import Case
 from ...bench.plan import plan_for
-from ...bench.runner import Case
 from ...loaders.paths import get_loader_path, path_label
 from ...results import Results, ok_repeats, select, stat, summary_table
 from ...text import format_percent, format_value

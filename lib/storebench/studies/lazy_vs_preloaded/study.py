@@ -17,11 +17,10 @@ from pathlib import Path
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..bench.cache import CacheState
-from ..bench.cases import ACCESS_ORDERS
-from ..bench.plan import plan_for
-from ..bench.runner import Case
-from ..plots import (
+from ...bench.cache import CacheState
+from ...bench.case import Case
+from ...bench.plan import plan_for
+from ...plots import (
     PALETTE,
     bars,
     empty_figure,
@@ -34,7 +33,7 @@ from ..plots import (
     profile_caption,
     summarise,
 )
-from ..results import (
+from ...results import (
     MissingResultError,
     Results,
     default_open,
@@ -49,7 +48,7 @@ from ..results import (
     summary_table,
     summed_stat,
 )
-from ..text import (
+from ...text import (
     ENCODING_NAMES,
     ENCODING_ORDER,
     finite,
@@ -59,9 +58,9 @@ from ..text import (
     relative_text,
     signed_bytes,
 )
-from .base import FigureSpec, Study
-from .formats import build_cost_table
-from .grid import (
+from ..base import FigureSpec, Study
+from ..formats.study import build_cost_table
+from ..grid import (
     batch_size_for,
     dataset_fields,
     decode_params,
@@ -69,13 +68,14 @@ from .grid import (
     profile_datasets,
     repeat_fields,
 )
+from ..shared_cases import ACCESS_ORDERS
 
-CASES = "storebench.bench.cases"
+CASES = "storebench.studies.lazy_vs_preloaded.cases"
 # Encoded (PNG/JPEG) sets on compact plans: one set of many small files and one single-file
 # store stand for the rest (they decode the same bytes).
 COMPACT_ENCODED_FORMATS = ("rawfiles", "lmdb")
 # The orders a preloaded raw case reads after its block-shuffled epoch, from the same preload
-# (``bench.cases.ram_order_epochs``; ``loader_table`` gives them rows of their own).
+# (``shared_cases.ram_order_epochs``; ``loader_table`` gives them rows of their own).
 RAM_ORDERS = ("sequential", "shuffle")
 # The readahead knobs of the memory-mapped formats: (format, open option), each tried on and
 # off on a cold, shuffled epoch.
@@ -127,7 +127,7 @@ LOADER_METRICS = ("samples_per_s", "time_to_first_batch_s", "preload_seconds",
 
 def with_ram_order_rows(rows: pd.DataFrame) -> pd.DataFrame:
     """``rows`` plus, for each preloaded case's epochs in its other orders
-    (``<order>.samples_per_s``, ``bench.cases.ram_order_epochs``), rows of ``access`` that
+    (``<order>.samples_per_s``, ``shared_cases.ram_order_epochs``), rows of ``access`` that
     order and metric ``samples_per_s``: the table reads them as that order's preloaded
     epochs. Their time to first batch and memory are the case's (block-shuffled) epoch's
     and are not copied."""
@@ -501,7 +501,7 @@ FIGURES = (
 def guide(results: Results) -> list:
     """Per encoding and cache state: which format and loader (lazy or preloaded) give the
     fastest block-shuffled epoch in one process; every measured pair is a candidate."""
-    from ..guide import Candidate, choose
+    from ...guide import Candidate, choose
 
     rows = block_shuffled(results.study("lazy_vs_preloaded"))
     picked = select(rows, "samples_per_s")

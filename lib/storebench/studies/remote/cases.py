@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bench.cases import warmup_samples
-from ..bench.runner import Case, CaseSkipped, Trial
+from ...bench.case import Case, CaseSkipped, Trial
+from ..shared_cases import warmup_samples
 
 REMOTE_ROOT_ENV = "STOREBENCH_REMOTE_ROOT"
 REMOTE_UNAVAILABLE_ENV = "STOREBENCH_REMOTE_UNAVAILABLE"
@@ -60,9 +60,9 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     from dataclasses import replace
     from urllib.parse import urlsplit
 
-    from ..formats import read_manifest
-    from ..remote.network import DelayProxy, LinkError, LinkUnavailableError, measure_rtt
-    from ..remote.s3 import DEFAULT_CONCURRENCY, S3Config
+    from ...formats import read_manifest
+    from ...remote.network import DelayProxy, LinkError, LinkUnavailableError, measure_rtt
+    from ...remote.s3 import DEFAULT_CONCURRENCY, S3Config
 
     ranks = int(case.param("ranks", 1))
     local = case.param("source", "s3") == "local"
@@ -113,7 +113,7 @@ def _run_ranks(case: Case, ranks: int, path: str, config, max_batches,
         return [read_epoch_share(0, 1, job)]
     import torch.distributed  # noqa: F401 - imported once here, inherited by forked ranks
 
-    from ..ranks import run_ranks
+    from ...ranks import run_ranks
 
     # fork: ranks start in milliseconds; this worker has started no threads (the proxy is
     # a separate process and the dataset is opened in the ranks only).
@@ -124,7 +124,8 @@ def _run_ranks(case: Case, ranks: int, path: str, config, max_batches,
 def read_epoch_share(rank: int, world_size: int, job: dict) -> dict:
     """One rank's share of an epoch (runs in a rank process, or in the case's own for a
     single rank; see ``remote_epoch_case``)."""
-    from ..bench.cases import (
+    from ...formats import open_dataset
+    from ..shared_cases import (
         drain,
         epoch_ended,
         make_dataset,
@@ -132,7 +133,6 @@ def read_epoch_share(rank: int, world_size: int, job: dict) -> dict:
         open_batches,
         release,
     )
-    from ..formats import open_dataset
 
     case = Case.from_dict(job["case"])
     options = {"s3": job["s3"]} if job["s3"] is not None else {}

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..bench.cases import DIFFERS_FROM_BUILD, open_options
-from ..bench.runner import Case, Trial
+from ...bench.case import Case, Trial
+from ..shared_cases import DIFFERS_FROM_BUILD, open_options
 
 MB = 1e6
 # A time-bounded read stops only after this many batches: enough for a rate.

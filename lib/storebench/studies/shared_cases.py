@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .runner import Case, Trial
+from ..bench.case import Case, Trial, open_options
 
 MB = 1e6
 # Why a benchmark's read (unverified, checked after its timed region) is refused.
@@ -44,14 +44,6 @@ def dataset_files(dataset) -> tuple[str, ...]:
     root = Path(dataset)
     return tuple(str(root / name) for name in read_manifest(root)["files"])
 
-
-def open_options(case: Case) -> dict:
-    """The format open options a case chose: params ``open_<option>`` as ``<option>``."""
-    return {
-        name.removeprefix("open_"): value
-        for name, value in case.params
-        if name.startswith("open_") and name != "open_verify"
-    }
 
 
 def make_sampler(case: Case, reader, *, rank: int = 0, world_size: int = 1,

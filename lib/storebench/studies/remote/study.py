@@ -27,14 +27,14 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..bench.plan import plan_for
-from ..bench.runner import Case
-from ..plots import empty_figure, legend_below, log_axis, profile_caption
-from ..remote.capacity import Pipeline, predicted_rate, scale_out, workers_to_keep
-from ..results import Results, params_of, ratio_interval, select, stat, summary_table
-from ..text import format_percent, format_ratio, format_value
-from .base import FigureSpec, Study
-from .grid import (
+from ...bench.case import Case
+from ...bench.plan import plan_for
+from ...plots import empty_figure, legend_below, log_axis, profile_caption
+from ...remote.capacity import Pipeline, predicted_rate, scale_out, workers_to_keep
+from ...results import Results, params_of, ratio_interval, select, stat, summary_table
+from ...text import format_percent, format_ratio, format_value
+from ..base import FigureSpec, Study
+from ..grid import (
     batch_size_for,
     dataset_fields,
     decode_params,
@@ -45,7 +45,7 @@ from .grid import (
 )
 
 NAME = "remote"
-CASES = "storebench.cases.remote"
+CASES = "storebench.studies.remote.cases"
 RTTS_MS = (0, 2, 20)
 # (format, access order, requests in flight, prefetch threads): each read by one rank at
 # every RTT. Parquet and HDF5 read whole row groups and chunks: their natural order is the
@@ -127,9 +127,9 @@ def object_store(cases):
     """The study's services: a SeaweedFS server holding the datasets the S3 cases read,
     named to the cases by environment variables (``cases.remote``); where it cannot start,
     the reason, which makes every S3 case a ``skipped`` row."""
-    from ..cases.remote import REMOTE_ROOT_ENV, REMOTE_UNAVAILABLE_ENV
-    from ..remote.dataset import upload_dataset
-    from ..remote.seaweed import SeaweedServer, SeaweedUnavailableError
+    from ...remote.dataset import upload_dataset
+    from ...remote.seaweed import SeaweedServer, SeaweedUnavailableError
+    from ..remote.cases import REMOTE_ROOT_ENV, REMOTE_UNAVAILABLE_ENV
 
     remote = sorted({c.dataset for c in cases if c.param("source") == "s3"})
     if not remote:
@@ -467,7 +467,7 @@ def remote_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
 def guide(results: Results) -> list:
     """Per RTT: every one-rank S3 path measured without a bandwidth cap is a candidate, by
     samples/s."""
-    from ..guide import Candidate, choose
+    from ...guide import Candidate, choose
 
     rows = remote_rows(results.df)
     rows = rows[(rows["source"] == "s3") & (rows["ranks"] == 1) & rows["bandwidth_mbit"].isna()]

@@ -29,10 +29,9 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..bench.plan import plan_for
-from ..bench.runner import Case
-from ..cases.out_of_core import DEFAULT_EPOCHS
-from ..plots import (
+from ...bench.case import Case
+from ...bench.plan import plan_for
+from ...plots import (
     empty_figure,
     format_colours,
     legend_below,
@@ -40,7 +39,7 @@ from ..plots import (
     profile_caption,
     summarise,
 )
-from ..results import (
+from ...results import (
     Results,
     failed_cases,
     format_order,
@@ -51,15 +50,15 @@ from ..results import (
     stat,
     summary_table,
 )
-from ..text import (
+from ...text import (
     ENCODING_NAMES,
     format_percent,
     format_ratio,
     format_value,
     relative_text,
 )
-from .base import FigureSpec, Study
-from .grid import (
+from ..base import FigureSpec, Study
+from ..grid import (
     batch_size_for,
     dataset_fields,
     decode_params,
@@ -67,8 +66,9 @@ from .grid import (
     knob_params,
     profile_datasets,
 )
+from ..out_of_core.cases import DEFAULT_EPOCHS
 
-CASES = "storebench.cases.out_of_core"
+CASES = "storebench.studies.out_of_core.cases"
 NAME = "out_of_core"
 K_VALUES = (0, 2, 5)  # 0: no cap, the dataset fits
 # A cyclic scan gets nothing from any cache smaller than the set, so raw sequential reads
@@ -513,7 +513,7 @@ FIGURES = (
 def guide(results: Results) -> list:
     """Per capped k and encoding: every lazy shuffled path measured (format, order, knob)
     is a candidate, by its last epoch's samples/s."""
-    from ..guide import Candidate, choose
+    from ...guide import Candidate, choose
 
     rows = ooc_rows(results.df)
     metric = f"epoch{DEFAULT_EPOCHS}.samples_per_s"

@@ -24,14 +24,13 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..bench.plan import plan_for
-from ..bench.runner import Case
-from ..cases.gpu_feed import START_BATCHES
-from ..loaders.paths import get_loader_path, path_label
-from ..loaders.prefetch import default_depth
-from ..plots import empty_figure, path_colour, profile_caption, summarise
-from ..results import Results, best_row, latest_runs, select, stat, summary_table
-from ..text import (
+from ...bench.case import Case
+from ...bench.plan import plan_for
+from ...loaders.paths import get_loader_path, path_label
+from ...loaders.prefetch import default_depth
+from ...plots import empty_figure, path_colour, profile_caption, summarise
+from ...results import Results, best_row, latest_runs, select, stat, summary_table
+from ...text import (
     MULTIPLY,
     format_percent,
     format_percent_beside,
@@ -40,8 +39,9 @@ from ..text import (
     grid_value,
     sig,
 )
-from .base import FigureSpec, Study
-from .grid import (
+from ..base import FigureSpec, Study
+from ..gpu_feed.cases import START_BATCHES
+from ..grid import (
     StudyNotApplicableError,
     batch_size_for,
     dataset_fields,
@@ -51,7 +51,7 @@ from .grid import (
     repeat_fields,
 )
 
-CASES = "storebench.cases.gpu_feed"
+CASES = "storebench.studies.gpu_feed.cases"
 COMPUTE_MS = (0.0, 2.0, 10.0)
 # With a CUDA device the host is a GPU server's, and copies run at tens of GB/s: on an H100
 # machine every path fed a 256-sample batch in 1-1.6 ms (results/gpu-runs), so 2 ms already
@@ -123,7 +123,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
     """See the module docstring. ``compute_ms``: the emulated compute per batch of each
     case (default ``COMPUTE_MS``, ``CUDA_COMPUTE_MS`` where a CUDA device takes the copies;
     ``COMPACT_COMPUTE_MS`` for compact plans)."""
-    from ..bench.envinfo import cuda_info
+    from ...bench.envinfo import cuda_info
 
     repeats = {**repeat_fields(profile, repeats), **epoch_fields(profile)}
     picked = pick(profile_datasets(profile, data_dir), "raw", ("memmap", "lmdb", "hdf5"))
@@ -505,7 +505,7 @@ FIGURES = (
 # -- guide ------------------------------------------------------------------------------
 def guide(results: Results) -> list:
     """Per compute time above zero: every measured feed path is a candidate, by AU."""
-    from ..guide import Candidate, choose
+    from ...guide import Candidate, choose
 
     rows = feed_rows(results.df)
     picked = select(rows, "accelerator_utilisation")

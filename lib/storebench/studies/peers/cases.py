@@ -33,14 +33,14 @@ import time
 
 import numpy as np
 
-from ..bench.cases import (
+from ...bench.case import Case, CaseSkipped, Trial
+from ..shared_cases import (
     batch_size_bytes,
     make_dataset,
     make_sampler,
     open_batches,
     release,
 )
-from ..bench.runner import Case, CaseSkipped, Trial
 
 # The median |i - j| of two independent uniform positions, as a fraction of n.
 UNIFORM_SPREAD = 1 - 1 / math.sqrt(2)
@@ -61,9 +61,9 @@ PEER_DECODER_TOLERANCE = 2.0  # mean absolute grey levels per image
 
 
 def _path_unavailable(case: Case) -> str | None:
-    from ..environments import needs_text
-    from ..formats import unavailable_reason
-    from ..loaders.paths import get_loader_path
+    from ...environments import needs_text
+    from ...formats import unavailable_reason
+    from ...loaders.paths import get_loader_path
 
     path = get_loader_path(case.prefetcher)
     return (needs_text(path.libraries, what=f"loader path {path.name!r}")
@@ -149,8 +149,8 @@ def _check_epoch(case: Case, reader, epoch: _Epoch, number: int, *, complete: bo
     identical to our decode, or within ``PEER_DECODER_TOLERANCE`` grey levels per image on
     average where the peer decodes with its own libjpeg-turbo build (FFCV's fast integer
     DCT differs from simplejpeg's default by about one level)."""
-    from ..formats import CorruptSampleError
-    from ..loaders import LazyDataset
+    from ...formats import CorruptSampleError
+    from ...loaders import LazyDataset
 
     n = len(reader)
     where = f"{case.dataset}: {case.prefetcher} epoch {number}"
@@ -162,7 +162,7 @@ def _check_epoch(case: Case, reader, epoch: _Epoch, number: int, *, complete: bo
     if complete and not np.array_equal(np.sort(order), np.arange(n)):
         repeated = int(len(order) - len(np.unique(order)))
         raise RuntimeError(f"{where} did not deliver every sample once ({repeated} repeated)")
-    from ..loaders.paths import get_loader_path
+    from ...loaders.paths import get_loader_path
 
     exact = get_loader_path(case.prefetcher).decode in ("dataset", "simplejpeg")
     with LazyDataset(reader, decode=case.param("decode")) as reference:
@@ -188,7 +188,7 @@ def peer_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     ``case.prefetcher`` (ours over our reader and sampler, or a peer's pipeline over its
     own files), ``case.workers`` workers, batch ``case.batch_size``; see the module
     docstring for what is reported."""
-    from ..formats import open_dataset
+    from ...formats import open_dataset
 
     reason = _path_unavailable(case)
     if reason:

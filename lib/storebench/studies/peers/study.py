@@ -41,18 +41,18 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..bench.plan import peer_sets_dir as sets_dir
-from ..bench.plan import peer_specs, plan_for
-from ..bench.runner import Case
-from ..loaders.paths import LOADER_PATHS, get_loader_path
-from ..plots import empty_figure, log_axis, profile_caption
-from ..results import Results, ratio_interval, select, stat, summary_table
-from ..text import ENCODING_NAMES, MULTIPLY, format_percent, format_ratio, format_value
-from .base import FigureSpec, Study
-from .grid import dataset_fields, profile_datasets, repeat_fields
+from ...bench.case import Case
+from ...bench.plan import peer_sets_dir as sets_dir
+from ...bench.plan import peer_specs, plan_for
+from ...loaders.paths import LOADER_PATHS, get_loader_path
+from ...plots import empty_figure, log_axis, profile_caption
+from ...results import Results, ratio_interval, select, stat, summary_table
+from ...text import ENCODING_NAMES, MULTIPLY, format_percent, format_ratio, format_value
+from ..base import FigureSpec, Study
+from ..grid import dataset_fields, profile_datasets, repeat_fields
 
 NAME = "peers"
-CASES = "storebench.cases.peers"
+CASES = "storebench.studies.peers.cases"
 WORKERS = 2
 BATCH_SIZE = 64
 # (loader path, format it reads) per encoding. Ours and the frameworks' over the formats
@@ -96,7 +96,7 @@ def study_formats() -> tuple[str, ...]:
     """Every format the study reads: the core formats its own paths and the peers' read
     (torchdata over memmap and LMDB, DALI over raw files and TFRecord), then every peer
     format."""
-    from ..formats import CORE_FORMATS
+    from ...formats import CORE_FORMATS
 
     paths = [path for encoding in ENCODINGS
              for path in STOREBENCH_PATHS[encoding] + PEER_PATHS[encoding]]
@@ -106,7 +106,7 @@ def study_formats() -> tuple[str, ...]:
 
 def peer_formats() -> tuple[str, ...]:
     """The registered peer formats (``PEER = True``), in registry order."""
-    from ..formats import FORMATS
+    from ...formats import FORMATS
 
     return tuple(name for name, module in FORMATS.items() if getattr(module, "PEER", False))
 
@@ -116,7 +116,7 @@ def decode_for(encoding: str) -> str | None:
 
 
 def _needs_peers(path: str, fmt: str) -> bool:
-    from ..formats import FORMATS
+    from ...formats import FORMATS
 
     return (get_loader_path(path).environment == "peers"
             or bool(getattr(FORMATS.get(fmt), "PEER", False)))
@@ -124,7 +124,7 @@ def _needs_peers(path: str, fmt: str) -> bool:
 
 def _case(path: str, fmt: str, encoding: str, cache: str, built: dict, fields: dict,
           data_dir: Path | str, extra: dict) -> Case:
-    from ..formats import FORMATS
+    from ...formats import FORMATS
 
     params = {"decode": decode_for(encoding), **extra}
     if cache == "cold":
@@ -174,7 +174,7 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
              if Path(p).parent == sets_dir(data_dir)}
     # ci-sized epochs: a quarter second of later epochs shows the path works.
     extra = {"later_epochs_min_s": COMPACT_LATER_EPOCHS_MIN_S} if plan.compact else {}
-    from ..formats import FORMATS
+    from ...formats import FORMATS
 
     cases = []
     for encoding in ENCODINGS:
@@ -208,7 +208,7 @@ def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = T
     import os
     import sys
 
-    from ..environments import EnvironmentUnavailableError, python_for
+    from ...environments import EnvironmentUnavailableError, python_for
 
     try:
         python = python_for("peers")
@@ -303,8 +303,8 @@ def decode_efficiency(df: pd.DataFrame):
     turns over the same batches in one case. Timed in a case of its own, minutes from the
     loader epochs it was set against, the one-thread rate read low, and the fraction rose
     above 100%."""
-    from ..cases.targets import get_target
-    from .targets import median_of_latest, targets_table
+    from ..targets.cases import get_target
+    from ..targets.study import median_of_latest, targets_table
 
     table = targets_table(df)
     row = table[table["key"] == DECODE_TARGET]
@@ -534,7 +534,7 @@ def findings(results: Results) -> list[str]:
 
 def guide(results: Results) -> list:
     """Which loader library: per encoding and cache state, every path measured."""
-    from ..guide import Candidate, choose
+    from ...guide import Candidate, choose
 
     out = []
     rows = peers_rows(results.df)

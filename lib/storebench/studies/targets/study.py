@@ -18,15 +18,15 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..bench.runner import Case
-from ..cases.targets import TARGETS, get_target
-from ..plots import PALETTE, empty_figure, log_axis, profile_caption, summarise
-from ..results import Results, latest_runs, stat
-from ..text import DASH, format_percent, format_ratio, markdown_table
-from .base import FigureSpec, Study
-from .grid import batch_size_for, dataset_fields, pick, profile_datasets, repeat_fields
+from ...bench.case import Case
+from ...plots import PALETTE, empty_figure, log_axis, profile_caption, summarise
+from ...results import Results, latest_runs, stat
+from ...text import DASH, format_percent, format_ratio, markdown_table
+from ..base import FigureSpec, Study
+from ..grid import batch_size_for, dataset_fields, pick, profile_datasets, repeat_fields
+from ..targets.cases import TARGETS, get_target
 
-CASES = "storebench.cases.targets"
+CASES = "storebench.studies.targets.cases"
 
 
 # -- grid, case, summary ----------------------------------------------------------------
@@ -296,7 +296,7 @@ FIGURES = (
 
 def guide(results: Results) -> list:
     """TFRecord shards: tf.data's pipeline vs our PyTorch paths, paired in one case."""
-    from ..guide import Candidate, choose
+    from ...guide import Candidate, choose
 
     rows = results.df[(results.df["study"] == "targets")
                       & (results.df["loader"] == "torch_vs_tf_data")]

@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from ..bench.cases import (
+from ...bench.case import Case, CaseSkipped, Trial
+from ..shared_cases import (
     DIFFERS_FROM_BUILD,
     batch_size_bytes,
     make_sampler,
@@ -19,7 +20,6 @@ from ..bench.cases import (
     open_options,
     release,
 )
-from ..bench.runner import Case, CaseSkipped, Trial
 
 # Epoch 1 starts cold; epoch 2 finds what epoch 1 left in the budget's page cache, which is
 # every later epoch's state too (the cache holds the same share of the set after each pass).
@@ -68,7 +68,7 @@ def _rss_bytes() -> int:
 @contextlib.contextmanager
 def _budget(case: Case) -> Iterator:
     """An uncapped budget holding this process; CaseSkipped where none can be made."""
-    from ..bench.memory_budget import BudgetUnavailable, MemoryBudget
+    from ...bench.memory_budget import BudgetUnavailable, MemoryBudget
 
     budget = MemoryBudget(None)
     try:
@@ -171,7 +171,7 @@ def _epochs(case: Case, trial: Trial, budget, loader: _Loader, reader, files, *,
     budget's counters. A pass still running after ``seconds_limit`` is cut short there
     (``epoch<n>.complete`` 0): its rate is what it delivered in that time; ``capped``
     (under a memory cap) also cuts the batches in hand (``CUT_SLICE_SAMPLES``)."""
-    from ..bench.cache import resident_fraction
+    from ...bench.cache import resident_fraction
 
     metrics: dict[str, tuple[float, str]] = {}
     overrun = CUT_OVERRUN_OF_LIMIT * seconds_limit if capped and seconds_limit else None
@@ -295,8 +295,8 @@ def out_of_core_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, 
     from storebench.formats import open_dataset, read_manifest
     from storebench.loaders import LazyDataset
 
-    from ..bench.cache import evict
-    from ..bench.cases import dataset_files
+    from ...bench.cache import evict
+    from ..shared_cases import dataset_files
 
     k, epochs = _params(case)
     seconds_limit = case.param("epoch_seconds_limit")

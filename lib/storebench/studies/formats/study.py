@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..bench.cache import CacheState
-from ..bench.plan import plan_for
-from ..bench.runner import Case
-from ..plots import (
+from ...bench.cache import CacheState
+from ...bench.case import Case
+from ...bench.plan import plan_for
+from ...plots import (
     bars,
     empty_figure,
     format_colours,
@@ -31,7 +31,7 @@ from ..plots import (
     profile_caption,
     summarise,
 )
-from ..results import (
+from ...results import (
     Results,
     best_row,
     dataset_names,
@@ -43,7 +43,7 @@ from ..results import (
     stat,
     summary_table,
 )
-from ..text import (
+from ...text import (
     ENCODING_NAMES,
     ENCODING_ORDER,
     MULTIPLY,
@@ -53,11 +53,11 @@ from ..text import (
     format_value,
     sig,
 )
-from .base import FigureSpec, Study
-from .grid import dataset_files, knob_params, profile_datasets, repeat_fields
+from ..base import FigureSpec, Study
+from ..grid import dataset_files, knob_params, profile_datasets, repeat_fields
 
 MB = 1e6
-CASES = "storebench.cases.formats"
+CASES = "storebench.studies.formats.cases"
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ RANDOM_READ_SECONDS = 0.5
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
     """Per built dataset (knob variants included): build cost, a sequential read cold and
     warm, and for raw datasets shuffled batches, cold (and warm on full plans)."""
-    from .grid import batch_size_for
+    from ..grid import batch_size_for
 
     plan = plan_for(profile)
     repeats = repeat_fields(profile, repeats)
@@ -531,7 +531,7 @@ FIGURES = (
 def guide(results: Results) -> list:
     """Least disk space (lossless, lossy), fastest build, fewest files, and the fastest
     cold sequential read per encoding: every measured build is a candidate."""
-    from ..guide import Candidate, choose
+    from ...guide import Candidate, choose
 
     df = results.study("formats")
     rows = []

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..bench.runner import Case, Trial
-from ..bench.stats import median_interval
+from ...bench.case import Case, Trial
+from ...bench.stats import median_interval
 
 MB = 1e6
 # Rounds of a gather target's repeat (each: the copies, then every path's pass over the

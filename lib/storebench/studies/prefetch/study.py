@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from ..bench.plan import plan_for
-from ..bench.runner import Case
-from ..loaders.paths import LOADER_PATHS, get_loader_path, path_label
-from ..plots import (
+from ...bench.case import Case
+from ...bench.plan import plan_for
+from ...loaders.paths import LOADER_PATHS, get_loader_path, path_label
+from ...plots import (
     bars,
     empty_figure,
     legend_below,
@@ -32,10 +32,10 @@ from ..plots import (
     profile_caption,
     summarise,
 )
-from ..results import Results, best_row, ordered, params_of, select, stat, summary_table
-from ..text import DASH, ENCODING_NAMES, format_ratio, format_value, relative_text
-from .base import FigureSpec, Study
-from .grid import (
+from ...results import Results, best_row, ordered, params_of, select, stat, summary_table
+from ...text import DASH, ENCODING_NAMES, format_ratio, format_value, relative_text
+from ..base import FigureSpec, Study
+from ..grid import (
     DECODERS_FOR,
     batch_size_for,
     dataset_fields,
@@ -47,7 +47,7 @@ from .grid import (
     repeat_fields,
 )
 
-CASES = "storebench.bench.cases"
+CASES = "storebench.studies.prefetch.cases"
 
 
 @dataclass(frozen=True)
@@ -467,7 +467,7 @@ def guide(results: Results) -> list:
     """Per dataset and decoder of the study: every loader path measured is a candidate
     (one thread, ours, the frameworks', the baselines; tf.data's native pipeline joins the
     JPEG question, decoding with TensorFlow)."""
-    from ..guide import Candidate, choose
+    from ...guide import Candidate, choose
 
     rows = prefetch_rows(results.df)
     picked = select(rows, "samples_per_s")

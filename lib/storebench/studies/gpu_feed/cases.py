@@ -3,8 +3,8 @@ worker imports only what it runs. The grid lives in ``storebench.studies.gpu_fee
 
 from __future__ import annotations
 
-from ..bench.cases import make_dataset, make_sampler, open_batches, open_options, release
-from ..bench.runner import Case, Trial
+from ...bench.case import Case, Trial
+from ..shared_cases import make_dataset, make_sampler, open_batches, open_options, release
 
 # Batches fed before timing starts, besides those the loader read ahead: worker start-up
 # and the first copies.
