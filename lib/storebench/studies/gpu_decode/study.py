@@ -48,7 +48,7 @@ HW_DECODER_LOADS = (0.0, 0.5, 1.0, "default")
 LIBRARIES = ("nvimgcodec", "torchvision")
 # MLPerf Storage's ResNet-50 workload: 1,786 samples/s per emulated H100.
 EMULATED_DEMAND = 1786.0
-EMULATED_SOURCE = "emulated (MLPerf Storage ResNet-50, per H100)"
+EMULATED_SOURCE = "emulated: MLPerf Storage's ResNet-50 rate per H100"
 # The cases' ``demand_source`` param: what their demand is, as the text above says it.
 DEMAND_SOURCES = {"emulated": EMULATED_SOURCE, "resnet50": "ResNet-50 step, measured"}
 CORE_COUNTS = (1, 2, 4, 8)
@@ -226,6 +226,22 @@ def demand_line(df: pd.DataFrame) -> tuple[float, str]:
     return EMULATED_DEMAND, EMULATED_SOURCE
 
 
+def latest_device_run(root: Path | str) -> Results | None:
+    """The newest run stored under ``root`` (one folder per run, as ``results/gpu-runs``
+    keeps them) with a device case of this study measured; None where there is none."""
+    root = Path(root)
+    found = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
+        try:
+            results = Results.load(folder)
+        except FileNotFoundError:
+            continue
+        rows = ok_repeats(decode_rows(results.df))
+        if rows["family"].isin(["device", "demand"]).any():
+            found.append((str(results.env.get("run_id") or folder.name), results))
+    return max(found, key=lambda run: run[0])[1] if found else None
+
+
 # -- figures ------------------------------------------------------------------------------
 def not_measured_figure(reason: str) -> Figure:
     """A figure that says what was not measured and why, instead of empty axes."""
@@ -247,9 +263,12 @@ def _why_not(df: pd.DataFrame, family: str, what: str) -> str:
 
 def _curve_styles(table: pd.DataFrame) -> dict[str, dict]:
     colours = {"full": "#1f77b4", "reduced": "#ff7f0e"}
-    dashes = {"thread": "--", "process": "-"}
-    return {label: {"color": colours.get(decode, "black"), "linestyle": dashes.get(p, ":"),
-                    "marker": "o"}
+    # Two prefetchers that deliver alike draw on top of each other: the thread's line is
+    # dashed, with smaller square markers, so both stay visible.
+    styles = {"thread": {"linestyle": "--", "marker": "s", "markersize": 4},
+              "process": {"linestyle": "-", "marker": "o", "markersize": 8}}
+    return {label: {"color": colours.get(decode, "black"),
+                    **styles.get(p, {"linestyle": ":", "marker": "^"})}
             for label, decode, p in table[["label", "decode", "prefetcher"]].drop_duplicates(
                 ).itertuples(index=False)}
 
@@ -310,8 +329,8 @@ def plot_gpu_vs_cpu(df: pd.DataFrame) -> Figure:
     ax.set_xlabel("images/s (decode, crop and flip on the GPU; decode on the CPU)")
     title = "GPU decode against CPU decode"
     if device.empty:
-        title += "\n" + textwrap.fill(
-            "GPU decode " + _why_not(df, "device", "not measured"), 110)
+        title += "\n" + textwrap.fill(f"GPU decode not measured: {_reasons_text(df, 'device')}",
+                                      90)
     ax.set_title(title, fontsize="small")
     return fig
 
