@@ -19,6 +19,7 @@ from result_rows import (
 )
 
 from storebench import results
+from storebench.bench.case import open_options
 from storebench.bench.schema import SchemaError, make_row
 from storebench.formats import FORMATS
 from storebench.results import MIN_PAIRED_REPEATS, Results, Stat, ratio_interval

@@ -19,6 +19,7 @@ from storebench import plots
 from storebench.bench.schema import COLUMNS, METRIC_UNITS, make_row, validate
 from storebench.formats import FORMATS
 from storebench.loaders.paths import LOADER_PATHS
+from storebench.report.figures import plot_all
 from storebench.results import Results
 from storebench.studies import STUDIES
 from storebench.studies.formats.study import plot_sequential_read
@@ -32,7 +33,7 @@ def test_plot_all_regenerates_every_figure_from_the_files(formats_results, tmp_p
     # Only the CSV and env.json travel: nothing else is needed to redraw.
     for name in ("formats.csv", "env.json"):
         shutil.copy(formats_results / name, tmp_path / name)
-    written = plots.plot_all(tmp_path)
+    written = plot_all(tmp_path)
     expected = {f"{spec.name}{suffix}" for spec in STUDIES["formats"].figures
                 for suffix in (".png", ".svg")}
     assert {p.name for p in written} == expected
@@ -46,9 +47,9 @@ def test_plot_all_regenerates_every_figure_from_the_files(formats_results, tmp_p
 
 def test_plot_all_needs_results(tmp_path):
     with pytest.raises(FileNotFoundError, match="no results"):
-        plots.plot_all(tmp_path)
+        plot_all(tmp_path)
     with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'missing'}: no such results"):
-        plots.plot_all(tmp_path / "missing")
+        plot_all(tmp_path / "missing")
 
 
 def synthetic_rows(formats, repeats=3):

@@ -15,10 +15,9 @@ from storebench.bench.case import Case, Trial
 from storebench.bench.plan import REPEAT_BUDGET_S, case_timeout_s, default_repeats, plan_for
 from storebench.bench.runner import run_case
 from storebench.bench.stats import AdaptiveRepeats  # noqa: E402
-from storebench.formats import CORE_FORMATS, FORMATS, build_dataset
+from storebench.formats import FORMATS, build_dataset, knob_variants
 from storebench.loaders.paths import LOADER_PATHS
 from storebench.studies import STUDIES
-from storebench.studies.formats.study import KNOB_VARIANTS
 from storebench.studies.formats.study import grid as formats_study
 from storebench.studies.gpu_feed.study import grid as gpu_feed_study
 from storebench.studies.lazy_vs_preloaded.study import grid as lazy_vs_preloaded_study
@@ -73,7 +72,7 @@ def variant_data(tmp_path_factory):
     """The ci raw set as the default hdf5 build and one knob variant (chunks of one)."""
     root = tmp_path_factory.mktemp("variants")
     spec = PROFILES["ci"].spec_for("raw")
-    variant = next(v for v in KNOB_VARIANTS if v.format == "hdf5")
+    variant = next(v for v in knob_variants() if v.format == "hdf5")
     build_dataset(spec, "hdf5", root, workers=1)
     build_dataset(spec, "hdf5", root, knobs=dict(variant.knobs), name=variant.name, workers=1)
     return root, variant
@@ -142,7 +141,7 @@ def test_only_warm_random_reads_are_cut_by_time(variant_data, monkeypatch):
 def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
     lvp = lazy_vs_preloaded_study(profile="ci", data_dir=ci_data_root)
     raw_formats = {name for name, m in FORMATS.items()
-                   if "raw" in m.ENCODINGS and name in CORE_FORMATS}
+                   if "raw" in m.ENCODINGS and name in FORMATS.core}
     plain = [c for c in lvp if not any(k.startswith("open_") for k, _ in c.params)]
     for fmt in raw_formats:
         lazy = {(c.access, c.cache) for c in plain

@@ -346,13 +346,8 @@ def run_case(
             "runner_pid": os.getpid(),
             "spawned_at": time.time(),
         }))
-        env = {**os.environ, **(env or {})}
+        env = _worker_env(env, python_path)
         own_tmp = {"TMPDIR": str(case_tmp)} if len(str(case_tmp)) <= _CASE_TMP_MAX_CHARS else {}
-        extra = [str(Path(p).resolve()) for p in python_path]
-        if extra:
-            env["PYTHONPATH"] = os.pathsep.join([*extra, env.get("PYTHONPATH", "")]).rstrip(
-                os.pathsep
-            )
         shm_before = _shm_names()
         started = time.perf_counter()
         with _case_watcher(tmp, env) as watch, open(log, "wb") as log_file:
@@ -391,24 +386,40 @@ def run_case(
                 killed = (process.returncode or 0) < 0
                 oom_killed = oom_killed_budgets(process.pid) if killed else []
                 remove_stale_budgets()
-        seconds = time.perf_counter() - started
-        if result.exists():
-            report = json.loads(result.read_text())
-            if report["status"] == "ok":
-                return CaseOutcome("ok", seconds, tuple(report["records"]))
-            if report["status"] == "skipped":
-                return CaseOutcome("skipped", seconds, error=report["error"])
-            return CaseOutcome("failed", seconds, error=report["error"])
-        where = phase.read_text() if phase.exists() else "start-up"
-        if returncode < 0:
-            how = f"was killed by {signal.Signals(-returncode).name}"
-        else:
-            how = f"exited with code {returncode}"
-        return CaseOutcome(
-            "failed", seconds,
-            error=(f"worker {how} during {where} without reporting{_oom_text(oom_killed)}"
-                   f"\n{_tail(log)}").strip(),
-        )
+        return _outcome(time.perf_counter() - started, result=result, phase=phase, log=log,
+                        returncode=returncode, oom_killed=oom_killed)
+
+def _worker_env(env: Mapping[str, str] | None,
+                python_path: Sequence[Path | str]) -> dict[str, str]:
+    """This process's environment plus ``env``, with ``python_path`` first on PYTHONPATH."""
+    merged = {**os.environ, **(env or {})}
+    extra = [str(Path(p).resolve()) for p in python_path]
+    if extra:
+        merged["PYTHONPATH"] = os.pathsep.join([*extra, merged.get("PYTHONPATH", "")]).rstrip(
+            os.pathsep)
+    return merged
+
+
+def _outcome(seconds: float, *, result: Path, phase: Path, log: Path, returncode: int,
+             oom_killed) -> CaseOutcome:
+    """The outcome of a worker that exited: what it reported, or how it died and where."""
+    if result.exists():
+        report = json.loads(result.read_text())
+        if report["status"] == "ok":
+            return CaseOutcome("ok", seconds, tuple(report["records"]))
+        if report["status"] == "skipped":
+            return CaseOutcome("skipped", seconds, error=report["error"])
+        return CaseOutcome("failed", seconds, error=report["error"])
+    where = phase.read_text() if phase.exists() else "start-up"
+    if returncode < 0:
+        how = f"was killed by {signal.Signals(-returncode).name}"
+    else:
+        how = f"exited with code {returncode}"
+    return CaseOutcome(
+        "failed", seconds,
+        error=(f"worker {how} during {where} without reporting{_oom_text(oom_killed)}"
+               f"\n{_tail(log)}").strip(),
+    )
 
 
 def byte_compile_package() -> list[Path]:

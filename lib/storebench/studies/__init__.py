@@ -9,9 +9,9 @@ figure and render every finding.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
-from importlib import import_module
+from collections.abc import Iterable
 
+from ..registry import LazyRegistry
 from .base import FigureSpec, Study
 
 # Run order: cheap and foundational first.
@@ -28,35 +28,19 @@ STUDY_NAMES = (
 )
 
 
-class StudyRegistry(Mapping):
+class StudyRegistry(LazyRegistry):
     """Study name -> ``Study``, each study's module imported on first use: listing the names
     (or importing a study's case functions in a worker) imports no study's plotting code.
-    ``modules`` maps a name to the module defining ``STUDY``."""
+    ``modules`` maps a name to the module defining ``STUDY``; a registered study runs after
+    the others."""
 
-    def __init__(self, modules: Mapping[str, str]) -> None:
-        self._modules = dict(modules)
+    kind = "study"
 
-    def __getitem__(self, name: str) -> Study:
-        if name not in self._modules:
-            raise KeyError(name)
-        study = import_module(self._modules[name]).STUDY
-        if study.name != name:
-            raise ValueError(f"{self._modules[name]} defines study {study.name!r}, "
+    def member(self, module, name: str) -> Study:
+        if module.STUDY.name != name:
+            raise ValueError(f"{module.__name__} defines study {module.STUDY.name!r}, "
                              f"registered as {name!r}")
-        return study
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._modules
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._modules)
-
-    def __len__(self) -> int:
-        return len(self._modules)
-
-    def with_study(self, name: str, module: str) -> StudyRegistry:
-        """A registry with one more study, run last (tests register a study of their own)."""
-        return StudyRegistry({**self._modules, name: module})
+        return module.STUDY
 
 
 def study_modules(names: Iterable[str]) -> dict[str, str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +18,8 @@ from matplotlib.figure import Figure
 from ...bench.cache import CacheState
 from ...bench.case import Case
 from ...bench.plan import plan_for
+from ...formats import traits
+from ...formats.traits import KNOB_EFFECTS
 from ...plots import (
     bars,
     empty_figure,
@@ -47,6 +48,7 @@ from ...text import (
     ENCODING_NAMES,
     ENCODING_ORDER,
     MULTIPLY,
+    bullets,
     faster_sentence,
     format_percent,
     format_ratio,
@@ -60,44 +62,12 @@ MB = 1e6
 CASES = "storebench.studies.formats.cases"
 
 
-@dataclass(frozen=True)
-class KnobVariant:
-    """A build of ``format`` x ``encoding`` with ``knobs`` other than the format's defaults,
-    stored beside the default build as ``<format>-<encoding>-<knob>=<value>``."""
-
-    format: str
-    encoding: str
-    knobs: tuple[tuple[str, object], ...]
-
-    @property
-    def name(self) -> str:
-        knobs = ",".join(f"{k}={v}" for k, v in self.knobs)
-        return f"{self.format}-{self.encoding}-{knobs}"
-
-
-# What each format's build knobs change, measured against the default build (raw samples,
-# where the format's unit of I/O matters most; plus JPEG for Parquet's codec).
-KNOB_VARIANTS: tuple[KnobVariant, ...] = (
-    KnobVariant("hdf5", "raw", (("chunk_samples", 1),)),
-    KnobVariant("hdf5", "raw", (("chunk_samples", 1024),)),
-    KnobVariant("parquet", "raw", (("row_group_size", 64),)),
-    KnobVariant("parquet", "raw", (("row_group_size", 1024),)),
-    KnobVariant("parquet", "raw", (("compression", "zstd"),)),
-    KnobVariant("parquet", "jpeg", (("compression", "zstd"),)),
-    KnobVariant("tfrecord", "raw", (("num_shards", 1),)),
-    KnobVariant("tfrecord", "raw", (("num_shards", 16),)),
-)
 # Random batches read per repeat: enough for a stable rate, bounded so that a large chunk or
 # row group (read whole for every sample) does not take minutes.
 RANDOM_READ_SAMPLES = 1024
-# ... and, warm, at most about this long (at least four batches): a random sample of a
-# row-group format costs its whole group, so 1,024 of them took 1 to 3 s a repeat (run
-# 1635c5: Parquet at 360 to 960 samples/s) for a per-sample cost that is the same in every
-# batch. Cold reads are not cut: the later samples of a cold pass find more of their units
-# already read in it (most of 1,024 samples, over the small set's 79 row groups), so
-# a read cut sooner is a colder one, and every format's cold read must be the same 1,024
-# samples to compare (cut, Parquet's cold rates fell to 0.74-0.85 of run 1635c5's while its
-# warm ones stayed within 5%: run 99d609).
+# ... and, warm, at most about this long (at least four batches): a row-group format pays
+# its whole group per random sample, the same in every batch. Cold reads are not cut: a
+# cold pass cut sooner is a colder one, and every format's must read the same samples.
 RANDOM_READ_SECONDS = 0.5
 
 
@@ -354,22 +324,18 @@ def knob_table(df: pd.DataFrame) -> pd.DataFrame:
     return sort_rows(table.sort_values(["format", "encoding", "knob"], kind="stable"))[columns]
 
 
-KNOB_EFFECTS = {
-    "chunk_samples": ("random_cold", "random batches, cold"),
-    "row_group_size": ("random_cold", "random batches, cold"),
-    "compression": ("size_ratio", "bytes on disk / raw bytes"),
-    "num_shards": ("sequential_cold", "a cold sequential read"),
-}
 
 
 def knob_findings(df: pd.DataFrame) -> list[str]:
-    """Per varied knob: its settings on the figure that knob is about (``KNOB_EFFECTS``),
+    """Per varied knob: its settings on the figure that knob is about (the format's
+    ``TRAITS.knob_metrics``),
     plus sequential warm reads, all from the formats study."""
     table = knob_table(df)
     sentences = []
     for (fmt, encoding, knob), part in table.groupby(["format", "encoding", "knob"],
                                                      sort=False):
-        column, what = KNOB_EFFECTS.get(knob, ("sequential_warm", "sequential reads, warm"))
+        column = traits(fmt).knob_metrics.get(knob, "sequential_warm")
+        what = KNOB_EFFECTS[column]
         unit = "ratio" if column == "size_ratio" else "samples/s"
         shown = part.dropna(subset=[column])
         if len(shown) < 2:
@@ -612,6 +578,15 @@ def findings(results: Results) -> list[str]:
     return formats_findings(df) + verify_cost_findings(df) + knob_findings(df)
 
 
+
+def readme_text(results: Results, place) -> str:
+    sentences = verify_cost_findings(results.study("formats"))
+    if not sentences:
+        return ""
+    return ("**What `verify=True` costs** (the `formats` study; see "
+            "[Integrity](#integrity-what-each-mode-checks))\n\n" + bullets(sentences))
+
+
 STUDY = Study(
     name="formats",
     question="What does each storage format cost to build, and to read cold and warm?",
@@ -620,4 +595,6 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="01_storage_formats.ipynb",
+    readme_figures=("formats_build_cost", "formats_sequential_read"),
+    readme_text=readme_text,
 )

@@ -32,11 +32,13 @@ from ...plots import empty_figure, path_colour, profile_caption, summarise
 from ...results import Results, best_row, latest_runs, select, stat, summary_table
 from ...text import (
     MULTIPLY,
+    bullets,
     format_percent,
     format_percent_beside,
     format_ratio,
     format_value,
     grid_value,
+    machine_text,
     sig,
 )
 from ..base import FigureSpec, Study
@@ -60,8 +62,6 @@ CUDA_COMPUTE_MS = (0.0, 0.5, 1.0, 2.0, 10.0)
 # Compact plans (ci): no compute and a busy accelerator. A third value runs the same code
 # again, and each case pays torch's import (about 1.3 s of a 1.7 s ci case).
 COMPACT_COMPUTE_MS = (0.0, 10.0)
-# MLPerf Storage counts a run as keeping the accelerator fed at >= 90% utilisation.
-AU_THRESHOLD = 0.9
 # The issue's bar: AU >= 95% whenever the path's own rate is >= 1.25x the accelerator's.
 FED_AU = 0.95
 FED_HEADROOM = 1.25
@@ -527,6 +527,32 @@ def findings(results: Results) -> list[str]:
     return feed_findings(results.df)
 
 
+
+def cuda_feed_text(cuda_runs_dir: Path, place) -> str:
+    """The newest stored feed run on a real CUDA device (``latest_cuda_run``): its machine,
+    findings (AU per compute time is in its figure) and figure, as README markdown; empty
+    where there is none."""
+    run = latest_cuda_run(cuda_runs_dir)
+    if run is None:
+        return ""
+    parts = [f"**On a real GPU** (the `gpu_feed` study in `{place.relative(run.directory)}`, "
+             f"run {run.env.get('run_id')}; machine: {machine_text(run.env)})", "",
+             bullets(feed_findings(run.df, per_compute_time=False)).rstrip("\n")]
+    png = run.directory / "figures" / "gpu_feed_utilisation.png"
+    if png.exists():
+        caption = next(spec.caption for spec in FIGURES if spec.name == "gpu_feed_utilisation")
+        parts += ["", f"![{caption}, on a CUDA device]({place.relative(png)})"]
+    return "\n".join(parts)
+
+
+def readme_text(results: Results, place) -> str:
+    return cuda_feed_text(place.results_dir.parent / "gpu-runs", place)
+
+
+def caveats(results: Results) -> list[str]:
+    return [feed_device_text(results.df)] if not feed_devices(results.df).empty else []
+
+
 STUDY = Study(
     name="gpu_feed",
     question="Does the loader keep an accelerator busy?",
@@ -535,4 +561,7 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="04_gpu_feed.ipynb",
+    readme_figures=("gpu_feed_utilisation",),
+    readme_text=readme_text,
+    caveats=caveats,
 )

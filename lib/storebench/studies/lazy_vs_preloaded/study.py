@@ -6,7 +6,7 @@ block-shuffled); preloaded, one case per cache state reads all three from one pr
 since a preload reads the files in one order whatever the epoch's (its block-shuffled epoch
 is the case's own, the others ``RAM_ORDERS`` after it). Encoded sets block-shuffled (compact
 plans: ``COMPACT_ENCODED_FORMATS`` only). Plus the readahead knobs of the memory-mapped formats
-(``READAHEAD_KNOBS``) on and off, lazy, cold, shuffled.
+(each format's ``TRAITS.readahead_option``) on and off, lazy, cold, shuffled.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from ...bench.cache import CacheState
 from ...bench.case import Case
 from ...bench.plan import plan_for
+from ...formats import traits
 from ...plots import (
     PALETTE,
     bars,
@@ -77,9 +78,6 @@ COMPACT_ENCODED_FORMATS = ("rawfiles", "lmdb")
 # The orders a preloaded raw case reads after its block-shuffled epoch, from the same preload
 # (``shared_cases.ram_order_epochs``; ``loader_table`` gives them rows of their own).
 RAM_ORDERS = ("sequential", "shuffle")
-# The readahead knobs of the memory-mapped formats: (format, open option), each tried on and
-# off on a cold, shuffled epoch.
-READAHEAD_KNOBS = (("memmap", "madvise_random"), ("lmdb", "readahead"))
 
 
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
@@ -108,9 +106,8 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
                         cache=cache.value, **repeats,
                         params={**decoding, **more}, **fields,
                     ))
-        for knob_format, option in READAHEAD_KNOBS:
-            if manifest["format"] != knob_format or not raw:
-                continue
+        option = traits(manifest["format"]).readahead_option
+        if option and raw:
             for on in (True, False):
                 cases.append(Case(
                     function=f"{CASES}:loader_epoch_case", loader="lazy", prefetcher="none",
@@ -554,6 +551,11 @@ def findings(results: Results) -> list[str]:
     return lazy_vs_preloaded_findings(results.df, results.env, profile_bytes=over)
 
 
+
+def caveats(results: Results) -> list[str]:
+    return ram_findings(results.df, results.env)
+
+
 STUDY = Study(
     name="lazy_vs_preloaded",
     question="Read from storage per access, or preload into RAM first?",
@@ -562,4 +564,6 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="02_lazy_vs_preloaded.ipynb",
+    readme_figures=("lazy_vs_preloaded_throughput",),
+    caveats=caveats,
 )

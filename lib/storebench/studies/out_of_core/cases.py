@@ -249,10 +249,9 @@ def priming_batches(case: Case, reader) -> int:
     """How many batches the primer reads: ``BASELINE_BATCHES``, or, for a reader that loads
     whole blocks, enough to pass through as many of its largest blocks as the loader can
     hold at once. Two batches of a block-shuffled read stay inside one 1,024-row Parquet
-    group; the next loader then held two or three more (12.6 MB each), the baseline had
-    none of them, and they came out of the room meant for page cache: the case ran at its
-    limit in every run and was killed for outgrowing it in four (99d609, 0ad452, 18aea4 and
-    9bb3b8 in results/study-runs)."""
+    group; the next loader then held two or three more, the baseline had none of them, and
+    they came out of the room meant for page cache (results/study-runs/README.md, "Constants
+    and their evidence")."""
     if not getattr(reader, "loads_whole_blocks", False):
         return BASELINE_BATCHES
     largest = int(np.diff(reader.blocks()).max())
@@ -268,7 +267,7 @@ def _primed_loader(case: Case, dataset, reader, budget=None) -> tuple[_Loader, i
     (``held_besides_page_cache``): memory it hands back when closed (its batch slots, a
     reader's buffers) and takes again when the next loader reads is not in what the budget
     holds afterwards, and a cap set on that alone left the next loader less than its room for
-    page cache (up to 7.6 MB of the 12.5 MB a JPEG set has at k = 5, run dce21a)."""
+    page cache."""
     primer = _Loader(case, dataset, make_sampler(case, reader))
     primed = None
     try:

@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 
 from ...bench.case import Case
 from ...bench.plan import plan_for
+from ...formats import traits
 from ...plots import (
     empty_figure,
     format_colours,
@@ -80,19 +81,6 @@ SEQUENTIAL_LEFT_OUT = ("not measured: a cyclic scan gains\nnothing from a cache 
 
 
 # -- the grid -------------------------------------------------------------------------
-# Formats whose full shuffle reads a whole unit of I/O per sample (a Parquet row group):
-# 382 samples/s even warm in the formats study; block shuffle is their shuffled order.
-BLOCK_ONLY_FORMATS = ("parquet",)
-# Knobs that decide out-of-core behaviour, each on the access order where it matters, at
-# k = 0 (fits) and the largest k: (format, open options or None for build variants, access).
-OPEN_KNOBS = (
-    ("memmap", {"open_madvise_random": True}, "shuffle"),
-    ("lmdb", {"open_readahead": False}, "shuffle"),
-    ("hdf5", {"open_chunk_cache_bytes": 0}, "block_shuffle"),
-)
-# Build variants (the formats study's KNOB_VARIANTS, where built) and their access order.
-VARIANT_ACCESS = {"hdf5": "block_shuffle", "parquet": "block_shuffle",
-                  "tfrecord": "block_shuffle"}
 PREFETCHER, WORKERS = "thread", 2  # the prefetch study's best path, raw and JPEG
 # A thrashing pass is cut short after this long: memmap's default read-around under a k = 5
 # cap took over 60 s for one shuffled pass of the small set (0.24 s cold when it fits, 2 s
@@ -101,13 +89,9 @@ PREFETCHER, WORKERS = "thread", 2  # the prefetch study's best path, raw and JPE
 # one slice of the limit, or half the limit for a batch that ends sooner:
 # ``cases.out_of_core``).
 EPOCH_SECONDS_LIMIT = 1.0
-# Under a cap (k > 0), half a second: the cap's room fills well within it. Against a second,
-# in two runs an hour apart (results/study-runs f24e29, 9b9cd4), 40 of 43 capped cases ended
-# epoch 2 with the same residency (within 0.05), their median rates moved by 1 to 2% (the
-# k = 0 cases, whose limit stayed, by 4 to 7%), and the study's cases took 200 s, not 280.
-# Where the set fits (k = 0) a pass keeps the second: cut sooner, a cold epoch 1 would leave
-# the set partly uncached, so epoch 2 would no longer show what a set that fits gets from
-# the cache.
+# Under a cap (k > 0), half a second: the cap's room fills well within it (results/
+# study-runs/README.md, "Constants and their evidence"). Where the set fits (k = 0) a pass
+# keeps the second, or a cold epoch 1 would leave it partly uncached for epoch 2.
 CAPPED_EPOCH_SECONDS_LIMIT = 0.5
 PRELOADED_FORMAT = "memmap"
 GUIDE_REPEATS = 3
@@ -136,13 +120,14 @@ def out_of_core_grid(
     """The out_of_core cases, each ``DEFAULT_EPOCHS`` epochs from cold under k in
     ``K_VALUES``, lazy reads through two prefetch threads:
 
-    - raw, every format: block shuffle and full shuffle at every k (no full shuffle for
-      ``BLOCK_ONLY_FORMATS``); sequential at k = 0 and the largest k only (a cyclic scan
-      gets nothing from any cache smaller than the set, so k = 2 adds nothing);
-    - JPEG, every format: shuffled (block-shuffled for ``BLOCK_ONLY_FORMATS``) at k = 0 and
-      the largest k (decode-bound: the order matters less);
-    - knobs (``OPEN_KNOBS``, and the formats study's build variants where built) at k = 0
-      and the largest k, each on the order where it matters;
+    - raw, every format: block shuffle and full shuffle at every k (no full shuffle where
+      the format's ``TRAITS.shuffle_unit`` is a block); sequential at k = 0 and the largest
+      k only (a cyclic scan gets nothing from any cache smaller than the set, so k = 2
+      adds nothing);
+    - JPEG, every format: shuffled (block-shuffled where the shuffle unit is a block) at
+      k = 0 and the largest k (decode-bound: the order matters less);
+    - knobs (each format's ``TRAITS.out_of_core_options``, and its build variants where
+      built) at k = 0 and the largest k, each on the order where it matters;
     - ``PreloadedDataset`` of the memmap raw set at every k: it fits at k = 0 only.
 
     Compact plans (``ci``) keep one raw format (memmap) and one JPEG format (lmdb) and the
@@ -168,8 +153,8 @@ def out_of_core_grid(
         if plan.compact and (fmt, encoding) not in (("memmap", "raw"), ("lmdb", "jpeg")):
             continue
         if knob_params(path, manifest):
-            access = VARIANT_ACCESS.get(fmt)
-            if access is None or encoding != "raw" or plan.compact:
+            access = traits(fmt).variant_access
+            if not access or encoding != "raw" or plan.compact:
                 continue
             for k in (0, top):
                 cases.append(_case(path, manifest, access=access, k=k,
@@ -178,23 +163,23 @@ def out_of_core_grid(
         if encoding == "raw":
             for k in SEQUENTIAL_KS:
                 cases.append(_case(path, manifest, access="sequential", k=k, **common))
-            orders = ("block_shuffle",) if fmt in BLOCK_ONLY_FORMATS else (
+            orders = ("block_shuffle",) if traits(fmt).block_only else (
                 "shuffle", "block_shuffle")
             for access in orders:
                 for k in K_VALUES:
                     cases.append(_case(path, manifest, access=access, k=k,
                                        **(shuffled_capped if k else common)))
-            for knob_format, options, access in OPEN_KNOBS:
-                if knob_format == fmt:
-                    for k in (0, top):
-                        cases.append(_case(path, manifest, access=access, k=k,
-                                           params=options, **common))
+            for options, access in traits(fmt).out_of_core_options:
+                params = {f"open_{name}": value for name, value in options.items()}
+                for k in (0, top):
+                    cases.append(_case(path, manifest, access=access, k=k,
+                                       params=params, **common))
             if fmt == PRELOADED_FORMAT:
                 for k in K_VALUES:
                     cases.append(_case(path, manifest, access="block_shuffle", k=k,
                                        loader="preloaded", **common))
         elif encoding == "jpeg":
-            access = "block_shuffle" if fmt in BLOCK_ONLY_FORMATS else "shuffle"
+            access = "block_shuffle" if traits(fmt).block_only else "shuffle"
             for k in (0, top):
                 cases.append(_case(path, manifest, access=access, k=k, **common))
     return cases
@@ -392,7 +377,7 @@ def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
             if c == 0:
                 # The grid gives these formats no full shuffle: say so where their line is
                 # missing.
-                absent = [f for f in BLOCK_ONLY_FORMATS if f in colours] if access == (
+                absent = [f for f in colours if traits(f).block_only] if access == (
                     "shuffle") else []
                 note = f"\n({', '.join(absent)}: block shuffle only)" if absent else ""
                 ax.set_ylabel(f"{access.replace('_', ' ')}{note}\nsamples per second")

@@ -20,11 +20,10 @@ format) live in ``<data>/peers/`` (``bench.plan.PEER_SETS_DIR``), apart from the
 whole sets: whole epochs are the study's unit (a peer's loader stopped mid-epoch pays for its
 own stop), so its sets size its epochs. Both are cut to one count, the same bytes as the
 whole sets' first samples: 2,048 on the default profile (``EPOCH_SAMPLES``, what every other
-study's timed epoch reads; runs up to a3789e read 4,000), the smaller set's where that is
-less (256 on ci). A path that pays per epoch (workers started again, an index read again)
-pays it more often per sample: its later epochs' rate, boundaries included, reads lower than
-over a longer set (``results/study-runs`` compares run 6c79c2's 4,000-sample raw epochs with
-5f05d8's 20,000, and run 3c5425's 2,048-sample epochs with a3789e's 4,000).
+study's timed epoch reads), the smaller set's where that is less (256 on ci). A path that
+pays per epoch (workers started again, an index read again) pays it more often per sample:
+its later epochs' rate, boundaries included, reads lower than over a longer set
+(``results/study-runs/README.md`` compares the epoch lengths).
 
 The peer libraries live in the peers environment (``storebench.environments``): their cases
 run with its interpreter, and ``prepare`` builds the peer formats with it. Where a library or
@@ -47,7 +46,14 @@ from ...bench.plan import peer_specs, plan_for
 from ...loaders.paths import LOADER_PATHS, get_loader_path
 from ...plots import empty_figure, log_axis, profile_caption
 from ...results import Results, ratio_interval, select, stat, summary_table
-from ...text import ENCODING_NAMES, MULTIPLY, format_percent, format_ratio, format_value
+from ...text import (
+    ENCODING_NAMES,
+    MULTIPLY,
+    bullets,
+    format_percent,
+    format_ratio,
+    format_value,
+)
 from ..base import FigureSpec, Study
 from ..grid import dataset_fields, profile_datasets, repeat_fields
 
@@ -80,10 +86,8 @@ COMPACT = {"jpeg": (("process", "lmdb"), ("webdataset", "webdataset"), ("ffcv", 
 ENCODINGS = ("jpeg", "raw")
 COLD_ENCODINGS = ("jpeg",)
 TARGET_RATIO = 1.2  # storebench's best path over the best peer
-# The warm rows the target compares (see peers_grid). 8 s, not 15: a candidate of a second
-# or two a repeat still gets 4 to 8 repeats, while at 15 s the noisiest slow peers ran all
-# 9 (run 6c79c2: MDS raw 14.3 s, DALI over TFRecord 14.2 s), rows that were not the best
-# peer and so decided neither target.
+# The warm rows the target compares (see peers_grid): a candidate of a second or two a
+# repeat still gets 4 to 8 repeats; longer only let slow peers that decide nothing run all 9.
 TARGET_REPEAT_BUDGET_S = 8.0
 # JPEG decode against cores x one thread: measured once, by the targets study, which times
 # the one-thread rate on each core beside the prefetchers, interleaved in one case.
@@ -96,11 +100,11 @@ def study_formats() -> tuple[str, ...]:
     """Every format the study reads: the core formats its own paths and the peers' read
     (torchdata over memmap and LMDB, DALI over raw files and TFRecord), then every peer
     format."""
-    from ...formats import CORE_FORMATS
+    from ...formats import FORMATS
 
     paths = [path for encoding in ENCODINGS
              for path in STOREBENCH_PATHS[encoding] + PEER_PATHS[encoding]]
-    ours = {fmt for _, fmt in paths} & set(CORE_FORMATS)
+    ours = {fmt for _, fmt in paths} & set(FORMATS.core)
     return (*sorted(ours), *peer_formats())
 
 
@@ -554,6 +558,14 @@ def guide(results: Results) -> list:
     return out
 
 
+
+def readme_text(results: Results, place) -> str:
+    sentences = target_findings(results)
+    if not sentences:
+        return ""
+    return ("**Against the peer libraries** (the `peers` study)\n\n" + bullets(sentences))
+
+
 STUDY = Study(
     name=NAME,
     question="Which loader library: storebench's, or WebDataset, LitData, MDS, DALI, FFCV, "
@@ -570,6 +582,8 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="08_peers.ipynb",
+    readme_figures=("peers_rate",),
+    readme_text=readme_text,
     synthetic_only=True,
     prepare=build_peer_formats,
 )

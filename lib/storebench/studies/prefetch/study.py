@@ -433,7 +433,7 @@ def plot_decoders(df: pd.DataFrame) -> Figure:
              "auto": "auto (simplejpeg for JPEG, else PIL)"}
     ax.set_xticks(range(len(decoders)), [names.get(d, d) for d in decoders])
     ax.set_ylabel("throughput / one thread, same decoder")
-    # Outside the axes: inside, the best corner still hid a whisker (run 9bb3b8).
+    # Outside the axes: inside, the best corner can still hide a whisker.
     legend_below(fig, [ax], ncols=3)
     rows = prefetch_rows(df)
     jpeg = rows[rows["decode"].isin(decoders)]
@@ -510,4 +510,5 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="03_thread_vs_process_prefetch.ipynb",
+    readme_figures=("prefetch_paths",),
 )

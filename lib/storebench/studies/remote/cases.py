@@ -124,7 +124,7 @@ def _run_ranks(case: Case, ranks: int, path: str, config, max_batches,
 def read_epoch_share(rank: int, world_size: int, job: dict) -> dict:
     """One rank's share of an epoch (runs in a rank process, or in the case's own for a
     single rank; see ``remote_epoch_case``)."""
-    from ...formats import open_dataset
+    from ...opening import open_dataset
     from ..shared_cases import (
         drain,
         epoch_ended,

@@ -319,7 +319,7 @@ def plot_remote_rtt(df: pd.DataFrame) -> Figure:
     right.set_xlabel("emulated round-trip time")
     log_axis(right)
     right.set_title(f"Data-parallel ranks ({_ranked_label()})", fontsize="medium")
-    # Outside the axes: the marks move with the data, and inside they were hidden (9bb3b8).
+    # Outside the axes: the marks move with the data, and inside they can be hidden.
     legend_below(fig, [right], loc="outside lower right", fontsize="x-small", ncols=1)
     fig.suptitle("Reading from object storage (SeaweedFS S3) at a distance\n"
                  f"({profile_caption(rows)}; thread prefetcher per rank, simplejpeg)",

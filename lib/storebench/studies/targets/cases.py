@@ -17,10 +17,8 @@ from ...bench.stats import median_interval
 
 MB = 1e6
 # Rounds of a gather target's repeat (each: the copies, then every path's pass over the
-# set). What spreads the ratio between repeats is the two-thread copy running fast or slow
-# for whole repeats at a time (results/targets-runs, entry "Five runs at 801bcb2"), which
-# more rounds per repeat do not average out. A preloaded gather's repeat took 3.0 to 3.2 s
-# at 20 rounds (run 6c79c2), 1.9 to 2.3 s at 12 after its first (run 81b40b).
+# set). More rounds do not narrow the spread, which follows the copy's fast and slow
+# stretches of whole repeats (results/targets-runs/README.md).
 GATHER_ROUNDS = 12
 
 # What a measure function returns: {path: Measurement} and extra metrics.
@@ -55,13 +53,9 @@ class Target:
     batch_size: int = 256
     workers: int | None = None
     params: tuple[tuple[str, object], ...] = ()
-    # The case's untimed run of ``measure`` before its repeats. Off where ``measure`` warms
-    # up inside, untimed (a first round, first batches, workers started), as most do: a
-    # whole extra run there (in run 6c79c2 each such case spent 0.8 to 4.5 s outside its
-    # repeats, imports included) puts the process in no state that the inner warm-up does
-    # not. On where ``measure`` times its first pass on purpose (Parquet), and for tf.data:
-    # without it, run 81b40b's first repeat read 1.35x where the others read 1.18 to 1.29
-    # (1.51 once) and the case ran all 9 repeats, 39 s.
+    # The case's untimed run of ``measure`` before its repeats: off where ``measure`` warms
+    # up inside (a whole extra run adds nothing), on where it times its first pass on
+    # purpose (Parquet) and for tf.data, whose first repeat reads high without it.
     warmup: bool = False
 
     @property

@@ -324,6 +324,11 @@ def findings(results: Results) -> list[str]:
     return targets_findings(results.df)
 
 
+
+def readme_text(results: Results, place) -> str:
+    return "**Performance targets**\n\n" + targets_markdown(results.df)
+
+
 STUDY = Study(
     name="targets",
     question="Do the loaders reach their performance targets?",
@@ -332,5 +337,7 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="05_findings.ipynb",
+    readme_figures=("targets_met",),
+    readme_text=readme_text,
     synthetic_only=True,
 )

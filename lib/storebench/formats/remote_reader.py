@@ -1,4 +1,10 @@
-"""What every remote reader shares: its ``ObjectStore`` and the checksums read from it."""
+"""What every reader over object storage shares: its store and the checksums read from it.
+
+A format that reads over S3 defines ``open_remote(store, manifest, **options)``, whose reader
+is its local reader with this mixin placed first: the same layout checks, CRCs, fingerprints
+and per-sample checksums, with its I/O hooks pointed at ``store`` (a
+``storebench.remote.s3.ObjectStore``: ``read``, ``read_many``, ``read_range``, ``open_file``...).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...formats.manifest import CHECKSUMS_NAME, load_checksums
-from ..s3 import ObjectStore
+from .manifest import CHECKSUMS_NAME, load_checksums
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,7 @@ class RemoteReader:
     """Mixin placed before a format's local reader: ``root`` becomes the store's
     ``s3://`` path, and the manifest's checksums come from the store."""
 
-    def __init__(self, store: ObjectStore, manifest: dict, **options) -> None:
+    def __init__(self, store, manifest: dict, **options) -> None:
         super().__init__(store.root, manifest, **options)
         self.store = store
 

@@ -1,22 +1,20 @@
 """Findings across studies: what the results cover, where they came from, every study's
 sentences, and the README's guide table. Each study's own tables and sentences live in its
-module (``storebench.studies.<name>``); every number comes from ``storebench.results``.
+folder (``storebench.studies.<name>``); every number comes from ``storebench.results``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from pathlib import Path
 
-from .results import TIE_RULE, Results, failed_cases, latest_runs
-from .text import DASH, bullets, format_value, markdown_table
+from ..results import TIE_RULE, Results, failed_cases, latest_runs
+from ..text import DASH, bullets, format_value, machine_text, markdown_table
 
 
 def caveats(results: Results) -> list[str]:
     """What the results cover and what they do not, from the results themselves."""
-    from .studies.gpu_feed.study import feed_device_text, feed_devices
-    from .studies.lazy_vs_preloaded.study import ram_findings
+    from ..studies import STUDIES
 
     df, env = results.df, results.env
     rows = latest_runs(df)
@@ -43,9 +41,8 @@ def caveats(results: Results) -> list[str]:
                            for r in failures.head(5).itertuples())
         sentences.append(f"{len(failures)} case(s) failed or timed out: {listed}.")
     if env:
-        if not feed_devices(df).empty:
-            sentences.append(feed_device_text(df))
-        sentences += ram_findings(df, env)
+        for study in STUDIES.values():  # each reads the rows it is about, of any study
+            sentences += study.caveats(results)
         limits = env.get("limits") or {}
         if limits:
             def limit(key: str, unit: str) -> str:
@@ -60,27 +57,11 @@ def caveats(results: Results) -> list[str]:
     return sentences
 
 
-def machine_text(env: Mapping) -> str:
-    """One line on where results came from, from env.json."""
-    cores = env.get("cpus_usable") or env.get("cpu_count")
-    storage = env.get("storage", {})
-    disk = " ".join(str(storage[k]) for k in ("fs_type", "device") if storage.get(k))
-    cuda = env.get("cuda", {})
-    gpu = ", ".join(cuda.get("devices") or []) if cuda.get("torch_cuda_available") else "no GPU"
-    parts = [
-        f"{env.get('cpu_model', 'unknown CPU')}, {cores} cores",
-        f"{format_value(env['ram_bytes'], 'bytes')} RAM" if env.get("ram_bytes") else "",
-        f"{disk}" if disk else "",
-        gpu,
-        f"profile `{env['profile']}`" if env.get("profile") else "",
-        f"run {env['utc_time']}" if env.get("utc_time") else "",
-    ]
-    return "; ".join(p for p in parts if p)
 
 
 def guide_markdown(rows) -> str:
     """The guide as a markdown table: question | choice | evidence."""
-    from .guide import guide_table
+    from ..guide import guide_table
 
     return markdown_table(guide_table(rows))
 
@@ -100,7 +81,7 @@ def readme_findings_table(results_dir: Path | str) -> str:
 def all_findings(results: Results) -> dict[str, list[str]]:
     """Every study's sentences, keyed by study name, in the studies' run order; a study
     with no rows is left out."""
-    from .studies import STUDIES
+    from ..studies import STUDIES
 
     present = set(results.df["study"])
     return {name: study.findings(results) for name, study in STUDIES.items()
@@ -109,6 +90,6 @@ def all_findings(results: Results) -> dict[str, list[str]]:
 
 def findings_markdown(results: Results, study: str) -> str:
     """One study's findings as a markdown bullet list (what a notebook's last cell shows)."""
-    from .studies import get_study
+    from ..studies import get_study
 
     return bullets(get_study(study).findings(results))
