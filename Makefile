@@ -83,7 +83,7 @@ gpu-study:
 	@test -f $(ROWS_SO) || cc -O3 -shared -fPIC \
 	  -I"$$($(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['include'])")" \
 	  lib/storebench/_rows.c -o $(ROWS_SO)
-	PYTHONPATH=$(GPU_PYTHONPATH) $(PYTHON) -m storebench.studies.gpu_decode.device_run \
+	PYTHONPATH=$(GPU_PYTHONPATH) $(PYTHON) -m storebench.gpu_study \
 	  --runs $(GPU_RUNS) --data $(GPU_DATA) --profile $(GPU_PROFILE) \
 	  $$(test -d $(GPU_WHEELS) && echo --wheels $(GPU_WHEELS))
 

@@ -17,6 +17,7 @@ import pytest
 import simplejpeg
 from gpu_decode_fakes import FakeDevice
 
+from storebench import gpu_study
 from storebench.bench.case import Case, CaseOutcome, CaseSkipped, Trial
 from storebench.bench.runner import case_rows, run_cases
 from storebench.bench.schema import make_row, read_results, validate
@@ -31,7 +32,7 @@ from storebench.loaders.device import (
 )
 from storebench.loaders.transforms import ScaledJpegDecode
 from storebench.results import Results
-from storebench.studies.gpu_decode import cases, device_run, study
+from storebench.studies.gpu_decode import cases, study
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -380,11 +381,11 @@ def test_findings_from_skipped_rows_say_why_and_the_guide_is_empty(tmp_path):
 
 # -- the one command --------------------------------------------------------------------
 def test_the_packages_wanted_follow_the_cuda_version():
-    assert device_run.wanted_packages(None) == device_run.CPU_PACKAGES
-    wanted = dict(device_run.wanted_packages(13))
+    assert gpu_study.wanted_packages(None) == gpu_study.CPU_PACKAGES
+    wanted = dict(gpu_study.wanted_packages(13))
     assert wanted["nvidia.nvimgcodec"] == ("nvidia-nvimgcodec-cu13", "nvidia-nvjpeg")
     assert wanted["nvidia.dali"] == ("nvidia-dali-cuda130",)
-    assert dict(device_run.wanted_packages(12))["nvidia.dali"] == ("nvidia-dali-cuda120",)
+    assert dict(gpu_study.wanted_packages(12))["nvidia.dali"] == ("nvidia-dali-cuda120",)
 
 
 def test_only_what_does_not_import_is_installed_from_the_wheels_given(tmp_path):
@@ -394,7 +395,7 @@ def test_only_what_does_not_import_is_installed_from_the_wheels_given(tmp_path):
         commands.append(command)
         return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution")
 
-    report = device_run.install_missing(
+    report = gpu_study.install_missing(
         [("json", ("not-used",)), ("not_a_module_here", ("dist-a", "dist-b"))],
         wheels=tmp_path, run=run)
     assert report == {"json": "present", "not_a_module_here":
@@ -402,7 +403,7 @@ def test_only_what_does_not_import_is_installed_from_the_wheels_given(tmp_path):
     assert commands == [[sys.executable, "-m", "pip", "install", "-q",
                          "--disable-pip-version-check", "--retries", "0", "--timeout", "10",
                          "--no-index", "--find-links", str(tmp_path), "dist-a", "dist-b"]]
-    assert "--no-index" not in device_run.pip_command(["x"], wheels=None)
+    assert "--no-index" not in gpu_study.pip_command(["x"], wheels=None)
 
 
 @needs_no_gpu

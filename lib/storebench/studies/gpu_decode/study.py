@@ -16,7 +16,7 @@ cases (``cases``):
 
 Without a device, the device and model cases are ``skipped`` rows saying why, and the
 cores curve feeds an emulated accelerator at ``EMULATED_DEMAND`` (MLPerf Storage's ResNet-50
-rate per emulated H100). On a GPU machine ``python -m storebench.studies.gpu_decode.device_run``
+rate per emulated H100). On a GPU machine ``python -m storebench.gpu_study``
 (``make gpu-study``) measures the model first and lays out the cores curve at its rate.
 """
 

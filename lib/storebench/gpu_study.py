@@ -1,5 +1,6 @@
 """The gpu_decode study in one command, for a GPU machine borrowed for minutes:
-``make gpu-study`` runs ``python -m storebench.studies.gpu_decode.device_run``.
+``make gpu-study`` runs ``python -m storebench.gpu_study``. It sits above the studies
+(it records the environment as ``storebench.study`` does), beside the command line.
 
 1. Installs what the machine lacks, with pip into the running environment: simplejpeg, lmdb
    and crc32c everywhere, and where an NVIDIA driver is present nvImageCodec and DALI for
@@ -96,12 +97,12 @@ def install_missing(wanted, *, wheels: Path | None, run=subprocess.run) -> dict[
 def run(*, runs: Path, data_dir: Path, profile: str, repeats: int | None,
         progress: bool) -> Path:
     """Steps 2 and 3 of the module docstring; the run's directory."""
-    from ...bench.plan import case_timeout_s
-    from ...bench.runner import new_run_id, run_cases
-    from ...plots import save_figure
-    from ...results import Results
-    from ...study import record_environment
-    from . import study
+    from .bench.plan import case_timeout_s
+    from .bench.runner import new_run_id, run_cases
+    from .plots import save_figure
+    from .results import Results
+    from .studies.gpu_decode import study
+    from .study import record_environment
 
     run_id = new_run_id()
     out = runs / run_id
@@ -123,7 +124,7 @@ def run(*, runs: Path, data_dir: Path, profile: str, repeats: int | None,
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m storebench.studies.gpu_decode.device_run",
+    parser = argparse.ArgumentParser(prog="python -m storebench.gpu_study",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=Path("results/gpu-runs"),
                         help="the run goes to RUNS/<run id>/")
@@ -146,8 +147,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               "cores curve feeds an emulated accelerator", flush=True)
     out = run(runs=args.runs, data_dir=args.data / args.profile, profile=args.profile,
               repeats=args.repeats, progress=not args.quiet)
-    from ...results import Results
-    from . import study
+    from .results import Results
+    from .studies.gpu_decode import study
 
     results = Results.load(out)
     print(f"gpu-study: wrote {out}", flush=True)
