@@ -76,6 +76,8 @@ GPU_RUNS ?= results/gpu-runs
 GPU_DATA ?= /tmp/storebench-gpu-data
 GPU_WHEELS ?= .whl
 GPU_PROFILE ?= small
+# Fixed repeats: the default plan's adaptive ones (up to 9) could outlast a short lease.
+GPU_REPEATS ?= 3
 GPU_PYTHONPATH = lib:.$(if $(PYTHONPATH),:$(PYTHONPATH))
 ROWS_SO = lib/storebench/_rows$$($(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
 
@@ -84,7 +86,7 @@ gpu-study:
 	  -I"$$($(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['include'])")" \
 	  lib/storebench/_rows.c -o $(ROWS_SO)
 	PYTHONPATH=$(GPU_PYTHONPATH) $(PYTHON) -m storebench.gpu_study \
-	  --runs $(GPU_RUNS) --data $(GPU_DATA) --profile $(GPU_PROFILE) \
+	  --runs $(GPU_RUNS) --data $(GPU_DATA) --profile $(GPU_PROFILE) --repeats $(GPU_REPEATS) \
 	  $$(test -d $(GPU_WHEELS) && echo --wheels $(GPU_WHEELS))
 
 # The wheels gpu-study installs on a machine that reaches no index (Python 3.12, CUDA 13,

@@ -411,7 +411,8 @@ def test_only_what_does_not_import_is_installed_from_the_wheels_given(tmp_path):
 def test_make_gpu_study_without_a_device_writes_skipped_rows_and_exits_0(tmp_path):
     done = subprocess.run(
         ["make", "-s", "gpu-study", f"PYTHON={sys.executable}", f"GPU_RUNS={tmp_path / 'runs'}",
-         f"GPU_DATA={tmp_path / 'data'}", "GPU_PROFILE=ci", f"GPU_WHEELS={tmp_path / 'none'}"],
+         f"GPU_DATA={tmp_path / 'data'}", "GPU_PROFILE=ci", "GPU_REPEATS=1",
+         f"GPU_WHEELS={tmp_path / 'none'}"],
         cwd=REPO, capture_output=True, text=True, timeout=880,
         env={**os.environ, "MPLBACKEND": "Agg"})
     assert done.returncode == 0, done.stderr[-3000:]
