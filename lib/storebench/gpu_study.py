@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -94,6 +95,13 @@ def install_missing(wanted, *, wheels: Path | None, run=subprocess.run) -> dict[
     return report
 
 
+def nvidia_library_dirs(paths: Sequence[str] = tuple(sys.path)) -> list[str]:
+    """The ``nvidia/cu*/lib`` folders the CUDA wheels installed (nvJPEG among them): the
+    case processes' loader path, since nvImageCodec opens libnvjpeg by name."""
+    return sorted({str(lib) for entry in paths if entry and Path(entry).is_dir()
+                   for lib in Path(entry).glob("nvidia/cu*/lib") if lib.is_dir()})
+
+
 def run(*, runs: Path, data_dir: Path, profile: str, repeats: int | None,
         progress: bool) -> Path:
     """Steps 2 and 3 of the module docstring; the run's directory."""
@@ -145,6 +153,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not driver_present():
         print("gpu-study: no NVIDIA driver here: every device case is a skipped row, and the "
               "cores curve feeds an emulated accelerator", flush=True)
+    found = nvidia_library_dirs()
+    if found:  # the case workers start after this and inherit it
+        os.environ["LD_LIBRARY_PATH"] = os.pathsep.join(
+            [*found, *filter(None, [os.environ.get("LD_LIBRARY_PATH")])])
     out = run(runs=args.runs, data_dir=args.data / args.profile, profile=args.profile,
               repeats=args.repeats, progress=not args.quiet)
     from .results import Results

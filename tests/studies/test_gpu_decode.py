@@ -430,3 +430,10 @@ def test_make_gpu_study_without_a_device_writes_skipped_rows_and_exits_0(tmp_pat
         f"{spec.name}{suffix}" for spec in study.STUDY.figures for suffix in (".png", ".svg")}
     assert "gpu-study: simplejpeg: present" in done.stdout
     assert "- Decode on the device was not measured: no NVIDIA driver" in done.stdout
+
+
+def test_the_cuda_wheels_library_folders_are_found_on_the_path(tmp_path):
+    (tmp_path / "site" / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    (tmp_path / "site" / "nvidia" / "nvimgcodec").mkdir(parents=True)
+    found = gpu_study.nvidia_library_dirs([str(tmp_path / "site"), str(tmp_path / "none"), ""])
+    assert found == [str(tmp_path / "site" / "nvidia" / "cu13" / "lib")]

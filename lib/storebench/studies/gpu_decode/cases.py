@@ -302,7 +302,6 @@ def cpu_decode_feed_case(case: Case, trial: Trial) -> dict[str, tuple[float, str
     # them (at the model's rate, 64 batches would take seconds a repeat).
     fed_batches = int(case.param("timed_batches", 8))
     timed = timed_batches(fed_batches, case.workers or 0)
-    target = feed_device(case)
     batch_size = case.batch_size or 256
     reader = open_dataset(case.dataset, verify=False)
     close = dataset = None
@@ -320,6 +319,8 @@ def cpu_decode_feed_case(case: Case, trial: Trial) -> dict[str, tuple[float, str
         drain(batches, started=time.perf_counter(), max_batches=START_BATCHES + ahead)
         with trial.measure() as region:
             tally = drain(batches, started=time.perf_counter(), max_batches=timed)
+        # Only now, with the workers forked: a CUDA context is not to be inherited.
+        target = feed_device(case)
         feeder = GpuFeeder(batches, device=target)
         fed = run_feed(feeder, EmulatedAccelerator.for_throughput(demand),
                        warmup_batches=START_BATCHES, max_batches=fed_batches)

@@ -273,6 +273,22 @@ def _curve_styles(table: pd.DataFrame) -> dict[str, dict]:
                 ).itertuples(index=False)}
 
 
+def _by_cores(table: pd.DataFrame, metric: str, *, height: float):
+    """A figure of ``metric`` against the CPU cores decoding, one line per decode and
+    prefetcher: (figure, its axes)."""
+    fig = Figure(figsize=(8, height), layout="constrained")
+    ax = fig.add_subplot()
+    for label, style in _curve_styles(table).items():
+        part = table[table["label"] == label].sort_values("workers")
+        ax.plot(part["workers"], part[metric], label=label, **style)
+    counts = sorted(set(table["workers"]))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(c) for c in counts])
+    ax.minorticks_off()
+    ax.set_xlabel("CPU cores decoding (prefetch workers)")
+    return fig, ax
+
+
 def plot_cores(df: pd.DataFrame) -> Figure:
     """Delivered samples/s against the CPU cores decoding (workers), one line per decode
     and prefetcher, with the accelerator's demand drawn across."""
@@ -280,18 +296,9 @@ def plot_cores(df: pd.DataFrame) -> Figure:
     if table.empty:
         return not_measured_figure(_why_not(df, "cpu", "the CPU decode curve"))
     demand, source = demand_line(df)
-    fig = Figure(figsize=(8, 4.5), layout="constrained")
-    ax = fig.add_subplot()
-    for label, style in _curve_styles(table).items():
-        part = table[table["label"] == label].sort_values("workers")
-        ax.plot(part["workers"], part["samples_per_s"], label=label, **style)
+    fig, ax = _by_cores(table, "samples_per_s", height=4.5)
     ax.axhline(demand, color="#d62728", linewidth=1.5,
                label=f"demand: {format_value(demand, 'samples/s')} ({source})")
-    counts = sorted(set(table["workers"]))
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(counts, [str(c) for c in counts])
-    ax.minorticks_off()
-    ax.set_xlabel("CPU cores decoding (prefetch workers)")
     ax.set_ylabel("delivered samples/s")
     ax.set_ylim(bottom=0)
     ax.legend(fontsize="small")
@@ -342,19 +349,10 @@ def plot_au(df: pd.DataFrame) -> Figure:
     if table.empty or table["accelerator_utilisation"].isna().all():
         return not_measured_figure(_why_not(df, "cpu", "accelerator utilisation"))
     demand, source = demand_line(df)
-    fig = Figure(figsize=(8, 4.2), layout="constrained")
-    ax = fig.add_subplot()
-    for label, style in _curve_styles(table).items():
-        part = table[table["label"] == label].sort_values("workers")
-        ax.plot(part["workers"], part["accelerator_utilisation"], label=label, **style)
+    fig, ax = _by_cores(table, "accelerator_utilisation", height=4.2)
     ax.axhline(AU_THRESHOLD, color="grey", linestyle=":",
                label=f"{format_percent(AU_THRESHOLD)} AU")
-    counts = sorted(set(table["workers"]))
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(counts, [str(c) for c in counts])
-    ax.minorticks_off()
     ax.set_ylim(-0.02, 1.05)
-    ax.set_xlabel("CPU cores decoding (prefetch workers)")
     ax.set_ylabel("accelerator utilisation")
     ax.legend(fontsize="small", loc="lower right")
     ax.set_title(f"AU at {format_value(demand, 'samples/s')} ({source})", fontsize="medium")
