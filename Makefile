@@ -11,7 +11,7 @@ PEERS_BIN := $(PEERS_VENV)/bin
 PEERS_STAMP := $(PEERS_VENV)/.installed
 FFCV_APT := libopencv-dev libturbojpeg0-dev pkg-config
 
-.PHONY: setup peers study test lint clean-data gpu-study gpu-wheels
+.PHONY: setup peers study test lint docs clean-data gpu-study gpu-wheels
 
 # lib/storebench/_rows.c: the C row gather, built into the checkout by `pip install -e`.
 $(STAMP): pyproject.toml lib/storebench/_rows.c
@@ -46,18 +46,27 @@ peers: $(PEERS_STAMP)
 study: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/storebench study --profile $(PROFILE)
 
-# ruff, the layers contract (import-linter, pyproject's [tool.importlinter]), then the whole suite (which also executes every notebook on the ci profile and
+# ruff, the layers contract (import-linter, pyproject's [tool.importlinter]), the docs site
+# built --strict into a temporary directory (a broken link or an unresolved API reference
+# fails), then the whole suite (which also executes every notebook on the ci profile and
 # regenerates every figure from results/reference), then the tests marked `peers` again in the
 # peers environment, where the peer libraries are. pytest's "no tests collected" (5) fails.
 test: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet \
+	  --site-dir $$site; \
+	rc=$$?; rm -rf $$site; test $$rc -eq 0
 	$(BIN)/python -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	test $$rc -eq 0 || exit $$rc; \
 	$(PEERS_BIN)/python -m pytest -m peers; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no peers tests collected" >&2; exit 1; fi; \
 	exit $$rc
+
+# Serve the docs site (mkdocs.yml, docs/) at http://127.0.0.1:8000, rebuilt on every edit.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
