@@ -46,11 +46,12 @@ peers: $(PEERS_STAMP)
 study: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/storebench study --profile $(PROFILE)
 
-# ruff, then the whole suite (which also executes every notebook on the ci profile and
+# ruff, the layers contract (import-linter, pyproject's [tool.importlinter]), then the whole suite (which also executes every notebook on the ci profile and
 # regenerates every figure from results/reference), then the tests marked `peers` again in the
 # peers environment, where the peer libraries are. pytest's "no tests collected" (5) fails.
 test: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	test $$rc -eq 0 || exit $$rc; \
@@ -60,6 +61,7 @@ test: $(STAMP) $(PEERS_STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 
 clean-data:
 	rm -rf data

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from storebench.formats import CORE_FORMATS, FORMATS
+from storebench.formats import FORMATS
 
 
 def storebench(*args, check=False):
@@ -39,7 +39,7 @@ def test_build_writes_every_format_and_encoding(built):
         f"{name}-{enc}"
         for name, m in FORMATS.items()
         for enc in ("raw", "png", "jpeg")
-        if enc in m.ENCODINGS and name in CORE_FORMATS
+        if enc in m.ENCODINGS and name in FORMATS.core
     }
     assert {p.name for p in out.iterdir()} == expected
     assert "skip   memmap-png" in stdout

@@ -12,9 +12,10 @@ from result_rows import build_case, feed_case, frame, prefetch_case, read_case
 from storebench import guide
 from storebench.guide import Candidate, choose
 from storebench.loaders.paths import LOADER_PATHS, path_label
+from storebench.report.guide import decision_guide
 from storebench.results import TIE_RULE, Results, Stat
 from storebench.studies import STUDIES
-from storebench.studies.prefetch import prefetch_grid
+from storebench.studies.prefetch.study import prefetch_grid
 
 
 def candidate(key: str, values, unit: str = "samples/s") -> Candidate:
@@ -221,7 +222,7 @@ def test_decision_guide_follows_the_studies_order_and_skips_absent_studies():
                build_case("rawfiles", seconds=2.0, apparent=1_200_000, files=500),
                read_case("memmap", "cold", [800.0, 810.0, 790.0]),
                read_case("rawfiles", "cold", [100.0, 101.0, 99.0]))
-    rows = guide.decision_guide(Results(df, {}))
+    rows = decision_guide(Results(df, {}))
     studies = [row.study for row in rows]
     assert studies == sorted(studies, key=list(STUDIES).index)
     assert set(studies) == {"formats", "prefetch"}

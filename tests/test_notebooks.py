@@ -17,9 +17,9 @@ import pytest
 
 from storebench.bench.envinfo import read_env
 from storebench.bench.schema import read_results
+from storebench.formats import knob_variants
 from storebench.studies import STUDIES
-from storebench.studies.formats import KNOB_VARIANTS
-from storebench.studies.targets import TARGETS
+from storebench.studies.targets.study import TARGETS
 from storebench.study import NOTEBOOKS_DIR, REPO_ROOT
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
@@ -112,7 +112,7 @@ def test_study_on_the_ci_profile_end_to_end(ci_study):
     # The knob variants were built and measured, and the results alone say what was met
     # and whether the accelerator was real.
     names = {json.loads(p).get("dataset_name") for p in frames["formats"]["params"]}
-    assert {v.name for v in KNOB_VARIANTS} <= names
+    assert {v.name for v in knob_variants()} <= names
     targets = frames["targets"]
     whole = targets[targets["repeat"] == -1]
     for metric in ("target_value", "target_threshold", "target_met"):

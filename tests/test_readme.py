@@ -60,7 +60,7 @@ def test_findings_block_matches_the_reference_results():
     reference = ROOT / "results" / "reference"
     if not (reference / "env.json").exists():
         pytest.fail("results/reference is missing: the README's findings have no source")
-    from storebench.readme import render_findings_block
+    from storebench.report.readme import render_findings_block
 
     block = re.search(
         r"<!-- findings:start -->\n(.*?)<!-- findings:end -->", README, flags=re.S
@@ -71,7 +71,7 @@ def test_findings_block_matches_the_reference_results():
 def test_the_study_time_sentence_counts_the_cases_that_failed(tmp_path):
     import json
 
-    from storebench.readme import study_time_text
+    from storebench.report.readme import study_time_text
 
     timing = {"profile": "small", "total_seconds": 120.0,
               "stage_seconds": {"study:formats": 60.0, "study:peers": 50.0},

@@ -19,6 +19,7 @@ from result_rows import (
 )
 
 from storebench import results
+from storebench.bench.case import open_options
 from storebench.bench.schema import SchemaError, make_row
 from storebench.formats import FORMATS
 from storebench.results import MIN_PAIRED_REPEATS, Results, Stat, ratio_interval
@@ -257,7 +258,7 @@ def test_default_builds_open_options_and_dataset_names():
                                                   "memmap-raw"]
     assert results.default_builds(df)["value"].tolist() == [1.0, 3.0]
     assert results.default_open(df)["value"].tolist() == [1.0, 2.0]
-    assert results.open_options(json.dumps({"open_readahead": False, "seed": 1})) == {
+    assert open_options(json.dumps({"open_readahead": False, "seed": 1})) == {
         "readahead": False}
     assert results.default_builds(df.iloc[0:0]).empty
 

@@ -3,14 +3,15 @@
 The entry points, importable from here (loaded on first use, so ``import storebench`` stays
 light): ``build_dataset`` (a synthetic spec in one format), ``import_images`` (your own
 folder or listing in every format that fits), ``open_dataset`` (any built dataset, from its
-manifest) and ``verify_dataset``. The loaders live in ``storebench.loaders``.
+manifest, on disk or at ``s3://``) and ``verify_dataset``. The loaders live in
+``storebench.loaders``.
 """
 
 from importlib import import_module
 
 _ENTRY_POINTS = {
     "build_dataset": "storebench.formats",
-    "open_dataset": "storebench.formats",
+    "open_dataset": "storebench.opening",
     "import_images": "storebench.importer",
     "verify_dataset": "storebench.verify",
 }

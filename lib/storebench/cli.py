@@ -134,7 +134,7 @@ def _study(args: argparse.Namespace) -> int:
 
 
 def _plot(args: argparse.Namespace) -> int:
-    from .plots import plot_all
+    from .report.figures import plot_all
 
     written = plot_all(Path(args.results_dir))
     for path in written:
@@ -148,7 +148,8 @@ def _plot(args: argparse.Namespace) -> int:
 def _findings(args: argparse.Namespace) -> int:
     import json
 
-    from .guide import decision_guide, guide_text
+    from .guide import guide_text
+    from .report.guide import decision_guide
     from .results import Results
 
     results = Results.load(Path(args.results_dir))
@@ -156,7 +157,7 @@ def _findings(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([row.to_dict() for row in rows], indent=2))
     else:
-        from .findings import machine_text
+        from .text import machine_text
 
         if results.env:
             print(f"Measured on: {machine_text(results.env)}\n")
@@ -173,7 +174,7 @@ def _fuzz(args: argparse.Namespace) -> int:
 
 
 def _readme(args: argparse.Namespace) -> int:
-    from .readme import update_readme
+    from .report.readme import update_readme
 
     changed = update_readme(Path(args.readme), Path(args.results_dir))
     print(f"{args.readme}: findings {'updated' if changed else 'already current'}")

@@ -59,10 +59,6 @@ COLUMNS = (
     "outcome", "exception", "message", "names_file", "wrong_samples", "seconds",
 )
 FUZZ_DIR_PREFIX = "storebench-fuzz-"
-# Formats whose own checks (TFRecord CRCs, Parquet page checksums) see damage to the bytes
-# of a sample even with verify=False. Elsewhere only the per-sample checksum (verify=True)
-# can tell a flipped pixel from a real one.
-FORMATS_CHECKING_CONTENT = frozenset({"tfrecord", "parquet"})
 # Damage aimed near the start and end of a file hits headers, footers and indexes (HDF5
 # superblock, Parquet footer, .npy headers, LMDB meta pages) far more often than uniform
 # offsets in a large file would.
@@ -426,8 +422,12 @@ def make_damaged_copy(target: FuzzTarget, dest: Path | str, *, seed: int, copy: 
 
 def catchable_without_verify(format_name: str, damage: str) -> bool:
     """Whether ``verify=False`` must still catch ``damage``: everything but damage to stored
-    bytes, which only formats with their own content checks can see."""
-    return not DAMAGES[damage].content or format_name in FORMATS_CHECKING_CONTENT
+    bytes, which only formats with their own content checks (``TRAITS.checks_content``) can
+    see; elsewhere only the per-sample checksum (verify=True) tells a flipped pixel from a
+    real one."""
+    from .formats import traits
+
+    return not DAMAGES[damage].content or traits(format_name).checks_content
 
 
 # ---------------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from .results import MIN_PAIRED_REPEATS, TIE_RULE, Results, Stat, ratio_interval
+from .results import MIN_PAIRED_REPEATS, TIE_RULE, Stat, ratio_interval
 from .text import MULTIPLY, format_percent, format_ratio, format_value, sig
 
 # Units whose values are exact (counted, not timed): compared without an interval.
@@ -149,16 +149,6 @@ def _compare(best: Stat, other: Stat, *, lower_is_better: bool
                         else ratio_interval(best, other))
     return ratio, low, high, not (low > 1.0)
 
-
-def decision_guide(results: Results) -> list[GuideRow]:
-    """Every study's guide rows, in the studies' run order."""
-    from .studies import STUDIES
-
-    rows: list[GuideRow] = []
-    for study in STUDIES.values():
-        if (results.df["study"] == study.name).any():
-            rows += [row for row in study.guide(results) if row is not None]
-    return rows
 
 
 def guide_table(rows: Sequence[GuideRow]) -> pd.DataFrame:

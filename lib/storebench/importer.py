@@ -396,11 +396,11 @@ def import_images(
     skipped with a log line saying why; naming a raw-only format explicitly without a resize
     is an error. With ``resize`` every format also gets a raw copy of the resized pixels.
     """
-    from .formats import CORE_FORMATS, build_dataset, get_format
+    from .formats import FORMATS, build_dataset, get_format
     from .formats.build import SampleCache
 
     say = log or (lambda line: None)
-    names = list(formats or CORE_FORMATS)
+    names = list(formats or FORMATS.core)
     modules = {name: get_format(name) for name in names}
     if resize is None and formats:
         raw_only = [n for n in names if set(modules[n].ENCODINGS) == {"raw"}]

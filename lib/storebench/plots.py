@@ -1,4 +1,4 @@
-"""Drawing helpers every study's figures share, and ``plot_all``.
+"""Drawing helpers every study's figures share.
 
 Figures are built with ``matplotlib.figure.Figure`` directly (no pyplot, so no global figure
 state and no display needed; a notebook displays the returned Figure). Each format keeps one
@@ -6,14 +6,12 @@ colour and one position everywhere, taken from the formats registry; each loader
 one colour, taken from the loader-path registry. Bars and points are medians over the timed
 repeats; error bars span min to max. Every figure function is pure: ``plot_x(df, *, ...) ->
 Figure``; the study modules (``storebench.studies``) hold the figures themselves, and saving
-is the caller's job (``save_figure``, ``plot_all``).
+is the caller's job (``save_figure``; ``report.figures.plot_all`` draws them all).
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -24,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 from .results import format_order, ordered, summary_table
-from .text import MULTIPLY, format_value
+from .text import MULTIPLY
 
 CACHE_HATCHES = {"cold": "//", "warm": "", "": ""}
 # matplotlib's tab10, then tab20's light shades: one colour each for every format and every
@@ -166,8 +164,8 @@ def labels_fit(axis, ticks, low: float, high: float) -> bool:
 def legend_below(fig: Figure, axes: Sequence, *, loc: str = "outside lower center",
                  fontsize: str = "small", ncols: int | None = None) -> None:
     """One legend for ``axes`` below the panels, each label once in the order first drawn.
-    Inside a panel, marks that move with the data end up under it (run 9bb3b8 hid a whisker
-    and a mark that way), whatever corner matplotlib picks for the data drawn today."""
+    Inside a panel, marks that move with the data end up under it, whatever corner
+    matplotlib picks for the data drawn today."""
     entries: dict[str, object] = {}
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
@@ -340,57 +338,3 @@ def save_figure(fig: Figure, path_stem: Path | str) -> list[Path]:
             fig.savefig(path, bbox_inches="tight", **options)
             paths.append(path)
     return paths
-
-
-def _draw_figures(results_dir: str, figures: Sequence[tuple[str, str]],
-                  results=None) -> list[Path]:
-    """Draw and save ``figures``, (study, figure name) pairs, from ``results`` (loaded from
-    ``results_dir`` when not given: a unit of work that a worker process can take needs
-    only a path and plain data)."""
-    from .results import Results
-    from .studies import get_study
-
-    if results is None:
-        results = Results.load(results_dir)
-    written: list[Path] = []
-    for study, name in figures:
-        spec = next(spec for spec in get_study(study).figures if spec.name == name)
-        written += save_figure(spec.draw(results), Path(results_dir) / "figures" / name)
-    return written
-
-
-def plot_all(results_dir: Path | str, *, workers: int | None = None) -> list[Path]:
-    """Regenerate every figure from ``<results_dir>/*.csv`` and ``env.json`` alone, into
-    ``<results_dir>/figures/``; returns the files written.
-
-    Rendering (PNG and SVG) is CPU-bound and nothing is measured meanwhile, so the figures
-    are drawn by ``workers`` processes (default: up to two, one per core)."""
-    from .results import Results
-    from .studies import STUDIES
-
-    results_dir = Path(results_dir)
-    results = Results.load(results_dir)
-    present = set(results.df["study"])
-    wanted = [(study.name, spec.name) for study in STUDIES.values() if study.name in present
-              for spec in study.figures]
-    workers = max(1, min(workers if workers is not None else min(2, os.cpu_count() or 1),
-                         len(wanted)))
-    if workers == 1:
-        return _draw_figures(str(results_dir), wanted, results)
-    from concurrent.futures import ProcessPoolExecutor
-
-    # One share per worker, so each loads the results once.
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        done = list(pool.map(_draw_figures, [str(results_dir)] * workers,
-                             [wanted[share::workers] for share in range(workers)]))
-    return [path for paths in done for path in paths]
-
-
-def value_text(value: float, unit: str) -> str:
-    """A value as it reads in a figure annotation."""
-    return format_value(value, unit)
-
-
-def params_column(df: pd.DataFrame, name: str, default=None) -> pd.Series:
-    """One param of each row (``default`` where absent)."""
-    return df["params"].map(lambda text: json.loads(text).get(name, default))

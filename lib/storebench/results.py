@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from .bench.case import open_options
 from .text import DASH, ENCODING_ORDER, format_value
 
 # Bootstrap of the ratio of medians: resamples and the interval's level.
@@ -244,12 +245,6 @@ def default_builds(df: pd.DataFrame) -> pd.DataFrame:
     if df.empty:
         return df
     return df[params_of(df).map(lambda p: "dataset_name" not in p)]
-
-
-def open_options(params: str) -> dict:
-    """The ``open_<option>`` params of a row (format open options a case chose)."""
-    return {k.removeprefix("open_"): v for k, v in json.loads(params).items()
-            if k.startswith("open_")}
 
 
 def default_open(df: pd.DataFrame) -> pd.DataFrame:

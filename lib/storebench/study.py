@@ -121,17 +121,22 @@ def build_profile(
 ) -> list:
     """Build (or find already built) every core format x encoding of ``profile`` (or the
     formats named, peer formats included), and with ``knob_variants`` the formats study's
-    variants (``studies.formats.KNOB_VARIANTS``) of its encodings. With ``samples``, each
+    variants (each format's ``TRAITS.knob_variants``) of its encodings. With ``samples``, each
     set is cut to its first ``samples`` samples where it has more: the same bytes as the
     whole set's, since a sample depends only on its spec's seed and its index. ``log``
     receives one line per dataset built, found or skipped. The peers study builds the peer
     formats itself, in the peers environment (``Study.prepare``)."""
-    from .formats import CORE_FORMATS, build_dataset, get_format, unavailable_reason
+    from .formats import (
+        FORMATS,
+        build_dataset,
+        get_format,
+        knob_variants,
+        unavailable_reason,
+    )
     from .formats.build import SampleCache
-    from .studies.formats import KNOB_VARIANTS
 
     chosen = data_gen.get_profile(profile)
-    formats = list(formats or CORE_FORMATS)
+    formats = list(formats or FORMATS.core)
     modules = {name: get_format(name) for name in formats}
     say = log or (lambda line: None)
     for name in list(formats):
@@ -155,8 +160,8 @@ def build_profile(
             if spec.encoding not in modules[name].ENCODINGS:
                 say(f"skip   {name}-{spec.encoding}: {name} stores {modules[name].ENCODINGS} only")
         if knob_variants:
-            builds += [(v.format, dict(v.knobs), v.name) for v in KNOB_VARIANTS
-                       if v.encoding == spec.encoding and v.format in formats]
+            builds += [(v.format, dict(v.knobs), v.name) for v in knob_variants(formats)
+                       if v.encoding == spec.encoding]
         # One generation per spec, replayed for every format and knob variant.
         with SampleCache(spec, data_dir, workers=workers, progress=progress) as cache:
             for name, knobs, dirname in builds:
@@ -314,7 +319,7 @@ def run_study(
     With ``dataset`` (a directory written by ``storebench import``) the study runs on those
     datasets instead, into ``<results_root>/<dataset name>/``, sized by ``profile``'s plan
     (``ci`` or ``small``); its rows name the dataset as their profile. ``on_case_done`` and
-    ``eta`` are passed to ``bench.runner.run_study`` (a full study's time estimate).
+    ``eta`` are passed to ``bench.runner.run_cases`` (a full study's time estimate).
     """
     from .bench import runner
     from .bench.plan import case_timeout_s
@@ -340,7 +345,7 @@ def run_study(
     results_path = results_dir / f"{name}.csv"
     if not resume and results_path.exists():
         results_path.unlink()
-    return runner.run_study(
+    return runner.run_cases(
         cases,
         results_path,
         profile=label,
@@ -463,7 +468,7 @@ def run_full_study(
     needing a raw copy that was not imported) is listed in ``timing.json`` with its reason.
     """
     from .bench import runner
-    from .plots import plot_all
+    from .report.figures import plot_all
     from .studies import STUDIES, get_study
     from .studies.grid import StudyNotApplicableError
 
@@ -493,16 +498,8 @@ def run_full_study(
 
     if dataset is None:
         stage("build", build_profile, profile, data_dir, progress=progress)
-    stage(
-        "environment",
-        record_environment,
-        profile,
-        data_dir,
-        results_dir,
-        run_id=times.run_id,
-        drop_caches=drop_caches,
-        label=label,
-    )
+    stage("environment", record_environment, profile, data_dir, results_dir,
+          run_id=times.run_id, drop_caches=drop_caches, label=label)
     estimate = run_estimate(names, profile, data_dir, repeats, results_dir, label,
                             resume=resume)
 
@@ -515,22 +512,10 @@ def run_full_study(
             continue
         try:
             summary = stage(
-                f"study:{name}",
-                run_study,
-                name,
-                profile=profile,
-                data_root=data_root,
-                results_root=results_root,
-                repeats=repeats,
-                resume=resume,
-                drop_caches=drop_caches,
-                progress=progress,
-                run_id=times.run_id,
-                record_env=False,
-                dataset=dataset,
-                on_case_done=case_done,
-                eta=estimate.text,
-            )
+                f"study:{name}", run_study, name, profile=profile, data_root=data_root,
+                results_root=results_root, repeats=repeats, resume=resume,
+                drop_caches=drop_caches, progress=progress, run_id=times.run_id,
+                record_env=False, dataset=dataset, on_case_done=case_done, eta=estimate.text)
         except StudyNotApplicableError as err:
             if dataset is None:
                 raise
@@ -542,14 +527,8 @@ def run_full_study(
         times.reused_cases[name] = len(summary.skipped)
     stage("plots", plot_all, results_dir)
     if notebooks:
-        stage(
-            "notebooks",
-            execute_notebooks,
-            results_dir,
-            profile=profile,
-            data_root=data_root,
-            progress=progress,
-        )
+        stage("notebooks", execute_notebooks, results_dir, profile=profile,
+              data_root=data_root, progress=progress)
     times.write(results_dir)
     os.sync()
     (log or (lambda text: print(text, flush=True)))(study_summary(results_dir, times))
@@ -558,7 +537,8 @@ def run_full_study(
 
 def study_summary(results_dir: Path, times: StudyTimes) -> str:
     """What a finished study did and this machine's guide, as text for the terminal."""
-    from .guide import decision_guide, guide_text
+    from .guide import guide_text
+    from .report.guide import decision_guide
     from .results import Results
 
     ran = sum(times.ran_cases.values())

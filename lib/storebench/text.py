@@ -204,3 +204,21 @@ def format_table(table: pd.DataFrame, units: Mapping[str, str] | None = None) ->
         elif pd.api.types.is_float_dtype(values):
             out[column] = values.map(lambda v: sig(v) if finite(v) else "")
     return out
+
+
+def machine_text(env: Mapping) -> str:
+    """One line on where results came from, from env.json."""
+    cores = env.get("cpus_usable") or env.get("cpu_count")
+    storage = env.get("storage", {})
+    disk = " ".join(str(storage[k]) for k in ("fs_type", "device") if storage.get(k))
+    cuda = env.get("cuda", {})
+    gpu = ", ".join(cuda.get("devices") or []) if cuda.get("torch_cuda_available") else "no GPU"
+    parts = [
+        f"{env.get('cpu_model', 'unknown CPU')}, {cores} cores",
+        f"{format_value(env['ram_bytes'], 'bytes')} RAM" if env.get("ram_bytes") else "",
+        f"{disk}" if disk else "",
+        gpu,
+        f"profile `{env['profile']}`" if env.get("profile") else "",
+        f"run {env['utc_time']}" if env.get("utc_time") else "",
+    ]
+    return "; ".join(p for p in parts if p)

@@ -10,9 +10,9 @@ from bench_support import TINY_LIMITS
 from data_gen import PROFILES
 from storebench.bench.envinfo import collect_env, write_env
 from storebench.bench.limits import measure_limits
-from storebench.bench.runner import run_study
+from storebench.bench.runner import run_cases
 from storebench.formats import build_dataset
-from storebench.studies.formats import grid as formats_study
+from storebench.studies.formats.study import grid as formats_study
 
 
 @pytest.fixture(scope="session")
@@ -29,7 +29,7 @@ def formats_results(tmp_path_factory, ci_data_dir) -> Path:
     env.json with limits measured in the same run."""
     results = tmp_path_factory.mktemp("bench-results")
     cases = formats_study(profile="ci", data_dir=ci_data_dir, repeats=2)
-    run_study(cases, results / "formats.csv", profile="ci", progress=False, timeout_s=120)
+    run_cases(cases, results / "formats.csv", profile="ci", progress=False, timeout_s=120)
     limits = measure_limits(ci_data_dir, sizes=TINY_LIMITS)
     write_env(results / "env.json", collect_env(ci_data_dir, profile="ci", limits=limits))
     return results

@@ -23,6 +23,7 @@ import pytest
 from bench_support import wait_gone
 
 from storebench.bench.cache import evict
+from storebench.bench.case import Case
 from storebench.bench.memory_budget import (
     ENV_CGROUP_ROOT,
     BudgetUnavailable,
@@ -30,11 +31,11 @@ from storebench.bench.memory_budget import (
     budget_available,
     remove_stale_budgets,
 )
-from storebench.bench.runner import Case, case_rows, run_case
+from storebench.bench.runner import case_rows, run_case
 from storebench.bench.schema import ResultsWriter, read_results
-from storebench.cases.out_of_core import MIN_ROOM_BYTES
 from storebench.cgroups import own_memory_cgroup, parse_mountinfo
-from storebench.studies.out_of_core import out_of_core_grid
+from storebench.studies.out_of_core.cases import MIN_ROOM_BYTES
+from storebench.studies.out_of_core.study import out_of_core_grid
 
 HERE = Path(__file__).resolve().parent
 MiB = 1 << 20
@@ -331,7 +332,7 @@ PRIMED_CHILD = """
     import json
     import numpy as np
     from storebench.bench.memory_budget import MemoryBudget
-    from storebench.cases.out_of_core import _cap, held_besides_page_cache
+    from storebench.studies.out_of_core.cases import _cap, held_besides_page_cache
 
     MiB = 1 << 20
     with MemoryBudget(None) as budget:
@@ -378,8 +379,8 @@ def test_a_reader_loading_whole_blocks_is_primed_through_as_many_as_its_loader_h
     """Two batches of a block-shuffled read stay inside one big Parquet row group, and the
     baseline missed the groups the loader held afterwards: the primer reads through one
     block per worker and two more (the cached one, the one loading)."""
-    from storebench.cases.out_of_core import BASELINE_BATCHES, priming_batches
     from storebench.formats import open_dataset
+    from storebench.studies.out_of_core.cases import BASELINE_BATCHES, priming_batches
 
     case = Case(study="out_of_core", function="m:f", workers=2, batch_size=64)
     with open_dataset(ci_data_root / "parquet-raw") as parquet:
@@ -438,7 +439,7 @@ def test_an_epoch_past_its_time_limit_is_cut_short_and_the_next_one_starts_afres
     incomplete; the loader is stopped and opened again."""
     from dataclasses import replace
 
-    from storebench.cases.out_of_core import CUT_SLICE_SAMPLES
+    from storebench.studies.out_of_core.cases import CUT_SLICE_SAMPLES
 
     case = _ci_case(ci_data_root, loader="lazy", access="shuffle", k=5)
     assert case.batch_size > CUT_SLICE_SAMPLES

@@ -19,9 +19,10 @@ from storebench import plots
 from storebench.bench.schema import COLUMNS, METRIC_UNITS, make_row, validate
 from storebench.formats import FORMATS
 from storebench.loaders.paths import LOADER_PATHS
+from storebench.report.figures import plot_all
 from storebench.results import Results
 from storebench.studies import STUDIES
-from storebench.studies.formats import plot_sequential_read
+from storebench.studies.formats.study import plot_sequential_read
 
 REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
 SPECS = {spec.name: spec for study in STUDIES.values() for spec in study.figures}
@@ -32,7 +33,7 @@ def test_plot_all_regenerates_every_figure_from_the_files(formats_results, tmp_p
     # Only the CSV and env.json travel: nothing else is needed to redraw.
     for name in ("formats.csv", "env.json"):
         shutil.copy(formats_results / name, tmp_path / name)
-    written = plots.plot_all(tmp_path)
+    written = plot_all(tmp_path)
     expected = {f"{spec.name}{suffix}" for spec in STUDIES["formats"].figures
                 for suffix in (".png", ".svg")}
     assert {p.name for p in written} == expected
@@ -46,9 +47,9 @@ def test_plot_all_regenerates_every_figure_from_the_files(formats_results, tmp_p
 
 def test_plot_all_needs_results(tmp_path):
     with pytest.raises(FileNotFoundError, match="no results"):
-        plots.plot_all(tmp_path)
+        plot_all(tmp_path)
     with pytest.raises(FileNotFoundError, match=f"{tmp_path / 'missing'}: no such results"):
-        plots.plot_all(tmp_path / "missing")
+        plot_all(tmp_path / "missing")
 
 
 def synthetic_rows(formats, repeats=3):
@@ -366,7 +367,7 @@ def test_a_saved_figure_has_the_same_bytes_every_time(tmp_path):
 def test_a_knob_case_that_failed_or_was_skipped_says_why_in_place_of_its_bar(reference):
     """A case killed at its memory budget drew no bar and no word (run 9bb3b8's k = 5
     Parquet row_group_size=1024 case): its place now says why."""
-    from storebench.studies.out_of_core import plot_ooc_knobs
+    from storebench.studies.out_of_core.study import plot_ooc_knobs
 
     df = reference.df[reference.df["status"] == "ok"]
     knob_rows = df[(df["study"] == "out_of_core") & df["case_id"].str.contains("/k=5/knob_")
@@ -391,7 +392,7 @@ def test_an_out_of_core_panel_left_out_by_design_says_why_and_keeps_the_epoch_ti
     """The grid runs raw sequential reads at k = 0 and the largest k only: the k = 2 panel
     said "not measured" without why, and its empty axis put epoch ticks at 0..1; Parquet's
     missing full-shuffle line said nothing either."""
-    from storebench.studies.out_of_core import K_VALUES, SEQUENTIAL_KS, SEQUENTIAL_LEFT_OUT
+    from storebench.studies.out_of_core.study import K_VALUES, SEQUENTIAL_KS, SEQUENTIAL_LEFT_OUT
 
     fig = reference_figures["out_of_core_epochs"]
     columns = len(K_VALUES)

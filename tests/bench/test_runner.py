@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 from bench_support import live, wait_gone
 
-from storebench.bench.runner import Case, Trial, byte_compile_package, run_case, run_study
+from storebench.bench.case import Case, Trial
+from storebench.bench.runner import byte_compile_package, run_case, run_cases
 from storebench.bench.schema import COLUMNS, read_results
 from storebench.formats import open_dataset, read_manifest
 
@@ -79,7 +80,7 @@ def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
         _file_case(tmp_path, "checksum_file_case"),
     ]
     results = tmp_path / "failures.csv"
-    summary = run_study(cases, results, python_path=[HERE], progress=False)
+    summary = run_cases(cases, results, python_path=[HERE], progress=False)
     assert summary.ran == [c.case_id for c in cases]
     assert summary.failed == [c.case_id for c in cases[:5]]
 
@@ -107,7 +108,7 @@ def test_failures_are_recorded_and_the_run_goes_on(tmp_path):
     failed_rows = df[df["status"] != "ok"]
     assert (failed_rows["metric"] == "case_seconds").all()  # no partial measurements kept
 
-    rerun = run_study(cases, results, python_path=[HERE], progress=False)
+    rerun = run_cases(cases, results, python_path=[HERE], progress=False)
     assert rerun.ran == [] and rerun.skipped == [c.case_id for c in cases]
     assert len(read_results(results)) == len(df)
 
@@ -119,7 +120,8 @@ def test_ctrl_c_keeps_finished_cases_and_kills_the_running_one(tmp_path):
     script = textwrap.dedent(f"""
         import sys
         sys.path.insert(0, {str(HERE)!r})
-        from storebench.bench.runner import Case, run_study
+        from storebench.bench.case import Case
+        from storebench.bench.runner import run_cases
         data = {str(tmp_path / "data.bin")!r}
         open(data, "wb").write(bytes(range(256)) * 16)
         cases = [
@@ -130,7 +132,7 @@ def test_ctrl_c_keeps_finished_cases_and_kills_the_running_one(tmp_path):
             Case(study="i", function="{FNS}:checksum_file_case", format="third",
                  cache="warm", cache_files=(data,), repeats=1),
         ]
-        run_study(cases, {str(results)!r}, python_path=[{str(HERE)!r}], progress=False)
+        run_cases(cases, {str(results)!r}, python_path=[{str(HERE)!r}], progress=False)
     """)
     process = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE)
     deadline = time.monotonic() + 60
@@ -165,7 +167,7 @@ def test_case_checks_and_round_trip(tmp_path):
     assert Case.from_dict(case.to_dict()) == case
     assert case.param("z") == 1 and case.param("missing", 7) == 7
     with pytest.raises(ValueError, match="unique"):
-        run_study([case, case], tmp_path / "dup.csv", progress=False)
+        run_cases([case, case], tmp_path / "dup.csv", progress=False)
 
 
 def test_run_case_reports_an_unknown_function_as_a_failure(tmp_path):
@@ -177,12 +179,12 @@ def test_run_case_reports_an_unknown_function_as_a_failure(tmp_path):
 
 def test_sequential_read_case_reads_the_real_dataset(ci_data_dir):
     """The case function a study uses returns the dataset's real sample count and bytes."""
-    from storebench.bench.runner import Trial
-    from storebench.cases.formats import random_read_case, sequential_read_case
+    from storebench.bench.case import Trial
+    from storebench.studies.formats.cases import random_read_case, sequential_read_case
     from storebench.studies.grid import dataset_files
 
     path = ci_data_dir / "memmap-raw"
-    case = Case(study="s", function="storebench.studies.formats:sequential_read_case",
+    case = Case(study="s", function="storebench.studies.formats.cases:sequential_read_case",
                 format="memmap", encoding="raw", dataset=str(path), loader="reader",
                 access="sequential", batch_size=100, cache="warm",
                 cache_files=dataset_files(path), repeats=1)
@@ -209,9 +211,9 @@ def test_sequential_read_case_reads_the_real_dataset(ci_data_dir):
 def test_a_warm_read_cases_verified_pass_names_a_damaged_sample(ci_data_dir, tmp_path):
     """The timed pass reads without per-sample checksums (memmap has no others) and checks
     only its last batch; the verified pass after it checks every sample."""
-    from storebench.bench.runner import Trial
-    from storebench.cases.formats import sequential_read_case
+    from storebench.bench.case import Trial
     from storebench.formats import CorruptSampleError
+    from storebench.studies.formats.cases import sequential_read_case
     from storebench.studies.grid import dataset_files
 
     path = tmp_path / "memmap-raw"
@@ -225,7 +227,7 @@ def test_a_warm_read_cases_verified_pass_names_a_damaged_sample(ci_data_dir, tmp
     at = images.stat().st_size - (count - victim) * sample_bytes + sample_bytes // 2
     data[at] ^= 0x5A
     images.write_bytes(bytes(data))
-    case = Case(study="s", function="storebench.studies.formats:sequential_read_case",
+    case = Case(study="s", function="storebench.studies.formats.cases:sequential_read_case",
                 format="memmap", encoding="raw", dataset=str(path), loader="reader",
                 access="sequential", batch_size=100, cache="warm",
                 cache_files=dataset_files(path), repeats=1)
@@ -288,7 +290,7 @@ def test_a_tensorflow_case_leaves_no_generated_files_in_the_temporary_directory(
     build_dataset(PROFILES["ci"].spec_for("jpeg"), "tfrecord", tmp_path, workers=1)
     temporary = tmp_path / "tmp"
     temporary.mkdir()
-    case = Case(study="s", function="storebench.bench.cases:loader_epoch_case",
+    case = Case(study="s", function="storebench.studies.shared_cases:loader_epoch_case",
                 format="tfrecord", encoding="jpeg", dataset=str(tmp_path / "tfrecord-jpeg"),
                 loader="lazy", prefetcher="tf_data", batch_size=32, access="shuffle",
                 params={"decode": "tf", "shuffle_buffer": 64}, repeats=1, warmup=False)
@@ -372,10 +374,11 @@ def _case_dirs_of(pid: int) -> list[Path]:
 def test_a_sigkilled_runner_leaves_no_case_process_and_no_directory(tmp_path):
     pid_file = tmp_path / "pids.txt"
     script = textwrap.dedent(f"""
-        from storebench.bench.runner import Case, run_study
+        from storebench.bench.case import Case
+        from storebench.bench.runner import run_cases
         case = Case(study="k", function="{FNS}:hanging_case", format="killed", repeats=1,
                     warmup=False, params={{"pid_file": {str(pid_file)!r}}})
-        run_study([case], {str(tmp_path / "killed.csv")!r}, python_path=[{str(HERE)!r}],
+        run_cases([case], {str(tmp_path / "killed.csv")!r}, python_path=[{str(HERE)!r}],
                   progress=False)
     """)
     runner = subprocess.Popen([sys.executable, "-c", script])
@@ -537,13 +540,13 @@ def test_fixed_repeats_take_exactly_that_many(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_a_resumed_run_refuses_rows_read_under_another_epoch_size(tmp_path):
-    from storebench.bench.runner import run_study
+    from storebench.bench.runner import run_cases
 
     results = tmp_path / "scripted.csv"
     whole = Case(study="scripted", function=f"{FNS}:scripted_rate_case", repeats=1,
                  params={"rates": "100"})
-    run_study([whole], results, python_path=[HERE], progress=False)
-    assert run_study([whole], results, python_path=[HERE], progress=False).skipped == [
+    run_cases([whole], results, python_path=[HERE], progress=False)
+    assert run_cases([whole], results, python_path=[HERE], progress=False).skipped == [
         whole.case_id]
     capped = Case(study="scripted", function=f"{FNS}:scripted_rate_case", repeats=1,
                   params={"rates": "100"}, epoch_samples=2048)
@@ -551,13 +554,13 @@ def test_a_resumed_run_refuses_rows_read_under_another_epoch_size(tmp_path):
     with pytest.raises(ValueError, match=(
             f"case {re.escape(whole.case_id)} was measured with whole epochs, this plan reads "
             "epochs of 2048 samples; rerun with --fresh")):
-        run_study([capped], results, python_path=[HERE], progress=False)
+        run_cases([capped], results, python_path=[HERE], progress=False)
     assert results.read_bytes() == before
     again = tmp_path / "capped.csv"
-    run_study([capped], again, python_path=[HERE], progress=False)
+    run_cases([capped], again, python_path=[HERE], progress=False)
     rows = [line for line in again.read_text().splitlines() if ",epoch_samples_cap," in line]
     assert len(rows) == 1 and ",2048.0," in rows[0]
-    assert run_study([capped], again, python_path=[HERE], progress=False).skipped == [
+    assert run_cases([capped], again, python_path=[HERE], progress=False).skipped == [
         capped.case_id]
 
 
@@ -592,7 +595,7 @@ def test_a_case_whose_environment_is_missing_is_skipped_with_the_reason(monkeypa
 
 
 def test_the_warm_up_reads_a_few_batches_and_repeats_read_what_they_ask():
-    from storebench.bench.runner import WARMUP_BATCHES, Trial
+    from storebench.bench.case import WARMUP_BATCHES, Trial
     from storebench.bench.schema import CASE_REPEAT
 
     case = Case(study="s", function=f"{FNS}:no_such_case", repeats=1)
@@ -604,7 +607,7 @@ def test_the_warm_up_reads_a_few_batches_and_repeats_read_what_they_ask():
 
 
 def test_a_timed_repeat_reads_at_most_the_cases_epoch_samples():
-    from storebench.bench.runner import WARMUP_BATCHES, Trial
+    from storebench.bench.case import WARMUP_BATCHES, Trial
     from storebench.bench.schema import CASE_REPEAT
 
     case = Case(study="s", function=f"{FNS}:no_such_case", repeats=1, batch_size=256,
@@ -623,11 +626,11 @@ def test_a_timed_repeat_reads_at_most_the_cases_epoch_samples():
 
 
 def test_a_capped_loader_epoch_reads_the_first_batches_of_the_order(ci_data_dir):
-    from storebench.bench.cases import loader_epoch_case
-    from storebench.bench.runner import Trial
+    from storebench.bench.case import Trial
+    from storebench.studies.shared_cases import loader_epoch_case
 
     path = ci_data_dir / "memmap-raw"
-    case = Case(study="s", function="storebench.bench.cases:loader_epoch_case",
+    case = Case(study="s", function="storebench.studies.shared_cases:loader_epoch_case",
                 format="memmap", encoding="raw", dataset=str(path), loader="lazy",
                 prefetcher="thread", workers=2, batch_size=32, access="shuffle", repeats=1,
                 epoch_samples=100)
@@ -636,7 +639,7 @@ def test_a_capped_loader_epoch_reads_the_first_batches_of_the_order(ci_data_dir)
 
 
 def test_a_sized_epoch_ends_at_its_last_batch_not_after_its_loader_stopped():
-    from storebench.bench.cases import drain, epoch_ended
+    from storebench.studies.shared_cases import drain, epoch_ended
 
     closed = []
 
@@ -657,7 +660,7 @@ def test_a_sized_epoch_ends_at_its_last_batch_not_after_its_loader_stopped():
 
 
 def test_an_epoch_short_of_its_batches_or_with_a_sample_twice_is_an_error():
-    from storebench.bench.cases import EpochTally, check_epoch
+    from storebench.studies.shared_cases import EpochTally, check_epoch
 
     case = Case(study="s", function=f"{FNS}:no_such_case", dataset="/d", batch_size=4)
     short = EpochTally(samples=8, seen=[np.arange(4), np.arange(4, 8)])
@@ -680,12 +683,12 @@ def test_a_preloaded_case_warms_up_without_preloading(ci_data_dir, monkeypatch):
     """The warm-up's few batches come through the case's loader path over a lazy dataset
     (a preload would read the whole set for nothing); a timed repeat preloads."""
     import storebench.loaders
-    from storebench.bench.cases import loader_epoch_case
-    from storebench.bench.runner import WARMUP_BATCHES, Trial
+    from storebench.bench.case import WARMUP_BATCHES, Trial
     from storebench.bench.schema import CASE_REPEAT
+    from storebench.studies.shared_cases import loader_epoch_case
 
     path = ci_data_dir / "memmap-raw"
-    case = Case(study="s", function="storebench.bench.cases:loader_epoch_case",
+    case = Case(study="s", function="storebench.studies.shared_cases:loader_epoch_case",
                 format="memmap", encoding="raw", dataset=str(path), loader="preloaded",
                 prefetcher="thread", workers=2, batch_size=32, access="shuffle", repeats=1)
     preloads = []
@@ -722,12 +725,12 @@ def test_a_warm_up_gives_its_loader_only_the_batches_it_reads(ci_data_dir, monke
     batch before the second is done), and its stop waits for what its threads hold: the
     warm-up's loader gets just its batches. A timed repeat's keeps its whole epoch."""
     import storebench.loaders
-    from storebench.bench.cases import loader_epoch_case, warmup_samples
-    from storebench.bench.runner import WARMUP_BATCHES, Trial
+    from storebench.bench.case import WARMUP_BATCHES, Trial
     from storebench.bench.schema import CASE_REPEAT
+    from storebench.studies.shared_cases import loader_epoch_case, warmup_samples
 
     path = ci_data_dir / "memmap-raw"
-    case = Case(study="s", function="storebench.bench.cases:loader_epoch_case",
+    case = Case(study="s", function="storebench.studies.shared_cases:loader_epoch_case",
                 format="memmap", encoding="raw", dataset=str(path), loader="lazy",
                 prefetcher="thread", workers=2, batch_size=32, access="shuffle", repeats=1,
                 epoch_samples=WARMUP_BATCHES * 32)

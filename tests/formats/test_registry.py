@@ -11,7 +11,6 @@ import textwrap
 import pytest
 
 from storebench.formats import (
-    CORE_FORMATS,
     FORMATS,
     PEER_FORMAT_MODULES,
     get_format,
@@ -37,8 +36,8 @@ def _loaded_after(code: str) -> list[str]:
 
 def test_listing_the_formats_imports_none_of_them():
     loaded = _loaded_after("""
-        from storebench.formats import CORE_FORMATS, FORMATS
-        names = list(FORMATS), len(FORMATS), "hdf5" in FORMATS, CORE_FORMATS
+        from storebench.formats import FORMATS
+        names = list(FORMATS), len(FORMATS), "hdf5" in FORMATS, FORMATS.core
     """)
     assert loaded == []
 
@@ -71,7 +70,7 @@ def test_each_name_is_its_modules_name_and_the_peers_are_the_modules_that_say_so
     for name, module in FORMATS.items():
         assert name == module.NAME
         assert is_peer_format(name) == bool(getattr(module, "PEER", False))
-        assert (name in CORE_FORMATS) != (name in PEER_FORMAT_MODULES)
+        assert (name in FORMATS.core) != (name in PEER_FORMAT_MODULES)
 
 
 def test_an_unknown_format_is_named_with_the_known_ones():

@@ -16,7 +16,6 @@ from image_folder import CLASS_NAMES, make_image_folder
 from PIL import Image
 
 from storebench.formats import (
-    CORE_FORMATS,
     FORMATS,
     DatasetError,
     find_datasets,
@@ -36,7 +35,7 @@ from storebench.verify import verify_dataset
 
 # storebench import writes the core formats (the peer formats are the peers study's).
 ENCODED_FORMATS = [name for name, m in FORMATS.items()
-                   if "mixed" in m.ENCODINGS and name in CORE_FORMATS]
+                   if "mixed" in m.ENCODINGS and name in FORMATS.core]
 RESIZE = (20, 24)
 
 
@@ -64,7 +63,7 @@ def test_every_format_gets_a_copy(imported, source):
     root, files = source
     names = sorted(p.name for p in find_datasets(out))
     assert names == sorted([f"{f}-mixed" for f in ENCODED_FORMATS]
-                           + [f"{f}-raw" for f in CORE_FORMATS])
+                           + [f"{f}-raw" for f in FORMATS.core])
     assert not [p for p in out.iterdir() if p.name.startswith(".tmp-")]
     manifest = read_manifest(out / "lmdb-mixed")
     spec = ImportedSpec.from_dict(manifest["spec"])
@@ -95,7 +94,7 @@ def test_raw_copies_hold_the_resized_pixels(imported, source):
     root, files = source
     want = np.stack([resized_pixels(p.read_bytes(), p, *RESIZE) for p in files])
     assert want.shape == (len(files), *RESIZE, 3)
-    for name in CORE_FORMATS:
+    for name in FORMATS.core:
         with open_dataset(out / f"{name}-raw") as reader:
             images, _ = reader.read_many(np.arange(len(reader)))
             assert np.array_equal(images, want), name

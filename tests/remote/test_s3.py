@@ -18,11 +18,12 @@ import numpy as np
 import psutil
 import pytest
 
+from storebench import open_dataset
 from storebench.formats import (
     CorruptSampleError,
     DatasetError,
     ManifestError,
-    open_dataset,
+    remote_formats,
     tfrecord,
 )
 from storebench.loaders import (
@@ -34,7 +35,6 @@ from storebench.loaders import (
     ThreadPrefetcher,
 )
 from storebench.remote.dataset import download_dataset, upload_dataset
-from storebench.remote.readers import REMOTE_READERS
 from storebench.remote.s3 import (
     ObjectStore,
     ObjectStoreError,
@@ -48,7 +48,7 @@ from storebench.remote.seaweed import (
     remove_stale_sockets,
 )
 
-REMOTE_CASES = [(f, e) for f in sorted(REMOTE_READERS) for e in ("raw", "jpeg", "png")]
+REMOTE_CASES = [(f, e) for f in sorted(remote_formats()) for e in ("raw", "jpeg", "png")]
 
 
 def same_samples(a, b) -> None:
@@ -180,7 +180,8 @@ def test_local_only_formats_refuse_and_download_stages_them(
     uploaded, s3, tmp_path, format_name, encoding
 ):
     local_path, url = uploaded(format_name, encoding)
-    with pytest.raises(DatasetError, match=f"storebench download {url} DIR"):
+    with pytest.raises(DatasetError, match=f"no remote reader for {format_name}: stage it with "
+                       f"`storebench download {url} DIR`"):
         open_dataset(url, s3=s3)
     staged = tmp_path / "staged"
     done = download_dataset(url, staged, s3=s3)

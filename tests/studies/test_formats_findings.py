@@ -7,7 +7,7 @@ from result_rows import build_case, case_rows, frame, read_case
 
 from storebench.formats import FORMATS
 from storebench.results import Results, default_builds
-from storebench.studies import formats
+from storebench.studies.formats import study as formats
 from storebench.text import format_ratio, format_value
 
 

@@ -7,7 +7,7 @@ import pytest
 from result_rows import feed_case, frame
 
 from storebench.results import Results
-from storebench.studies import gpu_feed
+from storebench.studies.gpu_feed import study as gpu_feed
 
 H100 = {"device": "cuda", "emulated": False, "device_name": "NVIDIA H100"}
 
@@ -112,7 +112,8 @@ def test_the_device_copy_alone_is_compared_where_recorded():
 def test_the_newest_stored_run_on_a_cuda_device_is_found_and_an_emulated_one_is_not(tmp_path):
     from result_rows import write_results
 
-    from storebench.readme import cuda_feed_text
+    from storebench.studies.base import ReadmePlace
+    from storebench.studies.gpu_feed.study import cuda_feed_text
 
     root = tmp_path / "results" / "gpu-runs"
     assert gpu_feed.latest_cuda_run(root) is None  # no such folder
@@ -130,7 +131,7 @@ def test_the_newest_stored_run_on_a_cuda_device_is_found_and_an_emulated_one_is_
     assert run.env["run_id"] == "20260102T000000Z-bbbbbb"
     assert run.directory == root / "20260102T000000Z-bbbbbb"
 
-    text = cuda_feed_text(root, tmp_path)
+    text = cuda_feed_text(root, ReadmePlace(results_dir=root, base=tmp_path))
     assert text.startswith("**On a real GPU** (the `gpu_feed` study in "
                            "`results/gpu-runs/20260102T000000Z-bbbbbb`, run "
                            "20260102T000000Z-bbbbbb; machine: ")
@@ -140,7 +141,7 @@ def test_the_newest_stored_run_on_a_cuda_device_is_found_and_an_emulated_one_is_
     figures = run.directory / "figures"
     figures.mkdir()
     (figures / "gpu_feed_utilisation.png").write_bytes(b"png")
-    assert cuda_feed_text(root, tmp_path).endswith(
+    assert cuda_feed_text(root, ReadmePlace(results_dir=root, base=tmp_path)).endswith(
         "(results/gpu-runs/20260102T000000Z-bbbbbb/figures/gpu_feed_utilisation.png)")
     assert cuda_feed_text(tmp_path / "nowhere", tmp_path) == ""
 

@@ -11,19 +11,19 @@ import numpy as np
 import pytest
 
 from data_gen import PROFILES
+from storebench.bench.case import Case, Trial
 from storebench.bench.plan import REPEAT_BUDGET_S, case_timeout_s, default_repeats, plan_for
-from storebench.bench.runner import Case, Trial, run_case
+from storebench.bench.runner import run_case
 from storebench.bench.stats import AdaptiveRepeats  # noqa: E402
-from storebench.cases.targets import TARGETS, get_target, summarise_target, target_ratio
-from storebench.formats import CORE_FORMATS, FORMATS, build_dataset
+from storebench.formats import FORMATS, build_dataset, knob_variants
 from storebench.loaders.paths import LOADER_PATHS
 from storebench.studies import STUDIES
-from storebench.studies.formats import KNOB_VARIANTS
-from storebench.studies.formats import grid as formats_study
-from storebench.studies.gpu_feed import grid as gpu_feed_study
-from storebench.studies.lazy_vs_preloaded import grid as lazy_vs_preloaded_study
-from storebench.studies.prefetch import grid as prefetch_study
-from storebench.studies.targets import grid as targets_study
+from storebench.studies.formats.study import grid as formats_study
+from storebench.studies.gpu_feed.study import grid as gpu_feed_study
+from storebench.studies.lazy_vs_preloaded.study import grid as lazy_vs_preloaded_study
+from storebench.studies.prefetch.study import grid as prefetch_study
+from storebench.studies.targets.cases import TARGETS, get_target, summarise_target, target_ratio
+from storebench.studies.targets.study import grid as targets_study
 
 
 def test_repeats_and_timeout_depend_on_the_profile(ci_data_root):
@@ -72,7 +72,7 @@ def variant_data(tmp_path_factory):
     """The ci raw set as the default hdf5 build and one knob variant (chunks of one)."""
     root = tmp_path_factory.mktemp("variants")
     spec = PROFILES["ci"].spec_for("raw")
-    variant = next(v for v in KNOB_VARIANTS if v.format == "hdf5")
+    variant = next(v for v in knob_variants() if v.format == "hdf5")
     build_dataset(spec, "hdf5", root, workers=1)
     build_dataset(spec, "hdf5", root, knobs=dict(variant.knobs), name=variant.name, workers=1)
     return root, variant
@@ -95,10 +95,10 @@ def test_formats_study_measures_the_knob_variants_beside_the_default(variant_dat
 
 
 def test_random_read_case_reads_real_bytes_at_shuffled_indices(variant_data):
-    from storebench.cases.formats import random_read_case
+    from storebench.studies.formats.cases import random_read_case
 
     root, variant = variant_data
-    case = Case(study="formats", function="storebench.studies.formats:random_read_case",
+    case = Case(study="formats", function="storebench.studies.formats.cases:random_read_case",
                 format="hdf5", encoding="raw", dataset=str(root / variant.name),
                 loader="reader", access="shuffle", batch_size=64, repeats=1,
                 params={"random_samples": 100})
@@ -108,10 +108,10 @@ def test_random_read_case_reads_real_bytes_at_shuffled_indices(variant_data):
 
 
 def test_a_random_read_stops_after_its_seconds_once_it_has_four_batches(variant_data):
-    from storebench.cases.formats import MIN_TIMED_BATCHES, random_read_case
+    from storebench.studies.formats.cases import MIN_TIMED_BATCHES, random_read_case
 
     root, variant = variant_data
-    case = Case(study="formats", function="storebench.studies.formats:random_read_case",
+    case = Case(study="formats", function="storebench.studies.formats.cases:random_read_case",
                 format="hdf5", encoding="raw", dataset=str(root / variant.name),
                 loader="reader", access="shuffle", batch_size=8, repeats=1,
                 params={"random_samples": 100, "random_seconds": 0.0})
@@ -125,8 +125,8 @@ def test_a_random_read_stops_after_its_seconds_once_it_has_four_batches(variant_
 
 def test_only_warm_random_reads_are_cut_by_time(variant_data, monkeypatch):
     from storebench.bench.plan import StudyPlan
-    from storebench.studies import formats
-    from storebench.studies.formats import RANDOM_READ_SECONDS
+    from storebench.studies.formats import study as formats
+    from storebench.studies.formats.study import RANDOM_READ_SECONDS
 
     root, _ = variant_data
     monkeypatch.setattr(formats, "plan_for", lambda profile: StudyPlan())  # warm ones too
@@ -141,7 +141,7 @@ def test_only_warm_random_reads_are_cut_by_time(variant_data, monkeypatch):
 def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
     lvp = lazy_vs_preloaded_study(profile="ci", data_dir=ci_data_root)
     raw_formats = {name for name, m in FORMATS.items()
-                   if "raw" in m.ENCODINGS and name in CORE_FORMATS}
+                   if "raw" in m.ENCODINGS and name in FORMATS.core}
     plain = [c for c in lvp if not any(k.startswith("open_") for k, _ in c.params)]
     for fmt in raw_formats:
         lazy = {(c.access, c.cache) for c in plain
@@ -185,7 +185,7 @@ def test_the_loader_studies_lay_out_every_kind_of_case_on_ci(ci_data_root):
 
     targets = targets_study(profile="ci", data_dir=ci_data_root)
     assert [c.loader for c in targets] == [t.key for t in TARGETS]
-    assert all(c.summarise == "storebench.cases.targets:summarise_target" for c in targets)
+    assert all(c.summarise == "storebench.studies.targets.cases:summarise_target" for c in targets)
     # A case warm-up only where the measure function's own does not do: the Parquet target
     # times its first pass so that both sides see the same cache state, tf.data's first
     # pipeline in a process runs slow.
@@ -201,7 +201,7 @@ def test_feed_grid_copies_every_way_and_reaches_below_2_ms_only_where_cuda_copie
     pageable and from its own page-locked buffers, and the sub-2 ms compute times; where it
     does not, pageable copies to the CPU at 0, 2 and 10 ms, and no thread loader."""
     from storebench.bench import envinfo, plan
-    from storebench.studies.gpu_feed import COMPUTE_MS, CUDA_COMPUTE_MS
+    from storebench.studies.gpu_feed.study import COMPUTE_MS, CUDA_COMPUTE_MS
 
     monkeypatch.setitem(plan.PLANS, "ci", plan.StudyPlan(compact=False))
     monkeypatch.setattr(envinfo, "cuda_info", lambda: {
@@ -232,7 +232,7 @@ def test_the_feed_grid_adds_processes_per_core_only_where_the_epoch_can_time_the
     and the 16 that 8 processes read ahead: the grid stays the 2-core one."""
     import os
 
-    from storebench.studies.gpu_feed import batches_before_timing
+    from storebench.studies.gpu_feed.study import batches_before_timing
 
     two = gpu_feed_study(profile="ci", data_dir=ci_data_root)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
@@ -335,7 +335,7 @@ def test_a_preloaded_cold_epoch_runs_in_a_worker(ci_data_root):
 
 
 def test_ram_orders_are_a_preloaded_cases_other_orders_only(ci_data_root):
-    from storebench.bench.cases import ram_orders
+    from storebench.studies.shared_cases import ram_orders
 
     case = next(c for c in lazy_vs_preloaded_study(profile="ci", data_dir=ci_data_root)
                 if c.loader == "preloaded" and c.encoding == "raw")
@@ -351,7 +351,7 @@ def test_ram_orders_are_a_preloaded_cases_other_orders_only(ci_data_root):
 
 def test_out_of_core_repeats_what_the_guide_compares(ci_data_root, monkeypatch):
     from storebench.bench.plan import StudyPlan
-    from storebench.studies import out_of_core
+    from storebench.studies.out_of_core import study as out_of_core
 
     grid = out_of_core.out_of_core_grid
     assert {c.repeats for c in grid(profile="ci", data_dir=ci_data_root)} == {1}
@@ -369,7 +369,7 @@ def test_out_of_core_repeats_what_the_guide_compares(ci_data_root, monkeypatch):
 
 
 def test_out_of_core_cuts_passes_under_a_cap_sooner_than_where_the_set_fits(ci_data_root):
-    from storebench.studies import out_of_core
+    from storebench.studies.out_of_core import study as out_of_core
 
     cases = out_of_core.out_of_core_grid(profile="ci", data_dir=ci_data_root)
     limits = {capped: {c.param("epoch_seconds_limit") for c in cases
@@ -384,8 +384,8 @@ def test_a_feed_case_is_timed_past_the_batches_its_loader_read_ahead(ci_data_roo
     """Timed from the third batch, a slow prefetcher's first ``depth`` batches were ready
     before the feed began and counted as fed: the case now feeds them first, and says how
     many batches it fed before timing."""
-    from storebench.cases.gpu_feed import START_BATCHES, gpu_feed_case
     from storebench.loaders.prefetch import default_depth
+    from storebench.studies.gpu_feed.cases import START_BATCHES, gpu_feed_case
 
     by_loader = {}
     for case in gpu_feed_study(profile="ci", data_dir=ci_data_root):

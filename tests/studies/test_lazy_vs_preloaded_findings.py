@@ -6,7 +6,7 @@ import pytest
 from result_rows import build_case, case_rows, frame
 
 from storebench.results import Results
-from storebench.studies import lazy_vs_preloaded as study
+from storebench.studies.lazy_vs_preloaded import study as study
 
 
 def loader_case(fmt, loader, cache, *, throughput, first, pss):

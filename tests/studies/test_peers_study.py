@@ -15,9 +15,9 @@ from result_rows import case_rows, frame
 
 import data_gen
 from storebench.bench.plan import EPOCH_SAMPLES, PEER_SETS_DIR
-from storebench.cases.peers import UNIFORM_SPREAD, shuffle_quality
 from storebench.results import Results
-from storebench.studies import peers
+from storebench.studies.peers import study as peers
+from storebench.studies.peers.cases import UNIFORM_SPREAD, shuffle_quality
 
 RATES = {  # (path, format) -> later epochs' samples/s, three repeats
     ("process", "lmdb"): [3000.0, 3100.0, 3050.0],

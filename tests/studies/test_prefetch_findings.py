@@ -10,7 +10,7 @@ from result_rows import frame, prefetch_case
 
 from storebench.loaders.paths import LOADER_PATHS
 from storebench.plots import summarise
-from storebench.studies import prefetch
+from storebench.studies.prefetch import study as prefetch
 from storebench.text import format_ratio, format_value
 
 

@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from storebench.bench.runner import Case, run_case, run_study
+from storebench.bench.case import Case
+from storebench.bench.runner import run_case, run_cases
 from storebench.bench.schema import read_results
-from storebench.cases.remote import REMOTE_ROOT_ENV, REMOTE_UNAVAILABLE_ENV
 from storebench.remote import seaweed
 from storebench.remote.capacity import Pipeline, predicted_rate, scale_out, workers_to_keep
-from storebench.studies import remote
+from storebench.studies.remote import study as remote
+from storebench.studies.remote.cases import REMOTE_ROOT_ENV, REMOTE_UNAVAILABLE_ENV
 
 HERE = Path(__file__).resolve().parent.parent / "bench"
 PIPELINE = Pipeline(rate0=1000.0, workers=2, batch_size=100, samples_per_request=1.0,
@@ -53,12 +54,12 @@ def test_a_study_s_services_reach_its_cases_and_start_only_when_needed(tmp_path)
              for n in range(2)]
     results = tmp_path / "svc.csv"
     entered = []
-    run_study(cases, results, python_path=[HERE], progress=False,
+    run_cases(cases, results, python_path=[HERE], progress=False,
               services=lambda todo: counted_services(entered, str(len(todo) * 21)))
     rows = read_results(results)
     values = rows[(rows["metric"] == "samples") & (rows["repeat"] == 0)]["value"]
     assert values.tolist() == [42.0, 42.0] and entered == ["42"]
-    run_study(cases, results, python_path=[HERE], progress=False,
+    run_cases(cases, results, python_path=[HERE], progress=False,
               services=lambda todo: counted_services(entered, "never"))
     assert entered == ["42"]  # every case done: nothing started
 
@@ -68,7 +69,7 @@ def test_without_a_server_the_s3_cases_are_skipped_rows_with_the_reason(monkeypa
         raise seaweed.SeaweedUnavailableError("SeaweedFS's weed binary is not installed")
 
     monkeypatch.setattr(seaweed, "weed_binary", missing)
-    case = Case(study="remote", function="storebench.cases.remote:remote_epoch_case",
+    case = Case(study="remote", function="storebench.studies.remote.cases:remote_epoch_case",
                 dataset=str(tmp_path / "tfrecord-jpeg"), access="shuffle", repeats=1,
                 warmup=False, params={"source": "s3", "rtt_ms": 20, "ranks": 1})
     with remote.object_store([case]) as env:
@@ -81,7 +82,7 @@ def test_without_a_server_the_s3_cases_are_skipped_rows_with_the_reason(monkeypa
 
 
 def test_no_s3_case_no_server():
-    local = Case(study="remote", function="storebench.cases.remote:remote_epoch_case",
+    local = Case(study="remote", function="storebench.studies.remote.cases:remote_epoch_case",
                  dataset="x", params={"source": "local"})
     with remote.object_store([local]) as env:
         assert env == {}

@@ -7,13 +7,13 @@ from dataclasses import replace
 
 import pytest
 
-from storebench.bench.runner import Case
-from storebench.cases.targets import TARGETS, get_target, target_ratio
+from storebench.bench.case import Case
 from storebench.formats import open_dataset
+from storebench.studies.targets.cases import TARGETS, get_target, target_ratio
 
 
 def _case(dataset, target, **fields) -> Case:
-    return Case(study="targets", function="storebench.studies.targets:target_case",
+    return Case(study="targets", function="storebench.studies.targets.cases:target_case",
                 dataset=str(dataset), loader=target.key, workers=target.workers,
                 params={"target": target.key, "max_batches": 3, **dict(target.params)},
                 **fields)

@@ -8,11 +8,11 @@ import json
 import pytest
 from result_rows import RUN, case_rows, frame
 
-from storebench import findings
 from storebench.bench.schema import make_row
-from storebench.cases.targets import target_ratio
+from storebench.report import findings
 from storebench.results import Results
-from storebench.studies import targets
+from storebench.studies.targets import study as targets
+from storebench.studies.targets.cases import target_ratio
 
 
 def target_case(key, ratios, *, threshold, extra=None):

@@ -18,19 +18,9 @@ from .stats import AdaptiveRepeats
 
 DEFAULT_REPEATS = 3
 DEFAULT_TIMEOUT_S = 600.0
-# Past their minimum, a case's repeats stop once another would take them past this: the
-# reference run's costliest cases (a cold epoch of 20,000 raw files, a shuffled Zarr epoch)
-# took 3 to 9 repeats of several seconds each, most of the study's time, for intervals the
-# guide's tie rule mostly did not need narrower. 2 s, not 4: replayed under 2 s
-# (``python -m storebench.whatif results/study-runs/20261127T193845Z-372ae4 --budget 2
-# --plan-budget 4 --data data/small``), run 372ae4's rows lose 191 repeats in 67 cases, 90 s
-# of its 1,453 s; those cases' median half-width goes from 11.3% to 12.6%, and the guide
-# picks the same best in all 28 rows, two of which call a tie with one candidate fewer or
-# more. At 1 s another 35 s, and the cold raw-array row picks otherwise. 1.5 s, not 2: run
-# 81b40b (a noisier day: 1,248 s) replayed under 1.5 s (``python -m storebench.whatif
-# results/study-runs/20261128T020640Z-81b40b --budget 1.5 --plan-budget 2``) loses 44
-# repeats in 28 cases, 14.3 s, and the guide picks the same best in all 28 rows, two of
-# which call a tie with fewer candidates.
+# Past their minimum, a case's repeats stop once another would take them past this: longer
+# budgets bought intervals the guide did not need (``storebench.whatif`` replays a run under
+# another budget; results/study-runs/README.md, "Constants and their evidence").
 REPEAT_BUDGET_S = 1.5
 # Samples each timed repeat of a loader epoch reads at most: half the default profile's
 # JPEG and PNG sets, so an epoch of every set reads as many samples (8 batches of 256, 32

@@ -54,7 +54,6 @@ SCHEMA: tuple[tuple[str, str], ...] = (
     ("params", "str"),          # JSON object of case-specific knobs
 )
 COLUMNS: tuple[str, ...] = tuple(name for name, _ in SCHEMA)
-_KINDS = dict(SCHEMA)
 
 UNITS = ("s", "samples/s", "MB/s", "GB/s", "bytes", "ratio", "count", "IOPS")
 STATUSES = ("ok", "failed", "timeout", "skipped")

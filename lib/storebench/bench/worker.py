@@ -33,8 +33,8 @@ from pathlib import Path
 
 from ..processes import die_with_parent
 from .cache import prepare
-from .runner import CASE_REPEAT, Case, CaseResources, CaseSkipped, Trial
-from .schema import METRIC_UNITS, UNITS
+from .case import Case, CaseResources, CaseSkipped, Trial
+from .schema import CASE_REPEAT, METRIC_UNITS, UNITS
 from .stats import relative_halfwidth, stop_metric
 
 

@@ -2,24 +2,28 @@
 each imported on first use).
 
 A format module has ``NAME``, ``ENCODINGS``, ``DEFAULT_KNOBS``, ``OPEN_OPTIONS``,
-``write(samples, root, spec, **knobs)`` and ``open(root, manifest, **options) -> Reader``.
-Adding a format is one module plus one line below; the contract tests cover it.
+``TRAITS`` (a ``FormatTraits``: the knob variants its studies sweep, its shuffle unit,
+whether its reads check content, its remote reader or why it has none, its distributions),
+``write(samples, root, spec, **knobs)``, ``open(root, manifest, **options) -> Reader`` and,
+where it reads over object storage, ``open_remote(store, manifest, **options) -> Reader``.
+Adding a format is one module plus one line below; the contract tests, the studies and the
+fuzzer then cover it.
 
 A peer's format (WebDataset, LitData, MDS, Lance, Zarr, FFCV) is listed among the peers'
 modules, and its module also has ``PEER = True`` and
 ``LIBRARIES``, the modules it imports to write and read. The peers study covers those; the
-other studies cover the ``CORE_FORMATS``. Where a library is missing (the main environment
+other studies cover the ``FORMATS.core``. Where a library is missing (the main environment
 has none of the peers'), ``unavailable_reason`` says so, and building or opening the format
 is a ``DatasetError`` naming the environment that has it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from importlib import import_module
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import ModuleType
 
+from ..registry import LazyRegistry
 from .base import (
     CorruptSampleError,
     DatasetError,
@@ -30,6 +34,7 @@ from .base import (
 )
 from .build import BuildResult, build_dataset, dataset_dirname
 from .manifest import MANIFEST_NAME, check_files, read_manifest
+from .traits import FormatTraits, KnobVariant
 
 # Format name -> its module in this package. The core formats are the studies'; the peers'
 # (PEER = True) are the peers study's.
@@ -43,36 +48,41 @@ PEER_FORMAT_MODULES = {
 }
 
 
-class FormatRegistry(Mapping):
+class FormatRegistry(LazyRegistry):
     """Format name -> format module, each imported on first use: a case process that reads
     one format pays for its library alone (pyarrow, protobuf, h5py... cost a fresh
-    interpreter tens of milliseconds each). Listing the names imports nothing."""
+    interpreter tens of milliseconds each). Listing the names imports nothing.
 
-    def __init__(self, modules: Mapping[str, str]) -> None:
-        self._modules = dict(modules)
+    ``core`` and ``peers`` map names to modules of this package; ``core`` names the formats
+    every study covers, in order."""
 
-    def __getitem__(self, name: str) -> ModuleType:
-        if name not in self._modules:
-            raise KeyError(name)
-        return import_module(f"{__name__}.{self._modules[name]}")
+    kind = "format"
 
-    def __contains__(self, name: object) -> bool:
-        return name in self._modules
+    def __init__(self, core: Mapping[str, str], peers: Mapping[str, str]) -> None:
+        super().__init__({name: f"{__name__}.{module}"
+                          for name, module in {**core, **peers}.items()})
+        self._core = list(core)
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._modules)
+    @property
+    def core(self) -> tuple[str, ...]:
+        """The formats the studies other than peers cover, in the registry's order."""
+        return tuple(self._core)
 
-    def __len__(self) -> int:
-        return len(self._modules)
+    def register(self, name: str, module: str, *, peer: bool = False) -> None:
+        """Add format ``name``, defined by the importable ``module`` (a format of your own,
+        or one in a plugin): it then builds, opens and is studied like the others."""
+        super().register(name, module)
+        if not peer:
+            self._core.append(name)
 
 
-FORMATS = FormatRegistry({**CORE_FORMAT_MODULES, **PEER_FORMAT_MODULES})
-CORE_FORMATS: tuple[str, ...] = tuple(CORE_FORMAT_MODULES)
+FORMATS = FormatRegistry(CORE_FORMAT_MODULES, PEER_FORMAT_MODULES)
+OBJECT_STORE_SCHEME = "s3://"
 
 
 def is_peer_format(name: str) -> bool:
     get_format(name)
-    return name in PEER_FORMAT_MODULES
+    return name not in FORMATS.core
 
 
 def unavailable_reason(name: str) -> str | None:
@@ -82,6 +92,18 @@ def unavailable_reason(name: str) -> str | None:
     return needs_text(getattr(get_format(name), "LIBRARIES", ()), what=f"format {name!r}")
 
 
+def traits(name: str) -> FormatTraits:
+    """What format ``name`` declares about itself (its module's ``TRAITS``)."""
+    return get_format(name).TRAITS
+
+
+def knob_variants(formats: Iterable[str] | None = None) -> tuple[KnobVariant, ...]:
+    """The build variants the studies sweep, of ``formats`` (default: every format), in the
+    registry's order."""
+    return tuple(variant for name in (FORMATS if formats is None else formats)
+                 for variant in traits(name).knob_variants)
+
+
 def get_format(name: str) -> ModuleType:
     try:
         return FORMATS[name]
@@ -89,29 +111,12 @@ def get_format(name: str) -> ModuleType:
         raise KeyError(f"unknown format {name!r}; known formats: {sorted(FORMATS)}") from None
 
 
-def open_dataset(path: Path | str, **options) -> Reader:
-    """Open any built dataset from its manifest. ``options`` are the format's open options
-    (``verify`` for all; e.g. ``madvise_random`` for memmap, ``readahead`` for lmdb).
-
-    Before returning, whatever ``verify`` says: the manifest is checked (version, its own
-    digest, a known format, an encoding and knobs that format has), every data file's size
-    and head/tail fingerprint against it, and the reader opens once to check the layout,
-    index and labels. Any mismatch is a ``DatasetError`` naming the file.
-
-    An ``s3://bucket/prefix`` path opens a dataset uploaded there (``storebench.remote``):
-    the same checks over the network; ``s3=S3Config(...)`` says where the store is (default:
-    the AWS environment variables) and ``concurrency`` how many requests stay in flight.
-    """
-    from ..remote.s3 import is_s3_url
-
-    if is_s3_url(path):
-        from ..remote.dataset import open_remote
-
-        return open_remote(path, **options)
-    root = Path(path)
-    manifest = read_manifest(root)
+def checked_format(manifest: Mapping, where: object, options: Mapping) -> ModuleType:
+    """The format module that opens ``manifest``, once what the manifest and the open
+    ``options`` ask has been checked against it: a known format, an encoding and knobs that
+    format has, and options it takes. ``where`` names the manifest in errors. Opening a
+    dataset on disk and in object storage share this check."""
     module = FORMATS.get(manifest["format"])
-    where = root / MANIFEST_NAME
     if module is None:
         raise ManifestError(
             f"{where}: unknown format {manifest['format']!r}; known formats: {sorted(FORMATS)}"
@@ -125,15 +130,40 @@ def open_dataset(path: Path | str, **options) -> Reader:
             f"{where}: knobs {sorted(manifest['knobs'])} are not {module.NAME!r}'s "
             f"{sorted(module.DEFAULT_KNOBS)}"
         )
-    reason = unavailable_reason(module.NAME)
-    if reason:
-        raise DatasetError(f"{root}: {reason}")
     unknown = set(options) - {"verify", *module.OPEN_OPTIONS}
     if unknown:
         raise TypeError(
             f"format {module.NAME!r} has no open option(s) {sorted(unknown)}; "
             f"its options are {sorted({'verify', *module.OPEN_OPTIONS})}"
         )
+    return module
+
+
+def remote_formats() -> tuple[str, ...]:
+    """The formats with a reader over object storage (``open_remote``)."""
+    return tuple(name for name in FORMATS if not traits(name).remote_unsupported)
+
+
+def open_dataset(path: Path | str, **options) -> Reader:
+    """Open a built dataset on disk from its manifest. ``options`` are the format's open
+    options (``verify`` for all; e.g. ``madvise_random`` for memmap, ``readahead`` for lmdb).
+
+    Before returning, whatever ``verify`` says: the manifest is checked (version, its own
+    digest, a known format, an encoding and knobs that format has), every data file's size
+    and head/tail fingerprint against it, and the reader opens once to check the layout,
+    index and labels. Any mismatch is a ``DatasetError`` naming the file.
+
+    ``storebench.open_dataset`` opens an ``s3://bucket/prefix`` too.
+    """
+    if str(path).startswith(OBJECT_STORE_SCHEME):
+        raise DatasetError(f"{path}: storebench.formats.open_dataset opens datasets on disk; "
+                           "open one in object storage with storebench.open_dataset")
+    root = Path(path)
+    manifest = read_manifest(root)
+    module = checked_format(manifest, root / MANIFEST_NAME, options)
+    reason = unavailable_reason(module.NAME)
+    if reason:
+        raise DatasetError(f"{root}: {reason}")
     check_files(root, manifest, fingerprints=getattr(module, "FINGERPRINTS_AT_OPEN", True))
     reader = module.open(root, manifest, **options)
     reader.check()
@@ -149,21 +179,26 @@ def find_datasets(root: Path | str) -> list[Path]:
 
 
 __all__ = [
-    "CORE_FORMATS",
     "FORMATS",
     "BuildResult",
     "CorruptSampleError",
     "DatasetError",
+    "FormatTraits",
+    "KnobVariant",
     "ManifestError",
     "Reader",
     "build_dataset",
+    "checked_format",
     "dataset_dirname",
     "find_datasets",
     "get_format",
     "is_peer_format",
+    "knob_variants",
     "open_dataset",
     "read_manifest",
+    "remote_formats",
     "sample_checksum",
     "sample_checksums",
+    "traits",
     "unavailable_reason",
 ]

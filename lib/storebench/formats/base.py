@@ -8,6 +8,7 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from pathlib import Path, PurePath
+from typing import NamedTuple
 
 import crc32c
 import numpy as np
@@ -153,6 +154,62 @@ def sample_checksums(images: np.ndarray | Sequence[bytes], labels: np.ndarray) -
         dtype=np.uint32, count=len(labels))
 
 
+# The most bytes one coalesced read fetches: it bounds a run's buffer whatever the batch.
+MAX_RUN_BYTES = 16 << 20
+
+
+class ByteRun(NamedTuple):
+    """One read that fetches adjacent samples: ``length`` bytes at ``offset`` of file number
+    ``file``, the first being sample ``first_index``; ``samples`` holds (index, position in
+    the batch, start, end) of each, start and end counted from ``offset``."""
+
+    file: int
+    offset: int
+    length: int
+    first_index: int
+    samples: tuple[tuple[int, int, int, int], ...]
+
+
+def coalesced_runs(indices: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+                   files: np.ndarray | None = None, *, order: np.ndarray | None = None,
+                   max_bytes: int = MAX_RUN_BYTES) -> list[ByteRun]:
+    """The reads that fetch a batch: ``indices`` in batch order with each one's bytes
+    ``[starts, ends)`` in file ``files`` (one file where None), visited in ``order`` (default:
+    index order, which is file-then-offset order where samples are stored in index order).
+    Samples that follow each other directly in one file share a read of at most
+    ``max_bytes``; a file change, a gap or a repeated index starts a new one."""
+    order = np.argsort(indices, kind="stable") if order is None else order
+    files = np.zeros(len(indices), np.int64) if files is None else files[order]
+    starts, ends = starts[order], ends[order]
+    follows = np.zeros(len(order), dtype=bool)
+    follows[1:] = (files[1:] == files[:-1]) & (starts[1:] == ends[:-1])
+    # Python lists: the loop below touches them per sample, where NumPy scalars are slow.
+    sorted_idx, positions = indices[order].tolist(), order.tolist()
+    files, starts, ends, follows = files.tolist(), starts.tolist(), ends.tolist(), follows.tolist()
+    runs, a = [], 0
+    while a < len(sorted_idx):
+        stop, base = a + 1, starts[a]
+        while stop < len(sorted_idx) and follows[stop] and ends[stop] - base <= max_bytes:
+            stop += 1
+        runs.append(ByteRun(files[a], base, ends[stop - 1] - base, sorted_idx[a], tuple(
+            (sorted_idx[j], positions[j], starts[j] - base, ends[j] - base)
+            for j in range(a, stop))))
+        a = stop
+    return runs
+
+
+def run_samples(runs: Sequence[ByteRun], fetched, cut_off) -> Iterator[tuple]:
+    """(run, index, position in the batch, bytes) of every sample of ``runs``, whose bytes
+    ``fetched`` yields run by run (possibly short where a file ends: then ``cut_off(run,
+    index, file_end, sample_end)`` is the error raised for the first sample it cuts)."""
+    for run, data in zip(runs, fetched):
+        buffer = memoryview(data)
+        for index, position, lo, hi in run.samples:
+            if hi > len(buffer):
+                raise cut_off(run, index, run.offset + len(buffer), run.offset + hi)
+            yield run, index, position, buffer[lo:hi]
+
+
 def runs_by_block(blocks: np.ndarray, cached: int | None) -> list[np.ndarray]:
     """A batch's positions grouped by the block (row group, chunk) each sample is in,
     ``blocks[k]`` being position k's, positions ascending within a run: the ``cached``
@@ -230,6 +287,18 @@ class Reader(abc.ABC):
             image, labels[k] = self._read_one(int(i))
             encoded.append(image)
         return encoded, labels
+
+    def _read_runs(self, indices: np.ndarray, out: np.ndarray | None,
+                   runs: Sequence[ByteRun], fetched, cut_off, parse):
+        """A batch read as ``coalesced_runs``: ``fetched`` yields each run's bytes,
+        ``parse(file, index, data) -> (image, label)`` makes each sample of them, and
+        ``cut_off(run, index, file_end, sample_end)`` is the error for a sample a short read
+        leaves out."""
+        labels = np.empty(len(indices), dtype=np.int64)
+        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
+        for run, index, k, data in run_samples(runs, fetched, cut_off):
+            images[k], labels[k] = parse(run.file, index, data)
+        return images, labels
 
     def blocks(self) -> np.ndarray:
         """Boundaries of the format's natural blocks (chunks, row groups, shards) as

@@ -423,9 +423,7 @@ def _write_into(
         "sidecars": sidecar_digests,
         "write_seconds": write_seconds,
         "generate_seconds": stream.source_seconds,
-        # The peer library that wrote the files too (its PyPI name is in DISTRIBUTIONS).
-        "versions": package_versions((*VERSIONED_PACKAGES,
-                                      *getattr(module, "DISTRIBUTIONS", ()))),
+        "versions": package_versions((*VERSIONED_PACKAGES, *module.TRAITS.distributions)),
         "created_utc": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     manifest["manifest_digest"] = manifest_digest(manifest)

@@ -57,19 +57,30 @@ import numpy as np
 
 from data_gen import DatasetSpec
 
-from .base import CorruptSampleError, DatasetError, Reader, has_encoding_magic
+from .base import (
+    CorruptSampleError,
+    DatasetError,
+    Reader,
+    coalesced_runs,
+    has_encoding_magic,
+)
 from .manifest import fingerprint_span as default_span
 from .specs import fixed_size, stored_image_shape
+from .traits import FormatTraits
 
 NAME = "ffcv"
 ENCODINGS = ("raw", "png", "jpeg", "mixed")
 PEER = True
 LIBRARIES = ("ffcv",)
-DISTRIBUTIONS = ("ffcv",)
 # FFCV's DatasetWriter default (4 x its 2 MiB minimum): pages are FFCV's unit of allocation
 # and, with QUASI_RANDOM order or the process cache, of reading.
 DEFAULT_KNOBS: dict = {"page_size": 8 << 20}
 OPEN_OPTIONS: tuple = ()
+TRAITS = FormatTraits(
+    remote_unsupported=("storebench has no S3 reader for this peer format (the peers study reads "
+                        "local files); its own library may read from S3"),
+    distributions=("ffcv",),
+)
 # Stored bytes per sample byte; the last page and the padding before the first add up to two
 # pages besides (not counted here: they matter for tiny datasets only).
 SIZE_OVERHEAD = {"raw": 1.05, "png": 1.05, "jpeg": 1.05, "mixed": 1.05}
@@ -94,7 +105,6 @@ BYTES_METADATA = np.dtype([("ptr", "<u8"), ("size", "<u8")])
 MODE_JPG, MODE_RAW = 0, 1  # RGBImageField's IMAGE_MODES
 MIN_PAGE_SIZE, MAX_PAGE_SIZE = 1 << 21, 1 << 32
 # A run of adjacent samples is fetched with one pread, up to this many bytes.
-_MAX_RUN_BYTES = 16 << 20
 
 
 def image_field_type(encoding: str) -> str:
@@ -384,30 +394,14 @@ class FFCVReader(Reader):
         return self._sample(index, data), int(self._h_labels[index])
 
     def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
-        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
-        order = np.argsort(self._h_ptrs[indices], kind="stable")
-        sorted_idx = indices[order]
-        starts = self._h_ptrs[sorted_idx]
-        ends = starts + self._h_sizes[sorted_idx]
-        follows = np.zeros(len(sorted_idx), dtype=bool)
-        follows[1:] = starts[1:] == ends[:-1]
-        sorted_idx, order = sorted_idx.tolist(), order.tolist()
-        starts, ends, follows = starts.tolist(), ends.tolist(), follows.tolist()
-        a = 0
-        while a < len(sorted_idx):
-            stop = a + 1
-            while (stop < len(sorted_idx) and follows[stop]
-                   and ends[stop] - starts[a] <= _MAX_RUN_BYTES):
-                stop += 1
-            base = starts[a]
-            data = memoryview(self._pread(base, ends[stop - 1] - base, sorted_idx[a]))
-            for j in range(a, stop):
-                if ends[j] - base > len(data):
-                    raise self._cut_off(sorted_idx[j], base + len(data), ends[j])
-                images[order[j]] = self._sample(sorted_idx[j],
-                                                data[starts[j] - base : ends[j] - base])
-            a = stop
-        return images, self._h_labels[indices]
+        starts = self._h_ptrs[indices]
+        runs = coalesced_runs(indices, starts, starts + self._h_sizes[indices],
+                              order=np.argsort(starts, kind="stable"))
+        return self._read_runs(
+            indices, out, runs,
+            (self._pread(run.offset, run.length, run.first_index) for run in runs),
+            lambda run, index, end, want: self._cut_off(index, end, want),
+            lambda _, index, data: (self._sample(index, data), self._h_labels[index]))
 
     def _pread(self, offset: int, length: int, index: int) -> bytes:
         try:

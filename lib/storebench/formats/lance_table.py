@@ -53,17 +53,22 @@ from .base import CorruptSampleError, DatasetError, ManifestError, Reader
 from .manifest import check_files
 from .manifest import fingerprint_span as default_span
 from .specs import Spec
+from .traits import FormatTraits
 
 NAME = "lance"
 ENCODINGS = ("raw", "png", "jpeg", "mixed")
 PEER = True
 LIBRARIES = ("lance", "pyarrow")
-DISTRIBUTIONS = ("pylance",)
 # Lance's own default (about a million rows per file) would leave every profile's set in one
 # fragment; 4,096 rows make files of tens of MB at the small and medium profiles (e.g. 48 MiB
 # of 64x64 raw pixels) and keep several blocks for a block-shuffle sampler.
 DEFAULT_KNOBS: dict = {"max_rows_per_file": 4096}
 OPEN_OPTIONS: tuple = ()
+TRAITS = FormatTraits(
+    remote_unsupported=("storebench has no S3 reader for this peer format (the peers study reads "
+                        "local files); its own library may read from S3"),
+    distributions=("pylance",),
+)
 # Forked workers of a process that used Lance hang (see the module docstring).
 FORK_SAFE = False
 # Stored bytes per sample byte: the index and label columns, page and file metadata.

@@ -60,20 +60,26 @@ from .base import (
     DatasetError,
     ManifestError,
     Reader,
+    coalesced_runs,
     has_encoding_magic,
 )
 from .manifest import check_fingerprint
 from .manifest import fingerprint_span as default_span
+from .traits import FormatTraits
 
 NAME = "litdata"
 ENCODINGS = ("raw", "png", "jpeg", "mixed")
 PEER = True
 LIBRARIES = ("litdata",)
-DISTRIBUTIONS = ("litdata",)
 # LitData's own default is 64 MB (sized for object storage), which would leave the small
 # profile's JPEGs (~60 MB) in one chunk; 8 MiB gives several chunks at every profile.
 DEFAULT_KNOBS: dict = {"chunk_bytes": 8 << 20}
 OPEN_OPTIONS: tuple = ()
+TRAITS = FormatTraits(
+    remote_unsupported=("storebench has no S3 reader for this peer format (the peers study reads "
+                        "local files); its own library may read from S3"),
+    distributions=("litdata",),
+)
 # Per item: 12 bytes of leaf sizes, two int64 and 4 bytes of offset (+20 for a raw header).
 SIZE_OVERHEAD = {"raw": 1.02, "png": 1.02, "jpeg": 1.02, "mixed": 1.02}
 
@@ -91,7 +97,6 @@ _INT_BYTES = _INT64.size
 _ITEM_OVERHEAD = _LEAF_SIZES.size + 2 * _INT_BYTES  # an encoded item: 28 bytes + the image
 _RAW_ITEM_OVERHEAD = _ITEM_OVERHEAD + _RAW_HEADER.size  # a raw item: 48 bytes + the pixels
 # A run of adjacent items is fetched with one pread, up to this many bytes.
-_MAX_RUN_BYTES = 16 << 20
 
 
 def fingerprint_span(rel: str, path: Path, size: int) -> tuple[int, int]:
@@ -311,36 +316,13 @@ class LitDataReader(Reader):
         return self._parse_item(chunk, index, memoryview(data))
 
     def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
-        labels = np.empty(len(indices), dtype=np.int64)
-        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
-        # Sample order is (chunk, offset) order: a stable argsort groups by chunk.
-        order = np.argsort(indices, kind="stable")
-        sorted_idx = indices[order]
-        starts, ends = self._h_starts[sorted_idx], self._h_ends[sorted_idx]
-        chunks = np.searchsorted(self._h_bounds, sorted_idx, side="right") - 1
-        # Items that follow each other directly in one chunk are fetched by one pread (up to
-        # _MAX_RUN_BYTES); a chunk change, a gap or a repeated index starts a new read.
-        follows = np.zeros(len(sorted_idx), dtype=bool)
-        follows[1:] = (chunks[1:] == chunks[:-1]) & (starts[1:] == ends[:-1])
-        sorted_idx, order, chunks = sorted_idx.tolist(), order.tolist(), chunks.tolist()
-        starts, ends, follows = starts.tolist(), ends.tolist(), follows.tolist()
-        a = 0
-        while a < len(sorted_idx):
-            stop = a + 1
-            while stop < len(sorted_idx) and follows[stop] and (
-                ends[stop] - starts[a] <= _MAX_RUN_BYTES
-            ):
-                stop += 1
-            chunk, base = chunks[a], starts[a]
-            buffer = memoryview(self._pread(chunk, base, ends[stop - 1] - base, sorted_idx[a]))
-            for j in range(a, stop):
-                index, k = sorted_idx[j], order[j]
-                lo, hi = starts[j] - base, ends[j] - base
-                if hi > len(buffer):
-                    raise self._cut_off(chunk, index, base + len(buffer), ends[j])
-                images[k], labels[k] = self._parse_item(chunk, index, buffer[lo:hi])
-            a = stop
-        return images, labels
+        chunks = np.searchsorted(self._h_bounds, indices, side="right") - 1
+        runs = coalesced_runs(indices, self._h_starts[indices], self._h_ends[indices], chunks)
+        return self._read_runs(
+            indices, out, runs,
+            (self._pread(run.file, run.offset, run.length, run.first_index) for run in runs),
+            lambda run, index, end, want: self._cut_off(run.file, index, end, want),
+            self._parse_item)
 
     def _pread(self, chunk: int, offset: int, length: int, index: int) -> bytes:
         try:

@@ -27,11 +27,18 @@ import numpy as np
 from data_gen import DatasetSpec
 
 from .base import CorruptSampleError, DatasetError, ManifestError, Reader
+from .traits import FormatTraits
 
 NAME = "lmdb"
 ENCODINGS = ("raw", "png", "jpeg", "mixed")
 DEFAULT_KNOBS: dict = {"batch_samples": 1024}
 OPEN_OPTIONS = ("readahead",)
+TRAITS = FormatTraits(
+    out_of_core_options=(({"readahead": False}, "shuffle"),),
+    readahead_option="readahead",
+    remote_unsupported="LMDB maps its database file into memory (mmap), which needs a local file",
+    distributions=("lmdb",),
+)
 LABELS_KEY = b"__labels__"
 SPEC_KEY = b"__spec__"
 DATA_FILE = "data.mdb"
@@ -116,7 +123,8 @@ class LmdbReader(Reader):
     """One read transaction per batch, with values copied straight out of the map.
 
     ``readahead=False`` suits data far larger than RAM; on data that fits it costs 10-15x
-    for cold reads (see FACTS.md), so it is a knob and the default is the library's (True).
+    for cold reads (the lazy_vs_preloaded study measures both), so it is a knob and the
+    default is the library's (True).
     """
 
     def __init__(

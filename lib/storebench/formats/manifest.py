@@ -38,7 +38,8 @@ FINGERPRINT_BYTES = 4096
 SOURCES_NAME = "sources.json"  # imported datasets: the source file of each sample
 SIDECAR_NAMES = (MANIFEST_NAME, CHECKSUMS_NAME, SOURCES_NAME)
 
-VERSIONED_PACKAGES = ("numpy", "pillow", "h5py", "lmdb", "pyarrow", "protobuf", "crc32c")
+# Every manifest records these; a format adds its own (``FormatTraits.distributions``).
+VERSIONED_PACKAGES = ("numpy", "pillow", "crc32c")
 
 
 def package_versions(names=VERSIONED_PACKAGES) -> dict[str, str | None]:

@@ -62,21 +62,27 @@ from .base import (
     ManifestError,
     Reader,
     check_index,
+    coalesced_runs,
     has_encoding_magic,
 )
 from .manifest import FINGERPRINT_BYTES, check_fingerprint
 from .manifest import fingerprint_span as default_span
+from .traits import FormatTraits
 
 NAME = "mds"
 ENCODINGS = ("raw", "png", "jpeg", "mixed")
 PEER = True
 LIBRARIES = ("streaming",)
-DISTRIBUTIONS = ("mosaicml-streaming",)
 # 8 MiB shards: the small profile's 4,000 PNG / JPEG samples make 4 / 8 shards, its 20,000
 # raw ones 30; streaming's default (64 MiB) would leave them in one or two. size_limit is
 # MDSWriter's own knob: a shard closes before the sample that would take it past the limit.
 DEFAULT_KNOBS: dict = {"size_limit": 1 << 23}
 OPEN_OPTIONS: tuple = ()
+TRAITS = FormatTraits(
+    remote_unsupported=("storebench has no S3 reader for this peer format (the peers study reads "
+                        "local files); its own library may read from S3"),
+    distributions=("mosaicml-streaming",),
+)
 # Stored bytes per sample byte: 24 bytes per sample (offset, size field, index, label).
 SIZE_OVERHEAD = {"raw": 1.05, "png": 1.05, "jpeg": 1.05, "mixed": 1.05}
 
@@ -88,7 +94,6 @@ _U32 = struct.Struct("<I")
 _INDEX_LABEL = struct.Struct("<qq")  # the "index" and "label" columns (MDS "int": int64)
 _SIZE_FIELD = _U32.size  # the encoded image's size, before its bytes
 # A run of adjacent samples is fetched with one pread, up to this many bytes.
-_MAX_RUN_BYTES = 16 << 20
 # The writer config keys every shard header repeats (MDSWriter.get_config).
 _CONFIG_KEYS = ("column_encodings", "column_names", "column_sizes", "compression", "format",
                 "hashes", "size_limit", "version")
@@ -373,33 +378,13 @@ class MDSReader(Reader):
         return self._decode(shard, index, memoryview(data))
 
     def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
-        labels = np.empty(len(indices), dtype=np.int64)
-        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
-        order = np.argsort(indices, kind="stable")  # index order is (shard, offset) order
-        sorted_idx = indices[order]
-        begins, ends = self._h_begins[sorted_idx], self._h_ends[sorted_idx]
-        shards = np.searchsorted(self._h_bounds, sorted_idx, side="right") - 1
-        follows = np.zeros(len(sorted_idx), dtype=bool)
-        follows[1:] = (shards[1:] == shards[:-1]) & (begins[1:] == ends[:-1])
-        sorted_idx, order, shards = sorted_idx.tolist(), order.tolist(), shards.tolist()
-        begins, ends, follows = begins.tolist(), ends.tolist(), follows.tolist()
-        a = 0
-        while a < len(sorted_idx):
-            stop = a + 1
-            while stop < len(sorted_idx) and follows[stop] and (
-                ends[stop] - begins[a] <= _MAX_RUN_BYTES
-            ):
-                stop += 1
-            shard, base = shards[a], begins[a]
-            buffer = memoryview(self._pread(shard, base, ends[stop - 1] - base, sorted_idx[a]))
-            for j in range(a, stop):
-                lo, hi = begins[j] - base, ends[j] - base
-                if hi > len(buffer):
-                    raise self._cut_off(shard, sorted_idx[j], base + len(buffer), ends[j])
-                images[order[j]], labels[order[j]] = self._decode(
-                    shard, sorted_idx[j], buffer[lo:hi])
-            a = stop
-        return images, labels
+        shards = np.searchsorted(self._h_bounds, indices, side="right") - 1
+        runs = coalesced_runs(indices, self._h_begins[indices], self._h_ends[indices], shards)
+        return self._read_runs(
+            indices, out, runs,
+            (self._pread(run.file, run.offset, run.length, run.first_index) for run in runs),
+            lambda run, index, end, want: self._cut_off(run.file, index, end, want),
+            self._decode)
 
     def _pread(self, shard: int, offset: int, length: int, index: int) -> bytes:
         try:

@@ -27,11 +27,17 @@ from ..gather import take_rows
 from . import npyfile
 from .base import CorruptSampleError, DatasetError, Reader
 from .manifest import fingerprint_span as default_span
+from .traits import FormatTraits
 
 NAME = "memmap"
 ENCODINGS = ("raw",)
 DEFAULT_KNOBS: dict = {}
 OPEN_OPTIONS = ("madvise_random", "populate")
+TRAITS = FormatTraits(
+    out_of_core_options=(({"madvise_random": True}, "shuffle"),),
+    readahead_option="madvise_random",
+    remote_unsupported="a memory-mapped .npy needs a local file to map",
+)
 # MADV_POPULATE_READ (Linux 5.14): fill the page tables from the page cache in one call.
 MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)
 IMAGES, LABELS = "images.npy", "labels.npy"

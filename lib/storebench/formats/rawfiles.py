@@ -27,12 +27,15 @@ from data_gen import DatasetSpec
 
 from .base import CorruptSampleError, DatasetError, Reader, sniff_encoding
 from .manifest import bytes_fingerprint
+from .remote_reader import RemoteReader
 from .specs import Spec, is_imported
+from .traits import FormatTraits
 
 NAME = "rawfiles"
 ENCODINGS = ("raw", "png", "jpeg", "mixed")
 DEFAULT_KNOBS: dict = {}
 OPEN_OPTIONS: tuple = ()
+TRAITS = FormatTraits()
 EXTENSIONS = {"raw": ".npy", "png": ".png", "jpeg": ".jpg"}
 # One file per sample, each rounded up to whole filesystem blocks (4 KiB).
 SIZE_OVERHEAD = {"raw": 1.35, "png": 1.35, "jpeg": 1.35, "mixed": 1.35}
@@ -191,3 +194,35 @@ class RawFilesReader(Reader):
 
 def open(root: Path, manifest: dict, **options) -> RawFilesReader:  # noqa: A001 - registry verb
     return RawFilesReader(root, manifest, **options)
+
+
+# -- over object storage ----------------------------------------------------------
+# One object per sample over S3: a batch is one GET per sample, all in flight at once; the
+# labels come from the class prefixes in one listing.
+class RemoteRawFilesReader(RemoteReader, RawFilesReader):
+    def _open(self) -> None:
+        self._h_listing: dict[str, list[str]] = {}
+        for name in self.store.sizes():
+            folder, _, file_name = name.rpartition("/")
+            if folder:
+                self._h_listing.setdefault(folder, []).append(file_name)
+        super()._open()
+
+    def _list_class_dir(self, name: str) -> list[str]:
+        return self._h_listing.get(name, [])
+
+    def _fetch(self, name: str, index: int) -> bytes:
+        return self.store.read(name)
+
+    def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
+        labels = np.empty(len(indices), dtype=np.int64)
+        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
+        names = [self._name_of(i) for i in indices.tolist()]
+        fetched = self.store.read_many(names)
+        for k, (index, name, data) in enumerate(zip(indices.tolist(), names, fetched)):
+            images[k], labels[k] = self._sample(index, self._check_bytes(name, index, data))
+        return images, labels
+
+
+def open_remote(store, manifest: dict, **options) -> RemoteRawFilesReader:
+    return RemoteRawFilesReader(store, manifest, **options)

@@ -45,10 +45,20 @@ from google.protobuf.message import DecodeError
 from data_gen import DatasetSpec
 
 from . import example_proto, npyfile
-from .base import CorruptSampleError, DatasetError, ManifestError, Reader, has_encoding_magic
+from .base import (
+    ByteRun,
+    CorruptSampleError,
+    DatasetError,
+    ManifestError,
+    Reader,
+    coalesced_runs,
+    has_encoding_magic,
+)
 from .manifest import check_fingerprint
 from .manifest import fingerprint_span as default_span
+from .remote_reader import RemoteObject, RemoteReader
 from .specs import fixed_size, stored_image_shape
+from .traits import FormatTraits, KnobVariant
 
 NAME = "tfrecord"
 ENCODINGS = ("raw", "png", "jpeg", "mixed")
@@ -56,6 +66,14 @@ ENCODINGS = ("raw", "png", "jpeg", "mixed")
 # tens to hundreds of MB, the range TensorFlow's input-pipeline guide recommends.
 DEFAULT_KNOBS: dict = {"num_shards": 4}
 OPEN_OPTIONS: tuple = ()
+TRAITS = FormatTraits(
+    knob_variants=(KnobVariant(NAME, "raw", (("num_shards", 1),)),
+                   KnobVariant(NAME, "raw", (("num_shards", 16),))),
+    knob_metrics={"num_shards": "sequential_cold"},
+    variant_access="block_shuffle",
+    checks_content=True,  # every record carries the CRC32C of its bytes
+    distributions=("protobuf",),
+)
 # 2: DALI's text index (.idx) beside each shard; builds of layout 1 are rebuilt.
 LAYOUT = 2
 # Stored bytes per sample byte: 16 bytes of framing and ~30 of Example per record.
@@ -72,7 +90,6 @@ FRAME_OVERHEAD = HEADER.size + FOOTER.size
 _LENGTH = struct.Struct("<Q")
 _MASK_DELTA = 0xA282EAD8
 # A run of adjacent records is fetched with one pread, up to this many bytes.
-_MAX_RUN_BYTES = 16 << 20
 
 
 def masked_crc32c(data: bytes | memoryview) -> int:
@@ -334,11 +351,11 @@ class TFRecordReader(Reader):
     def _read_at(self, shard: int, offset: int, length: int) -> bytes:
         return os.pread(self._h_files[shard].fileno(), length, offset)
 
-    def _fetch_runs(self, runs: list[tuple[int, int, int, int]]) -> list[bytes]:
-        """The bytes of each ``(shard, offset, length, first sample)`` run, in order, each
-        possibly short where the shard ends (the caller names the record cut off)."""
-        return [self._pread(shard, offset, length, index, allow_short=True)
-                for shard, offset, length, index in runs]
+    def _fetch_runs(self, runs: list[ByteRun]) -> list[bytes]:
+        """The bytes of each run, in order, each possibly short where the shard ends (the
+        caller names the record cut off)."""
+        return [self._pread(run.file, run.offset, run.length, run.first_index,
+                            allow_short=True) for run in runs]
 
     def _load_indexes(self, files: list) -> tuple[np.ndarray, np.ndarray]:
         offsets = np.empty(len(self), dtype=np.int64)
@@ -384,42 +401,13 @@ class TFRecordReader(Reader):
         return self._decode(shard, index, memoryview(frame))
 
     def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
-        labels = np.empty(len(indices), dtype=np.int64)
-        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
-        # Sample order is (shard, offset) order, so a stable argsort groups by shard and
-        # sorts by offset.
-        order = np.argsort(indices, kind="stable")
-        sorted_idx = indices[order]
-        offsets = self._h_offsets[sorted_idx]
-        ends = offsets + self._h_lengths[sorted_idx]
-        shards = np.searchsorted(self.bounds, sorted_idx, side="right") - 1
-        # Records that follow each other directly in one shard are fetched by one pread (up to
-        # _MAX_RUN_BYTES); a shard change, a gap or a repeated index starts a new read.
-        follows = np.zeros(len(sorted_idx), dtype=bool)
-        follows[1:] = (shards[1:] == shards[:-1]) & (offsets[1:] == ends[:-1])
-        # Python lists: the loop below touches them per record, where NumPy scalars are slow.
-        sorted_idx, order, shards = sorted_idx.tolist(), order.tolist(), shards.tolist()
-        offsets, ends, follows = offsets.tolist(), ends.tolist(), follows.tolist()
-        runs, bounds = [], []
-        a = 0
-        while a < len(sorted_idx):
-            stop = a + 1
-            while stop < len(sorted_idx) and follows[stop] and (
-                ends[stop] - offsets[a] <= _MAX_RUN_BYTES
-            ):
-                stop += 1
-            runs.append((shards[a], offsets[a], ends[stop - 1] - offsets[a], sorted_idx[a]))
-            bounds.append((a, stop))
-            a = stop
-        for (shard, base, _, _), (a, stop), data in zip(runs, bounds, self._fetch_runs(runs)):
-            buffer = memoryview(data)
-            for j in range(a, stop):
-                index, k = sorted_idx[j], order[j]
-                lo, hi = offsets[j] - base, ends[j] - base
-                if hi > len(buffer):
-                    raise self._cut_off(shard, index, base + len(buffer), ends[j])
-                images[k], labels[k] = self._decode(shard, index, buffer[lo:hi])
-        return images, labels
+        offsets = self._h_offsets[indices]
+        shards = np.searchsorted(self.bounds, indices, side="right") - 1
+        runs = coalesced_runs(indices, offsets, offsets + self._h_lengths[indices], shards)
+        return self._read_runs(
+            indices, out, runs, self._fetch_runs(runs),
+            lambda run, index, end, want: self._cut_off(run.file, index, end, want),
+            self._decode)
 
     # -- helpers --------------------------------------------------------------------------
     def _pread(self, shard: int, offset: int, length: int, index: int, *,
@@ -479,3 +467,32 @@ class TFRecordReader(Reader):
 
 def open(root: Path, manifest: dict, **options) -> TFRecordReader:  # noqa: A001 - registry verb
     return TFRecordReader(root, manifest, **options)
+
+
+# -- over object storage ----------------------------------------------------------
+# TFRecord shards over S3: the offset index turns every batch into ranged GETs, runs of
+# adjacent records coalesced into one request (a block-shuffled batch is one or two), all of a
+# batch's requests in flight at once.
+class RemoteTFRecordReader(RemoteReader, TFRecordReader):
+    def _open_shards(self) -> list[RemoteObject]:
+        names = [path.name for path in self.shards]
+        return [RemoteObject(name, size)
+                for name, size in zip(names, self.store.sizes_of(names))]
+
+    def _shard_size(self, files: list[RemoteObject], shard: int) -> int:
+        return files[shard].size
+
+    def _read_index_files(self, paths) -> list[bytes]:
+        return self.store.read_many([path.name for path in paths])
+
+    def _read_at(self, shard: int, offset: int, length: int) -> bytes:
+        return self.store.read_range(self.shards[shard].name, offset, length)
+
+    def _fetch_runs(self, runs) -> list[bytes]:
+        return self.store.read_ranges(
+            [(self.shards[run.file].name, run.offset, run.length) for run in runs]
+        )
+
+
+def open_remote(store, manifest: dict, **options) -> RemoteTFRecordReader:
+    return RemoteTFRecordReader(store, manifest, **options)

@@ -51,10 +51,12 @@ from .base import (
     DatasetError,
     ManifestError,
     Reader,
+    coalesced_runs,
     sniff_encoding,
 )
 from .manifest import check_fingerprint
 from .manifest import fingerprint_span as default_span
+from .traits import FormatTraits
 
 NAME = "webdataset"
 ENCODINGS = ("raw", "png", "jpeg", "mixed")
@@ -62,9 +64,13 @@ ENCODINGS = ("raw", "png", "jpeg", "mixed")
 # worker of the study's 2), its 20,000 raw ones 40; shards of ~1-10 MB there.
 DEFAULT_KNOBS: dict = {"samples_per_shard": 500}
 OPEN_OPTIONS: tuple = ()
+TRAITS = FormatTraits(
+    remote_unsupported=("storebench has no S3 reader for this peer format (the peers study reads "
+                        "local files); its own library may read from S3"),
+    distributions=("webdataset",),
+)
 PEER = True
 LIBRARIES: tuple = ()  # the standard library writes and reads these tars
-DISTRIBUTIONS = ("webdataset",)
 # Stored bytes per sample byte: a 512-byte header and up to 511 bytes of padding per image,
 # plus a 1 KiB .cls member (header and one padded block): large for the ci profile's ~2 KB
 # PNGs, ~10 % for 64x64 raw and 256x256 JPEG.
@@ -80,7 +86,6 @@ _EXT_OF_ENCODING = {"png": "png", "jpeg": "jpg"}
 
 BLOCK = tarfile.BLOCKSIZE  # 512
 # A run of adjacent samples is fetched with one pread, up to this many bytes.
-_MAX_RUN_BYTES = 16 << 20
 _ZEROS = bytes(BLOCK)
 # USTAR header fields: (offset, length).
 _NAME, _SIZE, _CHKSUM = (0, 100), (124, 12), (148, 8)
@@ -326,35 +331,14 @@ class WebDatasetReader(Reader):
         return self._parse(index, memoryview(span))
 
     def _read_many(self, indices: np.ndarray, out: np.ndarray | None):
-        labels = np.empty(len(indices), dtype=np.int64)
-        images = self._raw_buffer(len(indices), out) if self.is_raw else [b""] * len(indices)
-        order = np.argsort(indices, kind="stable")
-        sorted_idx = indices[order]
-        starts, ends = self._h_starts[sorted_idx], self._h_ends[sorted_idx]
-        shards = sorted_idx // self.samples_per_shard
-        # Samples that follow each other in one shard are adjacent on disk: one pread per run
-        # (up to _MAX_RUN_BYTES); a shard change, a gap or a repeated index starts a new one.
-        follows = np.zeros(len(sorted_idx), dtype=bool)
-        follows[1:] = (shards[1:] == shards[:-1]) & (starts[1:] == ends[:-1])
-        sorted_idx, order, shards = sorted_idx.tolist(), order.tolist(), shards.tolist()
-        starts, ends, follows = starts.tolist(), ends.tolist(), follows.tolist()
-        a = 0
-        while a < len(sorted_idx):
-            stop = a + 1
-            while stop < len(sorted_idx) and follows[stop] and (
-                ends[stop] - starts[a] <= _MAX_RUN_BYTES
-            ):
-                stop += 1
-            base = starts[a]
-            run = memoryview(self._pread(shards[a], base, ends[stop - 1] - base, sorted_idx[a],
-                                         allow_short=True))
-            for j in range(a, stop):
-                index, k = sorted_idx[j], order[j]
-                if ends[j] - base > len(run):
-                    raise self._cut_off(index, base + len(run), ends[j])
-                images[k], labels[k] = self._parse(index, run[starts[j] - base : ends[j] - base])
-            a = stop
-        return images, labels
+        runs = coalesced_runs(indices, self._h_starts[indices], self._h_ends[indices],
+                              indices // self.samples_per_shard)
+        return self._read_runs(
+            indices, out, runs,
+            (self._pread(run.file, run.offset, run.length, run.first_index, allow_short=True)
+             for run in runs),
+            lambda run, index, end, want: self._cut_off(index, end, want),
+            lambda shard, index, data: self._parse(index, data))
 
     # -- helpers ----------------------------------------------------------------------------
     def _pread(self, shard: int, offset: int, length: int, index: int, *,

@@ -63,12 +63,12 @@ from .base import (
 )
 from .manifest import check_files
 from .specs import Spec
+from .traits import FormatTraits
 
 NAME = "zarr"
 ENCODINGS = ("raw", "png", "jpeg", "mixed")
 PEER = True
 LIBRARIES = ("zarr",)
-DISTRIBUTIONS = ("zarr",)
 # 16 samples per chunk (192 KiB of 64x64 raw pixels), sized for the shuffled reads training
 # does: a chunk is Zarr's unit of reading, so a shuffled sample costs its whole chunk, and at
 # 256 samples a chunk (3 MiB) a shuffled epoch read the raw set 256 times over. Below 16,
@@ -77,6 +77,11 @@ DISTRIBUTIONS = ("zarr",)
 # and noisy raw pixels barely shrink.
 DEFAULT_KNOBS: dict = {"chunk_samples": 16, "compressor": "none"}
 OPEN_OPTIONS: tuple = ()
+TRAITS = FormatTraits(
+    remote_unsupported=("storebench has no S3 reader for this peer format (the peers study reads "
+                        "local files); its own library may read from S3"),
+    distributions=("zarr",),
+)
 COMPRESSORS = ("none", "zstd", "blosc")
 # Stored bytes per sample byte: 4 bytes per encoded sample (vlen-bytes lengths), a CRC per
 # chunk, the metadata.

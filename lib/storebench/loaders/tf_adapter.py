@@ -90,7 +90,7 @@ def tfrecord_pipeline(
     import tensorflow as tf
 
     from storebench.formats import read_manifest
-    from storebench.formats.tfrecord import shard_paths, tf_feature_spec
+    from storebench.formats.tfrecord import shard_paths
 
     root = Path(root)
     manifest = read_manifest(root)
@@ -122,31 +122,75 @@ def tfrecord_pipeline(
     if input_context is not None:
         batch_size = input_context.get_per_replica_batch_size(batch_size)
 
-    files = tf.data.Dataset.from_tensor_slices(paths)
-    if shard == "file":  # before the shuffle: every pipeline keeps the same files each epoch
-        files = files.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if shuffle_shards:
-        files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+    records = _records(paths, shard=shard, input_context=input_context,
+                       shuffle_shards=shuffle_shards, shuffle_buffer=shuffle_buffer, seed=seed,
+                       cache=cache, deterministic=deterministic, cycle_length=cycle_length)
+    parse_batch = _batch_parser(spec, root=root, resize=resize, decode=decode)
+    batched = records.batch(batch_size, drop_remainder=drop_remainder)
+    return batched.map(
+        parse_batch, num_parallel_calls=autotune, deterministic=deterministic
+    ).prefetch(autotune)
 
-    def read_shard(path):
-        return tf.data.TFRecordDataset(path, buffer_size=8 << 20)
 
-    if shuffle_buffer == 0:
-        records = files.flat_map(read_shard)  # one shard after another: index order
-    else:
-        records = files.interleave(
-            read_shard,
-            cycle_length=cycle_length if cycle_length is not None else min(len(paths), 8),
-            num_parallel_calls=autotune,
-            deterministic=deterministic,
+def _how_to_shard(input_context, shard_by: str, *, num_files: int, root: Path) -> str | None:
+    """"file" or "record" (``shard_by`` with "auto" resolved), or None when there is no
+    input context or only one pipeline, which reads everything."""
+    if shard_by not in SHARD_BY:
+        raise ValueError(f"shard_by must be one of {SHARD_BY}, got {shard_by!r}")
+    if input_context is None:
+        return None
+    pipelines = input_context.num_input_pipelines
+    if pipelines == 1:
+        return None
+    if shard_by == "auto":
+        return "file" if num_files >= pipelines else "record"
+    if shard_by == "file" and num_files < pipelines:
+        raise ValueError(
+            f"{root}: shard_by='file' needs at least one TFRecord file per input pipeline, "
+            f"and there are {num_files} files for {pipelines} pipelines: use "
+            "shard_by='record', or build the dataset with more shards (num_shards)"
         )
-    if shard == "record":
-        records = records.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
-    if cache:
-        records = records.cache()
-    if shuffle_buffer > 0:
-        records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
+    return shard_by
 
+
+def gil_bound_generator_dataset(dataset, batches):
+    """GIL-BOUND: ``tf.data.Dataset.from_generator`` over ``dataset.get_batch`` for each
+    index array in ``batches`` (a ``BatchSampler``). Works for every format; runs the
+    reading and decoding in Python under the GIL. Samples must be fixed-size arrays."""
+    import tensorflow as tf
+
+    shape = dataset.sample_shape
+    if shape is None:
+        raise ValueError(
+            "gil_bound_generator_dataset needs fixed-size array samples: pass decode= to the "
+            "dataset, and for images of different sizes a transform with a fixed output "
+            "(storebench.loaders.Resize), or output_shape= with another transform"
+        )
+    dtype = tf.as_dtype(np.dtype(dataset.sample_dtype))
+
+    def generate():
+        for indices in batches:
+            batch = dataset.get_batch(indices)
+            yield batch.images, batch.labels
+
+    return tf.data.Dataset.from_generator(
+        generate,
+        output_signature=(
+            tf.TensorSpec((None, *shape), dtype),
+            tf.TensorSpec((None,), tf.int64),
+        ),
+    )
+
+
+def _batch_parser(spec, *, root: Path, resize: tuple[int, int] | None, decode: bool):
+    """``parse_batch(serialized) -> (images, labels)`` for a batch of ``spec``'s records:
+    raw pixels reshaped, encoded images decoded (or kept, without ``decode``), each checked
+    against its stated shape and resized to ``resize`` where given."""
+    import tensorflow as tf
+
+    from storebench.formats.tfrecord import tf_feature_spec
+
+    variable_size = not fixed_size(spec)
     features = tf_feature_spec()
     shape = spec.image_shape if not variable_size else None
     out_shape = (*resize, spec.channels) if resize is not None else shape
@@ -206,57 +250,39 @@ def tfrecord_pipeline(
         )
         return images, parsed["label"]
 
-    batched = records.batch(batch_size, drop_remainder=drop_remainder)
-    return batched.map(
-        parse_batch, num_parallel_calls=autotune, deterministic=deterministic
-    ).prefetch(autotune)
+    return parse_batch
 
 
-def _how_to_shard(input_context, shard_by: str, *, num_files: int, root: Path) -> str | None:
-    """"file" or "record" (``shard_by`` with "auto" resolved), or None when there is no
-    input context or only one pipeline, which reads everything."""
-    if shard_by not in SHARD_BY:
-        raise ValueError(f"shard_by must be one of {SHARD_BY}, got {shard_by!r}")
-    if input_context is None:
-        return None
-    pipelines = input_context.num_input_pipelines
-    if pipelines == 1:
-        return None
-    if shard_by == "auto":
-        return "file" if num_files >= pipelines else "record"
-    if shard_by == "file" and num_files < pipelines:
-        raise ValueError(
-            f"{root}: shard_by='file' needs at least one TFRecord file per input pipeline, "
-            f"and there are {num_files} files for {pipelines} pipelines: use "
-            "shard_by='record', or build the dataset with more shards (num_shards)"
-        )
-    return shard_by
-
-
-def gil_bound_generator_dataset(dataset, batches):
-    """GIL-BOUND: ``tf.data.Dataset.from_generator`` over ``dataset.get_batch`` for each
-    index array in ``batches`` (a ``BatchSampler``). Works for every format; runs the
-    reading and decoding in Python under the GIL. Samples must be fixed-size arrays."""
+def _records(paths: list[str], *, shard: str | None, input_context, shuffle_shards: bool,
+             shuffle_buffer: int, seed: int, cache: bool, deterministic: bool,
+             cycle_length: int | None):
+    """The records of the TFRecord files ``paths``, this pipeline's share (``shard``), in
+    index order or shuffled (see ``tfrecord_pipeline``)."""
     import tensorflow as tf
 
-    shape = dataset.sample_shape
-    if shape is None:
-        raise ValueError(
-            "gil_bound_generator_dataset needs fixed-size array samples: pass decode= to the "
-            "dataset, and for images of different sizes a transform with a fixed output "
-            "(storebench.loaders.Resize), or output_shape= with another transform"
+    files = tf.data.Dataset.from_tensor_slices(paths)
+    if shard == "file":  # before the shuffle: every pipeline keeps the same files each epoch
+        files = files.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if shuffle_shards:
+        files = files.shuffle(len(paths), seed=seed, reshuffle_each_iteration=True)
+
+    def read_shard(path):
+        return tf.data.TFRecordDataset(path, buffer_size=8 << 20)
+
+    if shuffle_buffer == 0:
+        records = files.flat_map(read_shard)  # one shard after another: index order
+    else:
+        records = files.interleave(
+            read_shard,
+            cycle_length=cycle_length if cycle_length is not None else min(len(paths), 8),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=deterministic,
         )
-    dtype = tf.as_dtype(np.dtype(dataset.sample_dtype))
+    if shard == "record":
+        records = records.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+    if cache:
+        records = records.cache()
+    if shuffle_buffer > 0:
+        records = records.shuffle(shuffle_buffer, seed=seed, reshuffle_each_iteration=True)
 
-    def generate():
-        for indices in batches:
-            batch = dataset.get_batch(indices)
-            yield batch.images, batch.labels
-
-    return tf.data.Dataset.from_generator(
-        generate,
-        output_signature=(
-            tf.TensorSpec((None, *shape), dtype),
-            tf.TensorSpec((None,), tf.int64),
-        ),
-    )
+    return records

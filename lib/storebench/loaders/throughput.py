@@ -5,7 +5,7 @@ These only measure (no files are written); the benchmark harness turns the retur
 imports, first-touch page faults) by discarding ``warmup_batches`` batches before the clock
 starts. Open readers with ``verify=False`` to time the loader rather than CRC32C checks.
 
-The ``targets`` study's measure functions (``storebench.cases.targets``) are built from these.
+The ``targets`` study's measure functions (``studies.targets.cases``) are built from these.
 """
 
 from __future__ import annotations
@@ -94,22 +94,6 @@ def dram_read_bandwidth(*, nbytes: int = 1 << 30, repeats: int = 5) -> float:
     return buffer.nbytes / float(np.median(seconds))
 
 
-def dram_copy_bandwidth(*, nbytes: int = 1 << 28, repeats: int = 5) -> float:
-    """Bytes/s copied by one thread from one pre-faulted ``nbytes`` buffer into another
-    (``np.copyto``: every byte read once and written once, as a gather does), the median of
-    ``repeats`` runs after one warm-up."""
-    source = np.ones(max(nbytes, 1), dtype=np.uint8)  # written once: pre-faulted
-    target = np.zeros_like(source)
-    target[:] = 1
-    np.copyto(target, source)
-    seconds = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        np.copyto(target, source)
-        seconds.append(time.perf_counter() - started)
-    return source.nbytes / float(np.median(seconds))
-
-
 def _assembly_buffers(dataset, batch_size: int, seed: int):
     """(one preallocated (B, H, W, C) batch buffer, full shuffled batches) for timing batch
     assembly from ``dataset``; fixed-size samples and at least one batch required."""
@@ -180,68 +164,29 @@ def gather_against_copy(datasets: Mapping[str, object], *, batch_size: int = 256
         orders.append([np.asarray(idx) for idx in batches])
     flat_rows = rows.reshape(len(rows), -1) if rows is not None else None
     flat_out = out.reshape(batch_size, -1)
-    copiers = {"copy_1_thread": lambda: np.copyto(target, source)}
-    pool = None
-    if copy_threads > 1:
-        pool = ThreadPoolExecutor(copy_threads - 1)
-        bounds = np.linspace(0, epoch_bytes, copy_threads + 1).astype(int).tolist()
-        spans = list(zip(bounds[:-1], bounds[1:], strict=True))
-
-        def split_copy() -> None:
-            parts = [pool.submit(np.copyto, target[a:b], source[a:b]) for a, b in spans[1:]]
-            np.copyto(target[spans[0][0]:spans[0][1]], source[spans[0][0]:spans[0][1]])
-            for part in parts:
-                part.result()
-
-        copiers[f"copy_{copy_threads}_threads"] = split_copy
-    free_takes = None
-    if flat_rows is not None and pool is not None:
-        outs = [flat_out] + [np.zeros_like(flat_out) for _ in range(copy_threads - 1)]
-
-        def free_takes(order: list[np.ndarray]) -> None:
-            parts = [pool.submit(_take_batches, flat_rows, order[k::copy_threads], outs[k])
-                     for k in range(1, copy_threads)]
-            _take_batches(flat_rows, order[0::copy_threads], outs[0])
-            for part in parts:
-                part.result()
-
+    copiers, free_takes, pool = _copy_ways(source, target, copy_threads=copy_threads,
+                                           rows=flat_rows, out=flat_out)
     free_name = f"bare_take_{copy_threads}_threads"
-    # Every timed way through the batches but the copies, in the order the rounds time them.
-    gathers = [*datasets, *epochs,
-               *(["bare_take", "numpy_take"] if flat_rows is not None else []),
-               *([free_name] if free_takes is not None else [])]
-    seconds = dict.fromkeys([*copiers, *gathers], 0.0)
+    # Every timed way through a round's batches, in the order the rounds time them.
+    ways: dict[str, Callable[[list[np.ndarray]], object]] = {
+        name: (lambda order, copy=copy: copy()) for name, copy in copiers.items()}
+    for name, dataset in datasets.items():
+        ways[name] = lambda order, dataset=dataset: _gather_batches(dataset, order, out)
+    ways.update(epochs)
+    if flat_rows is not None:
+        ways["bare_take"] = lambda order: _take_batches(flat_rows, order, flat_out)
+        ways["numpy_take"] = lambda order: _numpy_take_batches(flat_rows, order, flat_out)
+    if free_takes is not None:
+        ways[free_name] = free_takes
+    gathers = [name for name in ways if name not in copiers]
+    seconds = dict.fromkeys(ways, 0.0)
     try:
         for epoch, order in enumerate(orders):  # the first round warms up, untimed
-            timed = {}
-            for name, copy in copiers.items():
+            for name, way in ways.items():
                 started = time.perf_counter()
-                copy()
-                timed[name] = time.perf_counter() - started
-            for name, dataset in datasets.items():
-                started = time.perf_counter()
-                for idx in order:
-                    dataset.get_batch(idx, out=out)
-                timed[name] = time.perf_counter() - started
-            for name, run_epoch in epochs.items():
-                started = time.perf_counter()
-                run_epoch(order)
-                timed[name] = time.perf_counter() - started
-            if flat_rows is not None:
-                started = time.perf_counter()
-                _take_batches(flat_rows, order, flat_out)
-                timed["bare_take"] = time.perf_counter() - started
-                started = time.perf_counter()
-                for idx in order:
-                    np.take(flat_rows, idx, axis=0, out=flat_out, mode="clip")
-                timed["numpy_take"] = time.perf_counter() - started
-            if free_takes is not None:
-                started = time.perf_counter()
-                free_takes(order)
-                timed[free_name] = time.perf_counter() - started
-            if epoch:
-                for name, spent in timed.items():
-                    seconds[name] += spent
+                way(order)
+                if epoch:
+                    seconds[name] += time.perf_counter() - started
     finally:
         if pool is not None:
             pool.shutdown(wait=True)
@@ -320,6 +265,51 @@ def pinned_pass(dataset, cpu: int, usable: Sequence[int], out: np.ndarray | None
         finally:
             os.sched_setaffinity(0, usable)
     return run
+
+
+def _copy_ways(source: np.ndarray, target: np.ndarray, *, copy_threads: int,
+               rows: np.ndarray | None, out: np.ndarray):
+    """``(copiers, free_takes, pool)`` for ``gather_against_copy``: the copy of ``source``
+    into ``target`` by one thread and, with ``copy_threads`` k > 1, split over k; with
+    ``rows`` and k > 1, the bare take run free over k threads (None otherwise); the pool
+    of k - 1 helper threads they share (None for one), which the caller shuts down."""
+    flat_rows, flat_out, epoch_bytes = rows, out, source.nbytes
+    copiers = {"copy_1_thread": lambda: np.copyto(target, source)}
+    pool = None
+    if copy_threads > 1:
+        pool = ThreadPoolExecutor(copy_threads - 1)
+        bounds = np.linspace(0, epoch_bytes, copy_threads + 1).astype(int).tolist()
+        spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+
+        def split_copy() -> None:
+            parts = [pool.submit(np.copyto, target[a:b], source[a:b]) for a, b in spans[1:]]
+            np.copyto(target[spans[0][0]:spans[0][1]], source[spans[0][0]:spans[0][1]])
+            for part in parts:
+                part.result()
+
+        copiers[f"copy_{copy_threads}_threads"] = split_copy
+    free_takes = None
+    if flat_rows is not None and pool is not None:
+        outs = [flat_out] + [np.zeros_like(flat_out) for _ in range(copy_threads - 1)]
+
+        def free_takes(order: list[np.ndarray]) -> None:
+            parts = [pool.submit(_take_batches, flat_rows, order[k::copy_threads], outs[k])
+                     for k in range(1, copy_threads)]
+            _take_batches(flat_rows, order[0::copy_threads], outs[0])
+            for part in parts:
+                part.result()
+
+    return copiers, free_takes, pool
+
+
+def _gather_batches(dataset, order: list[np.ndarray], out: np.ndarray) -> None:
+    for idx in order:
+        dataset.get_batch(idx, out=out)
+
+
+def _numpy_take_batches(rows: np.ndarray, order: list[np.ndarray], out: np.ndarray) -> None:
+    for idx in order:
+        np.take(rows, idx, axis=0, out=out, mode="clip")
 
 
 def _take_batches(rows: np.ndarray, order: Sequence[np.ndarray], out: np.ndarray) -> None:

@@ -46,10 +46,6 @@ class Pipeline:
     def requests_per_batch(self) -> float:
         return self.batch_size / self.samples_per_request
 
-    @property
-    def batch_seconds0(self) -> float:
-        return self.workers * self.batch_size / self.rate0
-
 
 def predicted_rate(pipeline: Pipeline, rtt_s: float, *, bandwidth_Bps: float = math.inf,
                    workers: int | None = None, concurrency: int | None = None) -> float:

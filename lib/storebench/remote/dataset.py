@@ -27,7 +27,6 @@ from ..formats.manifest import (
     parse_manifest,
     read_manifest,
 )
-from .readers import LOCAL_ONLY, REMOTE_READERS
 from .s3 import ObjectStore, ObjectStoreError, S3Config, S3Path
 
 UPLOAD_THREADS = 8
@@ -99,29 +98,22 @@ def open_remote(url, *, s3: S3Config | None = None, concurrency: int | None = No
                 **options) -> Reader:
     """Open the dataset uploaded at ``url`` (``s3://bucket/prefix``); ``s3`` says where the
     store is (default: the AWS environment variables), ``concurrency`` how many requests a
-    reader keeps in flight; ``options`` are the format's open options (``verify``...)."""
-    from ..formats import FORMATS
+    reader keeps in flight; ``options`` are the format's open options (``verify``...).
+    A format whose module has no ``open_remote`` is refused with how to stage it."""
+    from ..formats import checked_format
 
     store = _store(url, s3, concurrency)
     manifest = read_remote_manifest(store)
-    name = manifest["format"]
-    if name in LOCAL_ONLY:
+    module = checked_format(manifest, store.path(MANIFEST_NAME), options)
+    reason = module.TRAITS.remote_unsupported
+    if reason:
         raise DatasetError(
-            f"{store.root}: {name} cannot be read from object storage: {LOCAL_ONLY[name]}. "
-            f"Stage it on local disk first: storebench download {store.root} DIR, then "
-            "open_dataset(DIR)"
+            f"{store.root}: no remote reader for {module.NAME}: stage it with `storebench "
+            f"download {store.root} DIR`, then open DIR ({reason})"
         )
-    module = REMOTE_READERS.get(name)
-    if module is None:
-        raise ManifestError(f"{store.path(MANIFEST_NAME)}: unknown format {name!r}; "
-                            f"known formats: {sorted(FORMATS)}")
-    unknown = set(options) - {"verify", *module.OPEN_OPTIONS}
-    if unknown:
-        raise TypeError(f"format {name!r} has no open option(s) {sorted(unknown)}; its "
-                        f"options are {sorted({'verify', *module.OPEN_OPTIONS})}")
     check_remote_files(store, manifest,
-                       fingerprints=getattr(FORMATS[name], "FINGERPRINTS_AT_OPEN", True))
-    reader = module.open(store, manifest, **options)
+                       fingerprints=getattr(module, "FINGERPRINTS_AT_OPEN", True))
+    reader = module.open_remote(store, manifest, **options)
     reader.check()
     return reader
 

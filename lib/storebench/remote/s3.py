@@ -90,11 +90,6 @@ class S3Path(PurePosixPath):
         return super().__str__()
 
 
-def is_s3_url(path) -> bool:
-    """Whether ``path`` names an object-store location (an S3Path or an s3:// string)."""
-    return isinstance(path, S3Path) or (isinstance(path, str) and path.startswith(SCHEME))
-
-
 @dataclass(frozen=True)
 class S3Config:
     """Where and how to reach the object store. ``endpoint_url`` None means AWS itself;

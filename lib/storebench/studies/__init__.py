@@ -1,38 +1,52 @@
-"""The studies: one module per study (its grid of cases, case functions, figures, findings
-and guide rows) and ``STUDIES``, the plain registry that also gives the run order.
+"""The studies: one folder per study and ``STUDIES``, the registry that also gives the run order.
 
-Adding a study is one module defining ``STUDY = Study(...)``, one line here and one
-notebook; ``tests/studies/test_study_contract.py`` then runs its ci grid, draws every figure and
-renders every finding.
+A study's folder holds ``study.py`` (its grid of cases, figures, findings, guide rows and
+README parts, as ``STUDY = Study(...)``) and ``cases.py`` (its case functions, light enough
+for a case worker to import without pandas or matplotlib). Adding a study is one folder, one
+line in ``STUDY_NAMES`` and one notebook; the contract tests then run its ci grid, draw every
+figure and render every finding.
 """
 
 from __future__ import annotations
 
-from . import (
-    formats,
-    gpu_feed,
-    lazy_vs_preloaded,
-    out_of_core,
-    peers,
-    prefetch,
-    remote,
-    targets,
-)
+from collections.abc import Iterable
+
+from ..registry import LazyRegistry
 from .base import FigureSpec, Study
 
 # Run order: cheap and foundational first.
-STUDIES: dict[str, Study] = {
-    study.name: study for study in (
-        formats.STUDY,
-        lazy_vs_preloaded.STUDY,
-        prefetch.STUDY,
-        gpu_feed.STUDY,
-        targets.STUDY,
-        out_of_core.STUDY,
-        remote.STUDY,
-        peers.STUDY,
-    )
-}
+STUDY_NAMES = (
+    "formats",
+    "lazy_vs_preloaded",
+    "prefetch",
+    "gpu_feed",
+    "targets",
+    "out_of_core",
+    "remote",
+    "peers",
+)
+
+
+class StudyRegistry(LazyRegistry):
+    """Study name -> ``Study``, each study's module imported on first use: listing the names
+    (or importing a study's case functions in a worker) imports no study's plotting code.
+    ``modules`` maps a name to the module defining ``STUDY``; a registered study runs after
+    the others."""
+
+    kind = "study"
+
+    def member(self, module, name: str) -> Study:
+        if module.STUDY.name != name:
+            raise ValueError(f"{module.__name__} defines study {module.STUDY.name!r}, "
+                             f"registered as {name!r}")
+        return module.STUDY
+
+
+def study_modules(names: Iterable[str]) -> dict[str, str]:
+    return {name: f"{__name__}.{name}.study" for name in names}
+
+
+STUDIES = StudyRegistry(study_modules(STUDY_NAMES))
 
 
 def get_study(name: str) -> Study:
@@ -42,4 +56,4 @@ def get_study(name: str) -> Study:
         raise KeyError(f"unknown study {name!r}; known studies: {list(STUDIES)}") from None
 
 
-__all__ = ["STUDIES", "FigureSpec", "Study", "get_study"]
+__all__ = ["STUDIES", "FigureSpec", "Study", "StudyRegistry", "get_study"]

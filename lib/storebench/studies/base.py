@@ -1,14 +1,18 @@
-"""What a study is: its grid of cases, its figures, its findings and its guide rows, in one
-module (``storebench.studies.<name>``) registered in ``storebench.studies.STUDIES``."""
+"""What a study is: its grid of cases, its figures, its findings, its guide rows and its
+README parts, in one folder (``storebench.studies.<name>``) registered in
+``storebench.studies.STUDIES``."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from matplotlib.figure import Figure
+if TYPE_CHECKING:  # a case worker imports this package: no pandas or matplotlib at run time
+    from matplotlib.figure import Figure
 
-from ..results import Results
+    from ..results import Results
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,22 @@ class FigureSpec:
 
 def no_guide_rows(results: Results) -> list:
     return []
+
+
+def no_sentences(results: Results) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class ReadmePlace:
+    """Where the README's findings block is written: paths in it are relative to ``base``;
+    ``results_dir`` holds the results it states."""
+
+    results_dir: Path
+    base: Path
+
+    def relative(self, path: Path) -> str:
+        return path.resolve().relative_to(self.base.resolve()).as_posix()
 
 
 @dataclass(frozen=True)
@@ -45,7 +65,21 @@ class Study:
     # run (an S3 server holding their datasets); its mapping goes into each case's
     # environment. None: the cases need nothing outside their own process.
     services: Callable | None = None
+    # What the README shows of it: these figures (names among ``figures``), and the markdown
+    # ``readme_text(results, place: ReadmePlace)`` returns ("" for nothing).
+    readme_figures: tuple[str, ...] = ()
+    readme_text: Callable | None = None
+    # ``caveats(results)``: sentences on what the results cover (any study's rows), stated
+    # with the machine.
+    caveats: Callable[[Results], list[str]] = no_sentences
     # ``prepare(*, profile, data_dir, progress)``: builds what the study needs beyond the
     # profile's core formats (the peers study: the peer formats, in the peers environment),
     # called by ``storebench study`` before the grid is laid out. None: nothing more.
     prepare: Callable | None = None
+
+    def __post_init__(self) -> None:
+        drawn = {spec.name for spec in self.figures}
+        unknown = [name for name in self.readme_figures if name not in drawn]
+        if unknown:
+            raise ValueError(f"study {self.name!r}: README figures {unknown} are not among "
+                             f"its figures {sorted(drawn)}")

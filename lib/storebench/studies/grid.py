@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..bench.cases import dataset_files  # noqa: F401 - the grids' name for it
 from ..bench.plan import peer_sets_dir, plan_for
 from ..text import ENCODING_ORDER
+from .shared_cases import dataset_files  # noqa: F401 - the grids' name for it
 
 # The dataset directory of a format x encoding default build: ``<format>-<encoding>``; a
 # knob variant's is ``<format>-<encoding>-<knob>=<value>``.
@@ -63,7 +63,7 @@ def profile_datasets(
     ``peers=True``), sorted by the formats registry's order, then encoding, then directory
     name."""
     from data_gen import get_profile
-    from storebench.formats import CORE_FORMATS, FORMATS, find_datasets, read_manifest
+    from storebench.formats import FORMATS, find_datasets, read_manifest
     from storebench.formats.specs import IMPORTED_KIND
 
     specs = {spec.encoding: spec.to_dict() for spec in specs or get_profile(profile).specs}
@@ -79,7 +79,7 @@ def profile_datasets(
     for path, manifest in imported or everything:
         if (imported or manifest["spec"] == specs.get(manifest["spec"]["encoding"])) and (
                 variants or not is_variant(path, manifest)) and (
-                peers or manifest["format"] in CORE_FORMATS):
+                peers or manifest["format"] in FORMATS.core):
             found.append((path, manifest))
     if not found:
         raise StudyNotApplicableError(

@@ -1,0 +1,49 @@
+"""Every study's figures, drawn from a results directory alone."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..plots import save_figure
+from ..results import Results
+from ..studies import STUDIES, get_study
+
+
+def _draw_figures(results_dir: str, figures: Sequence[tuple[str, str]],
+                  results=None) -> list[Path]:
+    """Draw and save ``figures``, (study, figure name) pairs, from ``results`` (loaded from
+    ``results_dir`` when not given: a unit of work that a worker process can take needs
+    only a path and plain data)."""
+    if results is None:
+        results = Results.load(results_dir)
+    written: list[Path] = []
+    for study, name in figures:
+        spec = next(spec for spec in get_study(study).figures if spec.name == name)
+        written += save_figure(spec.draw(results), Path(results_dir) / "figures" / name)
+    return written
+
+
+def plot_all(results_dir: Path | str, *, workers: int | None = None) -> list[Path]:
+    """Regenerate every figure from ``<results_dir>/*.csv`` and ``env.json`` alone, into
+    ``<results_dir>/figures/``; returns the files written.
+
+    Rendering (PNG and SVG) is CPU-bound and nothing is measured meanwhile, so the figures
+    are drawn by ``workers`` processes (default: up to two, one per core)."""
+    results_dir = Path(results_dir)
+    results = Results.load(results_dir)
+    present = set(results.df["study"])
+    wanted = [(study.name, spec.name) for study in STUDIES.values() if study.name in present
+              for spec in study.figures]
+    workers = max(1, min(workers if workers is not None else min(2, os.cpu_count() or 1),
+                         len(wanted)))
+    if workers == 1:
+        return _draw_figures(str(results_dir), wanted, results)
+    from concurrent.futures import ProcessPoolExecutor
+
+    # One share per worker, so each loads the results once.
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        done = list(pool.map(_draw_figures, [str(results_dir)] * workers,
+                             [wanted[share::workers] for share in range(workers)]))
+    return [path for paths in done for path in paths]

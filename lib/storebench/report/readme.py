@@ -1,0 +1,89 @@
+"""The README's findings block, generated from a results directory (never typed by hand)."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+START, END = "<!-- findings:start -->", "<!-- findings:end -->"
+
+
+def study_time_text(results_dir: Path, base: Path) -> str:
+    """How long the study took, from its timing files. A study that was stopped and
+    resumed has one file per part (``timing-<run id>.json`` for the earlier ones): each part
+    is stated with what it ran and reused, never summed into a total it did not take."""
+    files = sorted(results_dir.glob("timing-*.json")) + [results_dir / "timing.json"]
+    parts = []
+    for path in files:
+        if not path.exists():
+            continue
+        timing = json.loads(path.read_text())
+        stages = ", ".join(f"{name.removeprefix('study:')} {seconds / 60:.1f}"
+                           for name, seconds in timing["stage_seconds"].items()
+                           if seconds >= 30)
+        ran = sum(timing.get("ran_cases", {}).values())
+        reused = sum(timing.get("reused_cases", {}).values())
+        failed = sum(len(ids) for ids in timing.get("failed_cases", {}).values())
+        failures = (f" ({failed} failed: {', '.join(timing['failed_cases'])} in "
+                    "`failed_cases`)" if failed else "")
+        rel = path.resolve().relative_to(base.resolve()).as_posix()
+        parts.append(f"{timing['total_seconds'] / 60:.1f} min, {ran} cases run{failures} and "
+                     f"{reused} reused (minutes by stage: {stages}; `{rel}`)")
+    if not parts:
+        return ""
+    profile = json.loads(files[-1].read_text())["profile"] if files[-1].exists() else ""
+    if len(parts) == 1:
+        return f"The `{profile}` study took {parts[0]} on this machine."
+    return (f"The `{profile}` study ran in {len(parts)} parts on this machine, the later "
+            "resuming the earlier (finished cases are reused): " + "; then ".join(parts) + ".")
+
+
+
+def render_findings_block(results_dir: Path | str, *, relative_to: Path | None = None) -> str:
+    """Machine line, decision guide and study time, then what each study with rows shows
+    in the README (its text, then its figures), in the studies' run order, as markdown."""
+    from ..results import Results
+    from ..studies import STUDIES
+    from ..studies.base import ReadmePlace
+    from .findings import readme_findings_table
+
+    results_dir = Path(results_dir)
+    place = ReadmePlace(results_dir=results_dir,
+                        base=relative_to or results_dir.resolve().parents[1])
+    parts = [readme_findings_table(results_dir).rstrip("\n")]
+    timing_text = study_time_text(results_dir, place.base)
+    if timing_text:
+        parts += ["", timing_text]
+    results = Results.load(results_dir)
+    present = set(results.df["study"])
+    studies = [study for study in STUDIES.values() if study.name in present]
+    for study in studies:
+        text = study.readme_text(results, place) if study.readme_text else ""
+        if text:
+            parts += ["", text.rstrip("\n")]
+    for study in studies:
+        captions = {spec.name: spec.caption for spec in study.figures}
+        for stem in study.readme_figures:
+            png = results_dir / "figures" / f"{stem}.png"
+            if png.exists():
+                parts += ["", f"![{captions[stem]}]({place.relative(png)})"]
+    return "\n".join(parts) + "\n"
+
+
+def update_readme(readme: Path | str, results_dir: Path | str) -> bool:
+    """Rewrite the block between the findings markers; True when the text changed."""
+    readme = Path(readme)
+    text = readme.read_text()
+    if START not in text or END not in text:
+        raise ValueError(f"{readme}: no {START} ... {END} block to fill")
+    block = render_findings_block(results_dir, relative_to=readme.resolve().parent)
+    new = re.sub(
+        re.escape(START) + r"\n.*?" + re.escape(END),
+        lambda _: f"{START}\n{block}{END}",
+        text,
+        flags=re.S,
+    )
+    if new != text:
+        readme.write_text(new)
+    return new != text

@@ -1,0 +1,1 @@
+"""The formats study: its grid (``study``) and case functions (``cases``)."""

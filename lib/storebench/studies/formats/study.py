@@ -1,0 +1,600 @@
+"""The formats study: what each storage format costs to build and to read.
+
+Per built dataset (knob variants included): its build cost (from the manifest), a full
+sequential read through the Reader cold and warm, and for raw datasets shuffled batches read
+through the Reader (what a chunk, row group or shard costs a random batch).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ...bench.cache import CacheState
+from ...bench.case import Case
+from ...bench.plan import plan_for
+from ...formats import traits
+from ...formats.traits import KNOB_EFFECTS
+from ...plots import (
+    bars,
+    empty_figure,
+    format_colours,
+    grouped,
+    linear_axis,
+    metric_title,
+    plot_peak_memory,
+    plot_resident_fraction,
+    profile_caption,
+    summarise,
+)
+from ...results import (
+    Results,
+    best_row,
+    dataset_names,
+    default_builds,
+    format_order,
+    ordered,
+    select,
+    sort_rows,
+    stat,
+    summary_table,
+)
+from ...text import (
+    ENCODING_NAMES,
+    ENCODING_ORDER,
+    MULTIPLY,
+    bullets,
+    faster_sentence,
+    format_percent,
+    format_ratio,
+    format_value,
+    sig,
+)
+from ..base import FigureSpec, Study
+from ..grid import dataset_files, knob_params, profile_datasets, repeat_fields
+
+MB = 1e6
+CASES = "storebench.studies.formats.cases"
+
+
+# Random batches read per repeat: enough for a stable rate, bounded so that a large chunk or
+# row group (read whole for every sample) does not take minutes.
+RANDOM_READ_SAMPLES = 1024
+# ... and, warm, at most about this long (at least four batches): a row-group format pays
+# its whole group per random sample, the same in every batch. Cold reads are not cut: a
+# cold pass cut sooner is a colder one, and every format's must read the same samples.
+RANDOM_READ_SECONDS = 0.5
+
+
+def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
+    """Per built dataset (knob variants included): build cost, a sequential read cold and
+    warm, and for raw datasets shuffled batches, cold (and warm on full plans)."""
+    from ..grid import batch_size_for
+
+    plan = plan_for(profile)
+    repeats = repeat_fields(profile, repeats)
+    cases = []
+    for path, manifest in profile_datasets(profile, data_dir, variants=True):
+        common = {
+            "study": "formats",
+            "format": manifest["format"],
+            "encoding": manifest["encoding"],
+            "dataset": str(path),
+            "params": knob_params(path, manifest),
+        }
+        cases.append(Case(function=f"{CASES}:build_cost_case", repeats=1, warmup=False,
+                          **common))
+        files = dataset_files(path)
+        for cache in CacheState:
+            cases.append(Case(
+                function=f"{CASES}:sequential_read_case", loader="reader",
+                access="sequential", batch_size=256, cache=cache.value, cache_files=files,
+                **repeats, **common,
+            ))
+        if manifest["encoding"] != "raw":
+            continue
+        count = manifest["num_samples"]
+        random_caches = (CacheState.COLD,) if plan.compact else tuple(CacheState)
+        for cache in random_caches:
+            cases.append(Case(
+                function=f"{CASES}:random_read_case", loader="reader", access="shuffle",
+                batch_size=batch_size_for(count, 64), cache=cache.value, cache_files=files,
+                **repeats,
+                **{**common, "params": {
+                    **common["params"], "random_samples": min(count, RANDOM_READ_SAMPLES),
+                    **({"random_seconds": RANDOM_READ_SECONDS}
+                       if cache == CacheState.WARM else {})}},
+            ))
+    return cases
+
+
+# -- findings -----------------------------------------------------------------------
+BUILD_METRICS = ("write_seconds", "write_MBps", "bytes_apparent", "bytes_allocated",
+                 "raw_bytes", "size_ratio", "file_count")
+
+
+def build_cost_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per built dataset: write time and rate, bytes apparent and allocated, bytes
+    on disk relative to the raw pixels, and file count."""
+    rows = select(df[df["study"] == "formats"])
+    rows = rows[rows["metric"].isin(BUILD_METRICS)]
+    if rows.empty:
+        return pd.DataFrame(columns=["encoding", "format", "dataset", *BUILD_METRICS])
+    rows = rows.assign(dataset=dataset_names(rows))
+    table = rows.pivot_table(index=["encoding", "format", "dataset"], columns="metric",
+                             values="value", aggfunc="median").reset_index()
+    table.columns.name = None
+    for metric in BUILD_METRICS:
+        if metric not in table:
+            table[metric] = np.nan
+    return sort_rows(table[["encoding", "format", "dataset", *BUILD_METRICS]])
+
+
+def cold_warm_table(df: pd.DataFrame, *, metric: str = "samples_per_s",
+                    study: str = "formats", loader: str | None = "reader",
+                    access: str | None = "sequential") -> pd.DataFrame:
+    """Per dataset (knob variants included, by name): ``metric`` cold and warm (medians),
+    warm/cold, the resident fraction each started with, and the repeats."""
+    rows = df[df["study"] == study]
+    if loader is not None:
+        rows = rows[rows["loader"] == loader]
+    if access is not None:
+        rows = rows[rows["access"] == access]
+    rows = rows.assign(dataset=dataset_names(rows))
+    summary = summary_table(rows, metric, ["encoding", "format", "dataset", "cache"])
+    columns = ["encoding", "format", "dataset", "cold", "warm", "warm_over_cold",
+               "cold_resident", "warm_resident", "repeats"]
+    if summary.empty:
+        return pd.DataFrame(columns=columns)
+    values = summary.pivot_table(index=["encoding", "format", "dataset"], columns="cache",
+                                 values="median")
+    resident = summary.pivot_table(index=["encoding", "format", "dataset"], columns="cache",
+                                   values="resident_fraction")
+    repeats = summary.groupby(["encoding", "format", "dataset"])["repeats"].min()
+    table = pd.DataFrame({
+        "cold": values.get("cold"), "warm": values.get("warm"),
+        "cold_resident": resident.get("cold"), "warm_resident": resident.get("warm"),
+        "repeats": repeats,
+    }).reset_index()
+    table["warm_over_cold"] = table["warm"] / table["cold"]
+    return sort_rows(table[columns])
+
+
+def formats_findings(df: pd.DataFrame) -> list[str]:
+    """Sentences on build cost and sequential reads, per encoding, from the formats study."""
+    sentences = []
+    # Formats are compared as built by default; the knob variants have their own findings.
+    df = default_builds(df)
+    build = build_cost_table(df)
+    reads = cold_warm_table(df)
+    raw_size = {}
+    for encoding in [e for e in ENCODING_ORDER if e in set(build["encoding"])]:
+        part = build[build["encoding"] == encoding]
+        name = ENCODING_NAMES.get(encoding, encoding)
+        small = best_row(part, "size_ratio", lowest=True)
+        large = best_row(part, "size_ratio")
+        raw_size[encoding] = small
+        sentences.append(
+            f"{name}: smallest on disk is {small['format']} at "
+            f"{sig(small['size_ratio'])}{MULTIPLY} the raw pixel bytes "
+            f"({format_value(small['bytes_apparent'], 'bytes')}); largest is {large['format']} "
+            f"at {sig(large['size_ratio'])}{MULTIPLY} "
+            f"({format_value(large['bytes_apparent'], 'bytes')})."
+        )
+        fast = best_row(part, "write_seconds", lowest=True)
+        slow = best_row(part, "write_seconds")
+        sentences.append(
+            f"{name}: fastest to write is {fast['format']} "
+            f"({format_value(fast['write_seconds'], 's')}, "
+            f"{format_value(fast['write_MBps'], 'MB/s')} of raw pixels); slowest is "
+            f"{slow['format']} ({format_value(slow['write_seconds'], 's')}, "
+            f"{format_ratio(slow['write_seconds'] / fast['write_seconds'])} longer)."
+        )
+        many = best_row(part, "file_count")
+        few = best_row(part, "file_count", lowest=True)
+        overhead = part["bytes_allocated"] / part["bytes_apparent"]
+        worst = part.loc[overhead.idxmax()]
+        sentences.append(
+            f"{name}: {many['format']} writes {format_value(many['file_count'], 'count')} "
+            f"files, {few['format']} {format_value(few['file_count'], 'count')}; "
+            f"{worst['format']} allocates the most beyond its apparent size "
+            f"({sig(overhead.max())}{MULTIPLY} its apparent bytes)."
+        )
+        readings = reads[reads["encoding"] == encoding].dropna(subset=["warm"])
+        cold = readings.dropna(subset=["cold"])
+        for cache, rows, condition in (("warm", readings, "warm, sequentially"),
+                                       ("cold", cold, "cold")):
+            if len(rows) < 2:
+                continue
+            best = best_row(rows, cache)
+            worst_read = best_row(rows, cache, lowest=True)
+            where = {"study": "formats", "loader": "reader", "encoding": encoding,
+                     "cache": cache}
+            sentence = name + ": " + faster_sentence(
+                best["format"], worst_read["format"],
+                stat(df, "samples_per_s", format=best["format"], **where),
+                stat(df, "samples_per_s", format=worst_read["format"], **where),
+                condition=condition)
+            if cache == "cold":
+                sentence += (
+                    f"; cold repeats started with at most "
+                    f"{format_percent(cold['cold_resident'].max())} of the files resident, "
+                    f"warm ones with at least {format_percent(readings['warm_resident'].min())}"
+                )
+            sentences.append(sentence + ".")
+    if "raw" in raw_size:
+        base = raw_size["raw"]["size_ratio"]
+        for encoding in ("png", "jpeg"):
+            if encoding in raw_size:
+                sentences.append(
+                    f"Stored as {ENCODING_NAMES[encoding]}, samples take "
+                    f"{format_percent(raw_size[encoding]['size_ratio'] / base)} of the bytes "
+                    f"of the smallest raw layout ({raw_size[encoding]['format']}, "
+                    f"{raw_size['raw']['format']})."
+                )
+    return sentences
+
+
+def knobs_table(formats: Mapping[str, object]) -> pd.DataFrame:
+    """Each format's build knobs (with defaults) and open options, from the registry."""
+    rows = []
+    for name, module in formats.items():
+        knobs = getattr(module, "DEFAULT_KNOBS", {})
+        rows.append({
+            "format": name,
+            "encodings": ", ".join(getattr(module, "ENCODINGS", ())),
+            "build knobs (default)": ", ".join(f"{k}={v!r}" for k, v in knobs.items()) or "none",
+            "open options": ", ".join(getattr(module, "OPEN_OPTIONS", ())) or "none",
+        })
+    return pd.DataFrame(rows)
+
+
+def knob_settings(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` (formats rows) plus ``dataset``, ``knob`` and ``setting`` columns: for a variant
+    its knob and value from params; for a default build of a format that has variants, each
+    varied knob at its default (from the formats registry), so both sides of a knob compare.
+    A default build appears once per knob varied."""
+    from storebench.formats import get_format
+
+    rows = df[df["study"] == "formats"]
+    if rows.empty:
+        return rows.assign(dataset=[], knob=[], setting=[])
+    params = rows["params"].map(json.loads)
+    rows = rows.assign(dataset=dataset_names(rows))
+    knobs = params.map(lambda p: [(k.removeprefix("knob_"), v) for k, v in p.items()
+                                  if k.startswith("knob_")])
+    variants = rows[knobs.map(bool)]
+    varied = {(f, e, k) for f, e, ks in zip(variants["format"], variants["encoding"],
+                                            knobs[variants.index]) for k, _ in ks}
+    parts = [variants.assign(knob=knobs[variants.index].map(lambda ks: ks[0][0]),
+                             setting=knobs[variants.index].map(lambda ks: str(ks[0][1])))]
+    defaults = rows[~knobs.map(bool)]
+    for fmt, encoding, knob in sorted(varied):
+        base = defaults[(defaults["format"] == fmt) & (defaults["encoding"] == encoding)]
+        value = get_format(fmt).DEFAULT_KNOBS.get(knob)
+        parts.append(base.assign(knob=knob, setting=f"{value} (default)"))
+    return pd.concat(parts, ignore_index=True)
+
+
+def setting_rank(setting: str) -> tuple:
+    """Numeric knob settings in numeric order (``"64 (default)"`` between 1 and 1024), then
+    the rest with the default first."""
+    head = str(setting).split(" ")[0]
+    try:
+        return (0, float(head), "")
+    except ValueError:
+        return (1, 0.0 if "(default)" in str(setting) else 1.0, str(setting))
+
+
+KNOB_METRICS = (("size_ratio", None, None), ("write_seconds", None, None),
+                ("samples_per_s", "sequential", "warm"), ("samples_per_s", "sequential", "cold"),
+                ("samples_per_s", "shuffle", "cold"), ("samples_per_s", "shuffle", "warm"))
+
+
+def knob_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per format, encoding, knob and setting: bytes on disk over raw, write time, and
+    samples/s of sequential reads (warm, cold) and random batches (cold, and warm when
+    measured): medians."""
+    rows = knob_settings(select(df))
+    keys = ["format", "encoding", "knob", "setting"]
+    names = {("samples_per_s", "sequential", "warm"): "sequential_warm",
+             ("samples_per_s", "sequential", "cold"): "sequential_cold",
+             ("samples_per_s", "shuffle", "cold"): "random_cold",
+             ("samples_per_s", "shuffle", "warm"): "random_warm"}
+    columns = [*keys, "size_ratio", "write_seconds", *names.values()]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    table = pd.DataFrame(index=pd.MultiIndex.from_frame(rows[keys].drop_duplicates()))
+    for metric, access, cache in KNOB_METRICS:
+        part = rows[rows["metric"] == metric]
+        if access is not None:
+            part = part[(part["access"] == access) & (part["cache"] == cache)]
+        column = names.get((metric, access, cache), metric)
+        table[column] = part.groupby(keys)["value"].median()
+    table = table.reset_index()
+    for column in columns:
+        if column not in table:
+            table[column] = np.nan
+    table = table.sort_values("setting", key=lambda c: c.map(setting_rank), kind="stable")
+    return sort_rows(table.sort_values(["format", "encoding", "knob"], kind="stable"))[columns]
+
+
+
+
+def knob_findings(df: pd.DataFrame) -> list[str]:
+    """Per varied knob: its settings on the figure that knob is about (the format's
+    ``TRAITS.knob_metrics``),
+    plus sequential warm reads, all from the formats study."""
+    table = knob_table(df)
+    sentences = []
+    for (fmt, encoding, knob), part in table.groupby(["format", "encoding", "knob"],
+                                                     sort=False):
+        column = traits(fmt).knob_metrics.get(knob, "sequential_warm")
+        what = KNOB_EFFECTS[column]
+        unit = "ratio" if column == "size_ratio" else "samples/s"
+        shown = part.dropna(subset=[column])
+        if len(shown) < 2:
+            continue
+        values = "; ".join(
+            f"{row['setting']}: {format_value(row[column], unit)}"
+            + (f"{MULTIPLY}" if unit == "ratio" else "") for _, row in shown.iterrows())
+        text = f"{fmt} ({ENCODING_NAMES.get(encoding, encoding)}) {knob}, {what}: {values}"
+        warm = part.dropna(subset=["sequential_warm"])
+        if column != "sequential_warm" and len(warm) >= 2:
+            fast, slow = best_row(warm, "sequential_warm"), best_row(warm, "sequential_warm",
+                                                               lowest=True)
+            text += (f"; sequential warm reads are fastest with {fast['setting']}, "
+                     f"{format_ratio(fast['sequential_warm'] / slow['sequential_warm'])} "
+                     f"those with {slow['setting']}")
+        sentences.append(text + ".")
+    return sentences
+
+
+# -- figures ------------------------------------------------------------------------
+def plot_build_cost(df: pd.DataFrame) -> Figure:
+    """Build cost per dataset: write time, and bytes on disk relative to the raw pixels
+    (default builds; ``plot_knobs`` shows the knob variants)."""
+    df = default_builds(df)
+    encodings = ordered(df.loc[df["metric"] == "write_seconds", "encoding"], ENCODING_ORDER)
+    if not encodings:
+        return empty_figure("no build-cost rows")
+    colours = format_colours(df["format"].unique())
+    panels = ("write_seconds", "size_ratio")
+    fig = Figure(figsize=(3.6 * len(encodings), 5.6), layout="constrained")
+    axes = fig.subplots(len(panels), len(encodings), squeeze=False)
+    for col, encoding in enumerate(encodings):
+        part = df[df["encoding"] == encoding]
+        formats = ordered(part.loc[part["metric"] == "write_seconds", "format"], format_order())
+        for row, metric in enumerate(panels):
+            ax = axes[row][col]
+            summary = summarise(part, metric, ["format"])
+            grouped(ax, summary, formats=formats, colours=colours, series=[""],
+                    series_column=None)
+            if metric == "size_ratio":
+                ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
+            ax.set_ylabel(metric_title(metric) if col == 0 else "")
+            if row == 0:
+                ax.set_title(profile_caption(part, encoding), fontsize="medium")
+    fig.suptitle("Build cost per format: write time (one build each) and bytes on disk")
+    return fig
+
+
+def plot_sequential_read(df: pd.DataFrame, *, metric: str = "file_MBps",
+                         limits: Mapping | None = None) -> Figure:
+    """Full sequential read through the Reader, cold and warm, per format and encoding.
+    With ``limits`` (env.json's), the same run's cold sequential and page-cache read limits
+    are drawn as lines when the metric is in MB/s."""
+    df = default_builds(df[(df["access"] == "sequential") & (df["loader"] == "reader")])
+    encodings = ordered(df.loc[df["metric"] == metric, "encoding"], ENCODING_ORDER)
+    if not encodings:
+        return empty_figure(f"no sequential-read rows with {metric}")
+    colours = format_colours(df["format"].unique())
+    fig = Figure(figsize=(3.8 * len(encodings), 4.2), layout="constrained")
+    axes = fig.subplots(1, len(encodings), squeeze=False)[0]
+    for ax, encoding in zip(axes, encodings, strict=True):
+        part = df[df["encoding"] == encoding]
+        formats = ordered(part.loc[part["metric"] == metric, "format"], format_order())
+        summary = summarise(part, metric, ["format", "cache"])
+        caches = ordered(summary["cache"], ("cold", "warm"))
+        grouped(ax, summary, formats=formats, colours=colours, series=caches,
+                series_column="cache", dots=True)
+        if limits and metric.endswith("MBps"):
+            for key, label, style in (("cold_seq_read_GBps", "cold read limit", "--"),
+                                      ("page_cache_read_GBps", "page-cache limit", ":")):
+                if isinstance(limits.get(key), int | float):
+                    ax.axhline(limits[key] * 1000.0, color="black", linestyle=style,
+                               linewidth=0.9, label=label)
+        ax.set_title(profile_caption(part, encoding), fontsize="medium")
+        ax.set_ylabel(metric_title(metric) if ax is axes[0] else "")
+    # One legend for every panel, below them, where it covers no point.
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncols=len(labels),
+               fontsize="small")
+    fig.suptitle(f"Sequential read through the Reader in {metric_title(metric)}, cold "
+                 "(hollow) and warm (median, min-max of repeats)")
+    return fig
+
+
+KNOB_PANELS = (
+    ("size_ratio", None, None, "bytes on disk / raw"),
+    ("samples_per_s", "sequential", "warm", "sequential read, warm\n(samples/s)"),
+    ("samples_per_s", "sequential", "cold", "sequential read, cold\n(samples/s)"),
+    ("samples_per_s", "shuffle", "cold", "random batches, cold\n(samples/s)"),
+)
+
+
+def plot_knobs(df: pd.DataFrame) -> Figure:
+    """What each varied build knob changes: one row of panels per (format, encoding, knob),
+    bars per setting (the default build included) for size, sequential and random reads."""
+    rows = knob_settings(df)
+    if rows.empty or not (rows["setting"].map(lambda s: "(default)" not in s)).any():
+        return empty_figure("no knob variants")
+    groups = list(dict.fromkeys(zip(rows["format"], rows["encoding"], rows["knob"],
+                                    strict=True)))
+    fig = Figure(figsize=(2.9 * len(KNOB_PANELS), 2.3 * len(groups) + 0.6),
+                 layout="constrained")
+    axes = fig.subplots(len(groups), len(KNOB_PANELS), squeeze=False)
+    for g, (fmt, encoding, knob) in enumerate(groups):
+        both = rows[(rows["format"] == fmt) & (rows["encoding"] == encoding)
+                    & (rows["knob"] == knob)]
+        for c, (metric, access, cache, label) in enumerate(KNOB_PANELS):
+            ax = axes[g][c]
+            part = both[both["metric"] == metric]
+            if access is not None:
+                part = part[(part["access"] == access) & (part["cache"] == cache)]
+            summary = summarise(part, metric, ["setting"])
+            if summary.empty:
+                ax.axis("off")
+                continue
+            summary = summary.sort_values("setting", key=lambda c: c.map(setting_rank),
+                                          kind="stable")
+            bars(ax, list(summary["setting"]), summary)
+            linear_axis(ax)
+            ax.tick_params(axis="y", labelsize="small")
+            if g == 0:
+                ax.set_title(label, fontsize="small")
+        axes[g][0].set_ylabel(f"{fmt}, {encoding}\n{knob}", fontsize="small")
+    fig.suptitle("What each format's build knobs change (bars: medians; lines: min-max) "
+                 f"\n{profile_caption(rows)}", fontsize="medium")
+    return fig
+
+
+def _memory_labels(df: pd.DataFrame) -> pd.DataFrame:
+    rows = df[df["metric"].isin(["peak_pss_bytes", "peak_uss_bytes"])]
+    return rows.assign(label=dataset_names(rows) + ", " + rows["access"].replace(
+        {"shuffle": "random batches"}) + ", " + rows["cache"])
+
+
+def plot_formats_memory(df: pd.DataFrame) -> Figure:
+    """Peak memory of each read case, labelled by dataset, access and cache state."""
+    return plot_peak_memory(_memory_labels(default_builds(df)), label_column="label",
+                            title="Peak memory while reading each format (default builds)")
+
+
+FIGURES = (
+    FigureSpec("formats_build_cost", "Build cost and bytes on disk per format",
+               lambda r: plot_build_cost(r.study("formats"))),
+    FigureSpec("formats_sequential_read",
+               "Sequential read, cold vs warm, against the machine's limits",
+               lambda r: plot_sequential_read(r.study("formats"), limits=r.limits)),
+    FigureSpec("formats_sequential_read_samples", "Sequential read in samples per second",
+               lambda r: plot_sequential_read(r.study("formats"), metric="samples_per_s")),
+    FigureSpec("formats_knobs", "What each build knob changes",
+               lambda r: plot_knobs(r.study("formats"))),
+    FigureSpec("formats_resident_fraction", "Page-cache state before each repeat",
+               lambda r: plot_resident_fraction(r.study("formats"))),
+    FigureSpec("formats_peak_memory", "Peak memory per read case",
+               lambda r: plot_formats_memory(r.study("formats"))),
+)
+
+
+# -- guide ------------------------------------------------------------------------------
+def guide(results: Results) -> list:
+    """Least disk space (lossless, lossy), fastest build, fewest files, and the fastest
+    cold sequential read per encoding: every measured build is a candidate."""
+    from ...guide import Candidate, choose
+
+    df = results.study("formats")
+    rows = []
+    sized = select(df, "size_ratio").assign(dataset=lambda d: dataset_names(d))
+    for question, encodings in (("Least disk space, lossless (raw or PNG samples)",
+                                 ("raw", "png")),
+                                ("Least disk space, lossy JPEG accepted", ("jpeg",))):
+        part = sized[sized["encoding"].isin(encodings)]
+        candidates = [Candidate(name, name, _bytes_stat(df, name))
+                      for name in dict.fromkeys(part["dataset"])]
+        rows.append(choose("formats", question, "bytes_apparent", candidates,
+                           lower_is_better=True))
+    defaults = default_builds(df)
+    for question, metric, lower, encoding in (
+            ("Fastest to build, raw arrays", "write_seconds", True, "raw"),
+            ("Fewest files, raw arrays (shared or object storage, many-file limits)",
+             "file_count", True, "raw")):
+        part = select(defaults, metric, encoding=encoding)
+        candidates = [Candidate(fmt, fmt, stat(part, metric, format=fmt))
+                      for fmt in ordered(part["format"], format_order())]
+        rows.append(choose("formats", question, metric, candidates, lower_is_better=lower))
+    for encoding in ordered(defaults["encoding"], ENCODING_ORDER):
+        part = select(defaults, "samples_per_s", encoding=encoding, loader="reader",
+                      access="sequential", cache="cold")
+        candidates = [Candidate(fmt, fmt, stat(part, "samples_per_s", format=fmt))
+                      for fmt in ordered(part["format"], format_order())]
+        rows.append(choose(
+            "formats", f"Reading every sample once from a cold cache, "
+            f"{ENCODING_NAMES.get(encoding, encoding)} ({profile_caption(part, encoding)})",
+            "samples_per_s", candidates))
+    return [row for row in rows if row is not None]
+
+
+def _bytes_stat(df: pd.DataFrame, dataset: str):
+    rows = select(df, "bytes_apparent")
+    return stat(rows[dataset_names(rows) == dataset], "bytes_apparent")
+
+
+def verify_cost_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per default build read warm and sequentially: the median ``verify_time_ratio`` (the
+    pass with per-sample checksums over the same reads without, repeat-paired), its
+    interval and repeats."""
+    rows = default_builds(df[(df["study"] == "formats") & (df["loader"] == "reader")
+                             & (df["access"] == "sequential") & (df["cache"] == "warm")])
+    return sort_rows(summary_table(rows, "verify_time_ratio", ["encoding", "format"]))
+
+
+def _ratio_with_interval(row: pd.Series) -> str:
+    return (f"{format_ratio(row['median'])} (95% interval {format_ratio(row['low'])}"
+            f"\u2013{format_ratio(row['high'])})")
+
+
+def verify_cost_findings(df: pd.DataFrame) -> list[str]:
+    """Per encoding: what checking every sample's CRC32C (``verify=True``, the default)
+    cost warm sequential reads, the cheapest and the dearest format."""
+    table = verify_cost_table(df)
+    sentences = []
+    for encoding in [e for e in ENCODING_ORDER if e in set(table["encoding"])]:
+        part = table[table["encoding"] == encoding].dropna(subset=["median"])
+        if part.empty:
+            continue
+        cheapest, dearest = best_row(part, lowest=True), best_row(part)
+        spread = (f"{_ratio_with_interval(cheapest)} on {cheapest['format']} to "
+                  f"{_ratio_with_interval(dearest)} on {dearest['format']}"
+                  if len(part) > 1
+                  else f"{_ratio_with_interval(cheapest)} on {cheapest['format']}")
+        sentences.append(
+            f"{ENCODING_NAMES.get(encoding, encoding)}: checking every sample's CRC32C "
+            f"(verify=True, the default) made a warm sequential read take {spread} the time "
+            f"of the same read without (medians of repeat-paired ratios, "
+            f"{int(part['repeats'].min())}+ repeats)."
+        )
+    return sentences
+
+
+def findings(results: Results) -> list[str]:
+    df = results.study("formats")
+    return formats_findings(df) + verify_cost_findings(df) + knob_findings(df)
+
+
+
+def readme_text(results: Results, place) -> str:
+    sentences = verify_cost_findings(results.study("formats"))
+    if not sentences:
+        return ""
+    return ("**What `verify=True` costs** (the `formats` study; see "
+            "[Integrity](#integrity-what-each-mode-checks))\n\n" + bullets(sentences))
+
+
+STUDY = Study(
+    name="formats",
+    question="What does each storage format cost to build, and to read cold and warm?",
+    grid=grid,
+    figures=FIGURES,
+    findings=findings,
+    guide=guide,
+    notebook="01_storage_formats.ipynb",
+    readme_figures=("formats_build_cost", "formats_sequential_read"),
+    readme_text=readme_text,
+)

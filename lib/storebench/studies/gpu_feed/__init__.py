@@ -1,0 +1,1 @@
+"""The gpu_feed study: its grid (``study``) and case functions (``cases``)."""

@@ -1,0 +1,567 @@
+"""The gpu_feed study: does the loader keep an accelerator busy?
+
+An ``EmulatedAccelerator`` spends ``compute_ms`` per batch (as MLPerf Storage does) while a
+loader path feeds it through ``GpuFeeder``, in this thread and with two prefetch processes
+(and one per core, where the machine has more than two: ``feed_loaders``).
+The copies go to the first CUDA device where one is present (found without importing torch
+in the grid), with pageable, pinned and asynchronous copies, and for the prefetch processes
+also from slots they page-lock themselves (``pin_memory=True``: no staging copy); there a
+``ThreadPrefetcher`` also feeds, pageable and from buffers it page-locked itself
+(``CUDA_FEED_LOADERS``); else to the CPU, and every case's params say ``emulated=True``,
+``device="cpu"``. Accelerator utilisation (AU) is compute time over wall time; the
+accelerator's idle time is split into waiting for data, the host copy and host overhead (see
+``storebench.loaders.gpu.run_feed``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ...bench.case import Case
+from ...bench.plan import plan_for
+from ...loaders.paths import get_loader_path, path_label
+from ...loaders.prefetch import default_depth
+from ...plots import empty_figure, path_colour, profile_caption, summarise
+from ...results import Results, best_row, latest_runs, select, stat, summary_table
+from ...text import (
+    MULTIPLY,
+    bullets,
+    format_percent,
+    format_percent_beside,
+    format_ratio,
+    format_value,
+    grid_value,
+    machine_text,
+    sig,
+)
+from ..base import FigureSpec, Study
+from ..gpu_feed.cases import START_BATCHES
+from ..grid import (
+    StudyNotApplicableError,
+    batch_size_for,
+    dataset_fields,
+    epoch_fields,
+    pick,
+    profile_datasets,
+    repeat_fields,
+)
+
+CASES = "storebench.studies.gpu_feed.cases"
+COMPUTE_MS = (0.0, 2.0, 10.0)
+# With a CUDA device the host is a GPU server's, and copies run at tens of GB/s: on an H100
+# machine every path fed a 256-sample batch in 1-1.6 ms (results/gpu-runs), so 2 ms already
+# kept the accelerator busy and the starved range lies below it.
+CUDA_COMPUTE_MS = (0.0, 0.5, 1.0, 2.0, 10.0)
+# Compact plans (ci): no compute and a busy accelerator. A third value runs the same code
+# again, and each case pays torch's import (about 1.3 s of a 1.7 s ci case).
+COMPACT_COMPUTE_MS = (0.0, 10.0)
+# The issue's bar: AU >= 95% whenever the path's own rate is >= 1.25x the accelerator's.
+FED_AU = 0.95
+FED_HEADROOM = 1.25
+FEED_LOADERS = (("none", 0), ("process", 2))
+# Where a CUDA device takes the copies, a ThreadPrefetcher feeds too: pageable, and from
+# buffers it page-locked itself (pin_memory=True), the in-place copy without prefetch
+# processes. Two copy modes, not four: the staged pinned copies are measured on the loaders
+# above, and each CUDA case pays torch's import and a CUDA context (about 5 s on an H200).
+CUDA_FEED_LOADERS = (("thread", 2),)
+CUDA_FEED_LOADER_COPIES = ({}, {"pinned": True, "pin_memory": True})
+
+
+def feed_loaders(cores: int, batches: int) -> tuple[tuple[str, int], ...]:
+    """(loader path, workers) of the grid for an epoch of ``batches`` batches:
+    ``FEED_LOADERS``, and the prefetch processes once per core where ``cores`` is more than
+    two, as many as leave ``PER_CORE_TIMED_BATCHES`` of the epoch to time after
+    ``batches_before_timing``. A GPU server has many cores per accelerator, and two
+    processes there deliver no faster than they gather: on an H200 machine the time that
+    page-locked slots saved on the copy went into waiting for data (``results/gpu-runs``)."""
+    most = max(w for _, w in FEED_LOADERS)
+    fits = [w for w in range(most + 1, cores + 1)
+            if batches_before_timing(w) + PER_CORE_TIMED_BATCHES <= batches]
+    return (*FEED_LOADERS, *((("process", max(fits)),) if fits else ()))
+
+
+def min_feed_batches() -> int:
+    """Batches an epoch needs for every loader of ``FEED_LOADERS`` to time some."""
+    return max(batches_before_timing(w) for _, w in FEED_LOADERS) + TIMED_BATCHES
+
+
+def feed_batch_size(num_samples: int) -> int | None:
+    """``batch_size_for``'s batch, or a smaller one where that leaves an epoch too few
+    batches to time past the warm-up (a small import of your own images); None where even
+    one sample a batch does not."""
+    batch_size = batch_size_for(num_samples)
+    if num_samples // batch_size >= min_feed_batches():
+        return batch_size
+    return num_samples // min_feed_batches() or None
+
+
+def batches_before_timing(workers: int) -> int:
+    """Batches a case feeds before timing: ``START_BATCHES`` and what a prefetcher of
+    ``workers`` processes reads ahead (none without one; ``cases.gpu_feed``)."""
+    return START_BATCHES + (default_depth(workers) if workers else 0)
+
+
+# The copy mode of a prefetcher that page-locks its own slots (pin_memory=True).
+PINNED_SLOTS = "pinned slots, sync"
+
+# Batches timed after the warm-up, at the least (an epoch needs room for them); for the
+# loader with one process per core, as many as the default plan's epochs time (2,048
+# samples of the small profile: 8 batches of 256), or fewer processes.
+TIMED_BATCHES = 2
+PER_CORE_TIMED_BATCHES = 8
+
+
+def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
+         compute_ms: tuple[float, ...] | None = None) -> list[Case]:
+    """See the module docstring. ``compute_ms``: the emulated compute per batch of each
+    case (default ``COMPUTE_MS``, ``CUDA_COMPUTE_MS`` where a CUDA device takes the copies;
+    ``COMPACT_COMPUTE_MS`` for compact plans)."""
+    from ...bench.envinfo import cuda_info
+
+    repeats = {**repeat_fields(profile, repeats), **epoch_fields(profile)}
+    picked = pick(profile_datasets(profile, data_dir), "raw", ("memmap", "lmdb", "hdf5"))
+    if picked is None:
+        raise StudyNotApplicableError(f"{data_dir}: gpu_feed needs a raw dataset (for an "
+                                  "import: storebench import ... --resize HxW)")
+    path, manifest = picked
+    batch_size = feed_batch_size(manifest["num_samples"])
+    if batch_size is None:
+        raise StudyNotApplicableError(
+            f"{path}: gpu_feed needs at least {min_feed_batches()} samples, one batch each "
+            "(the batches fed before timing, start-up and what the loader reads ahead, are "
+            f"discarded); the dataset has {manifest['num_samples']}")
+    batches = manifest["num_samples"] // batch_size
+    fields = dataset_fields("gpu_feed", path, manifest)
+    cuda = cuda_info()
+    if cuda["torch_cuda_available"]:
+        device = {"device": "cuda", "emulated": False,
+                  "device_name": (cuda["devices"] or ["CUDA device"])[0]}
+        copies = [{}, {"pinned": True}, {"pinned": True, "non_blocking": True},
+                  {"pinned": True, "pin_memory": True}]
+    else:
+        device = {"device": "cpu", "emulated": True, "device_name": "cpu"}
+        copies = [{}]
+    if compute_ms is None:
+        compute_ms = (COMPACT_COMPUTE_MS if plan_for(profile).compact
+                      else CUDA_COMPUTE_MS if cuda["torch_cuda_available"] else COMPUTE_MS)
+    loaders = [(prefetcher, workers, copies) for prefetcher, workers
+               in feed_loaders(len(os.sched_getaffinity(0)), batches)]
+    if cuda["torch_cuda_available"]:
+        loaders += [(prefetcher, workers, CUDA_FEED_LOADER_COPIES)
+                    for prefetcher, workers in CUDA_FEED_LOADERS]
+    cases = []
+    for ms in compute_ms:
+        for prefetcher, workers, loader_copies in loaders:
+            path = get_loader_path(prefetcher)
+            for copy in loader_copies:
+                if copy.get("pin_memory") and not path.pins_memory:
+                    continue
+                params = {"compute_ms": ms, **device, **copy}
+                if workers and path.start_method:
+                    params["start_method"] = path.start_method
+                cases.append(Case(
+                    function=f"{CASES}:gpu_feed_case", loader="lazy", prefetcher=prefetcher,
+                    workers=workers, batch_size=batch_size,
+                    access="shuffle", cache="warm", **repeats, params=params, **fields,
+                ))
+    return cases
+
+
+# -- the one table figures, findings and the guide read ---------------------------------
+def copy_mode(params: Mapping) -> str:
+    if params.get("pin_memory"):
+        return PINNED_SLOTS
+    if params.get("non_blocking"):
+        return "pinned, non_blocking"
+    if params.get("pinned"):
+        return "pinned, sync"
+    return "pageable, sync"
+
+
+FEED_METRICS = ("accelerator_utilisation", "stall_fraction", "wait_for_data_fraction",
+                "host_copy_fraction", "host_overhead_fraction", "h2d_GBps", "h2d_device_GBps",
+                "samples_per_s")
+
+
+def feed_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The study's rows with ``compute_ms``, ``copy`` (mode), ``feed_loader`` (registry
+    key, workers), ``path`` (registry key, workers, copy mode) and ``label`` columns."""
+    rows = df[df["study"] == "gpu_feed"]
+    if rows.empty:
+        return rows.assign(compute_ms=[], copy=[], feed_loader=[], path=[], label=[])
+    params = rows["params"].map(json.loads)
+    workers = rows["workers"].fillna(0).astype(int)
+    copies = params.map(copy_mode)
+    labels = [path_label(p, w, m.get("start_method"))
+              for p, w, m in zip(rows["prefetcher"], workers, params)]
+    return rows.assign(
+        compute_ms=params.map(lambda p: float(p.get("compute_ms", 0.0))),
+        copy=copies,
+        feed_loader=[f"{p}/w{w}" for p, w in zip(rows["prefetcher"], workers)],
+        path=[f"{p}/w{w}/{c}" for p, w, c in zip(rows["prefetcher"], workers, copies)],
+        label=[f"{label}, {c}" if c != "pageable, sync" else label
+               for label, c in zip(labels, copies)],
+    )
+
+
+def feed_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per compute time and path: medians of AU, stall (and its split where measured),
+    host-to-device GB/s and samples/s; the repeats; and whether the path's own rate (at
+    0 ms) gives ``FED_HEADROOM`` over the accelerator's rate."""
+    rows = feed_rows(df)
+    keys = ["compute_ms", "path", "label", "prefetcher", "feed_loader", "copy"]
+    columns = [*keys, *FEED_METRICS, "repeats", "path_rate_over_accelerator"]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    table = None
+    for metric in FEED_METRICS:
+        part = summary_table(rows, metric, keys)
+        if part.empty:
+            continue
+        part = part.set_index(keys)
+        if table is None:
+            table = part[["median", "repeats"]].rename(columns={"median": metric})
+        else:
+            table[metric] = part["median"]
+    if table is None:  # every row failed or was skipped
+        return pd.DataFrame(columns=columns)
+    table = table.reset_index()
+    for metric in FEED_METRICS:
+        if metric not in table:
+            table[metric] = np.nan
+    own_rate = table[table["compute_ms"] == 0].set_index("path")["samples_per_s"]
+    batch = rows.groupby("path")["batch_size"].first()
+    with np.errstate(divide="ignore"):
+        accelerator_rate = batch.reindex(table["path"]).to_numpy(dtype=float) / (
+            table["compute_ms"].to_numpy(dtype=float) / 1000.0)
+        table["path_rate_over_accelerator"] = (
+            own_rate.reindex(table["path"]).to_numpy(dtype=float) / accelerator_rate)
+    return table.sort_values(["compute_ms", "path"], kind="stable").reset_index(
+        drop=True)[columns]
+
+
+def feed_devices(df: pd.DataFrame) -> pd.DataFrame:
+    """Where the cases copied to, from their params: one row per (device, device_name,
+    emulated). Cases from before these params existed count as emulated copies to the CPU."""
+    rows = latest_runs(df[df["study"] == "gpu_feed"])
+    columns = ["device", "device_name", "emulated"]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    params = rows["params"].map(json.loads)
+    found = pd.DataFrame({
+        "device": params.map(lambda p: p.get("device", "cpu")),
+        "device_name": params.map(lambda p: p.get("device_name", p.get("device", "cpu"))),
+        "emulated": params.map(lambda p: bool(p.get("emulated", True))),
+    })
+    return found.drop_duplicates().reset_index(drop=True)
+
+
+def feed_device_text(df: pd.DataFrame) -> str:
+    """What the feed numbers are: real CUDA copies, or host copies into an emulated
+    device."""
+    devices = feed_devices(df)
+    if devices.empty:
+        return "No accelerator-feed results."
+    real = devices[~devices["emulated"]]
+    if not real.empty:
+        names = ", ".join(sorted(set(real["device_name"])))
+        return (f"Copies went to {names} (a real CUDA device, timed with CUDA events); the "
+                "model's compute is emulated (a fixed time per batch, as MLPerf Storage does).")
+    return ("No CUDA device took part (every feed row says emulated): the accelerator is "
+            "emulated (a fixed compute time per batch, as MLPerf Storage does) and the "
+            "host-to-device copy is a memcpy into a preallocated CPU tensor, so pinned and "
+            "non_blocking copies were not measured.")
+
+
+def latest_cuda_run(root: Path | str) -> Results | None:
+    """The newest run stored under ``root`` (one folder per run, as ``results/gpu-runs``
+    keeps them) whose feed copies went to a real CUDA device; None where there is none."""
+    root = Path(root)
+    if not root.is_dir():
+        return None
+    found = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        try:
+            results = Results.load(folder)
+        except FileNotFoundError:
+            continue
+        devices = feed_devices(results.df)
+        if not devices.empty and not devices["emulated"].any():
+            found.append((str(results.env.get("run_id") or folder.name), results))
+    return max(found, key=lambda run: run[0])[1] if found else None
+
+
+def feed_findings(df: pd.DataFrame, *, per_compute_time: bool = True) -> list[str]:
+    """AU per path at each compute time with the stall split (unless ``per_compute_time``
+    is False); whether AU reaches ``FED_AU`` wherever the path's own rate gives
+    ``FED_HEADROOM`` over the accelerator's; pinned/non_blocking against pageable copies
+    when measured."""
+    table = feed_table(df)
+    if table.empty:
+        return []
+    sentences = [feed_device_text(df), *_read_ahead_caveat(df)]
+    busy = table[table["compute_ms"] > 0]
+    for compute_ms, part in busy.groupby("compute_ms") if per_compute_time else ():
+        described = "; ".join(
+            f"{row['label']} {format_percent(row['accelerator_utilisation'])} (waiting for "
+            f"data {format_percent(row['wait_for_data_fraction'])}, host copy "
+            f"{format_percent(row['host_copy_fraction'])}, host overhead "
+            f"{format_percent(row['host_overhead_fraction'])})"
+            for _, row in part.iterrows())
+        sentences.append(f"At {grid_value(compute_ms)} ms of compute per batch, accelerator "
+                         f"utilisation is: {described}.")
+    fed = busy[busy["path_rate_over_accelerator"] >= FED_HEADROOM]
+    if not fed.empty:
+        short = fed[fed["accelerator_utilisation"] < FED_AU]
+        verdict = ("all reach" if short.empty else
+                   f"{len(short)} of {len(fed)} fall short of")
+        pairs = f"{len(fed)} pair{'s' if len(fed) != 1 else ''} of path and compute time"
+        sentences.append(
+            f"Where a path alone delivers at least {sig(FED_HEADROOM)}{MULTIPLY} the "
+            f"accelerator's rate ({pairs}), {verdict} "
+            f"{format_percent(FED_AU)} AU (lowest: "
+            f"{format_percent_beside(fed['accelerator_utilisation'].min(), FED_AU)}).")
+    zero = table[table["compute_ms"] == 0]
+    if not zero.empty:
+        fastest = best_row(zero, "samples_per_s")
+        sentences.append(
+            f"With no compute the feed itself runs at "
+            f"{format_value(fastest['samples_per_s'], 'samples/s')} ({fastest['label']}, "
+            f"{format_value(fastest['h2d_GBps'], 'GB/s')} copied).")
+    gain = _pinned_over_pageable(table, "h2d_GBps")
+    if gain is not None:
+        sentence = (f"From the loader's memory to the device, pinned copies (the host copy "
+                    f"into the page-locked buffer counted) run at {format_ratio(gain)} the "
+                    "rate of pageable ones")
+        dma = _pinned_over_pageable(table, "h2d_device_GBps")
+        if dma is not None:
+            sentence += f"; the device copy alone at {format_ratio(dma)}"
+        sentences.append(sentence + " (medians over loaders and compute times).")
+    in_place = _in_place_by_loader(table)
+    staged = _pinned_over_pageable(table, "h2d_GBps", mode=PINNED_SLOTS, base="pinned, sync")
+    if in_place:
+        ratios = [f"{format_ratio(ratio)} for {label}" for label, ratio in in_place]
+        listed = ratios[0] if len(ratios) == 1 else (
+            f"{', '.join(ratios[:-1])} and {ratios[-1]}")
+        sentence = (
+            "Where the prefetcher writes each batch into memory it page-locked itself "
+            "(pin_memory=True), the feeder copies each batch from where it lies. Over compute "
+            f"times (medians), that runs at {listed} the rate of the same loader's pageable "
+            "copies")
+        if staged is not None:
+            sentence += (f", and at {format_ratio(staged)} that of pinned copies through a "
+                         "staging buffer (the median over the loaders measured both ways)")
+        sentences.append(sentence + ".")
+    return sentences
+
+
+def _in_place_by_loader(table: pd.DataFrame) -> list[tuple[str, float]]:
+    """(loader label, median over compute times of its pinned-slot copies' ``h2d_GBps``
+    over its pageable ones') for each loader measured both ways."""
+    found = []
+    for _, part in table.groupby("feed_loader", sort=True):
+        ratio = _pinned_over_pageable(part, "h2d_GBps", mode=PINNED_SLOTS)
+        pageable = part[part["copy"] == "pageable, sync"]
+        if ratio is not None and not pageable.empty:
+            found.append((pageable["label"].iloc[0], ratio))
+    return found
+
+
+def _read_ahead_caveat(df: pd.DataFrame) -> list[str]:
+    """For runs timed from the third batch whatever the loader had read ahead (their rows
+    have no ``warmup_batches``): what that overstates."""
+    rows = feed_rows(df)
+    ahead = rows[(rows["workers"].fillna(0) > 0) & (rows["status"] == "ok")]
+    timed_after = set(ahead.loc[ahead["metric"] == "warmup_batches", "case_id"])
+    if ahead.empty or set(ahead["case_id"]) <= timed_after:
+        return []
+    return ["These prefetcher rows were timed from the third batch, before the batches the "
+            "workers had read ahead were used up: where a path is slower than the "
+            "accelerator, its AU and samples/s are overstated and its waiting for data "
+            "understated (later runs time past them: warmup_batches)."]
+
+
+def _pinned_over_pageable(table: pd.DataFrame, metric: str, *, mode: str = "pinned, sync",
+                          base: str = "pageable, sync") -> float | None:
+    """The median, over loaders and compute times, of ``mode`` copies' ``metric`` over
+    ``base`` ones' (pinned sync over pageable by default), pairing only the loaders and
+    compute times measured both ways; None where there is no such pair."""
+    # Per loader and worker count: two counts of the same loader are two loaders here.
+    copies = table.pivot_table(index=["compute_ms", "feed_loader"], columns="copy", values=metric)
+    if mode not in copies or base not in copies:
+        return None
+    ratios = (copies[mode] / copies[base]).dropna()
+    return float(ratios.median()) if not ratios.empty else None
+
+
+# -- figures ----------------------------------------------------------------------------
+_MARKERS = ("o", "s", "^", "D")
+_DASHES = ("-", "--", ":", "-.")
+
+
+def plot_feed(df: pd.DataFrame) -> Figure:
+    """AU against the emulated compute time per batch, one line per path (and copy mode);
+    below it, where the rest of the time went: waiting for data and the host copy. Cases
+    with no compute are left out: their AU is zero by definition (they give each path's own
+    rate, in the findings)."""
+    rows = feed_rows(df)
+    busy_rows = rows[rows["compute_ms"] > 0]
+    if busy_rows.empty:
+        return empty_figure("no feed rows with compute")
+    busy = feed_table(df)
+    busy = busy[busy["compute_ms"] > 0].reset_index(drop=True)
+    # One bar per (path, compute time): a CUDA run has 24, and each needs its own line.
+    bar_height = 0.8 + 0.24 * len(busy)
+    fig = Figure(figsize=(10, 3.4 + bar_height), layout="constrained")
+    top, bottom = fig.subplots(2, 1, height_ratios=(3.0, bar_height))
+    colours = _loader_colours(busy_rows)
+    # Paths that feed equally well draw on top of each other: each later one gets a smaller
+    # marker and another dash, so every line stays visible where they coincide.
+    for order, (_, part) in enumerate(busy_rows.groupby("path", sort=False)):
+        summary = summarise(part, "accelerator_utilisation", ["compute_ms"]).sort_values(
+            "compute_ms")
+        if summary.empty:
+            continue
+        median = summary["median"].to_numpy(dtype=float)
+        top.errorbar(summary["compute_ms"], median,
+                     yerr=[median - summary["low"].to_numpy(dtype=float),
+                           summary["high"].to_numpy(dtype=float) - median],
+                     marker=_MARKERS[order % len(_MARKERS)],
+                     markersize=max(10 - 2.5 * order, 4), linewidth=max(3 - order, 1),
+                     linestyle=_DASHES[order % len(_DASHES)], capsize=2,
+                     color=colours[part["feed_loader"].iloc[0]], label=part["label"].iloc[0])
+    top.axhline(FED_AU, color="grey", linestyle=":", linewidth=0.8,
+                label=f"{format_percent(FED_AU)} AU")
+    # A log scale where there are enough times to label one: they crowd below 2 ms where
+    # a CUDA host feeds fast.
+    times = sorted(set(busy_rows["compute_ms"]))
+    if len(times) >= 3:
+        top.set_xscale("log")
+        top.minorticks_off()
+    top.set_xticks(times, [grid_value(t) for t in times])
+    top.set_xlabel("emulated compute per batch (ms)")
+    top.set_ylabel("accelerator utilisation")
+    top.set_ylim(-0.02, 1.02)
+    # Beside the axis: inside it, the legend covered the lines' rise.
+    top.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5),
+               frameon=False)
+    labels = [f"{grid_value(row['compute_ms'])} ms: {row['label']}"
+              for _, row in busy.iterrows()]
+    y = np.arange(len(busy))
+    left = np.zeros(len(busy))
+    for metric, colour, name in (
+            ("accelerator_utilisation", "#2ca02c", "computing"),
+            ("wait_for_data_fraction", "#d62728", "waiting for data"),
+            ("host_copy_fraction", "#ff7f0e", "host copy"),
+            ("host_overhead_fraction", "#7f7f7f", "host overhead")):
+        values = busy[metric].fillna(0).to_numpy(dtype=float)
+        bottom.barh(y, values, left=left, color=colour, label=name, edgecolor="black",
+                    linewidth=0.4)
+        left += values
+    bottom.set_yticks(y, labels, fontsize="x-small")
+    bottom.set_ylim(len(busy) - 0.4, -0.6)  # first bar on top, no empty rows around them
+    bottom.set_xlim(0, 1.02)
+    bottom.set_xlabel("fraction of wall time (medians)")
+    # Above the bars: inside the axis, the legend covered the last bar.
+    bottom.legend(fontsize="x-small", loc="lower center", bbox_to_anchor=(0.5, 1.0),
+                  ncols=4, frameon=False)
+    devices = feed_devices(df)
+    real = sorted(set(devices.loc[~devices["emulated"], "device_name"]))
+    where = (f"copies to {', '.join(real)}" if real
+             else "no CUDA device: copies into CPU memory, accelerator emulated")
+    fig.suptitle(f"Feeding the accelerator ({where}; {profile_caption(rows)})",
+                 fontsize="medium")
+    return fig
+
+
+def _loader_colours(rows: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
+    """feed_loader -> colour: the loader path's own (``plots.path_colour``) for its fewest
+    workers, darker for each larger count, so that two process counts are told apart."""
+    from matplotlib.colors import to_rgb
+
+    colours = {}
+    loaders = rows.drop_duplicates("feed_loader")
+    for prefetcher, part in loaders.groupby("prefetcher", sort=False):
+        base = np.array(to_rgb(path_colour(prefetcher)))
+        counts = sorted(part["workers"].fillna(0).astype(int))
+        for shade, count in enumerate(counts):
+            colours[f"{prefetcher}/w{count}"] = tuple(base * (1 - 0.45 * shade / len(counts)))
+    return colours
+
+
+FIGURES = (
+    FigureSpec("gpu_feed_utilisation", "Accelerator utilisation against per-batch compute",
+               lambda r: plot_feed(r.df)),
+)
+
+
+# -- guide ------------------------------------------------------------------------------
+def guide(results: Results) -> list:
+    """Per compute time above zero: every measured feed path is a candidate, by AU."""
+    from ...guide import Candidate, choose
+
+    rows = feed_rows(results.df)
+    picked = select(rows, "accelerator_utilisation")
+    out = []
+    emulated = feed_devices(results.df)["emulated"].all()
+    for compute_ms in sorted(set(picked["compute_ms"]) - {0.0}):
+        part = picked[picked["compute_ms"] == compute_ms]
+        candidates = [Candidate(key, label, stat(part, "accelerator_utilisation", path=key))
+                      for key, label in dict.fromkeys(zip(part["path"], part["label"]))]
+        out.append(choose(
+            "gpu_feed",
+            f"Keeping an accelerator busy at {grid_value(compute_ms)} ms per batch"
+            + (" (emulated accelerator)" if emulated else "") + ": which feed path?",
+            "accelerator_utilisation", candidates))
+    return [row for row in out if row is not None]
+
+
+def findings(results: Results) -> list[str]:
+    return feed_findings(results.df)
+
+
+
+def cuda_feed_text(cuda_runs_dir: Path, place) -> str:
+    """The newest stored feed run on a real CUDA device (``latest_cuda_run``): its machine,
+    findings (AU per compute time is in its figure) and figure, as README markdown; empty
+    where there is none."""
+    run = latest_cuda_run(cuda_runs_dir)
+    if run is None:
+        return ""
+    parts = [f"**On a real GPU** (the `gpu_feed` study in `{place.relative(run.directory)}`, "
+             f"run {run.env.get('run_id')}; machine: {machine_text(run.env)})", "",
+             bullets(feed_findings(run.df, per_compute_time=False)).rstrip("\n")]
+    png = run.directory / "figures" / "gpu_feed_utilisation.png"
+    if png.exists():
+        caption = next(spec.caption for spec in FIGURES if spec.name == "gpu_feed_utilisation")
+        parts += ["", f"![{caption}, on a CUDA device]({place.relative(png)})"]
+    return "\n".join(parts)
+
+
+def readme_text(results: Results, place) -> str:
+    return cuda_feed_text(place.results_dir.parent / "gpu-runs", place)
+
+
+def caveats(results: Results) -> list[str]:
+    return [feed_device_text(results.df)] if not feed_devices(results.df).empty else []
+
+
+STUDY = Study(
+    name="gpu_feed",
+    question="Does the loader keep an accelerator busy?",
+    grid=grid,
+    figures=FIGURES,
+    findings=findings,
+    guide=guide,
+    notebook="04_gpu_feed.ipynb",
+    readme_figures=("gpu_feed_utilisation",),
+    readme_text=readme_text,
+    caveats=caveats,
+)

@@ -1,0 +1,1 @@
+"""The lazy_vs_preloaded study: its grid (``study``) and case functions (``cases``)."""

@@ -1,0 +1,569 @@
+"""The lazy_vs_preloaded study: read from storage per access, or preload into RAM first?
+
+Every dataset read lazily (``LazyDataset``) and preloaded (``PreloadedDataset``), cold and
+warm, decoded to arrays, one thread. Raw sets in every access order (sequential, shuffled,
+block-shuffled); preloaded, one case per cache state reads all three from one preload,
+since a preload reads the files in one order whatever the epoch's (its block-shuffled epoch
+is the case's own, the others ``RAM_ORDERS`` after it). Encoded sets block-shuffled (compact
+plans: ``COMPACT_ENCODED_FORMATS`` only). Plus the readahead knobs of the memory-mapped formats
+(each format's ``TRAITS.readahead_option``) on and off, lazy, cold, shuffled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ...bench.cache import CacheState
+from ...bench.case import Case
+from ...bench.plan import plan_for
+from ...formats import traits
+from ...plots import (
+    PALETTE,
+    bars,
+    empty_figure,
+    format_colours,
+    legend_below,
+    linear_axis,
+    log_axis,
+    metric_title,
+    plot_resident_fraction,
+    profile_caption,
+    summarise,
+)
+from ...results import (
+    MissingResultError,
+    Results,
+    default_open,
+    failed_cases,
+    format_order,
+    open_options,
+    ordered,
+    params_of,
+    select,
+    sort_rows,
+    stat,
+    summary_table,
+    summed_stat,
+)
+from ...text import (
+    ENCODING_NAMES,
+    ENCODING_ORDER,
+    finite,
+    format_percent,
+    format_ratio,
+    format_value,
+    relative_text,
+    signed_bytes,
+)
+from ..base import FigureSpec, Study
+from ..formats.study import build_cost_table
+from ..grid import (
+    batch_size_for,
+    dataset_fields,
+    decode_params,
+    epoch_fields,
+    profile_datasets,
+    repeat_fields,
+)
+from ..shared_cases import ACCESS_ORDERS
+
+CASES = "storebench.studies.lazy_vs_preloaded.cases"
+# Encoded (PNG/JPEG) sets on compact plans: one set of many small files and one single-file
+# store stand for the rest (they decode the same bytes).
+COMPACT_ENCODED_FORMATS = ("rawfiles", "lmdb")
+# The orders a preloaded raw case reads after its block-shuffled epoch, from the same preload
+# (``shared_cases.ram_order_epochs``; ``loader_table`` gives them rows of their own).
+RAM_ORDERS = ("sequential", "shuffle")
+
+
+def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
+    """See the module docstring."""
+    plan = plan_for(profile)
+    repeats = {**repeat_fields(profile, repeats), **epoch_fields(profile)}
+    cases = []
+    for path, manifest in profile_datasets(profile, data_dir):
+        raw = manifest["encoding"] == "raw"
+        if not raw and plan.compact and manifest["format"] not in COMPACT_ENCODED_FORMATS:
+            continue
+        fields = dataset_fields("lazy_vs_preloaded", path, manifest)
+        decoding = {k: v for k, v in decode_params(manifest).items() if v}
+        batch_size = batch_size_for(manifest["num_samples"])
+        for loader in ("lazy", "preloaded"):
+            orders = ACCESS_ORDERS if raw and loader == "lazy" else ("block_shuffle",)
+            # A preload reads the set in one order whatever the epoch's: one preloaded case
+            # per cache state reads its raw arrays in every order from the same preload.
+            more = ({"ram_orders": ",".join(RAM_ORDERS)}
+                    if raw and loader == "preloaded" else {})
+            for access in orders:
+                for cache in CacheState:
+                    cases.append(Case(
+                        function=f"{CASES}:loader_epoch_case", loader=loader,
+                        prefetcher="none", workers=0, batch_size=batch_size, access=access,
+                        cache=cache.value, **repeats,
+                        params={**decoding, **more}, **fields,
+                    ))
+        option = traits(manifest["format"]).readahead_option
+        if option and raw:
+            for on in (True, False):
+                cases.append(Case(
+                    function=f"{CASES}:loader_epoch_case", loader="lazy", prefetcher="none",
+                    workers=0, batch_size=batch_size, access="shuffle", cache="cold",
+                    **repeats, params={f"open_{option}": on}, **fields,
+                ))
+    return cases
+
+
+# -- findings -----------------------------------------------------------------------
+LOADER_METRICS = ("samples_per_s", "time_to_first_batch_s", "preload_seconds",
+                  "peak_pss_bytes", "peak_uss_bytes")
+
+
+def with_ram_order_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """``rows`` plus, for each preloaded case's epochs in its other orders
+    (``<order>.samples_per_s``, ``shared_cases.ram_order_epochs``), rows of ``access`` that
+    order and metric ``samples_per_s``: the table reads them as that order's preloaded
+    epochs. Their time to first batch and memory are the case's (block-shuffled) epoch's
+    and are not copied."""
+    names = {f"{order}.samples_per_s": order for order in ACCESS_ORDERS}
+    extra = rows[rows["metric"].isin(list(names))]
+    if extra.empty:
+        return rows
+    extra = extra.assign(access=extra["metric"].map(names), metric="samples_per_s")
+    return pd.concat([rows, extra], ignore_index=True)
+
+
+def loader_table(df: pd.DataFrame, *, study: str = "lazy_vs_preloaded") -> pd.DataFrame:
+    """Per dataset, loader, access order and cache state: medians of throughput, time to
+    first batch, preload time, peak PSS and USS; the resident fraction at start; repeats."""
+    rows = with_ram_order_rows(default_open(df[df["study"] == study]))
+    keys = ["encoding", "format", "loader", "access", "cache"]
+    tables = []
+    for metric in LOADER_METRICS:
+        part = summary_table(rows, metric, keys)
+        if part.empty:
+            continue
+        tables.append(part.set_index(keys)[["median"]].rename(columns={"median": metric}))
+    if not tables:
+        return pd.DataFrame(columns=[*keys, *LOADER_METRICS, "resident_fraction", "repeats"])
+    basis = summary_table(rows, "samples_per_s", keys).set_index(keys)
+    table = pd.concat(tables, axis=1)
+    table["resident_fraction"] = basis["resident_fraction"]
+    table["repeats"] = basis["repeats"]
+    return sort_rows(table.reset_index())
+
+
+def lazy_vs_preloaded_findings(df: pd.DataFrame, env: Mapping | None = None, *,
+                               profile_bytes: Mapping[str, int] | None = None) -> list[str]:
+    """Sentences on preloading vs reading per access, warm and cold, and on how close the
+    datasets came to RAM (``env["ram_bytes"]``; ``profile_bytes``: raw bytes of profiles the
+    results did not measure, e.g. the opt-in large one)."""
+    table = loader_table(df)
+    # Every dataset was read block-shuffled by both loaders: compare loaders in that order.
+    table = table[table["access"] == "block_shuffle"]
+    sentences = []
+    for encoding in [e for e in ENCODING_ORDER if e in set(table["encoding"])]:
+        name = ENCODING_NAMES.get(encoding, encoding)
+        part = table[table["encoding"] == encoding]
+        warm = part[part["cache"] == "warm"].pivot_table(
+            index="format", columns="loader", values="samples_per_s")
+        if {"lazy", "preloaded"} <= set(warm.columns):
+            gain = (warm["preloaded"] / warm["lazy"]).dropna()
+            if not gain.empty:
+                most, least = gain.idxmax(), gain.idxmin()
+                sentences.append(
+                    f"{name}, warm: the preloaded epoch runs {format_ratio(gain[most])} the lazy "
+                    f"one's throughput on {most} and {format_ratio(gain[least])} on {least} "
+                    f"({format_value(warm.loc[most, 'preloaded'], 'samples/s')} vs "
+                    f"{format_value(warm.loc[most, 'lazy'], 'samples/s')} on {most})."
+                )
+        cold = part[part["cache"] == "cold"].pivot_table(
+            index="format", columns="loader",
+            values=["time_to_first_batch_s", "peak_pss_bytes", "samples_per_s"])
+        if ("time_to_first_batch_s", "preloaded") in cold and (
+                "time_to_first_batch_s", "lazy") in cold:
+            first = cold["time_to_first_batch_s"]
+            slowest = (first["preloaded"] / first["lazy"]).idxmax()
+            sentences.append(
+                f"{name}, cold: preloading delays the first batch to "
+                f"{format_value(first.loc[slowest, 'preloaded'], 's')} on {slowest} against "
+                f"{format_value(first.loc[slowest, 'lazy'], 's')} when reading lazily "
+                f"({format_ratio(first.loc[slowest, 'preloaded'] / first.loc[slowest, 'lazy'])})."
+            )
+        memory = part.pivot_table(index="format", columns="loader",
+                                  values=["peak_pss_bytes", "peak_uss_bytes"], aggfunc="median")
+        if ("peak_pss_bytes", "preloaded") in memory and ("peak_pss_bytes", "lazy") in memory:
+            pss, uss = memory["peak_pss_bytes"], memory["peak_uss_bytes"]
+            extra = (pss["preloaded"] - pss["lazy"]).median()
+            build = build_cost_table(df)
+            on_disk = build.loc[build["encoding"] == encoding, "bytes_apparent"].median()
+            size_note = (f", against {format_value(on_disk, 'bytes')} of data on disk"
+                         if finite(on_disk) else "")
+            sentences.append(
+                f"{name}: peak PSS of the whole process tree is "
+                f"{format_value(pss['preloaded'].median(), 'bytes')} preloaded and "
+                f"{format_value(pss['lazy'].median(), 'bytes')} lazy (USS "
+                f"{format_value(uss['preloaded'].median(), 'bytes')} and "
+                f"{format_value(uss['lazy'].median(), 'bytes')}; medians over formats): "
+                f"preloaded minus lazy is {signed_bytes(extra)}{size_note}."
+            )
+        lazy = part[part["loader"] == "lazy"].pivot_table(
+            index="format", columns="cache", values=["samples_per_s", "resident_fraction"])
+        if ("samples_per_s", "cold") in lazy and ("samples_per_s", "warm") in lazy:
+            penalty = (lazy[("samples_per_s", "warm")] / lazy[("samples_per_s", "cold")]).dropna()
+            if not penalty.empty:
+                worst = penalty.idxmax()
+                sentences.append(
+                    f"{name}: a cold cache costs lazy reading most on {worst} "
+                    f"({format_ratio(penalty[worst])} slower than warm) and least on "
+                    f"{penalty.idxmin()} ({format_ratio(penalty.min())}); cold repeats started "
+                    f"with at most {format_percent(lazy[('resident_fraction', 'cold')].max())} "
+                    f"of the files resident, warm ones with at least "
+                    f"{format_percent(lazy[('resident_fraction', 'warm')].min())}."
+                )
+    sentences += access_order_findings(df)
+    sentences += readahead_findings(df)
+    sentences += ram_findings(df, env, profile_bytes=profile_bytes)
+    failures = failed_cases(df, study="lazy_vs_preloaded")
+    if not failures.empty:
+        sentences.append(
+            f"{len(failures)} case(s) failed, e.g. {failures['case_id'].iloc[0]}: "
+            f"{failures['error'].iloc[0]}")
+    return sentences
+
+
+def ram_findings(df: pd.DataFrame, env: Mapping | None, *,
+                 profile_bytes: Mapping[str, int] | None = None) -> list[str]:
+    """How close the measured datasets came to the machine's RAM, stated from the data."""
+    build = build_cost_table(df)
+    if build.empty or not env or not env.get("ram_bytes"):
+        return []
+    ram = float(env["ram_bytes"])
+    largest = build.loc[build["bytes_apparent"].idxmax()]
+    fraction = largest["bytes_apparent"] / ram
+    sentences = [
+        f"The largest dataset measured is {largest['dataset']} at "
+        f"{format_value(largest['bytes_apparent'], 'bytes')}, {format_percent(fraction)} of this "
+        f"machine's {format_value(ram, 'bytes')} RAM."
+    ]
+    if fraction < 0.5:
+        larger = ""
+        if profile_bytes:
+            over = {name: size for name, size in profile_bytes.items() if size > ram}
+            if over:
+                larger = " The " + ", ".join(
+                    f"opt-in `{name}` profile ({format_value(size, 'bytes')}, "
+                    f"{format_percent(size / ram)} of RAM)" for name, size in over.items()
+                ) + " measures it."
+        sentences.append(
+            "So these results do not show what happens as a dataset approaches or passes RAM: "
+            "every warm case here fits in the page cache." + larger)
+    return sentences
+
+
+ACCESS_ORDER = ("sequential", "block_shuffle", "shuffle")
+
+
+def access_order_table(df: pd.DataFrame, *, loader: str = "lazy") -> pd.DataFrame:
+    """Per raw-array dataset and cache state: one-thread epoch throughput of ``loader`` in
+    each access order of the lazy_vs_preloaded study (medians), and each order against
+    sequential."""
+    table = loader_table(df)
+    table = table[(table["encoding"] == "raw") & (table["loader"] == loader)]
+    columns = ["format", "cache", *ACCESS_ORDER, "block_shuffle_vs_sequential",
+               "shuffle_vs_sequential", "resident_fraction"]
+    if table.empty:
+        return pd.DataFrame(columns=columns)
+    wide = table.pivot_table(index=["format", "cache"], columns="access",
+                             values="samples_per_s")
+    resident = table.groupby(["format", "cache"])["resident_fraction"].median()
+    out = pd.DataFrame({order: wide.get(order) for order in ACCESS_ORDER})
+    out["resident_fraction"] = resident
+    out = out.reset_index()
+    for order in ("block_shuffle", "shuffle"):
+        out[f"{order}_vs_sequential"] = out[order] / out["sequential"]
+    out = out.sort_values("cache", key=lambda c: c.map({"cold": 0, "warm": 1}),
+                          kind="stable")
+    return sort_rows(out)[columns]
+
+
+def access_order_findings(df: pd.DataFrame) -> list[str]:
+    """Per cache state: which format loses most and least by shuffling (lazy, raw arrays)
+    and what block shuffle wins back."""
+    table = access_order_table(df).dropna(subset=["sequential", "shuffle"])
+    sentences = []
+    for cache, part in table.groupby("cache", sort=False):
+        loss = part.set_index("format")["shuffle_vs_sequential"]
+        worst, best = loss.idxmin(), loss.idxmax()
+        text = (f"Raw arrays, {cache}, read lazily by one thread: a full shuffle runs at "
+                f"{format_ratio(loss[worst])} of sequential throughput on {worst} "
+                f"(the worst) and {format_ratio(loss[best])} on {best}")
+        block = part.set_index("format")["block_shuffle_vs_sequential"].dropna()
+        if worst in block:
+            text += (f"; block shuffle brings {worst} to {format_ratio(block[worst])} of "
+                     "sequential")
+        sentences.append(text + ".")
+    return sentences
+
+
+def readahead_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The readahead knobs of the memory-mapped formats (lazy, cold, shuffled epoch): per
+    setting, throughput (median, spread) and time to first batch."""
+    rows = select(df[df["study"] == "lazy_vs_preloaded"])
+    rows = rows[rows["params"].map(lambda text: bool(open_options(text)))]
+    columns = ["format", "option", "setting", "samples_per_s", "low", "high", "repeats",
+               "time_to_first_batch_s", "resident_fraction"]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    options = rows["params"].map(open_options)
+    rows = rows.assign(option=options.map(lambda o: next(iter(o))),
+                       setting=options.map(lambda o: str(next(iter(o.values())))))
+    keys = ["format", "option", "setting"]
+    table = summary_table(rows, "samples_per_s", keys).rename(
+        columns={"median": "samples_per_s"})
+    first = summary_table(rows, "time_to_first_batch_s", keys).set_index(keys)["median"]
+    table = table.set_index(keys)
+    table["time_to_first_batch_s"] = first
+    return sort_rows(table.reset_index())[columns]
+
+
+def readahead_findings(df: pd.DataFrame) -> list[str]:
+    """Each readahead knob on against off, cold and shuffled, from the same study."""
+    table = readahead_table(df)
+    sentences = []
+    for (fmt, option), part in table.groupby(["format", "option"], sort=False):
+        by = part.set_index("setting")["samples_per_s"]
+        if {"True", "False"} <= set(by.index):
+            sentences.append(
+                f"{fmt}, cold, shuffled: {option}=True runs "
+                f"{relative_text(by['True'] / by['False'])} {option}=False "
+                f"({format_value(by['True'], 'samples/s')} vs "
+                f"{format_value(by['False'], 'samples/s')}).")
+    return sentences
+
+
+
+# -- figures ------------------------------------------------------------------------
+def plot_by_format(
+    df: pd.DataFrame,
+    *,
+    metric: str,
+    series: Sequence[str],
+    title: str = "",
+    log: bool = True,
+    scale: float = 1.0,
+) -> Figure:
+    """``metric`` per format (one panel per encoding, log axis), one mark per combination
+    of the ``series`` columns (e.g. loader and cache); medians with min-max bars."""
+    rows = df[df["metric"] == metric].copy()
+    if rows.empty:
+        return empty_figure(f"no rows with {metric}")
+    rows["series"] = rows[list(series)].astype(str).agg("/".join, axis=1)
+    order = format_order()
+    colours = format_colours(rows["format"].unique())
+    encodings = ordered(rows["encoding"], ENCODING_ORDER)
+    fig = Figure(figsize=(4.5 * len(encodings), 4), layout="constrained")
+    axes = fig.subplots(1, len(encodings), squeeze=False)[0]
+    markers = "osD^vP*X"
+    # One marker per series across every panel, so one legend serves them all.
+    names = sorted(rows["series"].unique())
+    marker_of = {name: markers[s % len(markers)] for s, name in enumerate(names)}
+    width = 0.8 / max(len(names), 1)
+    for ax, encoding in zip(axes, encodings, strict=True):
+        part = rows[rows["encoding"] == encoding]
+        formats = ordered(part["format"], order)
+        summary = summarise(part, metric, ["format", "series"])
+        for s, name in enumerate(names):
+            marker = marker_of[name]
+            for f, fmt in enumerate(formats):
+                row = summary[(summary["format"] == fmt) & (summary["series"] == name)]
+                if row.empty:
+                    continue
+                median, low, high = (float(row[c].iloc[0]) * scale
+                                      for c in ("median", "low", "high"))
+                x = f + (s - (len(names) - 1) / 2) * width
+                ax.errorbar(x, median, yerr=[[median - low], [high - median]], fmt=marker,
+                            color=colours[fmt], ecolor="black", capsize=2, markersize=6)
+        ax.set_xticks(range(len(formats)), formats, rotation=30, ha="right")
+        if log:
+            log_axis(ax)
+        ax.set_title(profile_caption(part, encoding), fontsize="medium")
+    # One legend below the panels: inside a panel it covered marks (TFRecord's lazy/cold).
+    for name in names:
+        axes[0].plot([], [], marker_of[name], color="grey", label=name)
+    legend_below(fig, [axes[0]], fontsize="x-small", ncols=min(len(names), 4))
+    axes[0].set_ylabel(metric_title(metric))
+    if title:
+        fig.suptitle(title)
+    return fig
+
+
+def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy") -> Figure:
+    """One-thread epoch throughput of each raw-array dataset in each access order, read by
+    ``loader``, cold and warm (one panel each); log axis."""
+    rows = default_open(df[(df["encoding"] == "raw") & (df["loader"] == loader)
+                           & (df["metric"] == "samples_per_s")])
+    if rows.empty:
+        return empty_figure("no access-order rows")
+    caches = ordered(rows["cache"], ("cold", "warm"))
+    formats = ordered(rows["format"], format_order())
+    orders = ordered(rows["access"], ACCESS_ORDER)
+    fig = Figure(figsize=(5 * len(caches), 4), layout="constrained")
+    axes = fig.subplots(1, len(caches), squeeze=False, sharey=True)[0]
+    width = 0.8 / len(orders)
+    for ax, cache in zip(axes, caches, strict=True):
+        summary = summarise(rows[rows["cache"] == cache], "samples_per_s", ["format", "access"])
+        for o, order in enumerate(orders):
+            for f, fmt in enumerate(formats):
+                row = summary[(summary["format"] == fmt) & (summary["access"] == order)]
+                if row.empty:
+                    continue
+                median, low, high = (float(row[c].iloc[0]) for c in ("median", "low", "high"))
+                x = f + (o - (len(orders) - 1) / 2) * width
+                ax.bar(x, median, width * 0.95, color=PALETTE[o], edgecolor="black",
+                       linewidth=0.5, label=order.replace("_", " ") if f == 0 else None)
+                ax.errorbar(x, median, yerr=[[median - low], [high - median]], fmt="none",
+                            ecolor="black", capsize=2, linewidth=0.8)
+        ax.set_xticks(range(len(formats)), formats, rotation=30, ha="right")
+        log_axis(ax)
+        ax.set_title(f"{cache} page cache")
+    legend_below(fig, axes)
+    axes[0].set_ylabel(metric_title("samples_per_s"))
+    fig.suptitle(f"Access order, {loader} loader, one thread ({profile_caption(rows)})")
+    return fig
+
+
+def plot_readahead(df: pd.DataFrame) -> Figure:
+    """The memory-mapped formats' readahead knobs (open options) on and off: throughput of
+    a cold, shuffled, lazy epoch."""
+    rows = df[df["metric"] == "samples_per_s"]
+    options = params_of(rows).map(lambda p: {k.removeprefix("open_"): v for k, v in p.items()
+                                           if k.startswith("open_")}) if not rows.empty else None
+    if rows.empty or not options.map(bool).any():
+        return empty_figure("no readahead rows")
+    rows = rows[options.map(bool)].assign(
+        setting=options[options.map(bool)].map(
+            lambda o: ", ".join(f"{k}={v}" for k, v in o.items())))
+    rows = rows.assign(label=rows["format"] + ": " + rows["setting"])
+    summary = summarise(rows, "samples_per_s", ["label", "format"])
+    colours = format_colours(summary["format"].unique())
+    fig = Figure(figsize=(7, 0.45 * len(summary) + 1.2), layout="constrained")
+    ax = fig.add_subplot()
+    bars(ax, list(summary["label"]), summary,
+          colours=[colours[f] for f in summary["format"]], horizontal=True)
+    # Linear from zero: on a log axis a bar's length would not be its rate.
+    linear_axis(ax, "x")
+    ax.set_xlabel("samples per second (cold, shuffled, lazy, one thread)")
+    fig.suptitle(f"Readahead knobs of the memory-mapped formats\n({profile_caption(rows)})",
+                 fontsize="medium")
+    return fig
+
+
+
+
+def block_shuffled(df: pd.DataFrame) -> pd.DataFrame:
+    """The block-shuffled, default-open rows: the loader comparison every dataset has."""
+    return default_open(df[df["access"] == "block_shuffle"])
+
+
+FIGURES = (
+    FigureSpec("lazy_vs_preloaded_throughput", "Lazy vs preloaded loading",
+               lambda r: plot_by_format(
+                   block_shuffled(r.study("lazy_vs_preloaded")), metric="samples_per_s",
+                   series=["loader", "cache"],
+                   title="Lazy vs preloaded: epoch throughput, block-shuffled, one thread")),
+    FigureSpec("lazy_vs_preloaded_first_batch", "Time to the first batch",
+               lambda r: plot_by_format(
+                   block_shuffled(r.study("lazy_vs_preloaded")),
+                   metric="time_to_first_batch_s", series=["loader", "cache"],
+                   title="Lazy vs preloaded: time to first batch (a preload counts)")),
+    FigureSpec("lazy_vs_preloaded_peak_memory", "Peak memory, lazy vs preloaded",
+               lambda r: plot_by_format(
+                   block_shuffled(r.study("lazy_vs_preloaded")), metric="peak_pss_bytes",
+                   series=["loader", "cache"], log=False, scale=1e-6,
+                   title="Lazy vs preloaded: peak PSS of the process tree")),
+    FigureSpec("lazy_vs_preloaded_access_orders", "Access orders",
+               lambda r: plot_access_orders(r.study("lazy_vs_preloaded"))),
+    FigureSpec("lazy_vs_preloaded_readahead", "Readahead knobs on and off",
+               lambda r: plot_readahead(r.study("lazy_vs_preloaded"))),
+    FigureSpec("lazy_vs_preloaded_resident_fraction", "Page-cache state before each repeat",
+               lambda r: plot_resident_fraction(r.study("lazy_vs_preloaded"))),
+)
+
+
+# -- guide ------------------------------------------------------------------------------
+def guide(results: Results) -> list:
+    """Per encoding and cache state: which format and loader (lazy or preloaded) give the
+    fastest block-shuffled epoch in one process; every measured pair is a candidate."""
+    from ...guide import Candidate, choose
+
+    rows = block_shuffled(results.study("lazy_vs_preloaded"))
+    picked = select(rows, "samples_per_s")
+    out = []
+    for encoding in ordered(picked["encoding"], ENCODING_ORDER):
+        name = ENCODING_NAMES.get(encoding, encoding)
+        name = name[0].upper() + name[1:]
+        caption = profile_caption(picked, encoding)
+        part = picked[picked["encoding"] == encoding]
+        pairs = list(dict.fromkeys(zip(part["format"], part["loader"])))
+        pairs.sort(key=lambda p: (format_order().index(p[0])
+                                  if p[0] in format_order() else 99, p[1]))
+        warm = part[part["cache"] == "warm"]
+        candidates = [Candidate(f"{fmt}/{loader}", f"{fmt} ({loader})",
+                                stat(warm, "samples_per_s", format=fmt, loader=loader))
+                      for fmt, loader in pairs
+                      if not warm[(warm["format"] == fmt) & (warm["loader"] == loader)].empty]
+        out.append(choose(
+            "lazy_vs_preloaded",
+            f"{name} that fit in RAM and are cached, one process, later epochs: which "
+            f"format, lazy or preloaded? ({caption})", "samples_per_s", candidates))
+        # A cold first epoch: a preload's own time counts, so compare seconds to the end
+        # of the epoch (preload plus epoch), lower is better. A preload reads the whole set,
+        # so the epoch is the whole set's too, at the rate its repeat measured (rows of
+        # epochs sized to ``epoch_samples``; results without the metric have whole epochs).
+        epoch_metric = ("set_epoch_seconds" if "set_epoch_seconds" in set(rows["metric"])
+                        else "epoch_seconds")
+        cold = rows[(rows["encoding"] == encoding) & (rows["cache"] == "cold")]
+        candidates = []
+        for fmt, loader in pairs:
+            try:
+                seconds = summed_stat(cold, ("preload_seconds", epoch_metric),
+                                      format=fmt, loader=loader)
+            except MissingResultError:
+                continue
+            candidates.append(Candidate(f"{fmt}/{loader}", f"{fmt} ({loader})", seconds))
+        out.append(choose(
+            "lazy_vs_preloaded",
+            f"{name}, the first epoch from a cold cache, one process: which format, lazy or "
+            f"preloaded? (time to the end of an epoch of the whole set, a preload included; "
+            f"{caption})",
+            "preload_plus_epoch_seconds", candidates, lower_is_better=True))
+    return [row for row in out if row is not None]
+
+
+def findings(results: Results) -> list[str]:
+    import data_gen
+
+    over = {name: p.raw_bytes for name, p in data_gen.PROFILES.items()}
+    return lazy_vs_preloaded_findings(results.df, results.env, profile_bytes=over)
+
+
+
+def caveats(results: Results) -> list[str]:
+    return ram_findings(results.df, results.env)
+
+
+STUDY = Study(
+    name="lazy_vs_preloaded",
+    question="Read from storage per access, or preload into RAM first?",
+    grid=grid,
+    figures=FIGURES,
+    findings=findings,
+    guide=guide,
+    notebook="02_lazy_vs_preloaded.ipynb",
+    readme_figures=("lazy_vs_preloaded_throughput",),
+    caveats=caveats,
+)

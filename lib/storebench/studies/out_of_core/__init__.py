@@ -1,0 +1,1 @@
+"""The out_of_core study: its grid (``study``) and case functions (``cases``)."""

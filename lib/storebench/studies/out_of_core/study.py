@@ -1,0 +1,533 @@
+"""The out_of_core study: epochs over a dataset k times larger than the memory the
+case may use, so that the page cache cannot hold it.
+
+k maps to "your dataset is k times your RAM": each case runs in a memory budget
+(``bench.memory_budget``) of its own baseline plus ``dataset bytes / k``. The baseline is
+what the case holds once its reader, loader and workers are up and have delivered a first
+batch, or the most a first loader held besides page cache while it read, where that is more
+(``cases.out_of_core._primed_loader``), so the room above it is what a training job's page
+cache would have: 1/k of the dataset. k = 5 is MLPerf Storage's rule (the dataset at least
+5x the host's memory); k = 0 is no cap (the dataset fits), measured in the same kind of
+cgroup so that every row carries the same counters. Where no writable memory cgroup
+exists the case is skipped with the reason (``runner.CaseSkipped``), never run
+unconstrained.
+
+Every row records the budget, k, the cgroup's peak, its page cache, major faults, bytes read
+from the device, and per epoch (``epoch<n>.<metric>``) the time, throughput and the dataset's
+resident fraction at start and end (``mincore``). A ``preloaded`` case that does not fit its
+budget is a measured outcome, not a failure: ``PreloadedDataset`` refuses before reading and
+the row says ``does_not_fit = 1`` with the bytes it needed and had (status ``ok``: ``skipped``
+means "could not be measured here", which is not what happened).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ...bench.case import Case
+from ...bench.plan import plan_for
+from ...formats import traits
+from ...plots import (
+    empty_figure,
+    format_colours,
+    legend_below,
+    log_axis,
+    profile_caption,
+    summarise,
+)
+from ...results import (
+    Results,
+    failed_cases,
+    format_order,
+    ordered,
+    params_of,
+    select,
+    sort_rows,
+    stat,
+    summary_table,
+)
+from ...text import (
+    ENCODING_NAMES,
+    format_percent,
+    format_ratio,
+    format_value,
+    relative_text,
+)
+from ..base import FigureSpec, Study
+from ..grid import (
+    batch_size_for,
+    dataset_fields,
+    decode_params,
+    is_imported_manifest,
+    knob_params,
+    profile_datasets,
+)
+from ..out_of_core.cases import DEFAULT_EPOCHS
+
+CASES = "storebench.studies.out_of_core.cases"
+NAME = "out_of_core"
+K_VALUES = (0, 2, 5)  # 0: no cap, the dataset fits
+# A cyclic scan gets nothing from any cache smaller than the set, so raw sequential reads
+# run where the set fits and at the largest k only; the figure says so in the panels left
+# out.
+SEQUENTIAL_KS = (0, max(K_VALUES))
+SEQUENTIAL_LEFT_OUT = ("not measured: a cyclic scan gains\nnothing from a cache smaller "
+                       f"than the set\n(k = {max(K_VALUES)} shows it)")
+
+
+# -- the grid -------------------------------------------------------------------------
+PREFETCHER, WORKERS = "thread", 2  # the prefetch study's best path, raw and JPEG
+# A thrashing pass is cut short after this long: memmap's default read-around under a k = 5
+# cap took over 60 s for one shuffled pass of the small set (0.24 s cold when it fits, 2 s
+# with MADV_RANDOM; one batch of 256 took about 5 s and read 1.8 GB). Its rate over the
+# first second says as much, and bounds the study's time (under a cap a pass ends within
+# one slice of the limit, or half the limit for a batch that ends sooner:
+# ``cases.out_of_core``).
+EPOCH_SECONDS_LIMIT = 1.0
+# Under a cap (k > 0), half a second: the cap's room fills well within it (results/
+# study-runs/README.md, "Constants and their evidence"). Where the set fits (k = 0) a pass
+# keeps the second, or a cold epoch 1 would leave it partly uncached for epoch 2.
+CAPPED_EPOCH_SECONDS_LIMIT = 0.5
+PRELOADED_FORMAT = "memmap"
+GUIDE_REPEATS = 3
+# Pages of the set that other processes (or the kernel's read-around just before a
+# measurement) may hold outside the case's cgroup.
+RESIDENT_TOLERANCE = 0.05
+
+
+def _case(path: Path, manifest: dict, *, access: str, k: int, repeats: int, timeout_s: float,
+          loader: str = "lazy", params: dict | None = None) -> Case:
+    decoding = {k: v for k, v in decode_params(manifest).items() if v}
+    return Case(
+        function=f"{CASES}:out_of_core_epochs_case", loader=loader, prefetcher=PREFETCHER,
+        workers=WORKERS, batch_size=batch_size_for(manifest["num_samples"]), access=access,
+        cache="cold", repeats=repeats, warmup=False, timeout_s=timeout_s,
+        params={"k": k, "epoch_seconds_limit": (CAPPED_EPOCH_SECONDS_LIMIT if k
+                                                else EPOCH_SECONDS_LIMIT),
+                **decoding, **(params or {})},
+        **dataset_fields(NAME, path, manifest),
+    )
+
+
+def out_of_core_grid(
+    *, profile: str, data_dir: Path | str, repeats: int | None = None
+) -> list[Case]:
+    """The out_of_core cases, each ``DEFAULT_EPOCHS`` epochs from cold under k in
+    ``K_VALUES``, lazy reads through two prefetch threads:
+
+    - raw, every format: block shuffle and full shuffle at every k (no full shuffle where
+      the format's ``TRAITS.shuffle_unit`` is a block); sequential at k = 0 and the largest
+      k only (a cyclic scan gets nothing from any cache smaller than the set, so k = 2
+      adds nothing);
+    - JPEG, every format: shuffled (block-shuffled where the shuffle unit is a block) at
+      k = 0 and the largest k (decode-bound: the order matters less);
+    - knobs (each format's ``TRAITS.out_of_core_options``, and its build variants where
+      built) at k = 0 and the largest k, each on the order where it matters;
+    - ``PreloadedDataset`` of the memmap raw set at every k: it fits at k = 0 only.
+
+    Compact plans (``ci``) keep one raw format (memmap) and one JPEG format (lmdb) and the
+    open knobs of those two. ``repeats=None`` means 1 (each case is already two epochs, and
+    the effects compared here, cache or no cache, are large against run-to-run noise), except
+    ``GUIDE_REPEATS`` for the shuffled raw cases at a capped k that the guide compares.
+    """
+    plan = plan_for(profile)
+    # The guide's candidates (shuffled lazy reads at a capped k) get the repeats its tie
+    # rule needs; the rest one (two epochs each, effects far larger than the noise).
+    guided = GUIDE_REPEATS if repeats is None and not plan.compact else repeats
+    repeats = 1 if repeats is None else repeats
+    timeout_s = plan.timeout_s
+    top = max(K_VALUES)
+    common = {"repeats": repeats, "timeout_s": timeout_s}
+    shuffled_capped = {"repeats": guided or repeats, "timeout_s": timeout_s}
+    cases = []
+    datasets = profile_datasets(profile, data_dir, variants=True)
+    for path, manifest in datasets:
+        fmt, encoding = manifest["format"], manifest["encoding"]
+        # An import's encoded copy (JPEG, PNG or both) stands where the profile's JPEG set does.
+        encoding = "jpeg" if is_imported_manifest(manifest) and encoding != "raw" else encoding
+        if plan.compact and (fmt, encoding) not in (("memmap", "raw"), ("lmdb", "jpeg")):
+            continue
+        if knob_params(path, manifest):
+            access = traits(fmt).variant_access
+            if not access or encoding != "raw" or plan.compact:
+                continue
+            for k in (0, top):
+                cases.append(_case(path, manifest, access=access, k=k,
+                                   params=knob_params(path, manifest), **common))
+            continue
+        if encoding == "raw":
+            for k in SEQUENTIAL_KS:
+                cases.append(_case(path, manifest, access="sequential", k=k, **common))
+            orders = ("block_shuffle",) if traits(fmt).block_only else (
+                "shuffle", "block_shuffle")
+            for access in orders:
+                for k in K_VALUES:
+                    cases.append(_case(path, manifest, access=access, k=k,
+                                       **(shuffled_capped if k else common)))
+            for options, access in traits(fmt).out_of_core_options:
+                params = {f"open_{name}": value for name, value in options.items()}
+                for k in (0, top):
+                    cases.append(_case(path, manifest, access=access, k=k,
+                                       params=params, **common))
+            if fmt == PRELOADED_FORMAT:
+                for k in K_VALUES:
+                    cases.append(_case(path, manifest, access="block_shuffle", k=k,
+                                       loader="preloaded", **common))
+        elif encoding == "jpeg":
+            access = "block_shuffle" if traits(fmt).block_only else "shuffle"
+            for k in (0, top):
+                cases.append(_case(path, manifest, access=access, k=k, **common))
+    return cases
+
+
+# -- the one table figures, findings and the guide read ---------------------------------
+def _setting(params: dict) -> str:
+    """``"default"``, or the open option or build knob a case changed
+    (``"madvise_random=True"``)."""
+    changed = {k.removeprefix("open_"): v for k, v in params.items() if k.startswith("open_")}
+    changed |= {k.removeprefix("knob_"): v for k, v in params.items() if k.startswith("knob_")}
+    return ", ".join(f"{k}={v}" for k, v in sorted(changed.items())) or "default"
+
+
+def ooc_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The study's rows with ``k`` (0: no cap), ``setting`` and ``label`` columns."""
+    rows = df[df["study"] == NAME]
+    if rows.empty:
+        return rows.assign(k=[], setting=[], label=[])
+    params = params_of(rows)
+    settings = params.map(_setting)
+    return rows.assign(
+        k=params.map(lambda p: int(p.get("k", 0))),
+        setting=settings,
+        label=[f"{f}-{e}, {a.replace('_', ' ')}" + ("" if s == "default" else f", {s}")
+               + ("" if loader == "lazy" else f", {loader}")
+               for f, e, a, s, loader in zip(rows["format"], rows["encoding"], rows["access"],
+                                             settings, rows["loader"])],
+    )
+
+
+def k_text(k: int) -> str:
+    return "no cap (fits in RAM)" if k == 0 else f"k = {k}"
+
+
+def ooc_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per case: medians of each epoch's samples/s and delivered MB/s, epoch 2 over epoch 1,
+    the highest resident fraction at an epoch's end, the budget and the cgroup's peak, and
+    whether a preload did not fit."""
+    rows = ooc_rows(df)
+    keys = ["format", "encoding", "loader", "access", "setting", "k", "label"]
+    metrics = [f"epoch{n}.samples_per_s" for n in range(1, DEFAULT_EPOCHS + 1)] + [
+        f"epoch{DEFAULT_EPOCHS}.read_MBps", "epoch2_over_epoch1", "budget_bytes",
+        "cgroup_limit_bytes", "cgroup_peak_bytes", "effective_k", "does_not_fit",
+        "device_read_bytes"]
+    if rows.empty:
+        return pd.DataFrame(columns=[*keys, *metrics, "resident_end_max"])
+    table = None
+    for metric in metrics:
+        part = summary_table(rows, metric, keys)
+        part = part.set_index(keys)["median"].rename(metric) if not part.empty else None
+        if part is None:
+            continue
+        table = part.to_frame() if table is None else table.join(part, how="outer")
+    resident = rows[rows["metric"].str.endswith(".resident_end")]
+    resident = select(resident).groupby(keys)["value"].max().rename("resident_end_max")
+    table = table.join(resident, how="left").reset_index()
+    for metric in metrics:
+        if metric not in table:
+            table[metric] = np.nan
+    return sort_rows(table)
+
+
+def _last_rate(table: pd.DataFrame) -> pd.Series:
+    return table[f"epoch{DEFAULT_EPOCHS}.samples_per_s"]
+
+
+def ooc_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
+    """What changes when the dataset no longer fits: the best and worst shuffled raw path
+    at each k, what epoch 2 gains over epoch 1 at each k, whether the readahead knobs
+    reverse, whether a preload fits, the cap's evidence, and the cold-read target."""
+    table = ooc_table(df)
+    sentences = []
+    if table.empty:
+        return sentences
+    lazy_raw = table[(table["loader"] == "lazy") & (table["encoding"] == "raw")]
+    shuffled = lazy_raw[lazy_raw["access"] != "sequential"].dropna(
+        subset=[f"epoch{DEFAULT_EPOCHS}.samples_per_s"])
+    for k, part in shuffled.groupby("k"):
+        if len(part) < 2:
+            continue
+        best = part.loc[_last_rate(part).idxmax()]
+        worst = part.loc[_last_rate(part).idxmin()]
+        sentences.append(
+            f"Raw arrays, shuffled epochs, {k_text(k)}: the fastest path in epoch "
+            f"{DEFAULT_EPOCHS} is {best['label']} at "
+            f"{format_value(_last_rate(part)[best.name], 'samples/s')}, the slowest "
+            f"{worst['label']} at {format_value(_last_rate(part)[worst.name], 'samples/s')} "
+            f"({format_ratio(_last_rate(part)[best.name] / _last_rate(part)[worst.name])} "
+            f"apart; {len(part)} paths).")
+    gains = shuffled.dropna(subset=["epoch2_over_epoch1"]).groupby("k")["epoch2_over_epoch1"]
+    if len(gains):
+        sentences.append(
+            "Epoch 2 over epoch 1 (raw arrays, shuffled, median over formats and knobs): "
+            + "; ".join(f"{k_text(k)} {format_ratio(g.median())}" for k, g in gains) + ".")
+    for fmt, option in (("memmap", "madvise_random=True"), ("lmdb", "readahead=False")):
+        knob = lazy_raw[(lazy_raw["format"] == fmt) & (lazy_raw["setting"] == option)]
+        default = lazy_raw[(lazy_raw["format"] == fmt) & (lazy_raw["setting"] == "default")]
+        parts = []
+        for _, row in knob.iterrows():
+            base = default[(default["access"] == row["access"]) & (default["k"] == row["k"])]
+            if base.empty:
+                continue
+            ratio = (row[f"epoch{DEFAULT_EPOCHS}.samples_per_s"]
+                     / base[f"epoch{DEFAULT_EPOCHS}.samples_per_s"].iloc[0])
+            parts.append(f"{relative_text(ratio)} the default at {k_text(row['k'])}")
+        if parts:
+            sentences.append(f"{fmt} with {option}, {knob['access'].iloc[0].replace('_', ' ')}"
+                             f", epoch {DEFAULT_EPOCHS}: " + "; ".join(parts) + ".")
+    preloaded = table[table["loader"] == "preloaded"]
+    if not preloaded.empty:
+        fits = sorted(preloaded.loc[preloaded["does_not_fit"].fillna(0) < 1, "k"])
+        refused = sorted(preloaded.loc[preloaded["does_not_fit"].fillna(0) >= 1, "k"])
+        sentences.append(
+            "PreloadedDataset fits at " + (", ".join(k_text(k) for k in fits) or "no k")
+            + " and refuses, before reading, at " + (", ".join(k_text(k) for k in refused)
+                                                     or "no k") + ".")
+    capped = table[(table["k"] > 0) & table["resident_end_max"].notna()
+                   & (table["loader"] == "lazy")]
+    if not capped.empty:
+        # What the cap lets stay resident: 1/k of the set, or all of it where the floor of
+        # room above the baseline (MIN_ROOM_BYTES) is more than the set (tiny ci sets).
+        allowed = np.minimum(1.0, 1.0 / capped["effective_k"].fillna(capped["k"]))
+        held = int((capped["resident_end_max"] <= allowed + RESIDENT_TOLERANCE).sum())
+        within = int((capped["cgroup_peak_bytes"] <= capped["cgroup_limit_bytes"]).sum())
+        sentences.append(
+            f"The cap held: in {held} of {len(capped)} capped cases the dataset resident at "
+            f"every epoch's end stayed within what the cap allows (1/k of the set, plus "
+            f"{format_percent(RESIDENT_TOLERANCE)}), and the cgroup's peak charge stayed within "
+            f"its limit in {within} of {len(capped)}.")
+    sentences += _target_sentences(table, env)
+    return sentences
+
+
+# The issue's bar: at the largest k, the best shuffled path delivers at least this fraction
+# of the same run's cold sequential read bandwidth, in bytes of samples per second.
+COLD_READ_TARGET = 0.5
+
+
+def _target_sentences(table: pd.DataFrame, env: Mapping | None) -> list[str]:
+    limit = ((env or {}).get("limits") or {}).get("cold_seq_read_GBps")
+    top = table[(table["k"] == max(K_VALUES)) & (table["loader"] == "lazy")
+                & (table["encoding"] == "raw") & (table["access"] != "sequential")]
+    column = f"epoch{DEFAULT_EPOCHS}.read_MBps"
+    top = top.dropna(subset=[column])
+    if not isinstance(limit, int | float) or top.empty:
+        return []
+    best = top.loc[top[column].idxmax()]
+    fraction = best[column] / (limit * 1000.0)
+    verdict = "met" if fraction >= COLD_READ_TARGET else (
+        f"missed by {format_percent(1 - fraction / COLD_READ_TARGET)}")
+    return [f"Target: at k = {max(K_VALUES)} the best shuffled path ({best['label']}) delivers "
+            f"{format_value(best[column], 'MB/s')} of samples in epoch {DEFAULT_EPOCHS}, "
+            f"{format_percent(fraction)} of the same run's cold sequential read limit "
+            f"({format_value(limit, 'GB/s')}); threshold {format_percent(COLD_READ_TARGET)}, "
+            f"{verdict}."]
+
+
+# -- figures ----------------------------------------------------------------------------
+def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
+    """Samples/s in each epoch (``DEFAULT_EPOCHS``) of raw arrays read lazily, one line per format
+    (default knobs), one panel per access order (rows) and k (columns): where the cache
+    helps epoch 2, and where it cannot."""
+    rows = ooc_rows(df)
+    rows = rows[(rows["encoding"] == "raw") & (rows["loader"] == "lazy")
+                & (rows["setting"] == "default")]
+    if rows.empty:
+        return empty_figure("no out-of-core rows")
+    orders = ordered(rows["access"], ("sequential", "block_shuffle", "shuffle"))
+    ks = sorted(rows["k"].unique())
+    colours = format_colours(rows["format"].unique())
+    fig = Figure(figsize=(3.4 * len(ks), 2.6 * len(orders) + 0.8), layout="constrained")
+    # Shared epochs: a panel left empty keeps the others' ticks rather than its own (0, 1).
+    axes = fig.subplots(len(orders), len(ks), squeeze=False, sharex=True, sharey=True)
+    for r, access in enumerate(orders):
+        for c, k in enumerate(ks):
+            ax = axes[r][c]
+            part = rows[(rows["access"] == access) & (rows["k"] == k)]
+            if part.empty:
+                left_out = access == "sequential" and k not in SEQUENTIAL_KS
+                ax.text(0.5, 0.5, SEQUENTIAL_LEFT_OUT if left_out else "not measured",
+                        ha="center", va="center", transform=ax.transAxes, color="grey",
+                        fontsize="small")
+            for fmt in ordered(part["format"], format_order()):
+                mine = part[part["format"] == fmt]
+                points = [(n, summarise(mine, f"epoch{n}.samples_per_s", ["format"]))
+                          for n in range(1, DEFAULT_EPOCHS + 1)]
+                points = [(n, s["median"].iloc[0]) for n, s in points if not s.empty]
+                if points:
+                    ax.plot(*zip(*points), marker="o", color=colours[fmt], label=fmt)
+            log_axis(ax)
+            ax.set_xticks(range(1, DEFAULT_EPOCHS + 1))
+            if r == 0:
+                ax.set_title(k_text(k), fontsize="medium")
+            if c == 0:
+                # The grid gives these formats no full shuffle: say so where their line is
+                # missing.
+                absent = [f for f in colours if traits(f).block_only] if access == (
+                    "shuffle") else []
+                note = f"\n({', '.join(absent)}: block shuffle only)" if absent else ""
+                ax.set_ylabel(f"{access.replace('_', ' ')}{note}\nsamples per second")
+            if r == len(orders) - 1:
+                ax.set_xlabel("epoch")
+    legend_below(fig, [ax for row in axes for ax in row], fontsize="x-small",
+                 ncols=len(colours))
+    fig.suptitle("Larger than memory: each epoch's throughput under a memory cap of 1/k of "
+                 f"the dataset\n({profile_caption(rows)}; lazy reads, two prefetch threads)",
+                 fontsize="medium")
+    return fig
+
+
+def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
+    """Each knob against its format's default on the same access order, at every k
+    measured: epoch-3 samples/s (log axis)."""
+    table = ooc_table(df)
+    table = table[(table["loader"] == "lazy") & (table["encoding"] == "raw")]
+    knobbed = table[table["setting"] != "default"]
+    caption = profile_caption(ooc_rows(df).query("encoding == 'raw'"))
+    if knobbed.empty:
+        return empty_figure("no out-of-core knob rows")
+    column = f"epoch{DEFAULT_EPOCHS}.samples_per_s"
+    pairs = list(dict.fromkeys(zip(knobbed["format"], knobbed["access"], knobbed["setting"])))
+    ks = sorted(knobbed["k"].unique())
+    unmeasured = _unmeasured_cases(df)
+    labels, values, notes = [], {k: [] for k in ks}, []
+    for fmt, access, setting in pairs:
+        for shown in ("default", setting):
+            labels.append(f"{fmt}, {access.replace('_', ' ')}: {shown}")
+            for k in ks:
+                hit = table[(table["format"] == fmt) & (table["access"] == access)
+                            & (table["setting"] == shown) & (table["k"] == k)]
+                values[k].append(float(hit[column].iloc[0]) if not hit.empty else np.nan)
+                why = unmeasured.get(("raw", fmt, access, shown, k))
+                if why and not np.isfinite(values[k][-1]):
+                    notes.append((len(labels) - 1, k, why))
+    fig = Figure(figsize=(8, 0.5 * len(labels) + 1.5), layout="constrained")
+    ax = fig.add_subplot()
+    y = np.arange(len(labels))
+    height = 0.8 / len(ks)
+    for i, k in enumerate(ks):
+        ax.barh(y + (i - (len(ks) - 1) / 2) * height, values[k], height,
+                label=k_text(k), edgecolor="black", linewidth=0.4)
+    ax.set_yticks(y, labels, fontsize="small")
+    ax.invert_yaxis()
+    log_axis(ax, "x")
+    shown = [v for k in ks for v in values[k] if np.isfinite(v)]
+    if shown:
+        ax.set_xlim(min(shown) / 2, max(shown) * 1.5)
+    # A case that failed or was skipped has no bar: its place says why.
+    for row, k, why in notes:
+        ax.text(ax.get_xlim()[0] * 1.15, row + (ks.index(k) - (len(ks) - 1) / 2) * height,
+                f"{k_text(k)}: {why}", va="center", fontsize="x-small", color="dimgrey")
+    ax.set_xlabel(f"samples per second, epoch {DEFAULT_EPOCHS}")
+    legend_below(fig, [ax])
+    fig.suptitle(f"Knobs out of core: each against its default ({caption})",
+                 fontsize="medium")
+    return fig
+
+
+def _unmeasured_cases(df: pd.DataFrame) -> dict[tuple, str]:
+    """Why each case that failed or was skipped (``results.failed_cases``) has no rate,
+    keyed by (encoding, format, access, setting, k): a case the kernel killed for outgrowing
+    its memory budget says so, any other its status and the first clause of its error."""
+    cases = ooc_rows(df).drop_duplicates("case_id").set_index("case_id")
+    found = {}
+    for failure in failed_cases(df, study=NAME).itertuples():
+        if failure.case_id not in cases.index:
+            continue
+        case = cases.loc[failure.case_id]
+        why = ("killed for outgrowing its memory budget" if "OOM killer" in failure.error
+               else f"{failure.status}: {failure.error.split(':')[0][:60]}".rstrip(": "))
+        found[(case["encoding"], case["format"], case["access"], case["setting"],
+               case["k"])] = why
+    return found
+
+
+def plot_ooc_budget(df: pd.DataFrame) -> Figure:
+    """The evidence the cap held: the largest fraction of the dataset resident at an
+    epoch's end in each case, against k; the dashed line is 1/k."""
+    table = ooc_table(df)
+    table = table[(table["loader"] == "lazy") & table["resident_end_max"].notna()]
+    if table.empty:
+        return empty_figure("no out-of-core rows")
+    fig = Figure(figsize=(6, 3.6), layout="constrained")
+    ax = fig.add_subplot()
+    ks = sorted(table["k"].unique())
+    for i, k in enumerate(ks):
+        part = table[table["k"] == k]
+        jitter = np.linspace(-0.15, 0.15, len(part)) if len(part) > 1 else np.zeros(1)
+        ax.scatter(i + jitter, part["resident_end_max"], s=14, alpha=0.7,
+                   label=f"{k_text(k)}: {len(part)} cases")
+        if k > 0:
+            allowed = min(1.0, 1.0 / float(part["effective_k"].fillna(k).median()))
+            ax.plot([i - 0.3, i + 0.3], [allowed] * 2, color="black", linestyle="--")
+    ax.set_xticks(range(len(ks)), [k_text(k) for k in ks])
+    ax.set_ylim(-0.05, 1.05)
+    ax.set_ylabel("most of the dataset resident\nat an epoch's end (fraction)")
+    legend_below(fig, [ax], fontsize="x-small")
+    fig.suptitle("Resident fraction against what the cap allows (dashed: 1/k of the set, or "
+                 "all of it where the set is smaller than the least room a case gets)",
+                 fontsize="small")
+    return fig
+
+
+FIGURES = (
+    FigureSpec("out_of_core_epochs", "Epoch by epoch, fits vs k times larger than memory",
+               lambda r: plot_ooc_epochs(r.df)),
+    FigureSpec("out_of_core_knobs", "Readahead, chunk and shard knobs out of core",
+               lambda r: plot_ooc_knobs(r.df)),
+    FigureSpec("out_of_core_budget", "Evidence that the memory cap held",
+               lambda r: plot_ooc_budget(r.df)),
+)
+
+
+# -- guide ------------------------------------------------------------------------------
+def guide(results: Results) -> list:
+    """Per capped k and encoding: every lazy shuffled path measured (format, order, knob)
+    is a candidate, by its last epoch's samples/s."""
+    from ...guide import Candidate, choose
+
+    rows = ooc_rows(results.df)
+    metric = f"epoch{DEFAULT_EPOCHS}.samples_per_s"
+    picked = select(rows, metric)
+    picked = picked[(picked["loader"] == "lazy") & (picked["access"] != "sequential")]
+    out = []
+    for (encoding, k), part in picked.groupby(["encoding", "k"], sort=True):
+        if k == 0:
+            continue
+        candidates = [Candidate(label, label, stat(part, metric, label=label))
+                      for label in dict.fromkeys(part["label"])]
+        name = ENCODING_NAMES.get(encoding, encoding)
+        out.append(choose(
+            NAME, f"{name[0].upper() + name[1:]} {k}\u00d7 larger than the RAM left for the "
+            f"page cache, shuffled epochs: which format, order and knob? (epoch "
+            f"{DEFAULT_EPOCHS}; {profile_caption(part, encoding)})", metric, candidates))
+    return [row for row in out if row is not None]
+
+
+def findings(results: Results) -> list[str]:
+    return ooc_findings(results.df, results.env)
+
+
+STUDY = Study(
+    name=NAME,
+    question="What changes when the dataset no longer fits in memory?",
+    grid=out_of_core_grid,
+    figures=FIGURES,
+    findings=findings,
+    guide=guide,
+    notebook="06_out_of_core.ipynb",
+)

@@ -1,0 +1,1 @@
+"""The peers study: its grid (``study``) and case functions (``cases``)."""

@@ -1,0 +1,1 @@
+"""The prefetch study: its grid (``study``) and case functions (``cases``)."""

@@ -1,0 +1,6 @@
+"""The prefetch study's case function: one loader epoch, shared with the other loader studies
+(``shared_cases.loader_epoch_case``)."""
+
+from ..shared_cases import loader_epoch_case
+
+__all__ = ["loader_epoch_case"]

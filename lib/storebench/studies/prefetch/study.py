@@ -1,0 +1,514 @@
+"""The prefetch study: one thread, threads or processes (and the frameworks' loaders)?
+
+Every loader path of ``storebench.loaders.paths`` over the same shuffled epochs, warm cache:
+on a raw set (copy-bound) and on a JPEG set (decode-bound) decoded by GIL-holding PIL and by
+GIL-releasing simplejpeg; our thread and process prefetchers swept over worker counts; plus
+tf.data's native TFRecord pipeline (AUTOTUNE, TensorFlow decoding) on the TFRecord JPEG set.
+Rows key on registry names (``prefetcher``, ``workers``, ``start_method``); labels come from
+the registry.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ...bench.case import Case
+from ...bench.plan import plan_for
+from ...loaders.paths import LOADER_PATHS, get_loader_path, path_label
+from ...plots import (
+    bars,
+    empty_figure,
+    legend_below,
+    linear_axis,
+    log_axis,
+    metric_title,
+    path_colour,
+    plot_peak_memory,
+    profile_caption,
+    summarise,
+)
+from ...results import Results, best_row, ordered, params_of, select, stat, summary_table
+from ...text import DASH, ENCODING_NAMES, format_ratio, format_value, relative_text
+from ..base import FigureSpec, Study
+from ..grid import (
+    DECODERS_FOR,
+    batch_size_for,
+    dataset_fields,
+    decode_params,
+    encoded_pick,
+    epoch_fields,
+    pick,
+    profile_datasets,
+    repeat_fields,
+)
+
+CASES = "storebench.studies.prefetch.cases"
+
+
+@dataclass(frozen=True)
+class PrefetchVariant:
+    """One loader path of the prefetch study's grid: a ``LOADER_PATHS`` name, its workers
+    and start method."""
+
+    prefetcher: str
+    workers: int | None
+    start_method: str | None = None
+
+    def __post_init__(self) -> None:
+        get_loader_path(self.prefetcher)  # unknown names fail when the grid is laid out
+
+
+WORKER_SWEEP = (1, 2, 4)  # 4 on a 2-core machine shows oversubscription
+
+
+def prefetch_grid(*, sweep: tuple[int, ...] = WORKER_SWEEP) -> tuple[PrefetchVariant, ...]:
+    """Every path the study compares: one thread, our thread and process prefetchers over
+    ``sweep`` workers (and spawn), a thread prefetcher with one worker whose consumer reads
+    too (two reading threads, as ThreadPrefetcher ×2 has), the two naive baselines, torch
+    DataLoader in-process and with workers, and tf.data ``from_generator`` (GIL-bound)."""
+    return (
+        PrefetchVariant("none", 0),
+        *(PrefetchVariant("thread", w) for w in sweep),
+        PrefetchVariant("thread_consumer_reads", 1),
+        *(PrefetchVariant("process", w, "fork") for w in sweep),
+        PrefetchVariant("process", 2, "spawn"),
+        PrefetchVariant("locked_list_baseline", 1),
+        PrefetchVariant("pickled_baseline", 2, "fork"),
+        PrefetchVariant("torch", 0),
+        PrefetchVariant("torch", 2, "fork"),
+        PrefetchVariant("tf_generator", None),
+    )
+
+
+# Compact plans: the full grid on the decode-bound set with the GIL-releasing decoder (the
+# case the prefetchers exist for), and the two-worker core of it elsewhere.
+COMPACT_CORE = (
+    PrefetchVariant("none", 0),
+    PrefetchVariant("thread", 2),
+    PrefetchVariant("process", 2, "fork"),
+)
+COMPACT_RAW = (*COMPACT_CORE, PrefetchVariant("pickled_baseline", 2, "fork"),
+               PrefetchVariant("torch", 2, "fork"))
+
+
+def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
+    """See the module docstring."""
+    plan = plan_for(profile)
+    repeats = {**repeat_fields(profile, repeats), **epoch_fields(profile)}
+    datasets = profile_datasets(profile, data_dir)
+    raw = pick(datasets, "raw", ("memmap", "lmdb", "hdf5"))
+    encoded = encoded_pick(datasets, ("lmdb", "rawfiles", "hdf5"))
+    full = prefetch_grid()
+    plans = []
+    if raw is not None:
+        plans.append((raw, None, COMPACT_RAW if plan.compact else full))
+    if encoded is not None:
+        first, *others = DECODERS_FOR[encoded[1]["encoding"]]
+        plans.append((encoded, first, full))
+        plans += [(encoded, other, COMPACT_CORE if plan.compact else full) for other in others]
+    cases = []
+    for (path, manifest), decode, variants in plans:
+        fields = dataset_fields("prefetch", path, manifest)
+        for variant in variants:
+            params = {"start_method": variant.start_method} if variant.start_method else {}
+            if decode:
+                params |= {**decode_params(manifest), "decode": decode}
+            cases.append(Case(
+                function=f"{CASES}:loader_epoch_case", loader="lazy",
+                prefetcher=variant.prefetcher, workers=variant.workers,
+                batch_size=batch_size_for(manifest["num_samples"]), access="shuffle",
+                cache="warm", **repeats, params=params, **fields,
+            ))
+    tfrecord = encoded_pick(datasets, ("tfrecord",))
+    if tfrecord is not None and tfrecord[1]["format"] == "tfrecord":
+        path, manifest = tfrecord
+        cases.append(Case(
+            function=f"{CASES}:loader_epoch_case", loader="lazy", prefetcher="tf_data",
+            batch_size=batch_size_for(manifest["num_samples"]), access="shuffle",
+            cache="warm", **repeats,
+            params={**decode_params(manifest), "decode": "tf", "shuffle_buffer": 4096},
+            **dataset_fields("prefetch", path, manifest),
+        ))
+    return cases
+
+
+# -- the one table figures, findings and the guide read ---------------------------------
+def prefetch_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The study's rows with ``dataset`` (format-encoding), ``decode``, ``start_method``,
+    integer ``workers``, ``path`` (registry key with workers and start method) and
+    ``label`` (the registry's display label) columns."""
+    rows = df[df["study"] == "prefetch"]
+    if rows.empty:
+        return rows.assign(dataset=[], decode=[], start_method=[], path=[], label=[])
+    params = params_of(rows)
+    workers = rows["workers"].fillna(0).astype(int)
+    method = params.map(lambda p: p.get("start_method") or "")
+    return rows.assign(
+        dataset=rows["format"] + "-" + rows["encoding"],
+        decode=params.map(lambda p: p.get("decode") or "none"),
+        workers=workers,
+        start_method=method,
+        path=[f"{p}/w{w}/{m}" for p, w, m in zip(rows["prefetcher"], workers, method)],
+        label=[path_label(p, w, m) for p, w, m in zip(rows["prefetcher"], workers, method)],
+    )
+
+
+def decoded_label(dataset: str, decode: str) -> str:
+    return dataset + ("" if decode == "none" else f", {decode} decoder")
+
+
+def prefetch_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per dataset, decoder and path: throughput (median, spread, Stat), its speedup over
+    one thread on the same dataset and decoder, CPU utilisation and peak PSS."""
+    rows = prefetch_rows(df)
+    keys = ["dataset", "decode", "path", "label", "prefetcher", "workers"]
+    columns = [*keys, "samples_per_s", "low", "high", "repeats", "stat", "speedup",
+               "cpu_utilisation", "peak_pss_bytes"]
+    if rows.empty:
+        return pd.DataFrame(columns=columns)
+    table = summary_table(rows, "samples_per_s", keys).rename(
+        columns={"median": "samples_per_s"}).set_index(keys)
+    for metric in ("cpu_utilisation", "peak_pss_bytes"):
+        table[metric] = summary_table(rows, metric, keys).set_index(keys)["median"]
+    table = table.reset_index()
+    serial = table[table["prefetcher"] == "none"].set_index(["dataset", "decode"])[
+        "samples_per_s"]
+    table["speedup"] = [row["samples_per_s"] / serial.get((row["dataset"], row["decode"]),
+                                                          np.nan)
+                        for _, row in table.iterrows()]
+    return table[columns]
+
+
+def _path(table: pd.DataFrame, prefetcher: str, workers: int,
+          start_method: str | None = None) -> pd.Series | None:
+    default = LOADER_PATHS[prefetcher].start_method
+    key = f"{prefetcher}/w{workers}/{start_method or default or ''}"
+    found = table[table["path"] == key]
+    return None if found.empty else found.iloc[0]
+
+
+# Pairs compared in sentences: (ours, theirs) as (prefetcher, workers, start method).
+COMPARED_PAIRS = (
+    (("process", 2, None), ("torch", 2, None)),
+    (("process", 2, None), ("pickled_baseline", 2, None)),
+    (("thread", 1, None), ("locked_list_baseline", 1, None)),
+    (("thread", 2, None), ("process", 2, None)),
+    (("thread", 2, None), ("thread", 1, None)),
+    (("thread", 2, None), ("tf_generator", 0, None)),
+    (("process", 2, "spawn"), ("process", 2, None)),
+)
+
+
+def prefetch_findings(df: pd.DataFrame) -> list[str]:
+    """Per dataset and decoder: the fastest path against one thread, then fixed pairs of
+    paths (``COMPARED_PAIRS``) where both were measured; the worker sweep; decoders."""
+    table = prefetch_table(df)
+    sentences = []
+    for (dataset, decode), part in table.groupby(["dataset", "decode"], sort=False):
+        label = decoded_label(dataset, decode)
+        kind = "copy-bound" if decode == "none" else "decode-bound"
+        best = best_row(part, "samples_per_s")
+        serial = part[part["prefetcher"] == "none"]
+        if not serial.empty:
+            alone = format_value(serial["samples_per_s"].iloc[0], "samples/s")
+            sentences.append(
+                f"{label} ({kind}, {len(part)} paths): one thread delivers {alone}; the "
+                f"fastest path is {best['label']} at "
+                f"{format_value(best['samples_per_s'], 'samples/s')} "
+                f"({format_ratio(best['speedup'])} one thread, median of {best['repeats']} "
+                f"repeats, {format_value(best['low'], 'samples/s')}{DASH}"
+                f"{format_value(best['high'], 'samples/s')}).")
+        for ours, theirs in COMPARED_PAIRS:
+            a, b = _path(part, *ours), _path(part, *theirs)
+            if a is None or b is None:
+                continue
+            sentences.append(
+                f"{label}: {a['label']} is {relative_text(a['samples_per_s'] / b['samples_per_s'])}"
+                f" {b['label']} ({format_value(a['samples_per_s'], 'samples/s')}"
+                f" vs {format_value(b['samples_per_s'], 'samples/s')}).")
+    sentences += worker_sweep_findings(table)
+    sentences += decoder_findings(table)
+    return sentences
+
+
+def worker_sweep_findings(table: pd.DataFrame) -> list[str]:
+    """Where throughput peaks over worker counts for thread and process prefetchers, and
+    what the largest count (oversubscribing a small machine's cores) reaches of the peak."""
+    sentences = []
+    swept = table[table["prefetcher"].isin(["thread", "process"])
+                  & ~table["path"].str.endswith("/spawn")]
+    for (dataset, decode, prefetcher), part in swept.groupby(
+            ["dataset", "decode", "prefetcher"], sort=False):
+        if part["workers"].nunique() < 3:
+            continue
+        peak = best_row(part, "samples_per_s")
+        most = part.loc[part["workers"].idxmax()]
+        sentences.append(
+            f"{decoded_label(dataset, decode)}: {LOADER_PATHS[prefetcher].label} peaks at "
+            f"{int(peak['workers'])} worker(s) "
+            f"({format_value(peak['samples_per_s'], 'samples/s')}); {int(most['workers'])} "
+            f"workers reach {format_ratio(most['samples_per_s'] / peak['samples_per_s'])} of "
+            "that peak.")
+    return sentences
+
+
+DECODER_PATHS = (("none", 0, None), ("thread", 2, None), ("process", 2, None))
+# The decoders compared, in figure order ("auto": an import's mixed JPEG/PNG set).
+DECODER_ORDER = ("pil", "simplejpeg", "auto")
+
+
+def decoder_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The JPEG set's one-thread, 2-thread and 2-process throughput with each decoder, and
+    each path's speedup over one thread with the same decoder."""
+    table = prefetch_table(df)
+    table = table[table["decode"].isin(DECODER_ORDER)]
+    keys = {f"{p}/w{w}/{m or LOADER_PATHS[p].start_method or ''}" for p, w, m in DECODER_PATHS}
+    columns = ["dataset", "decode", "path", "label", "samples_per_s", "low", "high", "speedup"]
+    return table[table["path"].isin(keys)][columns].reset_index(drop=True)
+
+
+def decoder_findings(table: pd.DataFrame) -> list[str]:
+    """How two threads scale each decoder, from ``prefetch_table``."""
+    sentences = []
+    decoders = table[table["decode"].isin(DECODER_ORDER)]
+    for dataset, part in decoders.groupby("dataset", sort=False):
+        threads = {decode: _path(rows, "thread", 2)
+                   for decode, rows in part.groupby("decode")}
+        if all(threads.get(d) is not None for d in ("pil", "simplejpeg")):
+            sentences.append(
+                f"{dataset}: two threads speed up GIL-releasing simplejpeg decoding "
+                f"{format_ratio(threads['simplejpeg']['speedup'])} over one thread, "
+                f"GIL-holding PIL decoding {format_ratio(threads['pil']['speedup'])}.")
+    return sentences
+
+
+def tf_data_findings(df: pd.DataFrame) -> list[str]:
+    """tf.data's native TFRecord pipeline against our best path on the same JPEG samples,
+    and the GIL-bound from_generator path against one thread."""
+    table = prefetch_table(df)
+    sentences = []
+    native = table[table["prefetcher"] == "tf_data"]
+    ours = table[(table["decode"] == "simplejpeg")
+                 & table["prefetcher"].map(lambda p: LOADER_PATHS.get(p) is not None
+                                           and LOADER_PATHS[p].family == "storebench")]
+    if not native.empty and not ours.empty:
+        tf_row, best = native.iloc[0], best_row(ours, "samples_per_s")
+        sentences.append(
+            f"The same JPEG samples: {tf_row['label']} over {tf_row['dataset']} (TensorFlow "
+            f"decodes) delivers {format_value(tf_row['samples_per_s'], 'samples/s')}; our "
+            f"best, {best['label']} over {best['dataset']} with simplejpeg, "
+            f"{format_value(best['samples_per_s'], 'samples/s')} "
+            f"({format_ratio(best['samples_per_s'] / tf_row['samples_per_s'])} tf.data).")
+    for _, row in table[table["prefetcher"] == "tf_generator"].iterrows():
+        sentences.append(
+            f"{row['label']} over {decoded_label(row['dataset'], row['decode'])}: "
+            f"{format_value(row['samples_per_s'], 'samples/s')}, "
+            f"{format_ratio(row['speedup'])} one thread without TensorFlow.")
+    return sentences
+
+
+# -- figures ----------------------------------------------------------------------------
+def _with_native_tf_data(rows: pd.DataFrame) -> pd.DataFrame:
+    """tf.data's native pipeline reads the TFRecord copy of the JPEG set and decodes with
+    TensorFlow: shown in the panel of the same JPEG samples decoded with simplejpeg."""
+    native = rows["prefetcher"] == "tf_data"
+    jpeg = rows[(rows["encoding"] == "jpeg") & (rows["decode"] == "simplejpeg")]
+    if not native.any() or jpeg.empty:
+        return rows
+    moved = rows[native].assign(
+        label=[f"{label} (over {d}, TensorFlow decodes)"
+               for label, d in zip(rows.loc[native, "label"], rows.loc[native, "dataset"])],
+        dataset=jpeg["dataset"].iloc[0], decode="simplejpeg")
+    return pd.concat([rows[~native], moved])
+
+
+def plot_prefetch_scaling(df: pd.DataFrame) -> Figure:
+    """Throughput against worker count for our thread and process prefetchers (fork), one
+    panel per dataset and decoder; one thread as a dashed line for reference."""
+    rows = prefetch_rows(df)
+    rows = rows[rows["metric"] == "samples_per_s"]
+    swept = rows[rows["prefetcher"].isin(["thread", "process"])]
+    if swept.empty:
+        return empty_figure("no prefetch rows")
+    panels = list(dict.fromkeys(zip(swept["dataset"], swept["decode"])))
+    fig = Figure(figsize=(3.6 * len(panels), 3.6), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (dataset, decode) in zip(axes, panels, strict=True):
+        part = rows[(rows["dataset"] == dataset) & (rows["decode"] == decode)]
+        for prefetcher in ("thread", "process"):
+            swept = part[(part["prefetcher"] == prefetcher)
+                         & ~part["path"].str.endswith("/spawn")]
+            summary = summarise(swept, "samples_per_s", ["workers"]).sort_values("workers")
+            if summary.empty:
+                continue
+            median = summary["median"].to_numpy(dtype=float)
+            ax.errorbar(summary["workers"].astype(int), median,
+                        yerr=[median - summary["low"].to_numpy(dtype=float),
+                              summary["high"].to_numpy(dtype=float) - median],
+                        marker="o", capsize=2, color=path_colour(prefetcher),
+                        label=LOADER_PATHS[prefetcher].label)
+        serial = summarise(part[part["prefetcher"] == "none"], "samples_per_s", ["path"])
+        if not serial.empty:
+            ax.axhline(float(serial["median"].iloc[0]), color=path_colour("none"),
+                       linestyle="--", linewidth=1, label=LOADER_PATHS["none"].label)
+        ax.set_ylim(bottom=0)
+        linear_axis(ax)
+        ax.set_xlabel("workers")
+        ax.set_xticks(sorted(part.loc[part["prefetcher"].isin(["thread", "process"]),
+                                      "workers"].unique()))
+        encoding = part["encoding"].iloc[0]
+        ax.set_title(f"{decoded_label(dataset, decode)}\n{profile_caption(part, encoding)}",
+                     fontsize="small")
+    legend_below(fig, axes, fontsize="x-small")
+    axes[0].set_ylabel(metric_title("samples_per_s"))
+    fig.suptitle("Our prefetchers against worker count (warm, shuffled; median, min-max)")
+    return fig
+
+
+def plot_prefetch_paths(df: pd.DataFrame) -> Figure:
+    """Every loader path (ours, the frameworks', the naive baselines) side by side, one
+    panel per dataset and decoder; log axis; colour by path from the registry."""
+    rows = prefetch_rows(df)
+    rows = rows[rows["metric"] == "samples_per_s"]
+    if rows.empty:
+        return empty_figure("no prefetch rows")
+    rows = _with_native_tf_data(rows)
+    panels = list(dict.fromkeys(zip(rows["dataset"], rows["decode"])))
+    heights = [rows.loc[(rows["dataset"] == d) & (rows["decode"] == c), "path"].nunique()
+               for d, c in panels]
+    fig = Figure(figsize=(7.5, 0.3 * sum(heights) + 1.0 * len(panels) + 0.6),
+                 layout="constrained")
+    axes = fig.subplots(len(panels), 1, squeeze=False, height_ratios=heights)[:, 0]
+    order = list(LOADER_PATHS)
+    for ax, (dataset, decode) in zip(axes, panels, strict=True):
+        part = rows[(rows["dataset"] == dataset) & (rows["decode"] == decode)]
+        summary = summarise(part, "samples_per_s", ["label", "prefetcher", "workers"])
+        summary = summary.sort_values(
+            ["prefetcher", "workers"], key=lambda c: c.map(
+                lambda v: order.index(v) if v in order else v), kind="stable")
+        bars(ax, list(summary["label"]), summary,
+             colours=[path_colour(p) for p in summary["prefetcher"]], horizontal=True)
+        log_axis(ax, "x")
+        ax.set_xlim(float(summary["low"].min()) / 1.6, float(summary["high"].max()) * 1.3)
+        encoding = part["encoding"].iloc[0]
+        ax.set_title(f"{decoded_label(dataset, decode)} ({profile_caption(part, encoding)})",
+                     fontsize="medium")
+    axes[-1].set_xlabel(metric_title("samples_per_s") + " (warm, shuffled)")
+    fig.suptitle("Thread vs process vs framework loader paths (median, min-max of repeats)")
+    return fig
+
+
+def plot_decoders(df: pd.DataFrame) -> Figure:
+    """GIL-holding vs GIL-releasing decoding: one thread, 2 threads and 2 processes for
+    each JPEG decoder, as speedup over one thread with the same decoder."""
+    table = decoder_table(df)
+    decoders = ordered(table["decode"], DECODER_ORDER)
+    if table.empty:
+        return empty_figure("no decoder rows")
+    labels = list(dict.fromkeys(table.sort_values("path")["label"]))
+    fig = Figure(figsize=(7, 3.8), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / len(labels)
+    for v, label in enumerate(labels):
+        for d, decode in enumerate(decoders):
+            row = table[(table["decode"] == decode) & (table["label"] == label)]
+            if row.empty:
+                continue
+            base = float(row["samples_per_s"].iloc[0]) / float(row["speedup"].iloc[0])
+            median, low, high = (float(row[c].iloc[0]) / base
+                                 for c in ("samples_per_s", "low", "high"))
+            x = d + (v - (len(labels) - 1) / 2) * width
+            prefetcher = row["path"].iloc[0].split("/")[0]
+            ax.bar(x, median, width * 0.95, color=path_colour(prefetcher), edgecolor="black",
+                   linewidth=0.5, label=label if d == 0 else None)
+            ax.errorbar(x, median, yerr=[[median - low], [high - median]], fmt="none",
+                        ecolor="black", capsize=2)
+    ax.axhline(1.0, color="grey", linestyle=":", linewidth=0.8)
+    names = {"pil": "PIL (holds the GIL)", "simplejpeg": "simplejpeg (releases the GIL)",
+             "auto": "auto (simplejpeg for JPEG, else PIL)"}
+    ax.set_xticks(range(len(decoders)), [names.get(d, d) for d in decoders])
+    ax.set_ylabel("throughput / one thread, same decoder")
+    # Outside the axes: inside, the best corner can still hide a whisker.
+    legend_below(fig, [ax], ncols=3)
+    rows = prefetch_rows(df)
+    jpeg = rows[rows["decode"].isin(decoders)]
+    fig.suptitle(f"JPEG decoders under threads and processes ({profile_caption(jpeg)})",
+                 fontsize="medium")
+    return fig
+
+
+def plot_prefetch_memory(df: pd.DataFrame) -> Figure:
+    rows = prefetch_rows(df)
+    rows = rows.assign(label=[f"{decoded_label(d, c)}: {label}" for d, c, label in
+                              zip(rows["dataset"], rows["decode"], rows["label"])])
+    return plot_peak_memory(rows, label_column="label",
+                            title="Peak memory of each loader path (whole process tree)")
+
+
+FIGURES = (
+    FigureSpec("prefetch_paths", "Thread vs process vs framework loader paths",
+               lambda r: plot_prefetch_paths(r.df)),
+    FigureSpec("prefetch_scaling", "Our prefetchers against worker count",
+               lambda r: plot_prefetch_scaling(r.df)),
+    FigureSpec("prefetch_decoders", "GIL-holding vs GIL-releasing JPEG decoders",
+               lambda r: plot_decoders(r.df)),
+    FigureSpec("prefetch_peak_memory", "Peak memory of each loader path",
+               lambda r: plot_prefetch_memory(r.df)),
+)
+
+
+# -- guide ------------------------------------------------------------------------------
+def guide(results: Results) -> list:
+    """Per dataset and decoder of the study: every loader path measured is a candidate
+    (one thread, ours, the frameworks', the baselines; tf.data's native pipeline joins the
+    JPEG question, decoding with TensorFlow)."""
+    from ...guide import Candidate, choose
+
+    rows = prefetch_rows(results.df)
+    picked = select(rows, "samples_per_s")
+    if picked.empty:
+        return []
+    cores = results.env.get("cpus_usable") or results.env.get("cpu_count") or "?"
+    out = []
+    native = picked[picked["prefetcher"] == "tf_data"]
+    for (dataset, decode), part in picked[picked["prefetcher"] != "tf_data"].groupby(
+            ["dataset", "decode"], sort=False):
+        encoding = part["encoding"].iloc[0]
+        if decode == "none":
+            question = (f"Decoded raw arrays from a cached {dataset}, one training process, "
+                        f"{cores} cores: which loader path?")
+        else:
+            question = (f"{ENCODING_NAMES.get(encoding, encoding)} decoded with {decode} from "
+                        f"a cached {dataset}, one training process, {cores} cores: which "
+                        "loader path?")
+        candidates = [Candidate(key, f"{label}", stat(part, "samples_per_s", path=key))
+                      for key, label in dict.fromkeys(zip(part["path"], part["label"]))]
+        if decode in ("simplejpeg", "auto"):  # what tf.data's own decoder competes with
+            candidates += [Candidate(key, f"{label} over {d}",
+                                     stat(native, "samples_per_s", path=key))
+                           for key, label, d in dict.fromkeys(
+                               zip(native["path"], native["label"], native["dataset"]))]
+        out.append(choose("prefetch", f"{question} ({profile_caption(part, encoding)})",
+                          "samples_per_s", candidates))
+    return [row for row in out if row is not None]
+
+
+def findings(results: Results) -> list[str]:
+    return prefetch_findings(results.df) + tf_data_findings(results.df)
+
+
+STUDY = Study(
+    name="prefetch",
+    question="One thread, threads or processes, or a framework's loader?",
+    grid=grid,
+    figures=FIGURES,
+    findings=findings,
+    guide=guide,
+    notebook="03_thread_vs_process_prefetch.ipynb",
+    readme_figures=("prefetch_paths",),
+)

@@ -1,0 +1,1 @@
+"""The remote study: its grid (``study``) and case functions (``cases``)."""

@@ -1,0 +1,1 @@
+"""The targets study: its grid (``study``) and case functions (``cases``)."""

@@ -1,0 +1,343 @@
+"""The targets study: the loaders' performance targets, each measured in one case whose
+repeats time every compared path back to back, so each repeat's ratio is fair.
+
+A target is data (``Target``): the dataset it needs, its batch size, workers and params,
+the function that measures its paths, which path metrics make the ratio, and the
+threshold. ``target_case`` runs any of them; ``summarise_target`` writes the whole-case rows
+``target_value`` (median of the per-repeat ratios), ``target_low``/``target_high`` (its 95%
+bootstrap interval), ``target_threshold`` and ``target_met`` (1 when the interval's lower end
+clears the threshold, else 0), so that a results file alone says whether each target was met.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ...bench.case import Case
+from ...plots import PALETTE, empty_figure, log_axis, profile_caption, summarise
+from ...results import Results, latest_runs, stat
+from ...text import DASH, format_percent, format_ratio, markdown_table
+from ..base import FigureSpec, Study
+from ..grid import batch_size_for, dataset_fields, pick, profile_datasets, repeat_fields
+from ..targets.cases import TARGETS, get_target
+
+CASES = "storebench.studies.targets.cases"
+
+
+# -- grid, case, summary ----------------------------------------------------------------
+def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
+    """One case per target whose dataset was built (a target whose required format was not
+    built is left out)."""
+    datasets = profile_datasets(profile, data_dir)
+    cases = []
+    for target in TARGETS:
+        wanted = target.dataset
+        picked = pick(datasets, wanted.encoding, wanted.preferred)
+        if picked is None or (wanted.required and picked[1]["format"] != wanted.required):
+            continue
+        path, manifest = picked
+        cases.append(Case(
+            function=f"{CASES}:target_case", summarise=f"{CASES}:summarise_target",
+            loader=target.key, workers=target.workers,
+            batch_size=batch_size_for(manifest["num_samples"], target.batch_size),
+            access="shuffle", cache="warm", warmup=target.warmup,
+            # No time budget: a target is met by its interval's lower end, so it gets every
+            # repeat the width rule asks for, and all of them while the interval still holds
+            # its threshold.
+            **repeat_fields(profile, repeats, budget_s=None, threshold=target.threshold),
+            params={"target": target.key, **dict(target.params)},
+            **dataset_fields("targets", path, manifest),
+        ))
+    return cases
+
+
+# -- findings -----------------------------------------------------------------------------
+def targets_table(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per target measured: the whole-case ``target_value`` (median of the
+    per-repeat ratios), ``target_threshold`` and ``target_met``; min and max of the
+    per-repeat ``target_ratio``; by how much it is missed. In ``TARGETS`` order."""
+    columns = ["key", "target", "value", "low", "high", "threshold", "met", "shortfall",
+               "repeats", "what"]
+    rows = latest_runs(df[df["study"] == "targets"])
+    rows = rows[rows["status"] == "ok"]
+    out = []
+    for target in TARGETS:
+        mine = rows[rows["loader"] == target.key]
+        whole = mine[mine["repeat"] == -1].set_index("metric")["value"]
+        if "target_value" not in whole:
+            continue
+        ratios = mine.loc[(mine["repeat"] >= 0) & (mine["metric"] == "target_ratio"), "value"]
+        value, threshold = float(whole["target_value"]), float(whole["target_threshold"])
+        # Results before the interval rule carry no target_low/high: their min-max stands in.
+        low = whole.get("target_low", ratios.min() if len(ratios) else value)
+        high = whole.get("target_high", ratios.max() if len(ratios) else value)
+        out.append({
+            "key": target.key, "target": target.name, "value": value,
+            "low": float(low), "high": float(high),
+            "threshold": threshold, "met": bool(whole["target_met"] >= 1),
+            "shortfall": max(0.0, 1 - value / threshold), "repeats": int(ratios.size),
+            "what": target.description,
+        })
+    return pd.DataFrame(out, columns=columns)
+
+
+def _value_text(key: str) -> Callable[[float], str]:
+    return format_percent if get_target(key).is_fraction else format_ratio
+
+
+def targets_markdown(df: pd.DataFrame) -> str:
+    table = targets_table(df)
+    if table.empty:
+        return "No target was measured."
+    text = [_value_text(key) for key in table["key"]]
+    shown = pd.DataFrame({
+        "target": table["target"],
+        "measured (median, 95% interval)": [
+            f"{fmt(v)} ({fmt(lo)}{DASH}{fmt(hi)}, n={n})"
+            for fmt, v, lo, hi, n in zip(text, table["value"], table["low"], table["high"],
+                                         table["repeats"])],
+        "threshold": [f"\u2265 {fmt(t)}" for fmt, t in zip(text, table["threshold"])],
+        "met": ["yes" if met else (f"no ({format_percent(short)} short)" if short > 0
+                                   else "no (interval reaches below)")
+                for met, short in zip(table["met"], table["shortfall"])],
+    })
+    return markdown_table(shown)
+
+
+def median_of_latest(df: pd.DataFrame, key: str):
+    """``median(metric)``: the median of a target's ``metric`` over its latest run's
+    repeats, None where the rows have none."""
+    rows = latest_runs(df[(df["study"] == "targets") & (df["loader"] == key)])
+
+    def median(metric: str) -> float | None:
+        values = rows.loc[rows["metric"] == metric, "value"]
+        return None if values.empty else float(values.median())
+
+    return median
+
+
+def _bare_take_text(median, key: str) -> str:
+    """For a gather target: what a bare one-thread ``take_rows`` of the same batches reached
+    in the same repeats, which splits a one-thread shortfall into the access pattern's own
+    limit and the loader's cost, and what the gather split over threads reached (nothing for
+    other targets, or results without them). ``median``: ``median_of_latest``'s."""
+    prefix = get_target(key).numerator[0].partition(".")[0]
+    bare = median(f"{prefix}.bare_take_fraction_of_dram_copy")
+    share = median(f"{prefix}.fraction_of_bare_take")
+    text = ""
+    if bare is not None and share is not None:
+        text = (f" A bare one-thread take_rows of the same batches from the same array reaches "
+                f"{format_percent(bare)} of the copy: the access pattern's own limit for one "
+                f"thread; the one-thread loader gather delivers {format_percent(share)} of "
+                "that.")
+    numpy_take = median(f"{prefix}.numpy_take_fraction_of_dram_copy")
+    if numpy_take is not None:
+        text += (f" NumPy's np.take of the same batches, one row at a time, reaches "
+                 f"{format_percent(numpy_take)}.")
+    one, split = (median(f"{name}.fraction_of_dram_copy")
+                  for name in (prefix, f"{prefix}_threads"))
+    threads = median("threads")
+    if one is not None and split is not None and threads is not None:
+        text += (f" Gathered by one thread it reaches {format_percent(one)} of the copy, split "
+                 f"over {threads:.0f} threads (one per core) {format_percent(split)}.")
+    prefetched = median(f"{prefix}_prefetched.fraction_of_dram_copy")
+    if prefetched is not None and threads is not None:
+        text += (f" Through a ThreadPrefetcher with {threads:.0f} workers, kept from epoch to "
+                 f"epoch, it reaches {format_percent(prefetched)}.")
+    helped = median(f"{prefix}_consumer_reads.fraction_of_dram_copy")
+    if helped is not None and threads is not None:
+        workers = max(1, round(threads) - 1)
+        text += (f" With {workers} worker{'s' if workers > 1 else ''} and the consumer reading "
+                 f"a batch itself rather than wait for one, it reaches "
+                 f"{format_percent(helped)}.")
+    free = median(f"{prefix}.bare_take_threads_fraction_of_dram_copy")
+    split_share = median(f"{prefix}_threads.fraction_of_bare_take_threads")
+    if free is not None and split_share is not None and threads is not None:
+        text += (f" {threads:.0f} free-running threads, each taking every "
+                 f"{_ordinal(threads)} batch whole with no hand-off per batch, reach "
+                 f"{format_percent(free)} of the copy: the access pattern's own limit at "
+                 f"{threads:.0f} threads; the split gather, whose parts meet at every batch, "
+                 f"delivers {format_percent(split_share)} of that.")
+    return text
+
+
+def _ordinal(count: float) -> str:
+    number = int(round(count))
+    if number == 2:
+        return "other"
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(
+        number % 10, "th")
+    return f"{number}{suffix}"
+
+
+def _row_group_text(median) -> str:
+    """For the Parquet target: the share of each side's time spent reading row groups, the
+    rows per group (which bound the ratio: a random read costs one group, the epoch reads
+    each once) and the ratio had the epoch cost only its reads (nothing for other targets,
+    or results without them). ``median``: ``median_of_latest``'s."""
+    block, random, per_group, reads_only = (median(m) for m in (
+        "block_shuffled_epoch.row_group_read_fraction",
+        "random_row_access.row_group_read_fraction", "rows_per_row_group", "reads_only_ratio"))
+    if None in (block, random, per_group, reads_only):
+        return ""
+    return (f" Reading row groups takes {format_percent(block)} of the block-shuffled epoch "
+            f"and {format_percent(random)} of the random reads; with {per_group:.0f} rows "
+            f"per group, had the epoch cost only its reads the ratio would be "
+            f"{format_ratio(reads_only)}. The rest of the epoch (the gather into the batch, "
+            "per-batch bookkeeping) is what keeps it below that.")
+
+
+def targets_findings(df: pd.DataFrame) -> list[str]:
+    """One sentence per target: value, interval, threshold, met (the interval's lower end
+    clears it) or by how much the median misses it."""
+    sentences = []
+    for _, row in targets_table(df).iterrows():
+        fmt = _value_text(row["key"])
+        if row["met"]:
+            verdict = "met (the interval's lower end clears it)"
+        elif row["shortfall"] > 0:
+            verdict = f"missed by {format_percent(row['shortfall'])}"
+        else:
+            verdict = "not met: the median clears it, the interval's lower end does not"
+        median = median_of_latest(df, row["key"])
+        sentences.append(
+            f"{row['target']} ({row['what']}): {fmt(row['value'])} (median of "
+            f"{row['repeats']} paired repeats, 95% interval "
+            f"{fmt(row['low'])}{DASH}{fmt(row['high'])}); threshold {fmt(row['threshold'])}, "
+            f"{verdict}." + _bare_take_text(median, row["key"]) + _row_group_text(median))
+    return sentences
+
+
+# -- figures -----------------------------------------------------------------------------
+def plot_target_ratios(df: pd.DataFrame) -> Figure:
+    """Each target's measured value against its threshold, as value / threshold on one log
+    axis (1 = the threshold); green when met (the whole 95% interval clears it), red when
+    not; error bars span the interval (min-max of repeats for results without one)."""
+    table = targets_table(df)
+    if table.empty:
+        return empty_figure("no target rows")
+    fig = Figure(figsize=(7, 0.45 * len(table) + 1.4), layout="constrained")
+    ax = fig.add_subplot()
+    y = np.arange(len(table))
+    relative = table["value"] / table["threshold"]
+    colours = ["#2ca02c" if met else "#d62728" for met in table["met"]]
+    ax.barh(y, relative, color=colours, edgecolor="black", linewidth=0.5)
+    ax.errorbar(relative, y, xerr=[relative - table["low"] / table["threshold"],
+                                   table["high"] / table["threshold"] - relative],
+                fmt="none", ecolor="black", capsize=2)
+    ax.axvline(1.0, color="black", linewidth=1.2)
+    labels = [f"{row['target']}\n{_value_text(row['key'])(row['value'])} vs "
+              f"\u2265 {_value_text(row['key'])(row['threshold'])}"
+              for _, row in table.iterrows()]
+    ax.set_yticks(y, labels, fontsize="small")
+    ax.invert_yaxis()
+    log_axis(ax, "x")
+    ax.set_xlabel("median / threshold, with its 95% interval (met: the whole interval right "
+                  "of the line)")
+    fig.suptitle("Performance targets (green: met; red: not met)", fontsize="medium")
+    return fig
+
+
+def plot_targets(df: pd.DataFrame) -> Figure:
+    """Each target's compared paths, as each path's throughput over the target's slowest
+    path (one row per target, one log axis), so seven targets read at README width."""
+    rows = df[(df["study"] == "targets") & df["metric"].str.endswith(".samples_per_s")]
+    rows = rows.assign(path=rows["metric"].str.removesuffix(".samples_per_s"))
+    table = targets_table(df)
+    keys = [k for k in table["key"] if k in set(rows["loader"])]
+    if not keys:
+        return empty_figure("no target rows")
+    fig = Figure(figsize=(7.5, 0.75 * len(keys) + 1.6), layout="constrained")
+    ax = fig.add_subplot()
+    ticks, labels = [], []
+    y = 0.0
+    for key in keys:
+        mine = rows[rows["loader"] == key]
+        paths = list(dict.fromkeys(mine["path"]))
+        stats = {p: summarise(mine[mine["path"] == p], f"{p}.samples_per_s", ["path"])
+                 for p in paths}
+        stats = {p: s for p, s in stats.items() if not s.empty}
+        if len(stats) < 2:
+            continue  # a one-path target (a fraction of DRAM bandwidth) is in targets_met
+        base = min(float(s["median"].iloc[0]) for s in stats.values())
+        for i, (p, s) in enumerate(stats.items()):
+            median = float(s["median"].iloc[0]) / base
+            low, high = float(s["low"].iloc[0]) / base, float(s["high"].iloc[0]) / base
+            ax.barh(y, median, height=0.8, color=PALETTE[i % len(PALETTE)], edgecolor="black",
+                    linewidth=0.4)
+            ax.errorbar(median, y, xerr=[[median - low], [high - median]], fmt="none",
+                        ecolor="black", capsize=2)
+            ticks.append(y)
+            labels.append(f"{get_target(key).name}: {p.replace('_', ' ')}" if i == 0
+                          else p.replace("_", " "))
+            y += 1
+        y += 0.6
+    ax.set_yticks(ticks, labels, fontsize="x-small")
+    ax.invert_yaxis()
+    log_axis(ax, "x")
+    ax.set_xlabel("throughput relative to the target's slowest path (samples/s ratio)")
+    fig.suptitle("The paths each performance target compares, measured in the same case\n"
+                 f"({profile_caption(rows)})", fontsize="medium")
+    return fig
+
+
+FIGURES = (
+    FigureSpec("targets_met", "The performance targets against their thresholds",
+               lambda r: plot_target_ratios(r.df)),
+    FigureSpec("targets_paths", "The paths each target compares",
+               lambda r: plot_targets(r.df)),
+)
+
+
+def guide(results: Results) -> list:
+    """TFRecord shards: tf.data's pipeline vs our PyTorch paths, paired in one case."""
+    from ...guide import Candidate, choose
+
+    rows = results.df[(results.df["study"] == "targets")
+                      & (results.df["loader"] == "torch_vs_tf_data")]
+    labels = {"tf_data_autotune": "tf.data AUTOTUNE (TensorFlow decodes)",
+              "torch_thread_prefetcher": "ThreadPrefetcher \u00d72 (simplejpeg)",
+              "torch_process_prefetcher": "ProcessPrefetcher \u00d72 (simplejpeg)",
+              "torch_dataloader": "torch DataLoader \u00d72 (simplejpeg)"}
+    # Every path the case measured is a candidate; the labels only say how to read them.
+    paths = [m.removesuffix(".samples_per_s") for m in dict.fromkeys(rows["metric"])
+             if m.endswith(".samples_per_s")]
+    candidates = []
+    for path in paths:
+        try:
+            candidates.append(Candidate(path, labels.get(path, path.replace("_", " ")),
+                                        stat(rows, f"{path}.samples_per_s")))
+        except LookupError:
+            continue
+    if not candidates:
+        return []
+    return [choose("targets", "JPEG in TFRecord shards, 2 workers: tf.data or a PyTorch path? "
+                   f"({profile_caption(rows)})", "samples_per_s", candidates)]
+
+
+def findings(results: Results) -> list[str]:
+    return targets_findings(results.df)
+
+
+
+def readme_text(results: Results, place) -> str:
+    return "**Performance targets**\n\n" + targets_markdown(results.df)
+
+
+STUDY = Study(
+    name="targets",
+    question="Do the loaders reach their performance targets?",
+    grid=grid,
+    figures=FIGURES,
+    findings=findings,
+    guide=guide,
+    notebook="05_findings.ipynb",
+    readme_figures=("targets_met",),
+    readme_text=readme_text,
+    synthetic_only=True,
+)

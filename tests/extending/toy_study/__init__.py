@@ -1,0 +1,1 @@
+"""A study defined outside storebench, for ``tests/test_extending.py``."""
