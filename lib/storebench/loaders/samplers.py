@@ -436,7 +436,9 @@ class BatchSampler:
     Over a storebench sampler it is resumable: ``state_dict`` / ``load_state_dict`` are the
     sampler's, its position counting the samples of the batches yielded. The batch size is
     not part of the state: resumed with the same one, the rest of the epoch comes in the same
-    batches; a state taken mid-batch (a cut-short pass) resumes at that sample."""
+    batches; a state taken mid-batch (a cut-short pass) resumes at that sample. With
+    ``drop_last``, a resume at another world size drops each new rank's incomplete last
+    batch of its share of the remaining samples, as an epoch drops each rank's."""
 
     def __init__(self, sampler, batch_size: int, *, drop_last: bool = False) -> None:
         self.sampler = sampler
