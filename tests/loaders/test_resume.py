@@ -233,6 +233,20 @@ def test_a_state_of_another_dataset_is_refused(root):
         other.load_state_dict(saved)
 
 
+def test_a_state_loads_between_passes_only(root):
+    with open_dataset(root) as reader, ThreadPrefetcher(
+            LazyDataset(reader), BatchSampler(epoch_sampler(), BATCH), workers=1) as prefetcher:
+        state = prefetcher.state_dict()
+        taken = iter(prefetcher)
+        next(taken)
+        with pytest.raises(RuntimeError, match="in the middle of a pass over this "
+                                               "ThreadPrefetcher: finish the pass or leave it"):
+            prefetcher.load_state_dict(state)
+        del taken  # left: the load goes through
+        prefetcher.load_state_dict(state)
+        assert len(list(prefetcher)) == len(BatchSampler(epoch_sampler(), BATCH))
+
+
 # -- in one process: read-ahead batches are delivered again -------------------------------
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("path", ["thread", "process", "dataloader"])

@@ -215,6 +215,7 @@ class OrderedWindow:
         self._task_info: dict[int, np.ndarray] = {}
         self._results: dict[int, object] = {}
         self._pass = 0
+        self.suspended = False
 
     def close(self) -> None:
         """Stop the workers for good and free their memory."""
@@ -272,7 +273,11 @@ class OrderedWindow:
                 batch = self.transport.batch(seq % self.depth, indices, result)
                 if delivered is not None:
                     delivered(len(batch))
-                yield batch.copy() if self.copy else batch
+                self.suspended = True  # the consumer holds a batch of this pass
+                try:
+                    yield batch.copy() if self.copy else batch
+                finally:
+                    self.suspended = False
                 if self._pass != token:
                     raise RuntimeError(f"a newer pass over this {self.name} was started")
                 self._rcvd_idx += 1
@@ -366,7 +371,11 @@ class WindowedPrefetcher:
     def load_state_dict(self, state_dict: dict) -> None:
         """Make the next pass deliver the rest of the state's epoch, whatever ``workers``
         and ``depth`` (ValueError for a state over another dataset or sampler). Between
-        passes: a pass in progress keeps the order it began with."""
+        passes only: a RuntimeError in the middle of one."""
+        if self._window.suspended:
+            raise RuntimeError(
+                f"load_state_dict in the middle of a pass over this {type(self).__name__}: "
+                "finish the pass or leave it (break) first, or load into a new loader")
         self._counted().load(state_dict, getattr(self, "dataset", None))
 
     def __iter__(self) -> Iterator[Batch]:
