@@ -14,9 +14,13 @@ from storebench.formats import build_dataset
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+# The loader snippets live in the docs pages the README links to.
+DOCS_TEXT = "\n".join(path.read_text() for path in sorted((ROOT / "docs").rglob("*.md")))
 SNIPPETS = [
-    block for block in re.findall(r"```python\n(.*?)```", README, flags=re.S) if "data/ci/" in block
+    block for block in re.findall(r"```python\n(.*?)```", DOCS_TEXT, flags=re.S)
+    if "data/ci/" in block
 ]
+QUICK_START = re.search(r"## Quick start\n.*?```python\n(.*?)```", README, flags=re.S).group(1)
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +58,23 @@ def test_snippet_runs(ci_workdir, index):
         timeout=280,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_the_quick_start_snippet_runs_over_an_imported_jpeg_set(tmp_path):
+    """The README's quick start, over a JPEG set where it opens data/my_images/lmdb-jpeg."""
+    spec = data_gen.PROFILES["ci"].spec_for("jpeg")
+    built = build_dataset(spec, "lmdb", tmp_path / "data", workers=1).path
+    assert 'open_dataset("data/my_images/lmdb-jpeg")' in QUICK_START
+    code = QUICK_START.replace("data/my_images/lmdb-jpeg", str(built))
+    body = "\n".join("    " + line for line in code.splitlines())
+    script = tmp_path / "quick_start.py"
+    script.write_text(f"def main():\n{body}\n    print(images.shape, len(labels))\n\n\n"
+                      "if __name__ == '__main__':\n    main()\n")
+    result = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert re.fullmatch(rf"\(\d+, {spec.height}, {spec.width}, 3\) \d+\n", result.stdout)
 
 
 def test_findings_block_matches_the_reference_results():

@@ -1,5 +1,5 @@
 """Command line: ``storebench build | import | verify | upload | download | run | study |
-findings | plot | readme``."""
+findings | advise | plot | readme``."""
 
 from __future__ import annotations
 
@@ -13,12 +13,18 @@ DEFAULT_DATA_ROOT = Path("data")
 DEFAULT_RESULTS_ROOT = Path("results")
 
 
+def _progress(args: argparse.Namespace) -> bool:
+    """Progress bars on a terminal only: redrawn in a log (``make study > log 2>&1``) they
+    would be thousands of carriage-return frames; the commands print plain lines there."""
+    return not args.quiet and sys.stderr.isatty()
+
+
 def _build(args: argparse.Namespace) -> int:
     from .study import build_peer_sets, build_profile
 
     profile = data_gen.get_profile(args.profile)
     out = Path(args.out) if args.out else DEFAULT_DATA_ROOT / profile.name
-    options = {"knob_variants": False, "workers": args.workers, "progress": not args.quiet,
+    options = {"knob_variants": False, "workers": args.workers, "progress": _progress(args),
                "force": args.force, "log": lambda line: print(line, flush=True)}
     if args.peer_sets:
         if args.encodings or args.samples is not None:
@@ -42,7 +48,7 @@ def _import(args: argparse.Namespace) -> int:
         limit=args.limit,
         on_error=args.on_error,
         workers=args.workers,
-        progress=not args.quiet,
+        progress=_progress(args),
         force=args.force,
         log=lambda line: print(line, flush=True),
     )
@@ -63,7 +69,7 @@ def _upload(args: argparse.Namespace) -> int:
     for path in datasets:
         # A directory of datasets keeps its layout under the prefix.
         target = url if path == source else url / path.relative_to(source).as_posix()
-        done = upload_dataset(path, target, progress=not args.quiet)
+        done = upload_dataset(path, target, progress=_progress(args))
         print(f"{path} -> {done.target}: {done.files} files, {done.bytes / 1e6:.1f} MB in "
               f"{done.seconds:.1f} s", flush=True)
     return 0
@@ -72,7 +78,7 @@ def _upload(args: argparse.Namespace) -> int:
 def _download(args: argparse.Namespace) -> int:
     from .remote.dataset import download_dataset
 
-    done = download_dataset(args.url, Path(args.out), progress=not args.quiet)
+    done = download_dataset(args.url, Path(args.out), progress=_progress(args))
     print(f"{done.source} -> {done.target}: {done.files} files, {done.bytes / 1e6:.1f} MB in "
           f"{done.seconds:.1f} s", flush=True)
     return 0
@@ -92,7 +98,7 @@ def _verify(args: argparse.Namespace) -> int:
         return 2
     failures = 0
     for path in datasets:
-        result = verify_dataset(path, workers=args.workers, progress=not args.quiet)
+        result = verify_dataset(path, workers=args.workers, progress=_progress(args))
         status = "OK  " if result.ok else "FAIL"
         print(f"{status} {path}  {result.samples_checked} samples  {result.message}", flush=True)
         failures += not result.ok
@@ -110,7 +116,7 @@ def _run(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         resume=not args.fresh,
         drop_caches=args.drop_caches,
-        progress=not args.quiet,
+        progress=_progress(args),
         dataset=args.dataset,
     )
     return 0
@@ -128,7 +134,7 @@ def _study(args: argparse.Namespace) -> int:
         resume=not args.fresh,
         drop_caches=args.drop_caches,
         notebooks=not args.no_notebooks,
-        progress=not args.quiet,
+        progress=_progress(args),
     )
     return 0
 
@@ -165,12 +171,23 @@ def _findings(args: argparse.Namespace) -> int:
     return 0
 
 
+def _advise(args: argparse.Namespace) -> int:
+    from .report.advise import advise_command
+
+    print(advise_command(
+        args.results, as_json=args.json, images=args.images, count=args.count,
+        mean_bytes=args.mean_bytes, storage=args.storage, rtt_ms=args.rtt_ms,
+        ram_gb=args.ram_gb, cores=args.cores, accelerators=args.accelerators, nodes=args.nodes,
+        demand=args.demand, workload=args.workload, dataset=args.dataset))
+    return 0
+
+
 def _fuzz(args: argparse.Namespace) -> int:
     from .fuzz import fuzz_command
 
     return fuzz_command(Path(args.data_dir), copies_per_dataset=args.copies, seed=args.seed,
                         out=args.out, timeout_s=args.timeout, workers=args.workers,
-                        formats=args.formats, progress=not args.quiet)
+                        formats=args.formats, progress=_progress(args))
 
 
 def _readme(args: argparse.Namespace) -> int:
@@ -287,6 +304,8 @@ def parser() -> argparse.ArgumentParser:
                    help="one object per guide row, with its candidates and their medians")
     f.set_defaults(func=_findings)
 
+    _advise_parser(sub)
+
     fz = sub.add_parser("fuzz", help="damage copies of built datasets; check that every read "
                                      "fails loudly (no silently wrong sample, hang or crash)")
     fz.add_argument("data_dir", help="a directory of built datasets, e.g. data/ci")
@@ -309,6 +328,36 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--readme", default="README.md")
     r.set_defaults(func=_readme)
     return p
+
+
+def _advise_parser(sub) -> None:
+    from .report.advise import IMAGE_KINDS, STORAGES, WORKLOADS
+
+    a = sub.add_parser(
+        "advise", help="which format, loader and cores for your images, storage and "
+        "accelerators: answered from measured results plus the capacity model")
+    a.add_argument("--images", choices=IMAGE_KINDS, help="what the samples are")
+    a.add_argument("--count", type=int, help="how many samples")
+    a.add_argument("--mean-bytes", type=float, help="mean stored bytes of a sample")
+    a.add_argument("--dataset", type=Path,
+                   help="a directory written by storebench import: the images, count and "
+                        "mean bytes from its manifest")
+    a.add_argument("--storage", choices=STORAGES, default="local",
+                   help="where the data lives (default: local)")
+    a.add_argument("--rtt-ms", type=float, help="round trip to nfs or s3 storage, ms")
+    a.add_argument("--ram-gb", type=float, help="RAM per node, GB")
+    a.add_argument("--cores", type=int, help="CPU cores per node")
+    a.add_argument("--accelerators", type=int, default=1, help="accelerators per node")
+    a.add_argument("--nodes", type=int, default=1)
+    demand = a.add_mutually_exclusive_group()
+    demand.add_argument("--demand", type=float, metavar="SAMPLES_PER_S",
+                        help="samples/s each accelerator consumes")
+    demand.add_argument("--workload", metavar="NAME",
+                        help=f"a named demand: {', '.join(sorted(WORKLOADS))}")
+    a.add_argument("--results", type=Path, default=Path("results/reference"),
+                   help="the measured results to answer from (default: results/reference)")
+    a.add_argument("--json", action="store_true", help="the same answer as one JSON object")
+    a.set_defaults(func=_advise)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,8 +5,8 @@ it, or a declared tie (``results.TIE_RULE``). Each study contributes its rows
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -41,6 +41,9 @@ class GuideRow:
     high: float
     tie: bool
     tied: tuple[str, ...] = ()
+    # What situation the row answers, as data (``{"encoding": "jpeg", "k": 5}``), so that
+    # ``storebench advise`` finds rows without reading their question text.
+    facets: Mapping = field(default_factory=dict)
 
     @property
     def best(self) -> Candidate:
@@ -112,6 +115,7 @@ class GuideRow:
             "undecided": self.undecided,
             "tied_with_best": list(self.tied),
             "tie_rule": TIE_RULE,
+            "facets": dict(self.facets),
             "candidates": [
                 {"key": c.key, "label": c.label, "median": c.stat.median, "low": c.stat.low,
                  "high": c.stat.high, "repeats": c.stat.count, "unit": c.stat.unit}
@@ -121,21 +125,23 @@ class GuideRow:
 
 
 def choose(study: str, question: str, metric: str, candidates: Sequence[Candidate], *,
-           lower_is_better: bool = False) -> GuideRow | None:
-    """The guide row for ``question``: candidates ranked by median (best first); the best
-    against the runner-up under ``TIE_RULE``. None when nothing was measured."""
+           lower_is_better: bool = False, facets: Mapping | None = None) -> GuideRow | None:
+    """The guide row for ``question`` (the situation it answers as ``facets``): candidates
+    ranked by median (best first); the best against the runner-up under ``TIE_RULE``. None
+    when nothing was measured."""
     ranked = sorted(candidates, key=lambda c: c.stat.median, reverse=not lower_is_better)
+    facets = dict(facets or {})
     if not ranked:
         return None
     if len(ranked) == 1:
         return GuideRow(study, question, metric, tuple(ranked), lower_is_better,
-                        float("nan"), float("nan"), float("nan"), False)
+                        float("nan"), float("nan"), float("nan"), False, facets=facets)
     verdicts = [_compare(ranked[0].stat, other.stat, lower_is_better=lower_is_better)
                  for other in ranked[1:]]
     ratio, low, high, tie = verdicts[0]
     tied = tuple(c.label for c, v in zip(ranked[1:], verdicts) if v[3]) if tie else ()
     return GuideRow(study, question, metric, tuple(ranked), lower_is_better, ratio, low, high,
-                    tie, tied)
+                    tie, tied, facets)
 
 
 def _compare(best: Stat, other: Stat, *, lower_is_better: bool

@@ -231,19 +231,21 @@ def run_estimate(names, profile: str, data_dir: Path, repeats: int | None,
     from .studies import get_study
     from .studies.grid import StudyNotApplicableError
 
+    expected = expected_case_seconds(REPO_ROOT / "results" / "reference", label)
+    expected.update(expected_case_seconds(results_dir, label))
     planned = {}
     for name in names:
         if get_study(name).synthetic_only and label != profile:
             continue
-        try:
-            cases = planned_cases(name, profile, data_dir, repeats)
-        except StudyNotApplicableError:
-            continue
         path = results_dir / f"{name}.csv"
         done = finished_case_ids(path) if resume and path.exists() else set()
-        planned[name] = [c.case_id for c in cases if c.case_id not in done]
-    expected = expected_case_seconds(REPO_ROOT / "results" / "reference", label)
-    expected.update(expected_case_seconds(results_dir, label))
+        try:
+            ids = [c.case_id for c in planned_cases(name, profile, data_dir, repeats)]
+        except StudyNotApplicableError:
+            # Its datasets are built when it starts (the peers study's sets): until then,
+            # the cases an earlier run of it measured; the study replans when it starts.
+            ids = [case_id for study, case_id in expected if study == name]
+        planned[name] = [case_id for case_id in ids if case_id not in done]
     return StudyEta(planned, expected)
 
 
@@ -309,6 +311,7 @@ def run_study(
     dataset: Path | str | None = None,
     on_case_done=None,
     eta=None,
+    on_planned=None,
 ):
     """Run one study into ``<results_root>/<profile>/<name>.csv``; builds what is missing.
 
@@ -319,7 +322,8 @@ def run_study(
     With ``dataset`` (a directory written by ``storebench import``) the study runs on those
     datasets instead, into ``<results_root>/<dataset name>/``, sized by ``profile``'s plan
     (``ci`` or ``small``); its rows name the dataset as their profile. ``on_case_done`` and
-    ``eta`` are passed to ``bench.runner.run_cases`` (a full study's time estimate).
+    ``eta`` are passed to ``bench.runner.run_cases`` (a full study's time estimate);
+    ``on_planned(name, case_ids)`` is told the cases left to run once the grid is planned.
     """
     from .bench import runner
     from .bench.plan import case_timeout_s
@@ -345,6 +349,11 @@ def run_study(
     results_path = results_dir / f"{name}.csv"
     if not resume and results_path.exists():
         results_path.unlink()
+    if on_planned is not None:
+        from .bench.schema import finished_case_ids
+
+        done = finished_case_ids(results_path)
+        on_planned(name, [case.case_id for case in cases if case.case_id not in done])
     return runner.run_cases(
         cases,
         results_path,
@@ -444,6 +453,41 @@ def _relative_papermill_paths(path: Path) -> None:
     nbformat.write(notebook, path)
 
 
+@dataclass
+class StageLog:
+    """Runs a full study's stages, timing each into ``times``, with a line as each starts
+    and one as it ends (what it did and the time left, from ``estimate`` once there is
+    one), whether or not progress bars are drawn: a log gets one line per stage."""
+
+    times: StudyTimes
+    results_dir: Path
+    estimate: object | None = None
+
+    @staticmethod
+    def say(text: str) -> None:
+        print(f"storebench study: {text}", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def cases_text(run) -> str:
+        """A finished study's cases (a ``bench.runner.StudyRun``)."""
+        return f"{len(run.ran)} ran, {len(run.skipped)} reused, {len(run.failed)} failed"
+
+    def __call__(self, name: str, fn, *args, done_text=None, **kwargs):
+        """``fn(*args, **kwargs)`` as stage ``name``; ``done_text(result)`` says what it
+        did."""
+        started = time.perf_counter()
+        self.say(name + (f" ({self.estimate.text()})" if self.estimate is not None else ""))
+        try:
+            result = fn(*args, **kwargs)
+        finally:
+            self.times.stages[name] = time.perf_counter() - started
+            self.times.write(self.results_dir)
+        detail = f": {done_text(result)}" if done_text is not None else ""
+        left = f"; {self.estimate.text()}" if self.estimate is not None else ""
+        self.say(f"{name} done in {duration_text(self.times.stages[name])}{detail}{left}")
+        return result
+
+
 def run_full_study(
     *,
     profile: str = data_gen.DEFAULT_PROFILE,
@@ -484,24 +528,13 @@ def run_full_study(
     results_dir.mkdir(parents=True, exist_ok=True)
     times = StudyTimes(label, runner.new_run_id())
 
-    estimate = None
-
-    def stage(name, fn, *args, **kwargs):
-        started = time.perf_counter()
-        left = f" ({estimate.text()})" if estimate is not None else ""
-        print(f"storebench study: {name}{left}", file=sys.stderr, flush=True)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            times.stages[name] = time.perf_counter() - started
-            times.write(results_dir)
-
+    stage = StageLog(times, results_dir)
     if dataset is None:
         stage("build", build_profile, profile, data_dir, progress=progress)
     stage("environment", record_environment, profile, data_dir, results_dir,
           run_id=times.run_id, drop_caches=drop_caches, label=label)
-    estimate = run_estimate(names, profile, data_dir, repeats, results_dir, label,
-                            resume=resume)
+    estimate = stage.estimate = run_estimate(names, profile, data_dir, repeats, results_dir,
+                                             label, resume=resume)
 
     def case_done(case, outcome):
         estimate.done(case.study, case.case_id, outcome.seconds)
@@ -515,7 +548,8 @@ def run_full_study(
                 f"study:{name}", run_study, name, profile=profile, data_root=data_root,
                 results_root=results_root, repeats=repeats, resume=resume,
                 drop_caches=drop_caches, progress=progress, run_id=times.run_id,
-                record_env=False, dataset=dataset, on_case_done=case_done, eta=estimate.text)
+                record_env=False, dataset=dataset, on_case_done=case_done, eta=estimate.text,
+                on_planned=estimate.plan, done_text=StageLog.cases_text)
         except StudyNotApplicableError as err:
             if dataset is None:
                 raise
@@ -535,27 +569,37 @@ def run_full_study(
     return times
 
 
+def duration_text(seconds: float) -> str:
+    """``"42 s"`` or ``"3.5 min"``."""
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
 def study_summary(results_dir: Path, times: StudyTimes) -> str:
-    """What a finished study did and this machine's guide, as text for the terminal."""
+    """What a finished study did, as text for the terminal or a log: where its results,
+    figures and notebooks are, the time of each stage, every case that failed or was
+    skipped with its reason, and this machine's guide."""
     from .guide import guide_text
     from .report.guide import decision_guide
-    from .results import Results
+    from .results import Results, failed_cases
 
     ran = sum(times.ran_cases.values())
     reused = sum(times.reused_cases.values())
     failed = sum(len(v) for v in times.failed_cases.values())
-    lines = [f"storebench study: results in {results_dir} (figures in "
-             f"{results_dir / 'figures'}, timing in {results_dir / TIMING_FILE})"]
+    lines = [f"storebench study: results in {results_dir}, figures in "
+             f"{results_dir / 'figures'}, notebooks in {results_dir / 'notebooks'}, timing "
+             f"in {results_dir / TIMING_FILE}"]
     if ran == 0 and reused:
         lines.append(f"All {reused} cases were reused from earlier runs: nothing was measured "
                      "again (use --fresh to re-measure).")
     else:
         lines.append(f"Cases: {ran} ran, {reused} reused from earlier runs, {failed} failed.")
+    total = sum(times.stages.values())
+    lines.append(f"Time: {duration_text(total)} in all; " + ", ".join(
+        f"{name} {duration_text(seconds)}" for name, seconds in times.stages.items()) + ".")
     for study, reason in times.skipped_studies.items():
         lines.append(f"  skipped study {study}: {reason}")
-    for study, cases in times.failed_cases.items():
-        lines.append(f"  failed in {study}: {', '.join(cases[:5])}"
-                     + (" ..." if len(cases) > 5 else ""))
-    lines += ["", "Decision guide for this machine:",
-              guide_text(decision_guide(Results.load(results_dir)))]
+    results = Results.load(results_dir)
+    for row in failed_cases(results.df).itertuples():
+        lines.append(f"  {row.status} {row.study} {row.case_id}: {row.error or 'no reason given'}")
+    lines += ["", "Decision guide for this machine:", guide_text(decision_guide(results))]
     return "\n".join(lines)

@@ -1,4 +1,4 @@
-"""The README's "Your own images" section, as a new user runs it: its commands in order
+"""The docs' "Your own images" page, as a new user runs it: its commands in order
 (import, study on the ci plan, findings) on a folder of mixed JPEG/PNG images, then its
 Python snippet."""
 
@@ -18,13 +18,12 @@ from image_folder import make_image_folder
 from storebench.studies import STUDIES
 
 ROOT = Path(__file__).resolve().parents[2]
-SECTION = re.search(r"## Your own images\n(.*?)\n## ", (ROOT / "README.md").read_text(),
-                    flags=re.S).group(1)
+SECTION = (ROOT / "docs" / "own-images.md").read_text()
 COMMANDS = [shlex.split(line, comments=True)
             for line in re.search(r"```bash\n(.*?)```", SECTION, flags=re.S).group(1).splitlines()
             if line.strip()]
 SNIPPET = re.search(r"```python\n(.*?)```", SECTION, flags=re.S).group(1)
-# The README's study runs the default (small) plan; the test runs the quick ci plan.
+# The page's study runs the default (small) plan; the test runs the quick ci plan.
 QUICK = ["--profile", "ci"]
 
 

@@ -18,7 +18,7 @@ def test_every_case_module_is_light(ci_data_root):
             modules.add(case.function.partition(":")[0])
             if case.summarise:
                 modules.add(case.summarise.partition(":")[0])
-    assert modules >= {"storebench.studies.shared_cases", "storebench.studies.targets.cases"}
+    assert modules >= {"storebench.studies.prefetch.cases", "storebench.studies.targets.cases"}
     for module in sorted(modules):
         probe = (f"import sys, {module}; "
                  f"print(sorted(m for m in sys.modules if m in {HEAVY!r} "

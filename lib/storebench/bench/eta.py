@@ -39,6 +39,14 @@ class StudyEta:
         self.expected = dict(expected or {})
         self.finished: dict[tuple[str, str], float] = {}
 
+    def plan(self, study: str, case_ids: Iterable[str]) -> None:
+        """``study``'s cases left to run, as its grid says when it starts: a grid planned
+        before the study's own datasets were built (the peers study builds its sets when it
+        starts) may have counted none of them."""
+        self.remaining = {key for key in self.remaining if key[0] != study}
+        self.remaining |= {(study, case_id) for case_id in case_ids
+                           if (study, case_id) not in self.finished}
+
     def done(self, study: str, case_id: str, seconds: float) -> None:
         self.remaining.discard((study, case_id))
         self.finished[(study, case_id)] = seconds

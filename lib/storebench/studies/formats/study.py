@@ -584,7 +584,7 @@ def readme_text(results: Results, place) -> str:
     if not sentences:
         return ""
     return ("**What `verify=True` costs** (the `formats` study; see "
-            "[Integrity](#integrity-what-each-mode-checks))\n\n" + bullets(sentences))
+            "[Integrity](docs/integrity.md))\n\n" + bullets(sentences))
 
 
 STUDY = Study(

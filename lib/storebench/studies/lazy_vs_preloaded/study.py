@@ -519,7 +519,8 @@ def guide(results: Results) -> list:
         out.append(choose(
             "lazy_vs_preloaded",
             f"{name} that fit in RAM and are cached, one process, later epochs: which "
-            f"format, lazy or preloaded? ({caption})", "samples_per_s", candidates))
+            f"format, lazy or preloaded? ({caption})", "samples_per_s", candidates,
+            facets={"encoding": encoding, "epochs": "later"}))
         # A cold first epoch: a preload's own time counts, so compare seconds to the end
         # of the epoch (preload plus epoch), lower is better. A preload reads the whole set,
         # so the epoch is the whole set's too, at the rate its repeat measured (rows of
@@ -540,7 +541,8 @@ def guide(results: Results) -> list:
             f"{name}, the first epoch from a cold cache, one process: which format, lazy or "
             f"preloaded? (time to the end of an epoch of the whole set, a preload included; "
             f"{caption})",
-            "preload_plus_epoch_seconds", candidates, lower_is_better=True))
+            "preload_plus_epoch_seconds", candidates, lower_is_better=True,
+            facets={"encoding": encoding, "epochs": "first"}))
     return [row for row in out if row is not None]
 
 

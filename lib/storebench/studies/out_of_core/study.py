@@ -514,7 +514,8 @@ def guide(results: Results) -> list:
         out.append(choose(
             NAME, f"{name[0].upper() + name[1:]} {k}\u00d7 larger than the RAM left for the "
             f"page cache, shuffled epochs: which format, order and knob? (epoch "
-            f"{DEFAULT_EPOCHS}; {profile_caption(part, encoding)})", metric, candidates))
+            f"{DEFAULT_EPOCHS}; {profile_caption(part, encoding)})", metric, candidates,
+            facets={"encoding": encoding, "k": int(k)}))
     return [row for row in out if row is not None]
 
 

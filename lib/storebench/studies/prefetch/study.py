@@ -494,7 +494,8 @@ def guide(results: Results) -> list:
                            for key, label, d in dict.fromkeys(
                                zip(native["path"], native["label"], native["dataset"]))]
         out.append(choose("prefetch", f"{question} ({profile_caption(part, encoding)})",
-                          "samples_per_s", candidates))
+                          "samples_per_s", candidates,
+                          facets={"encoding": encoding, "decode": decode, "dataset": dataset}))
     return [row for row in out if row is not None]
 
 

@@ -1,0 +1,579 @@
+"""``storebench advise``: a user's situation answered from measured rows plus the capacity
+model.
+
+The format, the loader and the decoder are the decision guide's choices
+(``storebench.guide``, ``results.TIE_RULE``) for the rows that match the situation (their
+``GuideRow.facets``): image kind, where the data lives (in RAM, larger than RAM, at a round
+trip) and how far it outgrows RAM. Nothing here names a winner. The rates are the measured
+medians of those choices on the machine in ``env.json``; what the user's machine would reach
+is extrapolated from them under the assumptions each answer lists (a rate per core that
+scales with cores and with the bytes a sample holds, the reference disk's bandwidth, the
+capacity model's round trips).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..text import ENCODING_NAMES, format_percent, format_value
+
+IMAGE_KINDS = ("jpeg", "png", "raw")
+STORAGES = ("local", "nfs", "s3")
+# MLPerf Storage's rule: a run is valid while the accelerators are at least 90% busy.
+BUSY_TARGET = 0.90
+# A set counts as fitting in RAM while it takes at most this share of it: the rest is the
+# training process's, its decoded batches' and the kernel's.
+FIT_FRACTION = 0.5
+# Where a measured row of another image kind stands in for one never measured.
+NEAREST_KIND = {"png": ("jpeg",), "jpeg": ("png",), "raw": ()}
+# The decoder a kind's loader rows are read with where the kind was not measured itself.
+DECODER_FOR = {"png": ("pil",), "jpeg": (), "raw": ()}
+
+
+class AdviceError(ValueError):
+    """A situation or a results directory that advise cannot answer; one line."""
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A named accelerator demand: samples/s per accelerator, with where the number is
+    from."""
+
+    name: str
+    samples_per_s: float
+    images: str
+    mean_bytes: float
+    source: str
+
+
+WORKLOADS: dict[str, Workload] = {
+    w.name: w for w in (
+        Workload("mlperf-resnet50-h100", 1786.0, "jpeg", 114.7e3,
+                 "MLPerf Storage v1 ResNet-50 on an emulated H100: batch 400 in 0.224 s "
+                 "(mlcommons/storage, workload configs and rules)"),
+    )
+}
+
+
+def get_workload(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise AdviceError(f"unknown workload {name!r}; known: {', '.join(sorted(WORKLOADS))}")
+    return WORKLOADS[name]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Situation:
+    """What the user has: ``images`` of one kind, ``count`` of them of ``mean_bytes`` each,
+    stored on ``storage`` (``rtt_ms`` away for nfs and s3); per node ``ram_gb`` of RAM,
+    ``cores`` and ``accelerators``; ``nodes`` nodes; each accelerator needing ``demand``
+    samples/s."""
+
+    images: str
+    count: int
+    mean_bytes: float
+    storage: str = "local"
+    rtt_ms: float | None = None
+    ram_gb: float
+    cores: int
+    accelerators: int = 1
+    nodes: int = 1
+    demand: float
+    workload: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.images not in IMAGE_KINDS:
+            raise AdviceError(f"--images must be one of {', '.join(IMAGE_KINDS)}, "
+                              f"got {self.images!r}")
+        if self.storage not in STORAGES:
+            raise AdviceError(f"--storage must be one of {', '.join(STORAGES)}, "
+                              f"got {self.storage!r}")
+        for flag, value in (("--count", self.count), ("--mean-bytes", self.mean_bytes),
+                            ("--ram-gb", self.ram_gb), ("--cores", self.cores),
+                            ("--accelerators", self.accelerators), ("--nodes", self.nodes),
+                            ("--demand", self.demand)):
+            if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+                raise AdviceError(f"{flag} must be a positive number, got {value!r}")
+        for flag, value in (("--count", self.count), ("--cores", self.cores),
+                            ("--accelerators", self.accelerators), ("--nodes", self.nodes)):
+            if value != int(value):
+                raise AdviceError(f"{flag} must be a whole number, got {value!r}")
+        if self.storage == "local" and self.rtt_ms is not None:
+            raise AdviceError("--rtt-ms applies to --storage nfs or s3, not to local disk")
+        if self.storage != "local":
+            if self.rtt_ms is None:
+                raise AdviceError(f"--storage {self.storage} needs --rtt-ms (the round trip "
+                                  "to the storage, e.g. 1 within a data centre)")
+            if not (math.isfinite(self.rtt_ms) and self.rtt_ms >= 0):
+                raise AdviceError(f"--rtt-ms must be zero or more, got {self.rtt_ms!r}")
+
+    @property
+    def dataset_bytes(self) -> float:
+        return self.count * self.mean_bytes
+
+    @property
+    def ram_ratio(self) -> float:
+        """How many times the set is larger than the node's RAM."""
+        return self.dataset_bytes / (self.ram_gb * 1e9)
+
+    @property
+    def fits_in_ram(self) -> bool:
+        return self.ram_ratio <= FIT_FRACTION
+
+    @property
+    def cores_per_accelerator(self) -> float:
+        return self.cores / self.accelerators
+
+    def to_dict(self) -> dict:
+        return {"images": self.images, "count": self.count, "mean_bytes": self.mean_bytes,
+                "dataset_bytes": self.dataset_bytes, "storage": self.storage,
+                "rtt_ms": self.rtt_ms, "ram_gb": self.ram_gb, "fits_in_ram": self.fits_in_ram,
+                "ram_ratio": self.ram_ratio, "cores": self.cores,
+                "accelerators": self.accelerators, "nodes": self.nodes,
+                "demand_samples_per_s": self.demand, "workload": self.workload}
+
+    def text(self) -> str:
+        where = ("on local disk" if self.storage == "local" else
+                 f"on a network file system {self.rtt_ms:g} ms away" if self.storage == "nfs"
+                 else f"in object storage {self.rtt_ms:g} ms away")
+        ram = ("fits in RAM" if self.fits_in_ram else
+               f"{self.ram_ratio:.2g}\u00d7 the RAM")
+        demand = format_value(self.demand, "samples/s") + (
+            f" ({self.workload})" if self.workload else "")
+        return (f"{self.count:,} {ENCODING_NAMES[self.images]} samples of "
+                f"{format_value(self.mean_bytes, 'bytes')} "
+                f"({format_value(self.dataset_bytes, 'bytes')}) {where}; "
+                f"{self.ram_gb:g} GB RAM ({ram}), {self.cores} cores and "
+                f"{self.accelerators} accelerator(s) per node, {self.nodes} node(s); "
+                f"{demand} per accelerator")
+
+
+def dataset_situation(path: Path | str) -> dict:
+    """``images``, ``count`` and ``mean_bytes`` of a directory written by ``storebench
+    import``: from its encoded set's manifest (the raw set where only that was imported)."""
+    from ..formats import find_datasets, read_manifest
+    from ..formats.specs import IMPORTED_KIND
+
+    root = Path(path)
+    if not root.is_dir():
+        raise AdviceError(f"{root}: no such directory (write one with storebench import SRC "
+                          f"--out {root})")
+    specs = [read_manifest(p)["spec"] for p in find_datasets(root)]
+    specs = [s for s in specs if s.get("kind") == IMPORTED_KIND]
+    if not specs:
+        raise AdviceError(f"{root}: holds no imported dataset; write one with storebench "
+                          f"import SRC --out {root}")
+    spec = min(specs, key=lambda s: s["encoding"] == "raw")  # the encoded set first
+    if spec["encoding"] not in IMAGE_KINDS:
+        raise AdviceError(f"{root}: its images are {spec['encoding']} (JPEG and PNG mixed); "
+                          "give --images, or import one kind")
+    return {"images": spec["encoding"], "count": int(spec["num_samples"]),
+            "mean_bytes": spec["stored_bytes"] / spec["num_samples"]}
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A guide row's answer: the best candidate (its key, label, median and unit), those
+    tied with it, and the row's question and verdict."""
+
+    study: str
+    question: str
+    key: str
+    label: str
+    median: float
+    unit: str
+    tied: tuple[str, ...]
+    undecided: bool
+    runner_up: str | None
+    facets: Mapping = field(default_factory=dict)
+    # The slowest candidate measured for the same question, and its median.
+    worst: str | None = None
+    worst_median: float = math.nan
+
+    @classmethod
+    def of(cls, row) -> Choice:
+        second, last = row.runner_up, row.candidates[-1]
+        return cls(row.study, row.question, row.best.key, row.best.label, row.best.stat.median,
+                   row.best.stat.unit, tuple(row.tied) if row.tie and not row.undecided else (),
+                   row.undecided, second.label if second else None, dict(row.facets),
+                   last.label if second else None, last.stat.median if second else math.nan)
+
+    @property
+    def avoid(self) -> str | None:
+        """The slowest candidate against the best, where one is several times slower."""
+        if self.worst is None or self.unit != "samples/s" or not self.worst_median > 0:
+            return None
+        times = self.median / self.worst_median
+        if times < 2:
+            return None
+        return (f"avoid {self.worst}: {format_value(self.worst_median, self.unit)}, "
+                f"{times:.0f}\u00d7 slower than {self.label} in the same rows")
+
+    @property
+    def text(self) -> str:
+        if self.tied:
+            return f"any of {', '.join((self.label, *self.tied))} (no measurable difference)"
+        if self.undecided:
+            return (f"{self.label} (measured best, but too few repeats to tell it from "
+                    f"{self.runner_up})")
+        return self.label
+
+    def to_dict(self) -> dict:
+        return {"choice": self.text, "best": self.key, "label": self.label,
+                "median": self.median, "unit": self.unit, "tied_with_best": list(self.tied),
+                "undecided": self.undecided, "study": self.study, "question": self.question,
+                "facets": dict(self.facets), "worst": self.worst,
+                "worst_median": self.worst_median}
+
+
+@dataclass(frozen=True)
+class Number:
+    """One figure of the answer: ``measured`` on the reference machine, or ``extrapolated``
+    from measured ones (``basis`` says how)."""
+
+    what: str
+    value: float
+    unit: str
+    kind: str
+    basis: str
+
+    def to_dict(self) -> dict:
+        return {"what": self.what, "value": self.value, "unit": self.unit, "kind": self.kind,
+                "basis": self.basis}
+
+    def text(self) -> str:
+        value = format_value(self.value, self.unit)
+        return f"{self.kind:12} {value:>18}  {self.what} ({self.basis})"
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The answer to a ``Situation``: see ``text()`` and ``to_dict()``."""
+
+    situation: Situation
+    store: Choice
+    loader: Choice
+    decoder: Choice | None
+    workers: int
+    per_core: float
+    per_accelerator: float
+    utilisation: float
+    cores_needed: float
+    numbers: tuple[Number, ...]
+    assumptions: tuple[str, ...]
+    notes: tuple[str, ...]
+    machine: str
+    run_id: str
+    results_dir: str
+    commands: tuple[str, ...]
+
+    @property
+    def keeps_busy(self) -> bool:
+        return self.utilisation >= BUSY_TARGET
+
+    def to_dict(self) -> dict:
+        return {
+            "situation": self.situation.to_dict(),
+            "store": self.store.to_dict(),
+            "loader": {**self.loader.to_dict(), "workers": self.workers,
+                       "decoder": None if self.decoder is None else self.decoder.to_dict()},
+            "busy": {"utilisation": self.utilisation, "target": BUSY_TARGET,
+                     "keeps_busy": self.keeps_busy,
+                     "samples_per_s_per_accelerator": self.per_accelerator,
+                     "samples_per_s_per_core": self.per_core},
+            "cores_per_accelerator_needed": self.cores_needed,
+            "numbers": [n.to_dict() for n in self.numbers],
+            "assumptions": list(self.assumptions),
+            "notes": list(self.notes),
+            "measured_on": {"machine": self.machine, "run_id": self.run_id,
+                            "results": self.results_dir},
+            "commands": list(self.commands),
+        }
+
+    def text(self) -> str:
+        s = self.situation
+        verdict = "yes" if self.keeps_busy else "no"
+        decoder = "" if self.decoder is None else f", decoding with {self.decoder.text}"
+        lines = [
+            f"Situation: {s.text()}.",
+            "",
+            f"Store as:   {self.store.text}",
+            f"            [{self.store.study}] {self.store.question}",
+            f"Load with:  {self.loader.text}{decoder}; {self.workers} worker(s) per "
+            f"accelerator on {s.cores_per_accelerator:g} cores",
+            f"            [{self.loader.study}] {self.loader.question}",
+            f"Busy >= {format_percent(BUSY_TARGET)}: {verdict}, about "
+            f"{format_percent(self.utilisation)} (about "
+            f"{format_value(self.per_accelerator, 'samples/s')} per accelerator against "
+            f"{format_value(s.demand, 'samples/s')} needed)",
+            f"Cores:      about {self.cores_needed:.1f} per accelerator needed; you have "
+            f"{s.cores_per_accelerator:g}",
+        ]
+        lines += [f"Note:       {note}" for note in self.notes]
+        lines += ["", f"Measured on {self.machine} (run {self.run_id}, {self.results_dir}):"]
+        lines += [f"  {n.text()}" for n in self.numbers]
+        lines += ["", "Assumptions behind the extrapolated numbers:"]
+        lines += [f"  - {a}" for a in self.assumptions]
+        lines += ["", "Measure it on your data:"] + [f"  {c}" for c in self.commands]
+        return "\n".join(lines)
+
+
+# -- the results ---------------------------------------------------------------------------
+def check_results(results, needed: Sequence[str]) -> str:
+    """The profile of ``results``' rows; refuses (one line) rows of several profiles, of a
+    compact plan, or without the studies ``needed``."""
+    from ..bench.plan import plan_for
+
+    where = results.directory or "results"
+    profiles = sorted(set(results.df["profile"].astype(str)))
+    if len(profiles) != 1:
+        raise AdviceError(f"{where}: rows of several profiles ({', '.join(profiles)}); advise "
+                          "reads one study's results")
+    profile = profiles[0]
+    plan = str(results.env.get("plan") or profile)
+    if plan_for(plan).compact:
+        raise AdviceError(f"{where}: results of the {plan!r} profile, a compact smoke-test "
+                          "plan whose numbers are not a reference; use results/reference or "
+                          "a full study's results")
+    missing = [name for name in needed if not (results.df["study"] == name).any()]
+    if missing:
+        raise AdviceError(f"{where}: no rows of the {', '.join(missing)} "
+                          f"stud{'ies' if len(missing) > 1 else 'y'} this situation needs "
+                          f"(storebench run --study {missing[0]})")
+    return profile
+
+
+def guide_rows(results, study: str, **facets) -> list:
+    """The ``study``'s guide rows whose facets hold ``facets``."""
+    from ..studies import get_study
+
+    return [row for row in get_study(study).guide(results)
+            if row is not None and all(row.facets.get(k) == v for k, v in facets.items())]
+
+
+def rows_for_kind(results, study: str, kind: str, notes: list[str], **facets) -> list:
+    """``study``'s rows for image ``kind``, else for the nearest kind measured (with a note
+    saying so)."""
+    for encoding in (kind, *NEAREST_KIND[kind]):
+        rows = guide_rows(results, study, encoding=encoding, **facets)
+        if rows:
+            if encoding != kind:
+                notes.append(f"the {study} study measured no {ENCODING_NAMES[kind]}; its "
+                             f"{ENCODING_NAMES[encoding]} rows stand in for them")
+            return rows
+    raise AdviceError(f"{results.directory}: the {study} study has no rows for "
+                      f"{ENCODING_NAMES[kind]}")
+
+
+def sample_bytes(results, encoding: str) -> float:
+    """The mean stored bytes of one of the reference set's ``encoding`` samples: its
+    one-file-per-sample build's bytes over its files."""
+    from ..results import default_builds, stat
+
+    rows = default_builds(results.study("formats"))
+    where = {"study": "formats", "format": "rawfiles", "encoding": encoding}
+    total = stat(rows, "bytes_apparent", **where).median
+    return total / stat(rows, "file_count", **where).median
+
+
+@dataclass
+class _Draft:
+    """What the answer's parts add as they are worked out."""
+
+    numbers: list[Number] = field(default_factory=list)
+    assumptions: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def _store_local(results, s: Situation, draft: _Draft) -> tuple[Choice, float]:
+    """(the format choice, the samples/s node bound beyond the cores) on local disk."""
+    if s.fits_in_ram:
+        rows = rows_for_kind(results, "lazy_vs_preloaded", s.images, draft.notes,
+                             epochs="later")
+        first = guide_rows(results, "lazy_vs_preloaded", epochs="first",
+                           encoding=rows[0].facets["encoding"])
+        if first:
+            draft.notes.append(f"for the first epoch from a cold cache: {Choice.of(first[0]).text}")
+        return Choice.of(rows[0]), math.inf
+    rows = rows_for_kind(results, "out_of_core", s.images, draft.notes)
+    by_k = sorted(rows, key=lambda r: r.facets["k"])
+    row = next((r for r in by_k if r.facets["k"] >= s.ram_ratio), by_k[-1])
+    if row.facets["k"] < s.ram_ratio:
+        draft.notes.append(f"your set is {s.ram_ratio:.2g}\u00d7 the RAM; the largest ratio "
+                           f"measured is {row.facets['k']}\u00d7 (the RAM left for the page "
+                           "cache)")
+    disk = (results.limits.get("cold_seq_read_GBps") or math.nan) * 1e9
+    bound = disk / s.mean_bytes if math.isfinite(disk) else math.inf
+    if math.isfinite(bound):
+        draft.numbers.append(Number(
+            "the disk's bound per node at your sample size", bound, "samples/s",
+            "extrapolated", f"cold sequential read {format_value(disk / 1e6, 'MB/s')} "
+            "(env.json limits) over your mean bytes"))
+        draft.assumptions.append("your disk reads as fast as the reference's cold sequential "
+                                 "read; a block-shuffled epoch reads nearly sequentially")
+    return Choice.of(row), bound
+
+
+def _store_remote(results, s: Situation, draft: _Draft) -> tuple[Choice, float]:
+    """(the format choice, the node bound) for data ``rtt_ms`` away."""
+    rows = sorted(guide_rows(results, "remote"), key=lambda r: r.facets["rtt_ms"])
+    if not rows:
+        raise AdviceError(f"{results.directory}: the remote study has no guide rows")
+    row = next((r for r in rows if r.facets["rtt_ms"] >= s.rtt_ms), rows[-1])
+    if row.facets["rtt_ms"] < s.rtt_ms:
+        draft.notes.append(f"{s.rtt_ms:g} ms is farther than any round trip measured "
+                           f"({row.facets['rtt_ms']:g} ms): the rate below is an upper bound; "
+                           "more requests in flight hide distance (storebench.remote.capacity)")
+    if s.images != "jpeg":
+        draft.notes.append("the remote study measured JPEG sets; its rows stand in for "
+                           f"{ENCODING_NAMES[s.images]}")
+    if s.storage == "nfs":
+        draft.assumptions.append("a network file system pays one round trip per read as "
+                                 "object storage pays one per GET: answered from the "
+                                 "object-storage rows (no NFS was measured)")
+    draft.assumptions.append("the reference's S3 server ran on the same 2 cores as the "
+                             "loader, so its rates per core are low estimates")
+    return Choice.of(row), math.inf
+
+
+def _loader(results, kind: str, draft: _Draft) -> tuple[Choice, Choice | None]:
+    """(the loader path, the decoder or None for raw arrays): the guide's choice among the
+    prefetch study's paths, and among decoders by their best paths."""
+    from ..guide import Candidate, choose
+
+    rows = rows_for_kind(results, "prefetch", kind, draft.notes)
+    decoders = DECODER_FOR[kind] if rows[0].facets["encoding"] != kind else ()
+    rows = [r for r in rows if not decoders or r.facets["decode"] in decoders] or rows
+    if rows[0].facets["decode"] == "none":
+        return Choice.of(rows[0]), None
+    picked = choose("prefetch", "which decoder, by each decoder's best loader path?",
+                    "samples_per_s", [Candidate(r.facets["decode"], r.facets["decode"],
+                                                r.best.stat) for r in rows])
+    decoder = Choice.of(picked)
+    best = next(r for r in rows if r.facets["decode"] == decoder.key)
+    return Choice.of(best), decoder
+
+
+def _workers(loader: Choice, cores: float, ref_cores: int) -> int:
+    """The measured path's workers per reference core, on ``cores`` cores."""
+    parts = [p for p in loader.key.split("/") if p.startswith("w") and p[1:].isdigit()]
+    measured = int(parts[0][1:]) if parts else 1
+    return max(1, round(max(measured, 1) * cores / ref_cores))
+
+
+def needed_studies(s: Situation) -> tuple[str, ...]:
+    where = ("remote" if s.storage != "local" else
+             "lazy_vs_preloaded" if s.fits_in_ram else "out_of_core")
+    return ("formats", where, "prefetch")
+
+
+def advise(situation: Situation, results, *, dataset: Path | str | None = None) -> Advice:
+    """The answer to ``situation`` from ``results`` (a ``storebench.results.Results``)."""
+    from ..text import machine_text
+
+    s = situation
+    check_results(results, needed_studies(s))
+    draft = _Draft()
+    store, bound = (_store_local if s.storage == "local" else _store_remote)(results, s, draft)
+    loader, decoder = _loader(results, s.images, draft)
+    draft.notes += [c.avoid for c in (store, loader) if c.avoid]
+    ref_cores = int(results.env.get("cpus_usable") or results.env.get("cpu_count") or 1)
+    # The rate the answer rests on: the chosen format's own (read and decoded, on the
+    # reference's cores) where the data outgrows RAM or sits at a distance; in RAM, the
+    # chosen loader path's over a cached set.
+    basis = loader if s.storage == "local" and s.fits_in_ram else store
+    encoding = basis.facets.get("encoding", "jpeg")
+    ref_bytes = sample_bytes(results, encoding)
+    per_core = basis.median / ref_cores * ref_bytes / s.mean_bytes
+    per_accelerator = min(per_core * s.cores_per_accelerator, bound / s.accelerators)
+    draft.numbers[:0] = [
+        Number(f"{basis.label}, {ENCODING_NAMES[encoding]} samples of "
+               f"{format_value(ref_bytes, 'bytes')}", basis.median, basis.unit, "measured",
+               f"{basis.study} study, {ref_cores} cores, median of its repeats"),
+        Number("per core at your sample size", per_core, "samples/s", "extrapolated",
+               f"the measured rate over {ref_cores} cores, times "
+               f"{format_value(ref_bytes, 'bytes')} / {format_value(s.mean_bytes, 'bytes')}"),
+        Number("per accelerator on your cores", per_accelerator, "samples/s", "extrapolated",
+               f"per core times {s.cores_per_accelerator:g} cores"
+               + (", capped by the node's bound" if per_core * s.cores_per_accelerator
+                  > bound / s.accelerators else "")),
+    ]
+    total = s.demand * s.accelerators * s.nodes
+    draft.numbers.append(Number(
+        f"what the storage delivers to all {s.nodes * s.accelerators} accelerator(s)",
+        total * s.mean_bytes / 1e6, "MB/s", "extrapolated",
+        f"{format_value(total, 'samples/s')} times your mean bytes"))
+    draft.assumptions[:0] = [
+        "the loader's rate per core holds on your cores (the measured paths are CPU-bound: "
+        "reading, checking and decoding)",
+        "a sample's CPU cost scales with its stored bytes (decode work grows with pixels)",
+        "the accelerators' compute overlaps loading: a feed at least as fast as the demand "
+        "keeps them busy (the gpu_feed study: at 1.25\u00d7 the demand, 95% and more)",
+    ]
+    if s.nodes > 1:
+        draft.assumptions.append("each node reads on its own link and disk; the storage "
+                                 "serves all nodes at once (not measured)")
+    return Advice(
+        s, store, loader, decoder, _workers(loader, s.cores_per_accelerator, ref_cores),
+        per_core, per_accelerator, min(1.0, per_accelerator / s.demand), s.demand / per_core,
+        tuple(draft.numbers), tuple(dict.fromkeys(draft.assumptions)), tuple(draft.notes),
+        machine_text(results.env), str(results.env.get("run_id", "")),
+        str(results.directory or ""), measure_commands(s, dataset))
+
+
+def measure_commands(s: Situation, dataset: Path | str | None) -> tuple[str, ...]:
+    """The commands that measure the same on the user's own images."""
+    target = Path(dataset) if dataset is not None else Path("data/mine")
+    flags = (f"--storage {s.storage}" + (f" --rtt-ms {s.rtt_ms:g}" if s.rtt_ms is not None
+                                          else "")
+             + f" --ram-gb {s.ram_gb:g} --cores {s.cores} --accelerators {s.accelerators}"
+             + (f" --nodes {s.nodes}" if s.nodes > 1 else "")
+             + (f" --workload {s.workload}" if s.workload else f" --demand {s.demand:g}"))
+    commands = [] if dataset is not None else [
+        f"storebench import YOUR_IMAGE_FOLDER --out {target}"]
+    return (*commands, f"storebench study --dataset {target}",
+            f"storebench advise --dataset {target} --results results/{target.name} {flags}")
+
+
+def situation_from(*, images: str | None = None, count: int | None = None,
+                   mean_bytes: float | None = None, storage: str = "local",
+                   rtt_ms: float | None = None, ram_gb: float | None = None,
+                   cores: int | None = None, accelerators: int = 1, nodes: int = 1,
+                   demand: float | None = None, workload: str | None = None,
+                   dataset: Path | str | None = None) -> Situation:
+    """A ``Situation`` from the command line's values: ``dataset`` fills in the image kind,
+    count and mean bytes that are not given; ``workload`` the demand."""
+    if demand is not None and workload is not None:
+        raise AdviceError("give --demand or --workload, not both")
+    if workload is not None:
+        demand = get_workload(workload).samples_per_s
+    given = {"images": images, "count": count, "mean_bytes": mean_bytes}
+    if dataset is not None:
+        given = {**dataset_situation(dataset), **{k: v for k, v in given.items()
+                                                 if v is not None}}
+    given |= {"ram_gb": ram_gb, "cores": cores, "demand": demand}
+    flags = {"images": "--images", "count": "--count", "mean_bytes": "--mean-bytes",
+             "ram_gb": "--ram-gb", "cores": "--cores", "demand": "--demand or --workload"}
+    missing = [flags[k] for k, v in given.items() if v is None]
+    if missing:
+        raise AdviceError(f"needs {', '.join(missing)}"
+                          + (" (or --dataset DIR for the images)" if dataset is None and
+                             "--images" in missing else ""))
+    return Situation(**given, storage=storage, rtt_ms=rtt_ms, accelerators=accelerators,
+                     nodes=nodes, workload=workload)
+
+
+def advise_command(results_dir: Path | str, *, as_json: bool = False, **values) -> str:
+    """``storebench advise``'s output: the answer as text, or as one JSON object."""
+    import json
+
+    from ..results import Results
+
+    situation = situation_from(**values)
+    results_dir = Path(results_dir)
+    if not results_dir.is_dir():
+        raise AdviceError(f"{results_dir}: no such results directory")
+    answer = advise(situation, Results.load(results_dir), dataset=values.get("dataset"))
+    return json.dumps(answer.to_dict(), indent=2) if as_json else answer.text()

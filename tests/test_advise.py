@@ -1,0 +1,269 @@
+"""``storebench advise``: situations answered from the committed reference rows. Every
+expected value is read from results/reference through the query layer and the studies'
+guides here, never typed in, so the table holds whatever the reference says."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from PIL import Image
+
+from storebench.cli import main
+from storebench.report import advise as adv
+from storebench.results import Results, default_builds, stat
+from storebench.studies import get_study
+
+REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
+IMAGENET = {"count": 1_281_167, "mean_bytes": 110e3}
+
+
+@pytest.fixture(scope="module")
+def reference() -> Results:
+    return Results.load(REFERENCE)
+
+
+@pytest.fixture(scope="module")
+def guides(reference) -> dict:
+    return {name: get_study(name).guide(reference)
+            for name in ("lazy_vs_preloaded", "out_of_core", "prefetch", "remote")}
+
+
+def rows_of(guides, study, **facets):
+    return [r for r in guides[study] if all(r.facets.get(k) == v for k, v in facets.items())]
+
+
+def reference_cores(reference) -> int:
+    return int(reference.env.get("cpus_usable") or reference.env["cpu_count"])
+
+
+def reference_bytes(reference, encoding) -> float:
+    rows = default_builds(reference.study("formats"))
+    where = {"format": "rawfiles", "encoding": encoding}
+    return (stat(rows, "bytes_apparent", **where).median
+            / stat(rows, "file_count", **where).median)
+
+
+def situation(**values) -> adv.Situation:
+    return adv.Situation(**{"images": "jpeg", **IMAGENET, "ram_gb": 64, "cores": 16,
+                            "demand": 1800, **values})
+
+
+def expected_busy(reference, basis_row, s: adv.Situation, bound: float = math.inf) -> tuple:
+    """(per core, per accelerator, keeps busy) as the reference's rows imply them."""
+    encoding = basis_row.facets.get("encoding", "jpeg")
+    per_core = (basis_row.best.stat.median / reference_cores(reference)
+                * reference_bytes(reference, encoding) / s.mean_bytes)
+    per_accelerator = min(per_core * s.cores / s.accelerators, bound / s.accelerators)
+    return per_core, per_accelerator, per_accelerator / s.demand >= adv.BUSY_TARGET
+
+
+def best_decoder_row(rows):
+    return max(rows, key=lambda r: r.best.stat.median)
+
+
+def test_jpegs_on_local_disk_larger_than_ram_one_gpu_at_1800_on_16_cores(reference, guides):
+    """The situation of the issue: ImageNet-sized JPEGs, 141 GB on a 64 GB node."""
+    s = situation()
+    assert not s.fits_in_ram
+    answer = adv.advise(s, reference)
+    ooc = sorted(rows_of(guides, "out_of_core", encoding="jpeg"), key=lambda r: r.facets["k"])
+    row = next((r for r in ooc if r.facets["k"] >= s.ram_ratio), ooc[-1])
+    assert answer.store.key == row.best.key and answer.store.study == "out_of_core"
+    disk = reference.limits["cold_seq_read_GBps"] * 1e9 / s.mean_bytes
+    per_core, per_accelerator, busy = expected_busy(reference, row, s, disk)
+    assert answer.per_core == pytest.approx(per_core)
+    assert answer.per_accelerator == pytest.approx(per_accelerator)
+    assert answer.keeps_busy is busy
+    assert answer.cores_needed == pytest.approx(1800 / per_core)
+    decoder = best_decoder_row(rows_of(guides, "prefetch", encoding="jpeg"))
+    assert answer.decoder.key == decoder.facets["decode"]
+    assert answer.loader.key == decoder.best.key
+    text = answer.text()
+    assert row.best.label in text and "measured" in text and "extrapolated" in text
+    assert "storebench study --dataset data/mine" in text
+    # The loudest lesson: the slowest out-of-core path is named with its rate.
+    worst = row.candidates[-1]
+    if row.best.stat.median / worst.stat.median >= 2:
+        assert f"avoid {worst.label}" in text
+
+
+def test_jpegs_that_fit_in_ram_take_the_in_ram_rows_and_the_loaders_rate(reference, guides):
+    s = situation(count=10_000, cores=2, demand=50_000)
+    answer = adv.advise(s, reference)
+    later = rows_of(guides, "lazy_vs_preloaded", encoding="jpeg", epochs="later")[0]
+    assert answer.store.key == later.best.key
+    first = rows_of(guides, "lazy_vs_preloaded", encoding="jpeg", epochs="first")[0]
+    assert any(adv.Choice.of(first).text in note for note in answer.notes)
+    loader = best_decoder_row(rows_of(guides, "prefetch", encoding="jpeg"))
+    per_core, per_accelerator, busy = expected_busy(reference, loader, s)
+    assert answer.per_accelerator == pytest.approx(per_accelerator)
+    assert answer.keeps_busy is busy
+    assert answer.utilisation == pytest.approx(min(1.0, per_accelerator / 50_000))
+
+
+def test_raw_arrays_have_no_decoder(reference, guides):
+    s = situation(images="raw", count=20_000, mean_bytes=12_288, cores=8, accelerators=2)
+    answer = adv.advise(s, reference)
+    assert answer.decoder is None
+    raw = rows_of(guides, "prefetch", encoding="raw")[0]
+    assert answer.loader.key == raw.best.key
+    measured_workers = int(raw.best.key.split("/")[1][1:])
+    assert answer.workers == max(1, round(max(measured_workers, 1) * 4
+                                          / reference_cores(reference)))
+
+
+def test_png_larger_than_ram_stands_in_the_nearest_kind_and_says_so(reference, guides):
+    s = situation(images="png", mean_bytes=50e3)
+    if rows_of(guides, "out_of_core", encoding="png"):
+        pytest.skip("the reference measured PNG out of core")
+    answer = adv.advise(s, reference)
+    assert answer.store.facets["encoding"] == "jpeg"
+    assert any("measured no PNG" in note for note in answer.notes)
+    assert answer.decoder.key == "pil"  # the PNG decoder, on JPEG rows
+
+
+@pytest.mark.parametrize("rtt", [0.0, 10.0, 500.0])
+def test_object_storage_takes_the_nearest_measured_round_trip_at_or_beyond(
+        reference, guides, rtt):
+    s = situation(storage="s3", rtt_ms=rtt, nodes=4, accelerators=8, cores=64)
+    answer = adv.advise(s, reference)
+    remote = sorted(guides["remote"], key=lambda r: r.facets["rtt_ms"])
+    row = next((r for r in remote if r.facets["rtt_ms"] >= rtt), remote[-1])
+    assert answer.store.key == row.best.key
+    assert answer.store.facets["rtt_ms"] == row.facets["rtt_ms"]
+    _, per_accelerator, busy = expected_busy(reference, row, s)
+    assert answer.per_accelerator == pytest.approx(per_accelerator)
+    assert answer.keeps_busy is busy
+    beyond = rtt > remote[-1].facets["rtt_ms"]
+    assert any("farther than any round trip" in n for n in answer.notes) is beyond
+    delivered = next(n for n in answer.numbers if n.what.startswith("what the storage"))
+    assert delivered.value == pytest.approx(1800 * 8 * 4 * 110e3 / 1e6)
+    assert any("own link" in a for a in answer.assumptions)
+
+
+def test_nfs_is_answered_from_the_object_storage_rows_with_the_assumption(reference):
+    answer = adv.advise(situation(storage="nfs", rtt_ms=1), reference)
+    assert answer.store.study == "remote"
+    assert any("network file system" in a for a in answer.assumptions)
+
+
+def test_a_named_workload_gives_its_demand(reference):
+    s = adv.situation_from(images="jpeg", **IMAGENET, ram_gb=64, cores=16,
+                           workload="mlperf-resnet50-h100")
+    assert s.demand == adv.WORKLOADS["mlperf-resnet50-h100"].samples_per_s
+    assert "mlcommons" in adv.WORKLOADS["mlperf-resnet50-h100"].source
+
+
+def test_json_is_one_object_with_the_same_answer(capsys, reference):
+    args = ["advise", "--images", "jpeg", "--count", "1281167", "--mean-bytes", "110000",
+            "--ram-gb", "64", "--cores", "16", "--demand", "1800", "--results", str(REFERENCE)]
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert set(data) == {"situation", "store", "loader", "busy",
+                         "cores_per_accelerator_needed", "numbers", "assumptions", "notes",
+                         "measured_on", "commands"}
+    answer = adv.advise(situation(), reference)
+    assert data["store"]["best"] == answer.store.key
+    assert data["loader"]["workers"] == answer.workers
+    assert data["loader"]["decoder"]["best"] == answer.decoder.key
+    assert data["busy"] == {"utilisation": answer.utilisation, "target": adv.BUSY_TARGET,
+                            "keeps_busy": answer.keeps_busy,
+                            "samples_per_s_per_accelerator": answer.per_accelerator,
+                            "samples_per_s_per_core": answer.per_core}
+    assert {n["kind"] for n in data["numbers"]} == {"measured", "extrapolated"}
+    assert data["measured_on"]["run_id"] == reference.env["run_id"]
+    assert main(args) == 0
+    assert capsys.readouterr().out.startswith("Situation: 1,281,167 JPEG samples")
+
+
+def test_dataset_reads_kind_count_and_mean_bytes_from_an_import(tmp_path, capsys):
+    from storebench.importer import import_images
+
+    source = tmp_path / "pets"
+    sizes = []
+    for i in range(6):
+        folder = source / ("cat" if i % 2 else "dog")
+        folder.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        pixels = np.random.default_rng(i).integers(0, 255, (32 + i, 40, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+        (folder / f"{i}.jpg").write_bytes(buffer.getvalue())
+        sizes.append(len(buffer.getvalue()))
+    out = tmp_path / "mine"
+    import_images(source, out, formats=["rawfiles"], progress=False, log=lambda line: None)
+    values = adv.dataset_situation(out)
+    assert values == {"images": "jpeg", "count": 6, "mean_bytes": sum(sizes) / 6}
+    assert main(["advise", "--dataset", str(out), "--ram-gb", "64", "--cores", "16",
+                 "--demand", "1800", "--results", str(REFERENCE)]) == 0
+    text = capsys.readouterr().out
+    assert f"storebench study --dataset {out}" in text
+    assert "storebench import" not in text
+
+
+def refusal(capsys, *args) -> str:
+    assert main(["advise", *args]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.count("\n") == 1, captured.err  # one line, no traceback
+    return captured.err
+
+
+BASE = ("--images", "jpeg", "--count", "1000", "--mean-bytes", "110000", "--ram-gb", "64",
+        "--cores", "16")
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    (("--workload", "resnet-on-a-toaster"),
+     "storebench advise: unknown workload 'resnet-on-a-toaster'; known: mlperf-resnet50-h100"),
+    (("--demand", "0"), "storebench advise: --demand must be a positive number, got 0.0"),
+    (("--demand", "1800", "--accelerators", "-1"),
+     "storebench advise: --accelerators must be a positive number, got -1"),
+    (("--demand", "1800", "--rtt-ms", "5"),
+     "storebench advise: --rtt-ms applies to --storage nfs or s3, not to local disk"),
+    (("--demand", "1800", "--storage", "s3"),
+     "storebench advise: --storage s3 needs --rtt-ms (the round trip to the storage, e.g. 1 "
+     "within a data centre)"),
+    (("--demand", "1800", "--storage", "s3", "--rtt-ms", "-2"),
+     "storebench advise: --rtt-ms must be zero or more, got -2.0"),
+    (("--demand", "nan"), "storebench advise: --demand must be a positive number, got nan"),
+])
+def test_impossible_numbers_and_unknown_workloads_are_refused(capsys, extra, message):
+    assert refusal(capsys, *BASE, *extra, "--results", str(REFERENCE)) == message + "\n"
+
+
+def test_zero_cores_and_missing_inputs_are_refused(capsys):
+    args = [a if a != "16" else "0" for a in BASE]
+    assert refusal(capsys, *args, "--demand", "1", "--results", str(REFERENCE)) == (
+        "storebench advise: --cores must be a positive number, got 0\n")
+    assert refusal(capsys, "--ram-gb", "64", "--cores", "2", "--demand", "1") == (
+        "storebench advise: needs --images, --count, --mean-bytes (or --dataset DIR for the "
+        "images)\n")
+
+
+def test_results_missing_or_of_a_compact_profile_or_without_the_study_are_refused(
+        capsys, tmp_path):
+    missing = tmp_path / "nowhere"
+    assert refusal(capsys, *BASE, "--demand", "1", "--results", str(missing)) == (
+        f"storebench advise: {missing}: no such results directory\n")
+    # The reference's rows relabelled as a ci run: a smoke-test plan is no reference.
+    ci = tmp_path / "ci"
+    ci.mkdir()
+    for path in REFERENCE.glob("*.csv"):
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        frame.assign(profile="ci").to_csv(ci / path.name, index=False)
+    assert refusal(capsys, *BASE, "--demand", "1", "--results", str(ci)) == (
+        f"storebench advise: {ci}: results of the 'ci' profile, a compact smoke-test plan "
+        "whose numbers are not a reference; use results/reference or a full study's "
+        "results\n")
+    partial = tmp_path / "partial"
+    partial.mkdir()
+    (partial / "formats.csv").write_bytes((REFERENCE / "formats.csv").read_bytes())
+    assert refusal(capsys, *BASE, "--demand", "1", "--results", str(partial)) == (
+        f"storebench advise: {partial}: no rows of the lazy_vs_preloaded, prefetch "
+        "studies this situation needs (storebench run --study lazy_vs_preloaded)\n")
