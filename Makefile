@@ -11,7 +11,7 @@ PEERS_BIN := $(PEERS_VENV)/bin
 PEERS_STAMP := $(PEERS_VENV)/.installed
 FFCV_APT := libopencv-dev libturbojpeg0-dev pkg-config
 
-.PHONY: setup peers study test lint docs clean-data
+.PHONY: setup peers study test lint docs clean-data gpu-study gpu-wheels
 
 # lib/storebench/_rows.c: the C row gather, built into the checkout by `pip install -e`.
 $(STAMP): pyproject.toml lib/storebench/_rows.c
@@ -74,3 +74,37 @@ lint: $(STAMP)
 
 clean-data:
 	rm -rf data
+
+# The gpu_decode study on a GPU machine borrowed for minutes, from a plain checkout: no venv,
+# the machine's own python3 (with its CUDA torch). It builds storebench's C gather for that
+# Python where it is missing, installs what the machine lacks (from the wheel files in
+# GPU_WHEELS where that directory exists: `make gpu-wheels` fetches them on a machine with
+# an index), builds only the study's set and writes $(GPU_RUNS)/<run id>/. Without a GPU the
+# device cases are skipped rows saying why, and it still exits 0.
+GPU_RUNS ?= results/gpu-runs
+GPU_DATA ?= /tmp/storebench-gpu-data
+GPU_WHEELS ?= .whl
+GPU_PROFILE ?= small
+# Fixed repeats: the default plan's adaptive ones (up to 9) could outlast a short lease.
+GPU_REPEATS ?= 3
+GPU_PYTHONPATH = lib:.$(if $(PYTHONPATH),:$(PYTHONPATH))
+ROWS_SO = lib/storebench/_rows$$($(PYTHON) -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+
+gpu-study:
+	@test -f $(ROWS_SO) || cc -O3 -shared -fPIC \
+	  -I"$$($(PYTHON) -c "import sysconfig; print(sysconfig.get_paths()['include'])")" \
+	  lib/storebench/_rows.c -o $(ROWS_SO)
+	PYTHONPATH=$(GPU_PYTHONPATH) $(PYTHON) -m storebench.gpu_study \
+	  --runs $(GPU_RUNS) --data $(GPU_DATA) --profile $(GPU_PROFILE) --repeats $(GPU_REPEATS) \
+	  $$(test -d $(GPU_WHEELS) && echo --wheels $(GPU_WHEELS))
+
+# The wheels gpu-study installs on a machine that reaches no index (Python 3.12, CUDA 13,
+# x86-64), fetched here into GPU_WHEELS. DALI (about 1 GB) is left out: where it is not
+# installed, its cases are skipped rows saying so.
+GPU_WHEEL_PINS = simplejpeg==1.9.0 lmdb==3.0.0 crc32c==2.9.post0 \
+  nvidia-nvimgcodec-cu13==0.9.0.20 nvidia-nvjpeg==13.2.3.58
+gpu-wheels:
+	$(PYTHON) -m pip download --no-deps --only-binary=:all: --python-version 3.12 \
+	  --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	  --platform manylinux2014_x86_64 --platform manylinux1_x86_64 -d $(GPU_WHEELS) \
+	  $(GPU_WHEEL_PINS)

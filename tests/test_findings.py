@@ -21,8 +21,8 @@ LIMITS = {"dram_read_GBps": 27.0, "page_cache_read_GBps": 14.0, "cold_seq_read_G
 def two_studies() -> list[list[dict]]:
     return [build_case("memmap", seconds=0.5, apparent=1_000_000, files=2),
             build_case("rawfiles", seconds=2.0, apparent=1_200_000, files=500),
-            feed_case("process", 2, 2.0, [0.5, 0.52, 0.48]),
-            feed_case("none", 0, 2.0, [0.2, 0.21, 0.19])]
+            feed_case("process", 2, 2.0, [0.5, 0.52, 0.48, 0.51, 0.49]),
+            feed_case("none", 0, 2.0, [0.2, 0.21, 0.19, 0.2, 0.2])]
 
 
 def test_readme_findings_table_from_a_results_dir(tmp_path):
@@ -80,7 +80,7 @@ def test_caveats_count_cases_and_failures():
 def test_caveats_state_the_machine_limits_ram_and_feed_device():
     df = frame(*two_studies())
     sentences = findings.caveats(Results(df, {**ENV, "limits": LIMITS}))
-    assert sentences[0] == ("4 cases in 2 studies, profile `ci`, from 1 run(s); 1\u20133 "
+    assert sentences[0] == ("4 cases in 2 studies, profile `ci`, from 1 run(s); 1\u20135 "
                             "timed repeats per case (figures are medians, ranges min to max).")
     assert sentences[1] == "No case failed."
     assert sum(s.startswith("No CUDA device took part") for s in sentences) == 1

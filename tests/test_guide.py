@@ -42,51 +42,84 @@ def test_the_best_median_wins_whatever_order_candidates_come_in():
     assert row.ratio == pytest.approx(2.0)
     assert 1.0 < row.low <= 2.0 <= row.high
     assert row.evidence.startswith(
-        "FAST 200 samples/s vs SLOW 100 samples/s; 2.0\u00d7 faster (95% interval ")
+        "FAST 200 samples/s vs SLOW 100 samples/s; 2.00\u00d7 faster (95% interval ")
     assert row.evidence.endswith("; 3 candidates")
 
 
-def test_a_tie_names_every_candidate_tied_with_the_best():
+STEADY = [200.5, 201.0, 200.0, 200.8, 200.3]
+ALSO_STEADY = [200.2, 199.8, 200.6, 199.4, 200.1]
+
+
+def test_equivalence_names_every_candidate_within_the_margin_of_the_best():
     row = choose("prefetch", "which path?", "samples_per_s",
-                 [candidate("a", FAST), candidate("b", ALSO_FAST), candidate("c", SLOW)])
-    assert row.tie
-    assert row.low <= 1.0 <= row.high
-    assert row.tied == ("B",) and not row.undecided
-    assert row.choice == "no measurable difference between A and B"
-    assert "1.0\u00d7 ratio (95% interval" in row.evidence
+                 [candidate("a", STEADY), candidate("b", ALSO_STEADY), candidate("c", SLOW)])
+    assert row.tie and row.verdict == "equivalent" and not row.undecided
+    assert 1 / 1.05 <= row.low <= 1.0 <= row.high <= 1.05
+    assert row.tied == ("B",)
+    assert row.choice == "equivalent within 5%: A and B"
+    assert "ratio (95% interval" in row.evidence
 
     three = choose("prefetch", "which path?", "samples_per_s",
-                   [candidate("a", FAST), candidate("b", ALSO_FAST),
-                    candidate("c", [198.0, 197.0, 200.0, 196.0, 199.0]),
+                   [candidate("a", STEADY), candidate("b", ALSO_STEADY),
+                    candidate("c", [198.0, 197.5, 198.5, 197.8, 198.2]),
                     candidate("d", SLOW)])
-    assert three.choice == "no measurable difference between A, B and C"
+    assert three.choice == "equivalent within 5%: A, B and C"
     assert "D" not in three.choice
 
 
-def test_too_few_repeats_to_decide_is_a_tie_by_the_rule():
-    row = choose("formats", "fastest build?", "write_seconds",
-                 [candidate("a", [1.0], "s"), candidate("b", [3.0], "s")], lower_is_better=True)
+def test_a_clear_difference_under_the_margin_names_no_winner():
+    # 3% faster, and the interval excludes 1: real, but under the 5% margin.
+    ahead = [103.0, 103.1, 102.9, 103.05, 102.95]
+    behind = [100.0, 100.1, 99.9, 100.05, 99.95]
+    row = choose("prefetch", "which path?", "samples_per_s",
+                 [candidate("behind", behind), candidate("ahead", ahead)])
+    assert row.low > 1.0 and row.ratio == pytest.approx(1.03)
+    assert row.tie and row.verdict == "equivalent"
+    assert row.choice == "equivalent within 5%: AHEAD and BEHIND"
+
+
+def test_an_interval_that_crosses_the_margin_is_undecided_with_its_repeats():
+    wide = [104.0, 90.0, 118.0, 100.0, 110.0]
+    base = [100.0, 100.5, 99.5, 100.2, 99.8]
+    row = choose("prefetch", "which path?", "samples_per_s",
+                 [candidate("wide", wide), candidate("base", base)])
+    assert row.low < 1.0 < 1.05 < row.high
+    assert row.undecided and row.tie and row.tied == ()
+    assert row.choice == ("undecided between WIDE and BASE (the interval crosses the 5% "
+                          "margin; n = 5 and 5)")
+
+
+def test_too_few_repeats_to_decide_is_undecided_by_the_rule():
+    four = [200.0, 205.0, 195.0, 201.0]
+    row = choose("formats", "fastest?", "samples_per_s",
+                 [candidate("a", four), candidate("b", [100.0, 101.0, 99.0, 100.5])])
+    assert row.ratio == pytest.approx(2.0, rel=0.02)
     assert row.tie and (row.low, row.high) == (-math.inf, math.inf)
     assert row.undecided and row.to_dict()["undecided"] is True
-    assert row.choice == ("A measured best, but too few repeats to tell it from B (no decision "
-                          "under the tie rule)")
-    assert "fewer than 3 repeats each: no interval" in row.evidence
+    assert row.to_dict()["verdict"] == "undecided"
+    assert row.choice == ("undecided between A and B (fewer than 5 repeats on a side: n = 4 "
+                          "and 4)")
+    assert "fewer than 5 repeats on a side: no interval" in row.evidence
 
 
 @pytest.mark.parametrize("unit", ["bytes", "count"])
 def test_exact_units_compare_exactly_from_one_measurement(unit):
-    # One repeat each, a 0.1% difference: sizes and counts are not noisy, so it decides.
+    # One repeat each: sizes and counts are not noisy, so the margin alone decides.
     row = choose("formats", "least space?", "bytes_apparent",
-                 [candidate("big", [1001.0], unit), candidate("small", [1000.0], unit)],
+                 [candidate("big", [1100.0], unit), candidate("small", [1000.0], unit)],
                  lower_is_better=True)
     assert not row.tie and row.choice == "SMALL"
-    assert row.ratio == row.low == row.high == pytest.approx(1.001)
-    assert "(exact)" in row.evidence and "smaller" in row.evidence
+    assert row.ratio == row.low == row.high == pytest.approx(1.1)
+    assert "1.10\u00d7 smaller (exact)" in row.evidence
+    close = choose("formats", "least space?", "bytes_apparent",
+                   [candidate("big", [1001.0], unit), candidate("small", [1000.0], unit)],
+                   lower_is_better=True)
+    assert close.tie and close.choice == "equivalent within 5%: SMALL and BIG"
     equal = choose("formats", "fewest files?", "file_count",
                    [candidate("a", [1.0], unit), candidate("b", [1.0], unit),
                     candidate("c", [2.0], unit)], lower_is_better=True)
     assert equal.tie and equal.ratio == 1.0
-    assert equal.choice == "no measurable difference between A and B"
+    assert equal.choice == "equivalent within 5%: A and B"
 
 
 def test_lower_is_better_picks_the_smallest_median():
@@ -97,7 +130,7 @@ def test_lower_is_better_picks_the_smallest_median():
     assert row.best.key == "short" and not row.tie
     assert row.ratio == pytest.approx(2.0)  # how many times better the best is
     assert row.low > 1.0
-    assert "2.0\u00d7 less time" in row.evidence
+    assert "2.00\u00d7 less time" in row.evidence
     assert row.to_dict()["lower_is_better"] is True
 
 
@@ -216,12 +249,12 @@ def test_the_feed_row_has_every_measured_feed_path():
 
 
 def test_decision_guide_follows_the_studies_order_and_skips_absent_studies():
-    df = frame(prefetch_case("none", 0, [100.0, 101.0, 99.0]),
-               prefetch_case("thread", 2, [200.0, 201.0, 199.0]),
+    df = frame(prefetch_case("none", 0, [100.0, 101.0, 99.0, 100.5, 99.5]),
+               prefetch_case("thread", 2, [200.0, 201.0, 199.0, 200.5, 199.5]),
                build_case("memmap", seconds=0.5, apparent=1_000_000, files=2),
                build_case("rawfiles", seconds=2.0, apparent=1_200_000, files=500),
-               read_case("memmap", "cold", [800.0, 810.0, 790.0]),
-               read_case("rawfiles", "cold", [100.0, 101.0, 99.0]))
+               read_case("memmap", "cold", [800.0, 810.0, 790.0, 805.0, 795.0]),
+               read_case("rawfiles", "cold", [100.0, 101.0, 99.0, 100.5, 99.5]))
     rows = decision_guide(Results(df, {}))
     studies = [row.study for row in rows]
     assert studies == sorted(studies, key=list(STUDIES).index)

@@ -34,17 +34,18 @@ def ci_workdir(tmp_path_factory):
     return workdir
 
 
-def test_readme_has_the_five_loader_snippets():
-    assert len(SNIPPETS) == 5
+def test_readme_has_the_six_loader_snippets():
+    assert len(SNIPPETS) == 6
     assert any("SeaweedServer" in s and "s3://" in s for s in SNIPPETS)
     assert any("torch_dataloader" in s for s in SNIPPETS)
     assert any("ProcessPrefetcher" in s for s in SNIPPETS)
     assert any("tfrecord_pipeline" in s for s in SNIPPETS)
     assert any("gather_threads=2" in s for s in SNIPPETS)
+    assert any("load_state_dict" in s and "state_dict()" in s for s in SNIPPETS)
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("index", range(5))
+@pytest.mark.parametrize("index", range(6))
 def test_snippet_runs(ci_workdir, index):
     script = ci_workdir / f"snippet_{index}.py"
     body = "\n".join("    " + line for line in SNIPPETS[index].splitlines())

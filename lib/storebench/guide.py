@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from .results import MIN_PAIRED_REPEATS, TIE_RULE, Stat, ratio_interval
-from .text import MULTIPLY, format_percent, format_ratio, format_value, sig
+from .results import DECISION_MARGIN, MIN_PAIRED_REPEATS, TIE_RULE, Stat, ratio_interval
+from .text import MULTIPLY, format_percent, format_ratio, format_value
 
 # Units whose values are exact (counted, not timed): compared without an interval.
 EXACT_UNITS = ("bytes", "count")
+VERDICTS = ("better", "equivalent", "undecided")
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class GuideRow:
     # What situation the row answers, as data (``{"encoding": "jpeg", "k": 5}``), so that
     # ``storebench advise`` finds rows without reading their question text.
     facets: Mapping = field(default_factory=dict)
+    # ``VERDICTS``: the best named (``better``), or ``equivalent`` / ``undecided`` (``tie``).
+    verdict: str = "better"
 
     @property
     def best(self) -> Candidate:
@@ -58,18 +61,26 @@ class GuideRow:
         if self.runner_up is None:
             return f"{self.best.label} (the only candidate measured)"
         if self.undecided:
-            return (f"{self.best.label} measured best, but too few repeats to tell it from "
-                    f"{self.runner_up.label} (no decision under the tie rule)")
+            return (f"undecided between {self.best.label} and {self.runner_up.label} "
+                    f"({self.undecided_reason})")
         if self.tie:
             names = [self.best.label, *self.tied]
-            return ("no measurable difference between " + ", ".join(names[:-1])
+            return (f"equivalent within {DECISION_MARGIN:.0%}: " + ", ".join(names[:-1])
                     + f" and {names[-1]}")
         return self.best.label
 
     @property
     def undecided(self) -> bool:
-        """A tie because fewer than ``MIN_PAIRED_REPEATS`` paired repeats exist."""
-        return self.tie and math.isinf(self.low)
+        """Neither a winner nor equivalence: too few repeats, or an interval that crosses
+        the margin."""
+        return self.verdict == "undecided"
+
+    @property
+    def undecided_reason(self) -> str:
+        counts = f"n = {self.best.stat.count} and {self.runner_up.stat.count}"
+        if math.isinf(self.low):
+            return f"fewer than {MIN_PAIRED_REPEATS} repeats on a side: {counts}"
+        return f"the interval crosses the {DECISION_MARGIN:.0%} margin; {counts}"
 
     def value_text(self, stat: Stat) -> str:
         """A candidate's median as the question reads it (utilisation as a percentage)."""
@@ -88,14 +99,15 @@ class GuideRow:
         text += f" vs {second.label} {self.value_text(second.stat)}"
         unit = best.stat.unit
         if math.isinf(self.low):
-            interval = f"fewer than {MIN_PAIRED_REPEATS} repeats each: no interval"
+            interval = f"fewer than {MIN_PAIRED_REPEATS} repeats on a side: no interval"
         elif unit in EXACT_UNITS:
             interval = "exact"
         else:
             interval = f"95% interval {format_ratio(self.low)}\u2013{format_ratio(self.high)}"
         word = ("smaller" if unit in EXACT_UNITS else "less time" if unit == "s" else
                 "faster" if unit == "samples/s" else "higher")
-        ratio = (f"{sig(self.ratio)}{MULTIPLY}" if unit in EXACT_UNITS
+        # Two decimals: a ratio near the margin reads as what the rule compared.
+        ratio = (f"{self.ratio:.2f}{MULTIPLY}" if math.isfinite(self.ratio) and self.ratio < 10
                  else format_ratio(self.ratio))
         text += f"; {ratio} {word if not self.tie else 'ratio'} ({interval})"
         return text + f"; {len(self.candidates)} candidates"
@@ -113,6 +125,7 @@ class GuideRow:
             "interval": [self.low, self.high],
             "tie": self.tie,
             "undecided": self.undecided,
+            "verdict": self.verdict,
             "tied_with_best": list(self.tied),
             "tie_rule": TIE_RULE,
             "facets": dict(self.facets),
@@ -138,23 +151,29 @@ def choose(study: str, question: str, metric: str, candidates: Sequence[Candidat
                         float("nan"), float("nan"), float("nan"), False, facets=facets)
     verdicts = [_compare(ranked[0].stat, other.stat, lower_is_better=lower_is_better)
                  for other in ranked[1:]]
-    ratio, low, high, tie = verdicts[0]
-    tied = tuple(c.label for c, v in zip(ranked[1:], verdicts) if v[3]) if tie else ()
+    ratio, low, high, verdict = verdicts[0]
+    tied = tuple(c.label for c, v in zip(ranked[1:], verdicts)
+                 if v[3] == "equivalent") if verdict == "equivalent" else ()
     return GuideRow(study, question, metric, tuple(ranked), lower_is_better, ratio, low, high,
-                    tie, tied, facets)
+                    verdict != "better", tied, facets, verdict)
 
 
 def _compare(best: Stat, other: Stat, *, lower_is_better: bool
-             ) -> tuple[float, float, float, bool]:
-    """(ratio, low, high, tie) of ``best`` against ``other`` under ``TIE_RULE``; the ratio
-    is how many times better ``best`` is (above 1.0 when it is)."""
+             ) -> tuple[float, float, float, str]:
+    """(ratio, low, high, verdict) of ``best`` against ``other`` under ``TIE_RULE``; the
+    ratio is how many times better ``best`` is (1.0 or more), the verdict one of
+    ``VERDICTS``."""
+    beyond = 1.0 + DECISION_MARGIN
     if best.unit in EXACT_UNITS:
         ratio = other.median / best.median if lower_is_better else best.median / other.median
-        return ratio, ratio, ratio, ratio == 1.0
+        return ratio, ratio, ratio, "better" if ratio > beyond else "equivalent"
     ratio, low, high = (ratio_interval(other, best) if lower_is_better
                         else ratio_interval(best, other))
-    return ratio, low, high, not (low > 1.0)
-
+    if low > 1.0 and ratio > beyond:
+        return ratio, low, high, "better"
+    if 1.0 / beyond <= low and high <= beyond:
+        return ratio, low, high, "equivalent"
+    return ratio, low, high, "undecided"
 
 
 def guide_table(rows: Sequence[GuideRow]) -> pd.DataFrame:

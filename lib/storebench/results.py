@@ -23,21 +23,26 @@ import numpy as np
 import pandas as pd
 
 from .bench.case import open_options
+from .bench.stats import MIN_DECISION_REPEATS
 from .text import DASH, ENCODING_ORDER, format_value
 
 # Bootstrap of the ratio of medians: resamples and the interval's level.
 BOOTSTRAP_RESAMPLES = 4000
 INTERVAL_LEVEL = 0.95
-# Fewer paired repeats than this and a comparison of timed paths is not decided.
-MIN_PAIRED_REPEATS = 3
+# A winner is named only when it is better by more than this practical margin...
+DECISION_MARGIN = 0.05
+# ... with at least this many repeats on each side; fewer, and the comparison is undecided.
+MIN_PAIRED_REPEATS = MIN_DECISION_REPEATS
 TIE_RULE = (
-    "The guide picks the candidate with the best median. It calls a tie (\"no measurable "
-    "difference\") when the 95% bootstrap interval of the ratio of the two best medians "
-    "contains 1.0, resampling repeats in pairs (repeat i of one path with repeat i of the "
-    "other) when both took the same number of repeats, each path's repeats on their own "
-    f"when adaptive repeats gave them different numbers ({BOOTSTRAP_RESAMPLES} resamples, "
-    f"seed 0), or when either has fewer than {MIN_PAIRED_REPEATS} repeats (then it says so: "
-    "no decision). Sizes and file counts are exact: equal is a tie, anything else is not."
+    "The guide names the candidate with the best median only when the 95% bootstrap "
+    "interval of the ratio of its median to the runner-up's excludes 1.0 and the ratio is "
+    f"beyond the {DECISION_MARGIN:.0%} margin, with at least {MIN_PAIRED_REPEATS} repeats on "
+    f"each side. It says \"equivalent within {DECISION_MARGIN:.0%}\" when the whole interval "
+    f"lies within the margin (between 1/{1 + DECISION_MARGIN:g} and {1 + DECISION_MARGIN:g}), "
+    "and \"undecided\" otherwise, with the repeats on each side. Repeats are resampled in "
+    "pairs (repeat i of one path with repeat i of the other) when both took the same number, "
+    f"each path's on its own otherwise ({BOOTSTRAP_RESAMPLES} resamples, seed 0). Sizes and "
+    f"file counts are exact: beyond the margin a winner, within it equivalent."
 )
 
 

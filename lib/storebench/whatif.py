@@ -86,9 +86,7 @@ def guide_choices(results: Results) -> dict[tuple[str, str], str]:
     choices = {}
     for name, study in STUDIES.items():
         for row in study.guide(results):
-            choices[(name, row.question)] = (
-                f"no measurable difference: {row.best.label}; {', '.join(row.tied)}"
-                if row.tie else row.best.label)
+            choices[(name, row.question)] = row.choice
     return choices
 
 

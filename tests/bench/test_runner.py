@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import re
 import shutil
@@ -833,3 +834,20 @@ def test_a_trial_without_the_workers_resources_starts_and_stops_its_service_itse
         kept_service_case(case, Trial(case, repeat))
     assert [line.partition("|")[0] for line in log.read_text().splitlines()] == [
         "start 2ms", "trial 0 2ms", "stop 2ms", "start 2ms", "trial 1 2ms", "stop 2ms"]
+
+
+def test_a_semaphore_another_live_process_made_during_a_case_is_left_alone():
+    # glibc maps a semaphore under a temporary name it then deletes: a live process's
+    # spawn-context lock shows in its maps as "/dev/shm/sem.XXXXXX (deleted)", and the
+    # cleanup after a case must still see that it is held (another program's spawned
+    # children open it by name).
+    from storebench.bench.runner import remove_unheld_multiprocessing_shm
+
+    before = set(os.listdir("/dev/shm"))
+    lock = multiprocessing.get_context("spawn").Lock()
+    (name,) = [n for n in set(os.listdir("/dev/shm")) - before if n.startswith("sem.mp-")]
+    dead_group = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+    assert remove_unheld_multiprocessing_shm(int(dead_group), before) == []
+    assert (Path("/dev/shm") / name).exists()
+    del lock

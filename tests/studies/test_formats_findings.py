@@ -96,7 +96,7 @@ def test_knob_table_puts_each_variant_beside_the_default_build():
 
 
 def test_the_formats_guide_compares_every_measured_build():
-    df = frame(*(read_case(fmt, "cold", [100.0 * (i + 1) + d for d in (0, 2, -2)])
+    df = frame(*(read_case(fmt, "cold", [100.0 * (i + 1) + d for d in (0, 2, -2, 1, -1)])
                  for i, fmt in enumerate(FORMATS)),
                build_case("memmap", seconds=0.5, apparent=1_000_000, files=2),
                build_case("rawfiles", seconds=2.0, apparent=1_200_000, files=500))

@@ -14,7 +14,7 @@ from data_gen import PROFILES
 from storebench.bench.case import Case, Trial
 from storebench.bench.plan import REPEAT_BUDGET_S, case_timeout_s, default_repeats, plan_for
 from storebench.bench.runner import run_case
-from storebench.bench.stats import AdaptiveRepeats  # noqa: E402
+from storebench.bench.stats import MIN_DECISION_REPEATS, AdaptiveRepeats  # noqa: E402
 from storebench.formats import FORMATS, build_dataset, knob_variants
 from storebench.loaders.paths import LOADER_PATHS
 from storebench.studies import STUDIES
@@ -31,8 +31,8 @@ def test_repeats_and_timeout_depend_on_the_profile(ci_data_root):
     assert (default_repeats("small"), case_timeout_s("small")) == (3, 600.0)
     assert plan_for("ci").compact and not plan_for("small").compact
     assert plan_for("ci").adaptive is None
-    assert plan_for("small").adaptive == AdaptiveRepeats(minimum=3, maximum=9, halfwidth=0.05,
-                                                         budget_s=REPEAT_BUDGET_S)
+    assert plan_for("small").adaptive == AdaptiveRepeats(
+        minimum=MIN_DECISION_REPEATS, maximum=9, halfwidth=0.05, budget_s=REPEAT_BUDGET_S)
     for name, study in STUDIES.items():
         if name == "out_of_core":
             continue  # two epochs per case: its own repeats rule (tested with its grid)
@@ -48,7 +48,7 @@ def test_repeats_and_timeout_depend_on_the_profile(ci_data_root):
 
 def test_default_plan_repeats_adaptively(ci_data_root, monkeypatch):
     """What make study runs (the default plan, here on the ci data): every timed case of
-    the studies that follow the plan repeats adaptively (3..9, until the median's interval
+    the studies that follow the plan repeats adaptively (5..9, until the median's interval
     is within 5 % or the repeat budget is spent; the targets without the budget)."""
     from storebench.bench import plan
 
@@ -58,7 +58,7 @@ def test_default_plan_repeats_adaptively(ci_data_root, monkeypatch):
                  if not c.function.endswith(":build_cost_case")]
         budget = None if name == "targets" else REPEAT_BUDGET_S
         assert {(c.min_repeats, c.repeats, c.stop_halfwidth, c.repeat_budget_s)
-                for c in timed} == {(3, 9, 0.05, budget)}, name
+                for c in timed} == {(MIN_DECISION_REPEATS, 9, 0.05, budget)}, name
         # A target's repeats know its threshold, which an undecided interval holds.
         thresholds = {c.case_id: c.stop_threshold for c in timed}
         if name == "targets":

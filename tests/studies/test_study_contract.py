@@ -5,6 +5,8 @@ renders, and it has its notebook."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
 from matplotlib.figure import Figure
@@ -55,12 +57,14 @@ def test_every_finding_and_guide_row_renders(name, ci_results):
 
 
 @pytest.mark.parametrize("name", list(STUDIES))
-def test_it_is_one_registered_module_with_a_notebook(name):
+def test_it_is_one_registered_folder_with_a_notebook(name):
     study = STUDIES[name]
     assert isinstance(study, Study) and study.name == name
     assert (NOTEBOOKS_DIR / study.notebook).is_file(), study.notebook
-    module = study.grid.__module__
-    assert module == f"storebench.studies.{name}"
+    assert study.grid.__module__ == f"storebench.studies.{name}.study"
+    # Its case functions live in its own folder's cases module.
+    folder = Path(sys.modules[study.grid.__module__].__file__).parent
+    assert (folder / "cases.py").is_file() and (folder / "study.py").is_file()
     names = [spec.name for spec in study.figures]
     assert len(names) == len(set(names))
 

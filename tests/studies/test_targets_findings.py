@@ -188,11 +188,12 @@ def test_the_paths_figure_draws_each_path_over_the_slowest():
 
 
 def test_the_tfrecord_guide_row_compares_the_paths_measured_in_one_case():
-    df = frame(target_case("torch_vs_tf_data", [1.5, 1.4, 1.6], threshold=1.0, extra={
-        "torch_thread_prefetcher.samples_per_s": [250.0, 260.0, 240.0],
-        "torch_process_prefetcher.samples_per_s": [300.0, 280.0, 320.0],
-        "torch_dataloader.samples_per_s": [150.0, 140.0, 160.0],
-        "tf_data_autotune.samples_per_s": [200.0, 200.0, 200.0]}))
+    df = frame(target_case("torch_vs_tf_data", [1.5, 1.4, 1.6, 1.5, 1.5], threshold=1.0,
+                           extra={
+        "torch_thread_prefetcher.samples_per_s": [250.0, 260.0, 240.0, 255.0, 245.0],
+        "torch_process_prefetcher.samples_per_s": [300.0, 290.0, 310.0, 305.0, 295.0],
+        "torch_dataloader.samples_per_s": [150.0, 140.0, 160.0, 150.0, 150.0],
+        "tf_data_autotune.samples_per_s": [200.0, 200.0, 200.0, 200.0, 200.0]}))
     (row,) = targets.guide(Results(df, {}))
     assert row.best.key == "torch_process_prefetcher"
     assert [c.key for c in row.candidates] == [

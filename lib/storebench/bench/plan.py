@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from .stats import AdaptiveRepeats
+from .stats import MIN_DECISION_REPEATS, AdaptiveRepeats
 
 DEFAULT_REPEATS = 3
 DEFAULT_TIMEOUT_S = 600.0
@@ -49,7 +49,8 @@ class StudyPlan:
     (None: the whole set)."""
 
     repeats: int = DEFAULT_REPEATS
-    adaptive: AdaptiveRepeats | None = AdaptiveRepeats(budget_s=REPEAT_BUDGET_S)
+    adaptive: AdaptiveRepeats | None = AdaptiveRepeats(minimum=MIN_DECISION_REPEATS,
+                                                       budget_s=REPEAT_BUDGET_S)
     timeout_s: float = DEFAULT_TIMEOUT_S
     compact: bool = False
     epoch_samples: int | None = EPOCH_SAMPLES

@@ -175,8 +175,8 @@ _GROUP_EXIT_WAIT_S = 2.0
 def remove_unheld_multiprocessing_shm(pgid: int, shm_before: set[str]) -> list[str]:
     """Once the case's group ``pgid`` is killed: unlink the multiprocessing semaphores and
     segments that appeared during the case (not in ``shm_before``) and that no live process
-    holds (the case's processes are gone, so only the case could have used them: their names
-    are random). Returns the names removed."""
+    holds (the case's processes are gone; another program's, made meanwhile, are still
+    mapped by their creator). Returns the names removed."""
     new = sorted(name for name in _shm_names() - shm_before
                  if name.startswith(_MULTIPROCESSING_SHM_PREFIXES))
     if not new:
@@ -185,15 +185,34 @@ def remove_unheld_multiprocessing_shm(pgid: int, shm_before: set[str]) -> list[s
     while group_pids(pgid) and time.monotonic() < deadline:
         time.sleep(0.01)  # SIGKILLed processes hold their mappings until they have exited
     live = [int(entry.name) for entry in os.scandir("/proc") if entry.name.isdigit()]
-    held = {path.name for path in shm_segments_of(live)}
+    held = held_shm_inodes(live)
     removed = []
     for name in new:
-        if name in held:
-            continue
         with contextlib.suppress(FileNotFoundError):
+            if os.stat(SHM_DIR / name).st_ino in held:
+                continue
             (SHM_DIR / name).unlink()
             removed.append(name)
     return removed
+
+
+def held_shm_inodes(pids: Sequence[int]) -> set[int]:
+    """The inodes of every ``/dev/shm`` file that ``pids`` have mapped or open. By inode, not
+    name: glibc's ``sem_open`` maps a temporary file and then links it under the semaphore's
+    name, so a live process's semaphore shows in its maps under the temporary, deleted name."""
+    inodes: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                parts = line.split(maxsplit=5)
+                if len(parts) == 6 and parts[5].startswith(f"{SHM_DIR}/"):
+                    inodes.add(int(parts[4]))
+        with contextlib.suppress(OSError):
+            for fd in os.scandir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(fd.path).startswith(f"{SHM_DIR}/"):
+                        inodes.add(os.stat(fd.path).st_ino)
+    return inodes
 
 
 def _shm_names() -> set[str]:

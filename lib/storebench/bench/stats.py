@@ -45,6 +45,11 @@ def relative_halfwidth(values: Sequence[float], **kwargs) -> float:
     return (high - low) / 2 / abs(median) if median else float("inf")
 
 
+# Repeats a side below which no comparison names a winner (``results.TIE_RULE``): every
+# case that feeds a decision takes at least this many.
+MIN_DECISION_REPEATS = 5
+
+
 @dataclass(frozen=True)
 class AdaptiveRepeats:
     """Repeat a case at least ``minimum`` times, then stop as soon as the 95% bootstrap

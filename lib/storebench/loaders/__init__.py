@@ -25,6 +25,7 @@ from .samplers import (
     FirstSamples,
     SequentialSampler,
     ShuffleSampler,
+    merge_rank_states,
 )
 from .transforms import (
     CenterCrop,
@@ -67,6 +68,7 @@ __all__ = [
     "WorkerStartError",
     "batch_buffer",
     "collate_padded",
+    "merge_rank_states",
     "read_ahead_batches",
     "run_feed",
     "stack_into",

@@ -372,6 +372,24 @@ class _MapDataset:
     def _close_gather(self) -> None:
         self._split.close()
 
+    # -- state (torch's Stateful protocol) --------------------------------------------
+    def state_dict(self) -> dict:
+        """What a loader's state checks its dataset against: the number of samples and the
+        digest of their content (the manifest's, the same whatever the format). A map-style
+        dataset has no position: the sampler holds it."""
+        return {"num_samples": len(self), "content_digest": str(self.reader.manifest["digest"])}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Refuse a state taken over other samples (ValueError naming the dataset); a state
+        of the same samples in another format loads."""
+        own = self.state_dict()
+        differing = [k for k in own if state_dict.get(k) != own[k]]
+        if differing:
+            raise ValueError(
+                f"{self.reader.root}: this loader state was taken over another dataset ("
+                + ", ".join(f"{k} {state_dict.get(k)!r} there, {own[k]!r} here"
+                            for k in differing) + ")")
+
     def __repr__(self) -> str:
         threads = f", gather_threads={self.gather_threads}" if self.gather_threads > 1 else ""
         return f"{type(self).__name__}({self.reader!r}, decode={self.decode!r}{threads})"

@@ -11,6 +11,11 @@ Datasets of images of different sizes work the same way: with a fixed-output tra
 writes into one (B, H, W, 3) tensor; decoded without one, a batch's images are a list of
 (H, W, 3) tensors, each its own shape.
 
+``torch_dataloader`` returns a ``ResumableDataLoader``: a DataLoader with ``state_dict`` /
+``load_state_dict`` (torch's ``Stateful`` protocol) that count the batches it has delivered,
+not those its workers read ahead (see ``storebench.loaders.samplers`` for what a resume
+delivers, at the same or another world size).
+
 Importing this module imports torch.
 """
 
@@ -23,6 +28,7 @@ import torch
 import torch.utils.data
 
 from .batching import Batch
+from .resume import Delivered
 from .samplers import BatchSampler, SequentialSampler
 
 
@@ -76,6 +82,27 @@ def collate_batch(batch):
     return torch.utils.data.default_collate(batch)
 
 
+class ResumableDataLoader(torch.utils.data.DataLoader):
+    """A DataLoader over a ``TorchBatchDataset`` and a storebench ``BatchSampler`` whose
+    state is the samples it has delivered: ``state_dict()`` after batch b, loaded into a
+    new loader (any ``num_workers``), delivers the rest of the epoch."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._delivered = Delivered(self.batch_sampler)
+
+    def __iter__(self):
+        for images, labels in super().__iter__():
+            self._delivered.add(len(labels))
+            yield images, labels
+
+    def state_dict(self) -> dict:
+        return self._delivered.loader_state(self.dataset.dataset)
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self._delivered.load(state_dict, self.dataset.dataset)
+
+
 def seed_worker(worker_id: int) -> None:
     """``worker_init_fn``: seed Python's and NumPy's global RNGs from the seed torch gave
     this worker (derived from the DataLoader's ``generator``), as PyTorch's reproducibility
@@ -99,9 +126,10 @@ def torch_dataloader(
     seed: int = 0,
     timeout: float = 0,
 ) -> torch.utils.data.DataLoader:
-    """A DataLoader over ``dataset`` yielding ``(images, labels)`` tensors in ``sampler``'s
-    order (default: sequential). ``seed`` seeds the loader's generator, from which torch
-    derives each worker's seed. ``pin_memory=True`` needs CUDA and is refused without it.
+    """A ``ResumableDataLoader`` over ``dataset``: ``(images, labels)`` tensors in
+    ``sampler``'s order (default: sequential). ``seed`` seeds the loader's generator, from
+    which torch derives each worker's seed. ``pin_memory=True`` needs CUDA and is refused
+    without it.
     """
     if pin_memory and not torch.cuda.is_available():
         from .gpu import AcceleratorUnavailableError
@@ -122,7 +150,7 @@ def torch_dataloader(
             "prefetch_factor": prefetch_factor if prefetch_factor is not None else 2,
             "multiprocessing_context": multiprocessing_context,
         }
-    return torch.utils.data.DataLoader(
+    return ResumableDataLoader(
         TorchBatchDataset(dataset),
         batch_sampler=BatchSampler(sampler, batch_size, drop_last=drop_last),
         collate_fn=collate_batch,

@@ -45,6 +45,7 @@ from typing import Protocol, Self
 import numpy as np
 
 from .batching import Batch
+from .resume import Delivered
 
 
 class WorkerError(RuntimeError):
@@ -214,6 +215,7 @@ class OrderedWindow:
         self._task_info: dict[int, np.ndarray] = {}
         self._results: dict[int, object] = {}
         self._pass = 0
+        self.suspended = False
 
     def close(self) -> None:
         """Stop the workers for good and free their memory."""
@@ -223,12 +225,13 @@ class OrderedWindow:
 
     def run(
         self, batches: Iterable, *, owner: object, until: float | None = None,
-        slice_samples: int | None = None, overrun: float = 0.0,
+        slice_samples: int | None = None, overrun: float = 0.0, delivered=None,
     ) -> Iterator[Batch]:
         """One pass over ``batches``, cut short at ``time.monotonic()`` ``until`` if given,
         the batches in hand then too with ``slice_samples`` (see the module docstring).
         ``owner`` (the prefetcher) is held by the generator so that ``for b in
-        Prefetcher(...)`` does not finalise the prefetcher mid-loop."""
+        Prefetcher(...)`` does not finalise the prefetcher mid-loop. ``delivered(n)``, if
+        given, is called with each batch's sample count as it is handed out."""
         self._pass += 1
         token = self._pass
         try:
@@ -268,7 +271,13 @@ class OrderedWindow:
                         worker_traceback=result.traceback,
                     ) from result.cause
                 batch = self.transport.batch(seq % self.depth, indices, result)
-                yield batch.copy() if self.copy else batch
+                if delivered is not None:
+                    delivered(len(batch))
+                self.suspended = True  # the consumer holds a batch of this pass
+                try:
+                    yield batch.copy() if self.copy else batch
+                finally:
+                    self.suspended = False
                 if self._pass != token:
                     raise RuntimeError(f"a newer pass over this {self.name} was started")
                 self._rcvd_idx += 1
@@ -346,10 +355,38 @@ class WindowedPrefetcher:
     def set_epoch(self, epoch: int) -> None:
         self.batches.set_epoch(epoch)
 
+    def _counted(self) -> Delivered:
+        # Made on first use: subclasses set self.batches before opening the window.
+        if getattr(self, "_delivered", None) is None:
+            self._delivered = Delivered(self.batches)
+        return self._delivered
+
+    def state_dict(self) -> dict:
+        """The epoch, seed and position of the samples *delivered* (batches read ahead and
+        not yet handed out are not counted: a resume delivers them), and the dataset's size
+        and content digest. Needs ``batches`` to be a ``BatchSampler`` over a storebench
+        sampler; see ``storebench.loaders.samplers`` for what a resume delivers."""
+        return self._counted().loader_state(getattr(self, "dataset", None))
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Make the next pass deliver the rest of the state's epoch, whatever ``workers``
+        and ``depth`` (ValueError for a state over another dataset or sampler). Between
+        passes only: a RuntimeError in the middle of one."""
+        if self._window.suspended:
+            raise RuntimeError(
+                f"load_state_dict in the middle of a pass over this {type(self).__name__}: "
+                "finish the pass or leave it (break) first, or load into a new loader")
+        self._counted().load(state_dict, getattr(self, "dataset", None))
+
     def __iter__(self) -> Iterator[Batch]:
         if self._window.closed:
             raise RuntimeError(f"this {type(self).__name__} is closed")
-        return self._window.run(self.batches, owner=self)
+        return self._window.run(self.batches, owner=self, delivered=self._delivery_hook())
+
+    def _delivery_hook(self):
+        if not getattr(self.batches, "resumable", False):
+            return None
+        return self._counted().add
 
     def iter_until(self, deadline: float, *, slice_samples: int | None = None,
                    overrun: float = 0.0) -> Iterator[Batch]:
@@ -370,7 +407,8 @@ class WindowedPrefetcher:
         if not overrun >= 0:
             raise ValueError(f"overrun must be >= 0 seconds, got {overrun!r}")
         return self._window.run(self.batches, owner=self, until=float(deadline),
-                                slice_samples=slice_samples, overrun=float(overrun))
+                                slice_samples=slice_samples, overrun=float(overrun),
+                                delivered=self._delivery_hook())
 
     def close(self) -> None:
         """Stop the workers and free their memory. Batches already handed out stay

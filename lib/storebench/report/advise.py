@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..results import DECISION_MARGIN
 from ..text import ENCODING_NAMES, format_percent, format_value
 
 IMAGE_KINDS = ("jpeg", "png", "raw")
@@ -191,6 +192,8 @@ class Choice:
     # The slowest candidate measured for the same question, and its median.
     worst: str | None = None
     worst_median: float = math.nan
+    # Why the guide could not decide (``GuideRow.undecided_reason``); empty where it did.
+    undecided_reason: str = ""
 
     @classmethod
     def of(cls, row) -> Choice:
@@ -198,7 +201,8 @@ class Choice:
         return cls(row.study, row.question, row.best.key, row.best.label, row.best.stat.median,
                    row.best.stat.unit, tuple(row.tied) if row.tie and not row.undecided else (),
                    row.undecided, second.label if second else None, dict(row.facets),
-                   last.label if second else None, last.stat.median if second else math.nan)
+                   last.label if second else None, last.stat.median if second else math.nan,
+                   row.undecided_reason if row.undecided else "")
 
     @property
     def avoid(self) -> str | None:
@@ -214,10 +218,11 @@ class Choice:
     @property
     def text(self) -> str:
         if self.tied:
-            return f"any of {', '.join((self.label, *self.tied))} (no measurable difference)"
+            return (f"any of {', '.join((self.label, *self.tied))} (equivalent within "
+                    f"{DECISION_MARGIN:.0%})")
         if self.undecided:
-            return (f"{self.label} (measured best, but too few repeats to tell it from "
-                    f"{self.runner_up})")
+            return (f"{self.label} (measured best, but undecided against {self.runner_up}: "
+                    f"{self.undecided_reason})")
         return self.label
 
     def to_dict(self) -> dict:

@@ -14,10 +14,11 @@ Only the class differs, and the collate step keeps each batch's sample indices:
 batches are ``Batch(images, labels, indices)`` with NumPy images (the tensor's memory, not a
 copy). Decoding is the dataset's (``decode`` in the case), as on the torch path.
 
-Resuming. Our ``BatchSampler`` has no ``state_dict``: torchdata then restores it by skipping
-the batches the first loader had yielded (``itertools.islice`` over the sampler's batches:
-no sample is read for them), which is exact because our samplers give the same order for the
-same epoch (``set_epoch``; the resuming loader must be given the sampler at the same epoch).
+Resuming. Our ``BatchSampler`` is ``Stateful``: torchdata saves its ``state_dict`` with
+each snapshot, taken as a batch is sent to a worker and kept until that batch is delivered, so
+the state it hands back counts the batches delivered; the new loader loads it into its
+sampler, which resumes the epoch (its seed and epoch come from the state) without skipping
+through the batches already delivered.
 
 Errors. torch re-raises a worker's exception in the main process by calling its class with
 one message, which our ``CorruptSampleError(path, index, reason)`` cannot take (the torch path

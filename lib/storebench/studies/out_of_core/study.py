@@ -31,6 +31,7 @@ from matplotlib.figure import Figure
 
 from ...bench.case import Case
 from ...bench.plan import plan_for
+from ...bench.stats import MIN_DECISION_REPEATS
 from ...formats import traits
 from ...plots import (
     empty_figure,
@@ -94,7 +95,7 @@ EPOCH_SECONDS_LIMIT = 1.0
 # keeps the second, or a cold epoch 1 would leave it partly uncached for epoch 2.
 CAPPED_EPOCH_SECONDS_LIMIT = 0.5
 PRELOADED_FORMAT = "memmap"
-GUIDE_REPEATS = 3
+GUIDE_REPEATS = MIN_DECISION_REPEATS
 # Pages of the set that other processes (or the kernel's read-around just before a
 # measurement) may hold outside the case's cgroup.
 RESIDENT_TOLERANCE = 0.05

@@ -33,6 +33,7 @@ MDS's vision zoo imports, is recorded as unavailable (``UNAVAILABLE_HERE``).
 
 from __future__ import annotations
 
+import math
 import subprocess
 from pathlib import Path
 
@@ -45,7 +46,7 @@ from ...bench.plan import peer_sets_dir as sets_dir
 from ...bench.plan import peer_specs, plan_for
 from ...loaders.paths import LOADER_PATHS, get_loader_path
 from ...plots import empty_figure, log_axis, profile_caption
-from ...results import Results, ratio_interval, select, stat, summary_table
+from ...results import MIN_PAIRED_REPEATS, Results, ratio_interval, select, stat, summary_table
 from ...text import (
     ENCODING_NAMES,
     MULTIPLY,
@@ -484,11 +485,12 @@ def target_findings(results: Results) -> list[str]:
             continue
         ours, peer, (ratio, low, high) = found
         met = "met" if low >= TARGET_RATIO else "not met"
+        interval = (f"95% interval {_precise(low)}\u2013{_precise(high)}" if math.isfinite(low)
+                    else f"fewer than {MIN_PAIRED_REPEATS} repeats on a side: no interval")
         out.append(
             f"{what}, warm, epochs 2 and on: storebench's best path, {ours[1]} at {ours[3]}, runs "
-            f"{_precise(ratio)} the best peer, {peer[1]} at {peer[3]} (95% interval "
-            f"{_precise(low)}\u2013{_precise(high)}); the target of "
-            f"{format_ratio(TARGET_RATIO)} is {met} by its interval's lower end.")
+            f"{_precise(ratio)} the best peer, {peer[1]} at {peer[3]} ({interval}); the target "
+            f"of {format_ratio(TARGET_RATIO)} is {met} by its interval's lower end.")
     efficiency = decode_efficiency(df)
     if efficiency is None:
         out.append("JPEG decode against cores \u00d7 one thread: not in these results; the "

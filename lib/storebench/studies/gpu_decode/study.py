@@ -1,0 +1,468 @@
+"""The gpu_decode study: how many CPU cores does one accelerator need to stay busy on JPEG
+training data, and when does decoding on the accelerator pay?
+
+Over an ImageNet-like JPEG set (``cases.decode_spec``: 375x500 images), three families of
+cases (``cases``):
+
+- decode on the device, with the standard random-resized crop to 224 and flip there: DALI
+  ``decoders.image(device="mixed")`` at each ``HW_DECODER_LOADS``, nvImageCodec's batch
+  decode and ``torchvision.io.decode_jpeg(device="cuda")``: images/s, CPU cores busy, device
+  memory, and the check against each library's CPU fallback;
+- the demand: ResNet-50 training steps (bf16 autocast, channels_last, batch 256, synthetic
+  labels) on data already on the device;
+- the cores curve: simplejpeg, whole images and reduced-size (DCT-scaled) decode, through
+  our prefetchers with 1, 2, 4, 8 and all cores: delivered samples/s, and the accelerator
+  utilisation (AU) a consumer at the model's rate gets from them.
+
+Without a device, the device and model cases are ``skipped`` rows saying why, and the
+cores curve feeds an emulated accelerator at ``EMULATED_DEMAND`` (MLPerf Storage's ResNet-50
+rate per emulated H100). On a GPU machine ``python -m storebench.gpu_study``
+(``make gpu-study``) measures the model first and lays out the cores curve at its rate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from ...bench.case import Case
+from ...bench.plan import plan_for
+from ...loaders.paths import get_loader_path, path_label
+from ...results import Results, ok_repeats, select, stat, summary_table
+from ...text import format_percent, format_value
+from ..base import FigureSpec, Study
+from ..grid import repeat_fields
+from . import cases as decode_cases
+from .cases import decode_set_path, decode_spec
+
+NAME = "gpu_decode"
+CASES = "storebench.studies.gpu_decode.cases"
+# "default": DALI's own default share for the hardware decoder.
+HW_DECODER_LOADS = (0.0, 0.5, 1.0, "default")
+LIBRARIES = ("nvimgcodec", "torchvision")
+# MLPerf Storage's ResNet-50 workload: 1,786 samples/s per emulated H100.
+EMULATED_DEMAND = 1786.0
+EMULATED_SOURCE = "emulated: MLPerf Storage's ResNet-50 rate per H100"
+# The cases' ``demand_source`` param: what their demand is, as the text above says it.
+DEMAND_SOURCES = {"emulated": EMULATED_SOURCE, "resnet50": "ResNet-50 step, measured"}
+CORE_COUNTS = (1, 2, 4, 8)
+CPU_DECODES = ("full", "reduced")
+PREFETCHERS = ("thread", "process")
+COMPACT_PREFETCHERS = ("process",)
+BATCH_SIZE = 256
+COMPACT_BATCH_SIZE = 32
+# MLPerf Storage counts a run as keeping the accelerator fed at >= 90% utilisation.
+AU_THRESHOLD = 0.9
+FAMILIES = ("device", "demand", "cpu")
+FUNCTIONS = {"device": "decode_on_device_case", "demand": "model_demand_case",
+             "cpu": "cpu_decode_feed_case"}
+
+
+def core_counts(cpus: int) -> tuple[int, ...]:
+    """``CORE_COUNTS`` up to ``cpus``, and ``cpus`` itself."""
+    return tuple(sorted({*(n for n in CORE_COUNTS if n < cpus), cpus}))
+
+
+def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
+         demand_samples_per_s: float | None = None, demand_source: str | None = None,
+         families: tuple[str, ...] = FAMILIES) -> list[Case]:
+    """See the module docstring. ``demand_samples_per_s``: the rate the cores curve feeds
+    (default ``EMULATED_DEMAND``), ``demand_source`` what it is; ``families``: which of
+    ``FAMILIES`` to lay out. The set need not be built yet (``prepare`` builds it; a case
+    finding it missing is skipped, saying so)."""
+    compact = plan_for(profile).compact
+    batch_size = COMPACT_BATCH_SIZE if compact else BATCH_SIZE
+    spec = decode_spec(profile)
+    fields = {"study": NAME, "format": decode_cases.DECODE_FORMAT, "encoding": "jpeg",
+              "dataset": str(decode_set_path(data_dir)), "batch_size": batch_size,
+              "warmup": False, **repeat_fields(profile, repeats)}
+    cases = []
+    if "device" in families:
+        # Twice the set, in shuffled passes: a few seconds at the rates published for GPUs.
+        timed = spec.num_samples * (1 if compact else 2)
+        runs = [{"library": "dali", "hw_decoder_load": load} for load in HW_DECODER_LOADS]
+        runs += [{"library": library} for library in LIBRARIES]
+        cases += [Case(function=f"{CASES}:{FUNCTIONS['device']}",
+                       params={**run, "timed_samples": timed}, **fields) for run in runs]
+    if "demand" in families:
+        cases.append(Case(function=f"{CASES}:{FUNCTIONS['demand']}",
+                          params={"model": "resnet50", "precision": "bf16"},
+                          **{**fields, "batch_size": BATCH_SIZE}))
+    if "cpu" in families:
+        cases += cores_cases(fields, compact=compact,
+                             demand=demand_samples_per_s or EMULATED_DEMAND,
+                             source=demand_source or "emulated")
+    return cases
+
+
+def cores_cases(fields: dict, *, compact: bool, demand: float, source: str) -> list[Case]:
+    cases = []
+    for decode in CPU_DECODES:
+        for prefetcher in COMPACT_PREFETCHERS if compact else PREFETCHERS:
+            path = get_loader_path(prefetcher)
+            for workers in core_counts(len(os.sched_getaffinity(0))):
+                params = {"decode": decode, "demand_samples_per_s": round(float(demand), 1),
+                          "demand_source": source, "timed_batches": 2 if compact else 8}
+                if path.start_method:
+                    params["start_method"] = path.start_method
+                cases.append(Case(function=f"{CASES}:{FUNCTIONS['cpu']}", loader="lazy",
+                                  prefetcher=prefetcher, workers=workers, access="shuffle",
+                                  params=params, **fields))
+    return cases
+
+
+def prepare(*, profile: str, data_dir: Path | str, progress: bool = False) -> Path:
+    """Build the study's JPEG set (``decode_spec``) in LMDB, where it is not built yet."""
+    from ...formats import build_dataset
+
+    path = decode_set_path(data_dir)
+    build_dataset(decode_spec(profile), decode_cases.DECODE_FORMAT, path.parent,
+                  progress=progress)
+    return path
+
+
+# -- the tables figures, findings and the guide read ----------------------------------------
+def decode_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The study's rows with ``family`` (a key of ``FUNCTIONS``), ``library``, ``decode``
+    and ``label`` columns."""
+    rows = df[df["study"] == NAME]
+    if rows.empty:
+        return rows.assign(family=[], library=[], decode=[], label=[])
+    by_function = {fn.removesuffix("_case"): family for family, fn in FUNCTIONS.items()}
+    params = rows["params"].map(json.loads)
+    family = rows["case_id"].str.partition(":")[0].map(by_function)
+    return rows.assign(
+        family=family,
+        library=params.map(lambda p: p.get("library", "")),
+        decode=params.map(lambda p: p.get("decode", "")),
+        label=[_label(f, p, prefetcher, workers) for f, p, prefetcher, workers
+               in zip(family, params, rows["prefetcher"], rows["workers"])],
+    )
+
+
+def _label(family: str, params: dict, prefetcher: str, workers) -> str:
+    if family == "device":
+        library = params.get("library", "")
+        if library == "dali":
+            return f"DALI mixed, hw_decoder_load={params.get('hw_decoder_load')}"
+        return {"nvimgcodec": "nvImageCodec", "torchvision": "torchvision.io (nvJPEG)"}.get(
+            library, library)
+    if family == "demand":
+        return "ResNet-50 training step"
+    if family == "cpu":
+        decode = "reduced-size" if params.get("decode") == "reduced" else "whole-image"
+        return f"simplejpeg {decode}, {path_label(prefetcher)}"
+    return ""
+
+
+def skipped_reasons(df: pd.DataFrame, family: str) -> list[str]:
+    """The distinct reasons the family's cases were skipped (latest runs), case ids cut."""
+    rows = decode_rows(df)
+    rows = rows[(rows["family"] == family) & (rows["status"] == "skipped")]
+    return sorted({error.partition(": ")[2] if error.startswith("case ") else error
+                   for error in rows["error"]})
+
+
+def device_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per device decode path: medians of images/s, CPU cores busy, device memory and the
+    differences from its CPU fallback and from our decode."""
+    rows = decode_rows(df)
+    return _medians(rows[rows["family"] == "device"], ["label"], (
+        "samples_per_s", "cpu_cores_busy", "device_used_bytes", "fallback_mean_diff_levels",
+        "fallback_max_diff_levels", "ours_mean_diff_levels"))
+
+
+def cores_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per CPU decode, prefetcher and worker count: medians of delivered samples/s, CPU
+    cores busy, AU against the demand, and the demand itself."""
+    rows = decode_rows(df)
+    rows = rows.assign(workers=rows["workers"].fillna(0).astype(int))
+    return _medians(rows[rows["family"] == "cpu"], ["label", "decode", "prefetcher", "workers"], (
+        "samples_per_s", "cpu_cores_busy", "accelerator_utilisation", "demand_samples_per_s"))
+
+
+def _medians(rows: pd.DataFrame, keys: list[str], metrics: tuple[str, ...]) -> pd.DataFrame:
+    table = None
+    for metric in metrics:
+        part = summary_table(rows, metric, keys)
+        if part.empty:
+            continue
+        part = part.set_index(keys)[["median"]].rename(columns={"median": metric})
+        table = part if table is None else table.join(part, how="outer")
+    if table is None:
+        return pd.DataFrame(columns=[*keys, *metrics])
+    table = table.reset_index()
+    for metric in metrics:
+        if metric not in table:
+            table[metric] = np.nan
+    return table[[*keys, *metrics]]
+
+
+def model_demand(df: pd.DataFrame) -> float | None:
+    """The ResNet-50 step's median samples/s, None where it was not measured."""
+    rows = decode_rows(df)
+    picked = select(rows[rows["family"] == "demand"], "samples_per_s")
+    return None if picked.empty else stat(picked, "samples_per_s").median
+
+
+def demand_line(df: pd.DataFrame) -> tuple[float, str]:
+    """The rate the accelerator consumes and what it is: the model's, or the emulated one
+    the cores curve fed."""
+    measured = model_demand(df)
+    if measured is not None:
+        return measured, DEMAND_SOURCES["resnet50"]
+    rows = decode_rows(df)
+    fed = ok_repeats(rows[rows["family"] == "cpu"])
+    if not fed.empty:
+        source = json.loads(fed["params"].iloc[-1]).get("demand_source", "emulated")
+        return (float(stat(fed, "demand_samples_per_s").median),
+                DEMAND_SOURCES.get(source, source))
+    return EMULATED_DEMAND, EMULATED_SOURCE
+
+
+def latest_device_run(root: Path | str) -> Results | None:
+    """The newest run stored under ``root`` (one folder per run, as ``results/gpu-runs``
+    keeps them) with a device case of this study measured; None where there is none."""
+    root = Path(root)
+    found = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else ():
+        try:
+            results = Results.load(folder)
+        except FileNotFoundError:
+            continue
+        rows = ok_repeats(decode_rows(results.df))
+        if rows["family"].isin(["device", "demand"]).any():
+            found.append((str(results.env.get("run_id") or folder.name), results))
+    return max(found, key=lambda run: run[0])[1] if found else None
+
+
+# -- figures ------------------------------------------------------------------------------
+def not_measured_figure(reason: str) -> Figure:
+    """A figure that says what was not measured and why, instead of empty axes."""
+    fig = Figure(figsize=(8, 2.4))
+    ax = fig.add_subplot()
+    ax.axis("off")
+    ax.text(0.5, 0.5, textwrap.fill(f"not measured: {reason}", 90), ha="center", va="center",
+            fontsize="medium", wrap=True)
+    return fig
+
+
+def _reasons_text(df: pd.DataFrame, family: str) -> str:
+    return "; ".join(skipped_reasons(df, family)) or "no rows in these results"
+
+
+def _why_not(df: pd.DataFrame, family: str, what: str) -> str:
+    return f"{what}: {_reasons_text(df, family)}"
+
+
+def _curve_styles(table: pd.DataFrame) -> dict[str, dict]:
+    colours = {"full": "#1f77b4", "reduced": "#ff7f0e"}
+    # Two prefetchers that deliver alike draw on top of each other: the thread's line is
+    # dashed, with smaller square markers, so both stay visible.
+    styles = {"thread": {"linestyle": "--", "marker": "s", "markersize": 4},
+              "process": {"linestyle": "-", "marker": "o", "markersize": 8}}
+    return {label: {"color": colours.get(decode, "black"),
+                    **styles.get(p, {"linestyle": ":", "marker": "^"})}
+            for label, decode, p in table[["label", "decode", "prefetcher"]].drop_duplicates(
+                ).itertuples(index=False)}
+
+
+def _by_cores(table: pd.DataFrame, metric: str, *, height: float):
+    """A figure of ``metric`` against the CPU cores decoding, one line per decode and
+    prefetcher: (figure, its axes)."""
+    fig = Figure(figsize=(8, height), layout="constrained")
+    ax = fig.add_subplot()
+    for label, style in _curve_styles(table).items():
+        part = table[table["label"] == label].sort_values("workers")
+        ax.plot(part["workers"], part[metric], label=label, **style)
+    counts = sorted(set(table["workers"]))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(c) for c in counts])
+    ax.minorticks_off()
+    ax.set_xlabel("CPU cores decoding (prefetch workers)")
+    return fig, ax
+
+
+def plot_cores(df: pd.DataFrame) -> Figure:
+    """Delivered samples/s against the CPU cores decoding (workers), one line per decode
+    and prefetcher, with the accelerator's demand drawn across."""
+    table = cores_table(df)
+    if table.empty:
+        return not_measured_figure(_why_not(df, "cpu", "the CPU decode curve"))
+    demand, source = demand_line(df)
+    fig, ax = _by_cores(table, "samples_per_s", height=4.5)
+    ax.axhline(demand, color="#d62728", linewidth=1.5,
+               label=f"demand: {format_value(demand, 'samples/s')} ({source})")
+    ax.set_ylabel("delivered samples/s")
+    ax.set_ylim(bottom=0)
+    ax.legend(fontsize="small")
+    ax.set_title("CPU cores per accelerator: JPEG decode (375x500) to the accelerator",
+                 fontsize="medium")
+    return fig
+
+
+def plot_gpu_vs_cpu(df: pd.DataFrame) -> Figure:
+    """Images/s of every device decode path beside CPU decode at one core and at the most
+    cores measured, each bar labelled with the CPU cores it kept busy; device paths not
+    measured are named with the reason."""
+    device = device_table(df)
+    cores = cores_table(df)
+    bars = [(row["label"] + " (GPU)", row["samples_per_s"], row["cpu_cores_busy"], "#2ca02c")
+            for _, row in device.iterrows()]
+    for label, part in cores.groupby("label", sort=False):
+        for workers in sorted({part["workers"].min(), part["workers"].max()}):
+            row = part[part["workers"] == workers].iloc[0]
+            bars.append((f"{label} \u00d7{workers} (CPU)", row["samples_per_s"],
+                         row["cpu_cores_busy"], "#1f77b4"))
+    if not bars:
+        return not_measured_figure(_why_not(df, "device", "decode on the device"))
+    fig = Figure(figsize=(9, 1.2 + 0.45 * len(bars)), layout="constrained")
+    ax = fig.add_subplot()
+    y = np.arange(len(bars))
+    ax.barh(y, [b[1] for b in bars], color=[b[3] for b in bars], edgecolor="black",
+            linewidth=0.4)
+    for k, (_, rate, busy, _) in enumerate(bars):
+        ax.text(rate, k, f" {format_value(rate, 'samples/s')}, {busy:.1f} cores busy",
+                va="center", fontsize="x-small")
+    ax.set_yticks(y, [b[0] for b in bars], fontsize="small")
+    ax.set_ylim(len(bars) - 0.5, -0.5)
+    ax.set_xlim(0, max(b[1] for b in bars) * 1.45)
+    ax.set_xlabel("images/s (decode, crop and flip on the GPU; decode on the CPU)")
+    title = "GPU decode against CPU decode"
+    if device.empty:
+        title += "\n" + textwrap.fill(f"GPU decode not measured: {_reasons_text(df, 'device')}",
+                                      90)
+    ax.set_title(title, fontsize="small")
+    return fig
+
+
+def plot_au(df: pd.DataFrame) -> Figure:
+    """AU against the CPU cores decoding, at the model's rate (measured, else emulated),
+    one line per decode and prefetcher, with the 90% bar."""
+    table = cores_table(df)
+    if table.empty or table["accelerator_utilisation"].isna().all():
+        return not_measured_figure(_why_not(df, "cpu", "accelerator utilisation"))
+    demand, source = demand_line(df)
+    fig, ax = _by_cores(table, "accelerator_utilisation", height=4.2)
+    ax.axhline(AU_THRESHOLD, color="grey", linestyle=":",
+               label=f"{format_percent(AU_THRESHOLD)} AU")
+    ax.set_ylim(-0.02, 1.05)
+    ax.set_ylabel("accelerator utilisation")
+    ax.legend(fontsize="small", loc="lower right")
+    ax.set_title(f"AU at {format_value(demand, 'samples/s')} ({source})", fontsize="medium")
+    return fig
+
+
+FIGURES = (
+    FigureSpec("gpu_decode_cores", "CPU cores per accelerator: delivered samples/s against "
+               "the cores decoding, with the accelerator's demand", lambda r: plot_cores(r.df)),
+    FigureSpec("gpu_decode_gpu_vs_cpu", "JPEG decode on the GPU against decode on the CPU, "
+               "with the CPU cores each kept busy", lambda r: plot_gpu_vs_cpu(r.df)),
+    FigureSpec("gpu_decode_au", "Accelerator utilisation at the model's rate against the "
+               "CPU cores decoding", lambda r: plot_au(r.df)),
+)
+
+
+# -- findings and the guide -----------------------------------------------------------------
+def device_findings(df: pd.DataFrame) -> list[str]:
+    table = device_table(df)
+    if table.empty:
+        return [f"Decode on the device was not measured: {_reasons_text(df, 'device')}."]
+    described = "; ".join(
+        f"{row['label']} {format_value(row['samples_per_s'], 'samples/s')} with "
+        f"{row['cpu_cores_busy']:.1f} CPU cores busy and "
+        f"{format_value(row['device_used_bytes'], 'bytes')} of device memory in use "
+        f"(mean difference from its CPU fallback {row['fallback_mean_diff_levels']:.2f} grey "
+        f"levels, from our decode {row['ours_mean_diff_levels']:.2f})"
+        for _, row in table.iterrows())
+    sentences = [f"Decoding, cropping and flipping on the device: {described}."]
+    reasons = skipped_reasons(df, "device")
+    if reasons:
+        sentences.append(f"Not measured on the device: {'; '.join(reasons)}.")
+    return sentences
+
+
+def cores_findings(df: pd.DataFrame) -> list[str]:
+    table = cores_table(df)
+    if table.empty:
+        return [f"The CPU decode curve was not measured: {_reasons_text(df, 'cpu')}."]
+    demand, source = demand_line(df)
+    sentences = []
+    for label, part in table.groupby("label", sort=False):
+        part = part.sort_values("workers")
+        fed = part[part["accelerator_utilisation"] >= AU_THRESHOLD]
+        most = part.iloc[-1]
+        if fed.empty:
+            sentences.append(
+                f"{label}: no core count measured kept the accelerator at "
+                f"{format_value(demand, 'samples/s')} ({source}) {format_percent(AU_THRESHOLD)} "
+                f"busy; {int(most['workers'])} cores delivered "
+                f"{format_value(most['samples_per_s'], 'samples/s')} (AU "
+                f"{format_percent(most['accelerator_utilisation'])}).")
+        else:
+            first = fed.iloc[0]
+            sentences.append(
+                f"{label}: {int(first['workers'])} cores keep the accelerator at "
+                f"{format_value(demand, 'samples/s')} ({source}) at least "
+                f"{format_percent(AU_THRESHOLD)} busy (AU "
+                f"{format_percent(first['accelerator_utilisation'])}, "
+                f"{format_value(first['samples_per_s'], 'samples/s')} delivered alone).")
+    return sentences
+
+
+def findings(results: Results) -> list[str]:
+    df = results.df
+    measured = model_demand(df)
+    if measured is None:
+        demand = [f"The ResNet-50 step was not measured: "
+                  f"{_reasons_text(df, 'demand')}; the cores curve "
+                  f"fed an accelerator emulated at {format_value(demand_line(df)[0], 'samples/s')} "
+                  f"({EMULATED_SOURCE})."]
+    else:
+        demand = [f"ResNet-50 training steps (bf16 autocast, channels_last, batch {BATCH_SIZE}) "
+                  f"ran at {format_value(measured, 'samples/s')} on data already on the device: "
+                  "the rate each feed path must sustain."]
+    return [*demand, *device_findings(df), *cores_findings(df)]
+
+
+def guide(results: Results) -> list:
+    """Which CPU decode and prefetcher delivers most at the most cores measured; which
+    device decode path decodes fastest, where any was measured."""
+    from ...guide import Candidate, choose
+
+    rows = ok_repeats(decode_rows(results.df))
+    out = []
+    cpu = rows[rows["family"] == "cpu"]
+    if not cpu.empty:
+        most = int(cpu["workers"].max())
+        part = cpu[cpu["workers"] == most]
+        out.append(choose(NAME, f"JPEG (375x500) decoded on the CPU with {most} cores: "
+                          "whole or reduced-size decode, which prefetcher?", "samples_per_s",
+                          [Candidate(label, label, stat(part, "samples_per_s", label=label))
+                           for label in dict.fromkeys(part["label"])]))
+    device = rows[rows["family"] == "device"]
+    if not device.empty and not select(device, "samples_per_s").empty:
+        out.append(choose(NAME, "JPEG (375x500) decoded, cropped and flipped on the GPU: "
+                          "which library?", "samples_per_s",
+                          [Candidate(label, label, stat(device, "samples_per_s", label=label))
+                           for label in dict.fromkeys(device["label"])]))
+    return [row for row in out if row is not None]
+
+
+STUDY = Study(
+    name=NAME,
+    question="How many CPU cores does one accelerator need on JPEGs, and when does GPU "
+             "decode pay?",
+    grid=grid,
+    figures=FIGURES,
+    findings=findings,
+    guide=guide,
+    notebook="09_gpu_decode.ipynb",
+    prepare=prepare,
+)
