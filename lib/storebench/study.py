@@ -126,13 +126,8 @@ def build_profile(
     whole set's, since a sample depends only on its spec's seed and its index. ``log``
     receives one line per dataset built, found or skipped. The peers study builds the peer
     formats itself, in the peers environment (``Study.prepare``)."""
-    from .formats import (
-        FORMATS,
-        build_dataset,
-        get_format,
-        knob_variants,
-        unavailable_reason,
-    )
+    from .formats import FORMATS, build_dataset, get_format, unavailable_reason
+    from .formats import knob_variants as variants_of
     from .formats.build import SampleCache
 
     chosen = data_gen.get_profile(profile)
@@ -160,7 +155,7 @@ def build_profile(
             if spec.encoding not in modules[name].ENCODINGS:
                 say(f"skip   {name}-{spec.encoding}: {name} stores {modules[name].ENCODINGS} only")
         if knob_variants:
-            builds += [(v.format, dict(v.knobs), v.name) for v in knob_variants(formats)
+            builds += [(v.format, dict(v.knobs), v.name) for v in variants_of(formats)
                        if v.encoding == spec.encoding]
         # One generation per spec, replayed for every format and knob variant.
         with SampleCache(spec, data_dir, workers=workers, progress=progress) as cache:
