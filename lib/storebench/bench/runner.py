@@ -47,7 +47,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -147,22 +147,26 @@ def group_pids(pgid: int) -> list[int]:
     return pids
 
 
-def shm_segments_of(pids: Sequence[int]) -> set[Path]:
-    """The ``/dev/shm`` files that ``pids`` have mapped or open (unlinked ones excluded)."""
-    found: set[Path] = set()
+def _shm_held_by(pids: Sequence[int]) -> Iterator[tuple[str, int]]:
+    """(path, inode) of every ``/dev/shm`` file that ``pids`` have mapped or open; a path
+    unlinked since reads ``<path> (deleted)``."""
     for pid in pids:
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
                 parts = line.split(maxsplit=5)
                 if len(parts) == 6 and parts[5].startswith(f"{SHM_DIR}/"):
-                    found.add(Path(parts[5]))
+                    yield parts[5], int(parts[4])
         with contextlib.suppress(OSError):
             for fd in os.scandir(f"/proc/{pid}/fd"):
                 with contextlib.suppress(OSError):
                     target = os.readlink(fd.path)
                     if target.startswith(f"{SHM_DIR}/"):
-                        found.add(Path(target))
-    return {path for path in found if not str(path).endswith(" (deleted)")}
+                        yield target, os.stat(fd.path).st_ino
+
+
+def shm_segments_of(pids: Sequence[int]) -> set[Path]:
+    """The ``/dev/shm`` files that ``pids`` have mapped or open (unlinked ones excluded)."""
+    return {Path(path) for path, _ in _shm_held_by(pids) if not path.endswith(" (deleted)")}
 
 
 # The named objects multiprocessing makes under spawn and forkserver: semaphores (its locks and
@@ -200,19 +204,7 @@ def held_shm_inodes(pids: Sequence[int]) -> set[int]:
     """The inodes of every ``/dev/shm`` file that ``pids`` have mapped or open. By inode, not
     name: glibc's ``sem_open`` maps a temporary file and then links it under the semaphore's
     name, so a live process's semaphore shows in its maps under the temporary, deleted name."""
-    inodes: set[int] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-                parts = line.split(maxsplit=5)
-                if len(parts) == 6 and parts[5].startswith(f"{SHM_DIR}/"):
-                    inodes.add(int(parts[4]))
-        with contextlib.suppress(OSError):
-            for fd in os.scandir(f"/proc/{pid}/fd"):
-                with contextlib.suppress(OSError):
-                    if os.readlink(fd.path).startswith(f"{SHM_DIR}/"):
-                        inodes.add(os.stat(fd.path).st_ino)
-    return inodes
+    return {inode for _, inode in _shm_held_by(pids)}
 
 
 def _shm_names() -> set[str]:
