@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import struct
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -26,6 +27,8 @@ TRAITS = FormatTraits(
 )
 SIZE_OVERHEAD = {"raw": 1.35}
 DATA, LABELS = "data.bin", "labels.npy"
+# The first bytes of the data file: the (height, width, channels) it was written with.
+HEADER = struct.Struct("<3I")
 
 
 def stride(sample_bytes: int, alignment: int) -> int:
@@ -38,6 +41,7 @@ def write(samples: Iterable, root: Path, spec, *, alignment: int = 1) -> None:
     padding = bytes(stride(spec.raw_sample_bytes, alignment) - spec.raw_sample_bytes)
     labels: list[int] = []
     with builtins.open(root / DATA, "wb") as f:
+        f.write(HEADER.pack(*spec.image_shape))
         for image, label in samples:
             pixels = np.ascontiguousarray(image, dtype=np.uint8)
             if pixels.shape != spec.image_shape or len(labels) == spec.num_samples:
@@ -62,10 +66,12 @@ class ToyReader(Reader):
         self._h_stride = stride(self.spec.raw_sample_bytes, self.manifest["knobs"]["alignment"])
         self._h_file = builtins.open(self.root / DATA, "rb")  # noqa: SIM115 - held open
         size = os.fstat(self._h_file.fileno()).st_size
-        if size != len(self) * self._h_stride:
+        shape = HEADER.unpack(os.pread(self._h_file.fileno(), HEADER.size, 0).ljust(
+            HEADER.size, b"\0"))
+        if size != HEADER.size + len(self) * self._h_stride or shape != self.spec.image_shape:
             self._h_file.close()
-            raise DatasetError(f"{self.root / DATA}: {size} bytes, the layout needs "
-                               f"{len(self) * self._h_stride}")
+            raise DatasetError(f"{self.root / DATA}: {size} bytes of {shape} images, the "
+                               f"manifest's spec needs {self.spec.image_shape}")
         self._h_labels = labels
 
     def _close(self) -> None:
@@ -76,7 +82,7 @@ class ToyReader(Reader):
 
     def _read_one(self, index: int) -> tuple[np.ndarray, int]:
         data = os.pread(self._h_file.fileno(), self.spec.raw_sample_bytes,
-                        index * self._h_stride)
+                        HEADER.size + index * self._h_stride)
         return self._decode_raw(data, index).copy(), int(self._h_labels[index])
 
 

@@ -464,5 +464,7 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="09_gpu_decode.ipynb",
+    # It reads its own ImageNet-like set, never a user's import (``study --dataset``).
+    synthetic_only=True,
     prepare=prepare,
 )
