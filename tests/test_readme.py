@@ -89,6 +89,27 @@ def test_findings_block_matches_the_reference_results():
     assert block == render_findings_block(reference, relative_to=ROOT)
 
 
+def test_the_guide_page_matches_the_reference_results():
+    from storebench.report.readme import GUIDE_PAGE, render_guide_page
+
+    page = (ROOT / GUIDE_PAGE).read_text()
+    block = re.search(r"<!-- findings:start -->\n(.*?)<!-- findings:end -->", page,
+                      flags=re.S).group(1)
+    assert block == render_guide_page(ROOT / "results" / "reference")
+
+
+def test_the_readme_is_short_and_its_answer_table_has_at_most_eight_rows():
+    from storebench.report.answer import MAX_ANSWER_ROWS
+
+    assert len(README.splitlines()) <= 300
+    block = README[README.index("<!-- findings:start -->"):]
+    table = block[block.index("| your situation |"):]
+    rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
+    rows = rows[:next((i for i, line in enumerate(table.splitlines()[2:])
+                       if not line.startswith("|")), len(rows))]
+    assert 1 <= len(rows) <= MAX_ANSWER_ROWS
+
+
 def test_the_study_time_sentence_counts_the_cases_that_failed(tmp_path):
     import json
 

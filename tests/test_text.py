@@ -10,7 +10,7 @@ from storebench.results import Stat
 
 
 @pytest.mark.parametrize(("ratio", "shown"), [
-    (2.0, "2.0\u00d7"), (1.04, "1.0\u00d7"), (12.4, "12\u00d7"), (230.4, "230\u00d7"),
+    (2.0, "2.00\u00d7"), (1.04, "1.04\u00d7"), (12.4, "12\u00d7"), (230.4, "230\u00d7"),
     (0.25, "0.25\u00d7"), (float("nan"), "n/a"), (float("inf"), "n/a"),
 ])
 def test_format_ratio(ratio, shown):

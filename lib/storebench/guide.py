@@ -149,7 +149,7 @@ def choose(study: str, question: str, metric: str, candidates: Sequence[Candidat
     if len(ranked) == 1:
         return GuideRow(study, question, metric, tuple(ranked), lower_is_better,
                         float("nan"), float("nan"), float("nan"), False, facets=facets)
-    verdicts = [_compare(ranked[0].stat, other.stat, lower_is_better=lower_is_better)
+    verdicts = [compare(ranked[0].stat, other.stat, lower_is_better=lower_is_better)
                  for other in ranked[1:]]
     ratio, low, high, verdict = verdicts[0]
     tied = tuple(c.label for c, v in zip(ranked[1:], verdicts)
@@ -158,8 +158,8 @@ def choose(study: str, question: str, metric: str, candidates: Sequence[Candidat
                     verdict != "better", tied, facets, verdict)
 
 
-def _compare(best: Stat, other: Stat, *, lower_is_better: bool
-             ) -> tuple[float, float, float, str]:
+def compare(best: Stat, other: Stat, *, lower_is_better: bool
+            ) -> tuple[float, float, float, str]:
     """(ratio, low, high, verdict) of ``best`` against ``other`` under ``TIE_RULE``; the
     ratio is how many times better ``best`` is (1.0 or more), the verdict one of
     ``VERDICTS``."""

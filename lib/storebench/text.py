@@ -46,15 +46,16 @@ def si_value(value: float) -> str:
 
 
 def format_ratio(ratio: float) -> str:
-    """``2.0`` -> ``"2.0×"``; ten and more without decimals (``"230×"``); below one to two
-    significant figures (``"0.25×"``)."""
+    """``2.0`` -> ``"2.00×"``: two decimals, so a 5% margin is never rounded away (1.04 is not
+    "1.0×"); ten and more without decimals (``"230×"``); below one to two significant
+    figures (``"0.25×"``)."""
     if not finite(ratio):
         return "n/a"
     if abs(ratio) >= 10:
         return f"{ratio:,.0f}{MULTIPLY}"
     if abs(ratio) < 1:
         return f"{sig(ratio, 2)}{MULTIPLY}"
-    return f"{ratio:.1f}{MULTIPLY}"
+    return f"{ratio:.2f}{MULTIPLY}"
 
 
 def relative_text(ratio: float) -> str:

@@ -4,6 +4,7 @@ case writes; the targets and their thresholds live in one place, ``studies.targe
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from result_rows import RUN, case_rows, frame
@@ -54,18 +55,41 @@ def test_targets_table_reads_the_rows_written_by_each_target_case():
     assert table.loc["memmap gather vs DRAM copy", "value"] == 0.25
 
 
-def test_targets_markdown_and_sentences():
-    df = targets_frame()
-    markdown = targets.targets_markdown(df)
-    assert ("| ProcessPrefetcher vs torch DataLoader | 2.0\u00d7 (1.0\u00d7\u20133.0\u00d7, "
-            "n=3) | \u2265 1.0\u00d7 | yes |") in markdown
-    assert ("| memmap gather vs DRAM copy | 25% (25%\u201325%, n=2) | \u2265 50% | no (50% "
-            "short) |") in markdown
-    assert targets.targets_markdown(df.iloc[0:0]) == "No target was measured."
-    sentences = targets.targets_findings(df)
+def test_targets_markdown_lists_every_declared_target_met_or_not():
+    df = frame(
+        target_case("process_vs_torch", [3.0, 2.0, 2.5, 2.2, 2.8], threshold=1.0),
+        target_case("process_vs_pickled", [3.0, 2.0, 1.0, 2.0, 2.0], threshold=3.0),
+        target_case("memmap_gather_vs_dram", [0.25, 0.25], threshold=0.5),
+    )
+    markdown = targets.targets_markdown(Results(df))
+    assert ("| ProcessPrefetcher vs torch DataLoader | 2.50\u00d7 (2.00\u00d7\u20133.00\u00d7, "
+            "n=5) | \u2265 1.00\u00d7 | yes |") in markdown
+    assert ("| ProcessPrefetcher vs pickled baseline | 2.00\u00d7 (1.00\u00d7\u20133.00\u00d7, "
+            "n=5) | \u2265 3.00\u00d7 | **no** (33% short) |") in markdown
+    # Two repeats decide nothing, even where both clear the threshold.
+    assert ("| memmap gather vs DRAM copy | 25% (no interval: fewer than 5 repeats, n=2) | "
+            "\u2265 50% | **no** (undecided: n=2) |") in markdown
+    # Targets other studies declare are listed though these rows hold none of them.
+    assert ("| Out of core: shuffled vs cold sequential | not measured in these results | "
+            "\u2265 50% | not measured |") in markdown
+    for _, spec in targets.every_target():
+        assert f"| {spec.name} |" in markdown
+    assert {study for study, _ in targets.every_target()} >= {
+        "targets", "out_of_core", "remote", "peers"}
+
+
+def test_target_sentences_state_value_interval_and_verdict():
+    sentences = targets.targets_findings(targets_frame())
     assert ("ProcessPrefetcher vs pickled baseline (shared memory vs pickled batches through "
-            "a multiprocessing.Queue): 2.0\u00d7 (median of 3 paired repeats, 95% interval "
-            "1.0\u00d7\u20133.0\u00d7); threshold 3.0\u00d7, missed by 33%.") in sentences
+            "a multiprocessing.Queue): 2.00\u00d7 (median of 3 paired repeats, 95% interval "
+            "1.00\u00d7\u20133.00\u00d7); threshold 3.00\u00d7, missed by 33%.") in sentences
+
+
+def test_the_readme_lists_every_target_declared_in_the_code():
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme[readme.index("**Performance targets**"):]
+    for _, spec in targets.every_target():
+        assert f"| {spec.name} |" in table, spec.name
 
 
 def test_gather_sentence_splits_the_shortfall_and_names_the_split_gather():
@@ -158,24 +182,33 @@ def test_target_ratio_takes_the_best_numerator_over_the_denominator():
 
 
 def test_target_figure_draws_each_value_against_its_threshold_from_the_rows():
-    df = frame(target_case("process_vs_torch", [2.0], threshold=1.0),
-               target_case("block_vs_random_parquet", [50.0], threshold=200.0))
-    (ax,) = targets.plot_target_ratios(df).axes
+    df = frame(target_case("process_vs_torch", [2.0] * 5, threshold=1.0),
+               target_case("block_vs_random_parquet", [50.0] * 5, threshold=200.0),
+               target_case("memmap_gather_vs_dram", [0.9], threshold=0.75))
+    table = targets.all_targets_table(Results(df))
+    figure = targets.plot_target_ratios(table)
+    (ax,) = figure.axes
     bars = {label.get_text().split("\n")[0]: patch
             for label, patch in zip(ax.get_yticklabels(), ax.patches, strict=True)}
+    assert set(bars) == set(table["target"])  # every declared target has a row
     # value / threshold: 1 is just met
     assert bars["ProcessPrefetcher vs torch DataLoader"].get_width() == 2.0
     assert bars["block-shuffled vs random Parquet rows"].get_width() == 0.25
     green, red = (0.173, 0.627, 0.173), (0.839, 0.153, 0.157)
-    assert bars["ProcessPrefetcher vs torch DataLoader"].get_facecolor()[:3] == pytest.approx(
-        green, abs=0.01)
-    assert bars["block-shuffled vs random Parquet rows"].get_facecolor()[:3] == pytest.approx(
-        red, abs=0.01)
+    colour = {name: bar.get_facecolor()[:3] for name, bar in bars.items()}
+    assert colour["ProcessPrefetcher vs torch DataLoader"] == pytest.approx(green, abs=0.01)
+    assert colour["block-shuffled vs random Parquet rows"] == pytest.approx(red, abs=0.01)
+    # Above its threshold, but on one repeat: not met, so red.
+    assert colour["memmap gather vs DRAM copy"] == pytest.approx(red, abs=0.01)
     labels = [label.get_text() for label in ax.get_yticklabels()]
-    assert "ProcessPrefetcher vs torch DataLoader\n2.0\u00d7 vs \u2265 1.0\u00d7" in labels
+    assert "ProcessPrefetcher vs torch DataLoader\n2.00\u00d7 vs \u2265 1.00\u00d7" in labels
     (line,) = [line for line in ax.get_lines() if len(line.get_xdata()) == 2
                and line.get_linewidth() == 1.2]
     assert list(line.get_xdata()) == [1.0, 1.0]
+    texts = [text.get_text() for text in figure.texts]
+    assert any("block-shuffled vs random Parquet rows (unmet)" in text for text in texts)
+    assert [text.get_text() for text in ax.texts].count("not measured in these results") == (
+        int((~table["measured"]).sum()))
 
 
 def test_the_paths_figure_draws_each_path_over_the_slowest():

@@ -41,21 +41,26 @@ def study_time_text(results_dir: Path, base: Path) -> str:
 
 
 def render_findings_block(results_dir: Path | str, *, relative_to: Path | None = None) -> str:
-    """Machine line, decision guide and study time, then what each study with rows shows
-    in the README (its text, then its figures), in the studies' run order, as markdown."""
+    """The machine line, the answer table, the study time, then what each study with rows
+    shows in the README (its text, then its figures), in the studies' run order, as
+    markdown. The full decision guide is ``render_guide_page``'s."""
     from ..results import Results
     from ..studies import STUDIES
     from ..studies.base import ReadmePlace
-    from .findings import readme_findings_table
+    from .answer import answer_markdown
+    from .guide import decision_guide
 
     results_dir = Path(results_dir)
     place = ReadmePlace(results_dir=results_dir,
                         base=relative_to or results_dir.resolve().parents[1])
-    parts = [readme_findings_table(results_dir).rstrip("\n")]
+    results = Results.load(results_dir)
+    rows = decision_guide(results)
+    parts = [machine_line(results), "", answer_markdown(results), "",
+             f"Every question the studies answer, {len(rows)} in all, with each candidate's "
+             f"evidence: [the decision guide]({GUIDE_PAGE})."]
     timing_text = study_time_text(results_dir, place.base)
     if timing_text:
         parts += ["", timing_text]
-    results = Results.load(results_dir)
     present = set(results.df["study"])
     studies = [study for study in STUDIES.values() if study.name in present]
     for study in studies:
@@ -71,19 +76,44 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
     return "\n".join(parts) + "\n"
 
 
-def update_readme(readme: Path | str, results_dir: Path | str) -> bool:
-    """Rewrite the block between the findings markers; True when the text changed."""
-    readme = Path(readme)
-    text = readme.read_text()
+# The generated decision guide, relative to the README.
+GUIDE_PAGE = "docs/guide.md"
+
+
+def machine_line(results) -> str:
+    from ..text import machine_text
+
+    return (f"Measured on: {machine_text(results.env)}." if results.env
+            else "Machine unknown (no env.json).")
+
+
+def render_guide_page(results_dir: Path | str) -> str:
+    """The decision guide's block for ``docs/guide.md``: the machine, every question with
+    its choice and evidence, and the tie rule."""
+    from .findings import readme_findings_table
+
+    return readme_findings_table(results_dir)
+
+
+def _fill(path: Path, block: str) -> bool:
+    """Rewrite the block between the findings markers of ``path``; True when it changed."""
+    text = path.read_text()
     if START not in text or END not in text:
-        raise ValueError(f"{readme}: no {START} ... {END} block to fill")
-    block = render_findings_block(results_dir, relative_to=readme.resolve().parent)
-    new = re.sub(
-        re.escape(START) + r"\n.*?" + re.escape(END),
-        lambda _: f"{START}\n{block}{END}",
-        text,
-        flags=re.S,
-    )
+        raise ValueError(f"{path}: no {START} ... {END} block to fill")
+    new = re.sub(re.escape(START) + r"\n.*?" + re.escape(END),
+                 lambda _: f"{START}\n{block}{END}", text, flags=re.S)
     if new != text:
-        readme.write_text(new)
+        path.write_text(new)
     return new != text
+
+
+def update_readme(readme: Path | str, results_dir: Path | str) -> bool:
+    """Rewrite the README's findings block, and the guide page's beside it
+    (``GUIDE_PAGE``); True when either changed."""
+    readme = Path(readme)
+    block = render_findings_block(results_dir, relative_to=readme.resolve().parent)
+    changed = _fill(readme, block)
+    guide = readme.resolve().parent / GUIDE_PAGE
+    if guide.exists():
+        changed = _fill(guide, render_guide_page(results_dir)) or changed
+    return changed

@@ -25,6 +25,34 @@ class FigureSpec:
     draw: Callable[[Results], Figure]
 
 
+@dataclass(frozen=True)
+class TargetMeasure:
+    """A target as measured: the median, its 95% interval (``low`` == ``high`` == ``value``
+    where a single measurement has none) over ``repeats``, and ``limiting``: what the same
+    rows show limits it (a sentence, for the caption of an unmet target)."""
+
+    value: float
+    low: float
+    high: float
+    repeats: int
+    limiting: str = ""
+
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A performance target an issue set: ``measure(results) -> TargetMeasure | None`` (None:
+    these results hold no rows for it). Met when the interval's lower end reaches
+    ``threshold``; ``is_fraction``: the value is a fraction (shown as a percentage), else a
+    ratio."""
+
+    key: str
+    name: str
+    description: str
+    threshold: float
+    is_fraction: bool
+    measure: Callable[[Results], TargetMeasure | None]
+
+
 def no_guide_rows(results: Results) -> list:
     return []
 
@@ -76,6 +104,8 @@ class Study:
     # profile's core formats (the peers study: the peer formats, in the peers environment),
     # called by ``storebench study`` before the grid is laid out. None: nothing more.
     prepare: Callable | None = None
+    # The performance targets its rows decide (the targets study's table lists them all).
+    targets: tuple[TargetSpec, ...] = ()
 
     def __post_init__(self) -> None:
         drawn = {spec.name for spec in self.figures}

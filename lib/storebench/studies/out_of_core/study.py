@@ -53,13 +53,14 @@ from ...results import (
     summary_table,
 )
 from ...text import (
+    DASH,
     ENCODING_NAMES,
     format_percent,
     format_ratio,
     format_value,
     relative_text,
 )
-from ..base import FigureSpec, Study
+from ..base import FigureSpec, Study, TargetMeasure, TargetSpec
 from ..grid import (
     batch_size_for,
     dataset_fields,
@@ -311,7 +312,6 @@ def ooc_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
             f"every epoch's end stayed within what the cap allows (1/k of the set, plus "
             f"{format_percent(RESIDENT_TOLERANCE)}), and the cgroup's peak charge stayed within "
             f"its limit in {within} of {len(capped)}.")
-    sentences += _target_sentences(table, env)
     return sentences
 
 
@@ -320,23 +320,46 @@ def ooc_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
 COLD_READ_TARGET = 0.5
 
 
-def _target_sentences(table: pd.DataFrame, env: Mapping | None) -> list[str]:
+def cold_read_target(results: Results) -> TargetMeasure | None:
+    """The best shuffled raw path's delivered MB/s at the largest k, in its last epoch, over
+    the run's cold sequential read limit (its repeats' interval over the one limit)."""
+    env = results.study_env(NAME)
     limit = ((env or {}).get("limits") or {}).get("cold_seq_read_GBps")
-    top = table[(table["k"] == max(K_VALUES)) & (table["loader"] == "lazy")
-                & (table["encoding"] == "raw") & (table["access"] != "sequential")]
+    rows = ooc_rows(results.df)
+    rows = rows[(rows["k"] == max(K_VALUES)) & (rows["loader"] == "lazy")
+                & (rows["encoding"] == "raw") & (rows["access"] != "sequential")]
     column = f"epoch{DEFAULT_EPOCHS}.read_MBps"
-    top = top.dropna(subset=[column])
-    if not isinstance(limit, int | float) or top.empty:
+    table = summary_table(rows, column, ["label"])
+    if not isinstance(limit, int | float) or not limit or table.empty:
+        return None
+    best = table.loc[table["median"].astype(float).idxmax()]
+    scale = limit * 1000.0
+    return TargetMeasure(
+        value=best["median"] / scale, low=best["low"] / scale, high=best["high"] / scale,
+        repeats=int(best["repeats"]),
+        limiting=(f"the best shuffled path ({best['label']}) delivers "
+                  f"{format_value(best['median'], 'MB/s')} against a cold sequential read "
+                  f"limit of {format_value(limit, 'GB/s')}: each random read costs a seek "
+                  "and a read-ahead the epoch mostly discards"))
+
+
+COLD_READ = TargetSpec(
+    key="out_of_core_cold_read", name="Out of core: shuffled vs cold sequential",
+    description=f"the best shuffled raw path at k = {max(K_VALUES)}, bytes of samples per "
+                "second over the same run's cold sequential read limit",
+    threshold=COLD_READ_TARGET, is_fraction=True, measure=cold_read_target)
+
+
+def _target_sentences(results: Results) -> list[str]:
+    measured = cold_read_target(results)
+    if measured is None:
         return []
-    best = top.loc[top[column].idxmax()]
-    fraction = best[column] / (limit * 1000.0)
-    verdict = "met" if fraction >= COLD_READ_TARGET else (
-        f"missed by {format_percent(1 - fraction / COLD_READ_TARGET)}")
-    return [f"Target: at k = {max(K_VALUES)} the best shuffled path ({best['label']}) delivers "
-            f"{format_value(best[column], 'MB/s')} of samples in epoch {DEFAULT_EPOCHS}, "
-            f"{format_percent(fraction)} of the same run's cold sequential read limit "
-            f"({format_value(limit, 'GB/s')}); threshold {format_percent(COLD_READ_TARGET)}, "
-            f"{verdict}."]
+    verdict = "met" if measured.low >= COLD_READ_TARGET else (
+        f"missed by {format_percent(max(0.0, 1 - measured.value / COLD_READ_TARGET))}")
+    return [f"Target: at k = {max(K_VALUES)} {measured.limiting}; the fraction is "
+            f"{format_percent(measured.value)} (over {measured.repeats} repeats, "
+            f"{format_percent(measured.low)}{DASH}{format_percent(measured.high)}); threshold "
+            f"{format_percent(COLD_READ_TARGET)}, {verdict}."]
 
 
 # -- figures ----------------------------------------------------------------------------
@@ -521,7 +544,7 @@ def guide(results: Results) -> list:
 
 
 def findings(results: Results) -> list[str]:
-    return ooc_findings(results.df, results.env)
+    return ooc_findings(results.df, results.env) + _target_sentences(results)
 
 
 STUDY = Study(
@@ -532,4 +555,5 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="06_out_of_core.ipynb",
+    targets=(COLD_READ,),
 )

@@ -55,7 +55,7 @@ from ...text import (
     format_ratio,
     format_value,
 )
-from ..base import FigureSpec, Study
+from ..base import FigureSpec, Study, TargetMeasure, TargetSpec
 from ..grid import dataset_fields, profile_datasets, repeat_fields
 
 NAME = "peers"
@@ -65,10 +65,13 @@ BATCH_SIZE = 64
 # (loader path, format it reads) per encoding. Ours and the frameworks' over the formats
 # they read best here; each peer's pipeline over its own format (DALI over our raw files
 # and TFRecord shards; torchdata's loader over the same LMDB/memmap as ours).
+# The common default the answer compares with: torch's DataLoader over one file per sample,
+# what an ImageFolder reads.
+DEFAULT_PATH = ("torch", "rawfiles")
 STOREBENCH_PATHS = {
     "jpeg": (("process", "lmdb"), ("thread", "lmdb"), ("process", "tfrecord"),
-             ("torch", "lmdb"), ("tf_data", "tfrecord")),
-    "raw": (("process", "memmap"), ("thread", "memmap"), ("torch", "memmap")),
+             ("torch", "lmdb"), ("tf_data", "tfrecord"), DEFAULT_PATH),
+    "raw": (("process", "memmap"), ("thread", "memmap"), ("torch", "memmap"), DEFAULT_PATH),
 }
 PEER_PATHS = {
     "jpeg": (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "mds"),
@@ -298,6 +301,45 @@ def best_against_peers(df: pd.DataFrame, encoding: str):
     if not ours or not peers:
         return None
     return ours[0], peers[0], ratio_interval(ours[0][3], peers[0][3])
+
+
+def versus_default(df: pd.DataFrame, encoding: str):
+    """(ours, default, (ratio, low, high, verdict)): storebench's best path against the
+    common default (``DEFAULT_PATH``), warm, epochs 2 and on, under the guide's decision
+    rule; None where either side is missing."""
+    from ...guide import compare
+
+    found = candidates(df, encoding, "warm", RATE)
+    ours = [c for c in found if c[2] == "storebench"]
+    default = [c for c in found if c[0] == ":".join(DEFAULT_PATH)]
+    if not ours or not default:
+        return None
+    return ours[0], default[0], compare(ours[0][3], default[0][3], lower_is_better=False)
+
+
+def ours_over_peers_target(encoding: str):
+    """``measure`` of the target for ``encoding``: storebench's best path over the best
+    peer path, warm, epochs 2 and on."""
+
+    def measure(results: Results) -> TargetMeasure | None:
+        found = best_against_peers(results.df, encoding)
+        if found is None:
+            return None
+        ours, peer, (ratio, low, high) = found
+        return TargetMeasure(
+            value=ratio, low=low, high=high, repeats=min(ours[3].count, peer[3].count),
+            limiting=f"{ours[1]} at {ours[3]} against {peer[1]} at {peer[3]}")
+
+    return measure
+
+
+PEER_TARGETS = tuple(
+    TargetSpec(key=f"peers_{encoding}", name=f"Ours vs the best peer, {encoding}",
+               description=f"storebench's best path over the best peer library's, "
+                           f"{ENCODING_NAMES.get(encoding, encoding)}, warm, epochs 2 and on",
+               threshold=TARGET_RATIO, is_fraction=False,
+               measure=ours_over_peers_target(encoding))
+    for encoding in ENCODINGS)
 
 
 def decode_efficiency(df: pd.DataFrame):
@@ -588,4 +630,5 @@ STUDY = Study(
     readme_text=readme_text,
     synthetic_only=True,
     prepare=build_peer_formats,
+    targets=PEER_TARGETS,
 )

@@ -19,10 +19,11 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ...bench.case import Case
+from ...bench.stats import MIN_DECISION_REPEATS
 from ...plots import PALETTE, empty_figure, log_axis, profile_caption, summarise
 from ...results import Results, latest_runs, stat
 from ...text import DASH, format_percent, format_ratio, markdown_table
-from ..base import FigureSpec, Study
+from ..base import FigureSpec, Study, TargetMeasure, TargetSpec
 from ..grid import batch_size_for, dataset_fields, pick, profile_datasets, repeat_fields
 from ..targets.cases import TARGETS, get_target
 
@@ -86,25 +87,106 @@ def targets_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=columns)
 
 
+def _own_target(key: str) -> Callable[[Results], TargetMeasure | None]:
+    def measure(results: Results) -> TargetMeasure | None:
+        table = targets_table(results.df)
+        row = table[table["key"] == key]
+        if row.empty:
+            return None
+        row = row.iloc[0]
+        median = median_of_latest(results.df, key)
+        return TargetMeasure(
+            value=float(row["value"]), low=float(row["low"]), high=float(row["high"]),
+            repeats=int(row["repeats"]),
+            limiting=(_bare_take_text(median, key) + _row_group_text(median)).strip())
+
+    return measure
+
+
+OWN_TARGETS = tuple(
+    TargetSpec(key=target.key, name=target.name, description=target.description,
+               threshold=target.threshold, is_fraction=target.is_fraction,
+               measure=_own_target(target.key))
+    for target in TARGETS)
+
+
+def every_target() -> list[tuple[str, TargetSpec]]:
+    """(study, target) for every target a study declares, in the studies' run order."""
+    from .. import STUDIES
+
+    return [(study.name, spec) for study in STUDIES.values() for spec in study.targets]
+
+
+ALL_TARGET_COLUMNS = ["key", "study", "target", "what", "threshold", "is_fraction",
+                      "measured", "value", "low", "high", "repeats", "met", "shortfall",
+                      "limiting"]
+
+
+def all_targets_table(results: Results) -> pd.DataFrame:
+    """Every target every study declares, measured or not: met when the 95% interval's
+    lower end reaches the threshold, over at least ``MIN_DECISION_REPEATS`` repeats;
+    ``shortfall``: how far the median is below it."""
+    out = []
+    for study, spec in every_target():
+        measured = spec.measure(results)
+        row = {"key": spec.key, "study": study, "target": spec.name,
+               "what": spec.description, "threshold": spec.threshold,
+               "is_fraction": spec.is_fraction, "measured": measured is not None,
+               "value": np.nan, "low": np.nan, "high": np.nan, "repeats": 0, "met": False,
+               "shortfall": np.nan, "limiting": ""}
+        if measured is not None:
+            row.update(value=measured.value, low=measured.low, high=measured.high,
+                       repeats=measured.repeats, limiting=measured.limiting,
+                       met=bool(measured.repeats >= MIN_DECISION_REPEATS
+                                and np.isfinite(measured.low)
+                                and measured.low >= spec.threshold),
+                       shortfall=max(0.0, 1 - measured.value / spec.threshold))
+        out.append(row)
+    return pd.DataFrame(out, columns=ALL_TARGET_COLUMNS)
+
+
+def _text_for(is_fraction: bool) -> Callable[[float], str]:
+    return format_percent if is_fraction else format_ratio
+
+
 def _value_text(key: str) -> Callable[[float], str]:
-    return format_percent if get_target(key).is_fraction else format_ratio
+    return _text_for(get_target(key).is_fraction)
 
 
-def targets_markdown(df: pd.DataFrame) -> str:
-    table = targets_table(df)
+def _interval_text(fmt: Callable[[float], str], row) -> str:
+    if not row["measured"]:
+        return "not measured in these results"
+    if not np.isfinite(row["low"]) or row["repeats"] < MIN_DECISION_REPEATS:
+        return (f"{fmt(row['value'])} (no interval: fewer than {MIN_DECISION_REPEATS} "
+                f"repeats, n={row['repeats']})")
+    return (f"{fmt(row['value'])} ({fmt(row['low'])}{DASH}{fmt(row['high'])}, "
+            f"n={row['repeats']})")
+
+
+def _met_text(row) -> str:
+    if not row["measured"]:
+        return "not measured"
+    if row["met"]:
+        return "yes"
+    if row["repeats"] < MIN_DECISION_REPEATS:
+        return f"**no** (undecided: n={row['repeats']})"
+    if row["shortfall"] > 0:
+        return f"**no** ({format_percent(row['shortfall'])} short)"
+    return "**no** (the interval reaches below)"
+
+
+def targets_markdown(results: Results) -> str:
+    """The README's targets table: every target any study declares, met or not."""
+    table = all_targets_table(results)
     if table.empty:
-        return "No target was measured."
-    text = [_value_text(key) for key in table["key"]]
+        return "No target is declared."
     shown = pd.DataFrame({
         "target": table["target"],
         "measured (median, 95% interval)": [
-            f"{fmt(v)} ({fmt(lo)}{DASH}{fmt(hi)}, n={n})"
-            for fmt, v, lo, hi, n in zip(text, table["value"], table["low"], table["high"],
-                                         table["repeats"])],
-        "threshold": [f"\u2265 {fmt(t)}" for fmt, t in zip(text, table["threshold"])],
-        "met": ["yes" if met else (f"no ({format_percent(short)} short)" if short > 0
-                                   else "no (interval reaches below)")
-                for met, short in zip(table["met"], table["shortfall"])],
+            _interval_text(_text_for(row["is_fraction"]), row) for _, row in table.iterrows()],
+        "threshold": [f"\u2265 {_text_for(f)(t)}" for f, t in zip(table["is_fraction"],
+                                                                table["threshold"])],
+        "met": [_met_text(row) for _, row in table.iterrows()],
     })
     return markdown_table(shown)
 
@@ -214,32 +296,62 @@ def targets_findings(df: pd.DataFrame) -> list[str]:
 
 
 # -- figures -----------------------------------------------------------------------------
-def plot_target_ratios(df: pd.DataFrame) -> Figure:
-    """Each target's measured value against its threshold, as value / threshold on one log
-    axis (1 = the threshold); green when met (the whole 95% interval clears it), red when
-    not; error bars span the interval (min-max of repeats for results without one)."""
-    table = targets_table(df)
+def _unmet_caption(table: pd.DataFrame) -> str:
+    """One wrapped line per unmet target: what its rows show limits it."""
+    import textwrap
+
+    lines = []
+    for _, row in table[table["measured"] & ~table["met"]].iterrows():
+        why = row["limiting"] or "no limiting factor measured"
+        lines += textwrap.wrap(f"{row['target']} (unmet): {why}", 120)
+    return "\n".join(lines)
+
+
+def plot_target_ratios(table: pd.DataFrame) -> Figure:
+    """Every declared target's median against its threshold, as median / threshold on a
+    linear axis (1 = the threshold), with its 95% interval; green when met (the interval's
+    lower end reaches the threshold), red when not, a grey label when not measured. Below:
+    what limits each unmet target. ``table``: ``all_targets_table``'s."""
     if table.empty:
-        return empty_figure("no target rows")
-    fig = Figure(figsize=(7, 0.45 * len(table) + 1.4), layout="constrained")
+        return empty_figure("no target declared")
+    caption = _unmet_caption(table)
+    caption_lines = caption.count("\n") + 1 if caption else 0
+    fig = Figure(figsize=(8, 0.5 * len(table) + 1.5 + 0.16 * caption_lines),
+                 layout="constrained")
     ax = fig.add_subplot()
     y = np.arange(len(table))
-    relative = table["value"] / table["threshold"]
+    relative = (table["value"] / table["threshold"]).to_numpy(dtype=float)
     colours = ["#2ca02c" if met else "#d62728" for met in table["met"]]
-    ax.barh(y, relative, color=colours, edgecolor="black", linewidth=0.5)
-    ax.errorbar(relative, y, xerr=[relative - table["low"] / table["threshold"],
-                                   table["high"] / table["threshold"] - relative],
+    ax.barh(y, np.nan_to_num(relative), color=colours, edgecolor="black", linewidth=0.5)
+    low = (table["low"] / table["threshold"]).to_numpy(dtype=float)
+    high = (table["high"] / table["threshold"]).to_numpy(dtype=float)
+    bounded = np.isfinite(low) & np.isfinite(high)
+    ax.errorbar(relative[bounded], y[bounded],
+                xerr=[relative[bounded] - low[bounded], high[bounded] - relative[bounded]],
                 fmt="none", ecolor="black", capsize=2)
+    for row_y, (_, row) in zip(y, table.iterrows()):
+        if not row["measured"]:
+            ax.text(0.02, row_y, "not measured in these results", va="center",
+                    fontsize="x-small", color="grey", transform=ax.get_yaxis_transform())
     ax.axvline(1.0, color="black", linewidth=1.2)
-    labels = [f"{row['target']}\n{_value_text(row['key'])(row['value'])} vs "
-              f"\u2265 {_value_text(row['key'])(row['threshold'])}"
-              for _, row in table.iterrows()]
+    labels = []
+    for _, row in table.iterrows():
+        fmt = _text_for(row["is_fraction"])
+        measured = fmt(row["value"]) if row["measured"] else "\u2014"
+        labels.append(f"{row['target']}\n{measured} vs \u2265 {fmt(row['threshold'])}")
     ax.set_yticks(y, labels, fontsize="small")
     ax.invert_yaxis()
-    log_axis(ax, "x")
-    ax.set_xlabel("median / threshold, with its 95% interval (met: the whole interval right "
-                  "of the line)")
-    fig.suptitle("Performance targets (green: met; red: not met)", fontsize="medium")
+    ax.set_xlim(0, max(1.2, float(np.nanmax(np.append(high[bounded], relative))) * 1.05)
+                if np.isfinite(relative).any() else 1.5)
+    ax.set_xlabel("median / threshold, with its 95% interval (1 = the threshold)")
+    met = int(table["met"].sum())
+    fig.suptitle(f"Which performance targets are met? {met} of {len(table)}\n(green: the 95% "
+                 f"interval's lower end reaches the threshold, n \u2265 {MIN_DECISION_REPEATS};"
+                 " red: not)", fontsize="medium")
+    if caption:
+        fig.text(0.01, 0.0, caption, fontsize="x-small", va="bottom", ha="left")
+        fig.get_layout_engine().set(rect=(0, 0.16 * caption_lines / fig.get_figheight(),
+                                          1, 1 - 0.16 * caption_lines / fig.get_figheight()))
     return fig
 
 
@@ -288,7 +400,7 @@ def plot_targets(df: pd.DataFrame) -> Figure:
 
 FIGURES = (
     FigureSpec("targets_met", "The performance targets against their thresholds",
-               lambda r: plot_target_ratios(r.df)),
+               lambda r: plot_target_ratios(all_targets_table(r))),
     FigureSpec("targets_paths", "The paths each target compares",
                lambda r: plot_targets(r.df)),
 )
@@ -326,7 +438,7 @@ def findings(results: Results) -> list[str]:
 
 
 def readme_text(results: Results, place) -> str:
-    return "**Performance targets**\n\n" + targets_markdown(results.df)
+    return "**Performance targets**\n\n" + targets_markdown(results)
 
 
 STUDY = Study(
@@ -340,4 +452,5 @@ STUDY = Study(
     readme_figures=("targets_met",),
     readme_text=readme_text,
     synthetic_only=True,
+    targets=OWN_TARGETS,
 )

@@ -1,0 +1,148 @@
+"""The README's answer: a few situations, each answered by ``storebench advise`` from one
+results directory, against the common default (torch's DataLoader over one file per
+sample, what an ImageFolder reads).
+
+The situations are data (``ANSWER_SITUATIONS``); which format and loader each row names,
+and how sure it is, come from the decision guide's rows (``storebench.guide``). Nothing
+here names a winner.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from ..results import DECISION_MARGIN, Results
+from ..text import ENCODING_NAMES, format_percent, format_ratio, markdown_table
+from .advise import AdviceError, Choice, Situation, advise, get_workload, sample_bytes
+
+# The node every row is answered for: a common single-accelerator training node.
+NODE_RAM_GB = 64
+NODE_CORES = 16
+WORKLOAD = "mlperf-resnet50-h100"
+
+
+@dataclass(frozen=True)
+class AnswerSituation:
+    """One row's situation: the image kind, where the data lives (``rtt_ms`` for object
+    storage) and how many times the node's RAM the set is (below ``FIT_FRACTION``: fits)."""
+
+    images: str
+    storage: str = "local"
+    rtt_ms: float | None = None
+    ram_ratio: float = 0.25
+
+    @property
+    def text(self) -> str:
+        if self.storage != "local":
+            return f"{ENCODING_NAMES[self.images]}, object storage {self.rtt_ms:g} ms away"
+        size = ("fits in RAM" if self.ram_ratio <= 0.5
+                else f"{self.ram_ratio:g}\u00d7 the RAM")
+        return f"{ENCODING_NAMES[self.images]}, local disk, {size}"
+
+
+ANSWER_SITUATIONS: tuple[AnswerSituation, ...] = (
+    AnswerSituation("jpeg"),
+    AnswerSituation("jpeg", ram_ratio=5),
+    AnswerSituation("jpeg", storage="s3", rtt_ms=20),
+    AnswerSituation("png"),
+    AnswerSituation("raw"),
+    AnswerSituation("raw", ram_ratio=5),
+)
+MAX_ANSWER_ROWS = 8
+
+STUDY_PAGES = "docs/studies"
+
+
+def situation_for(row: AnswerSituation, results: Results) -> Situation:
+    """``row`` at the reference set's own sample size, on the answer's node."""
+    mean_bytes = sample_bytes(results, row.images)
+    count = max(1, round(row.ram_ratio * NODE_RAM_GB * 1e9 / mean_bytes))
+    workload = get_workload(WORKLOAD)
+    return Situation(images=row.images, count=count, mean_bytes=mean_bytes,
+                     storage=row.storage, rtt_ms=row.rtt_ms, ram_gb=NODE_RAM_GB,
+                     cores=NODE_CORES, demand=workload.samples_per_s, workload=WORKLOAD)
+
+
+def short_choice(choice: Choice) -> str:
+    """The choice in a table cell: equivalent choices collapse to "any of", an undecided
+    one names the two it could not split."""
+    if choice.tied:
+        return "any of " + ", ".join((choice.label, *choice.tied))
+    if choice.undecided and choice.runner_up:
+        return f"{choice.label} or {choice.runner_up}"
+    return choice.label
+
+
+def sureness(choice: Choice) -> str:
+    if choice.tied:
+        return f"equivalent within {DECISION_MARGIN:.0%}"
+    if choice.undecided:
+        return "undecided"
+    return "better"
+
+
+def default_effect(results: Results, images: str) -> str:
+    """storebench's best loader path against the common default, from the peers study's
+    rows (one query: ``versus_default``), with the verdict of the decision rule."""
+    from ..studies.peers.study import versus_default
+
+    found = versus_default(results.df, images)
+    if found is None:
+        return "not measured"
+    ours, default, (ratio, low, high, verdict) = found
+    interval = (f"95% interval {format_ratio(low)}\u2013{format_ratio(high)}"
+                if math.isfinite(low) else f"n = {ours[3].count} and {default[3].count}")
+    word = {"better": "faster", "equivalent": f"equivalent within {DECISION_MARGIN:.0%}",
+            "undecided": "undecided"}[verdict]
+    return f"{format_ratio(ratio)} ({word}; {interval})"
+
+
+def answer_rows(results: Results) -> pd.DataFrame:
+    """One row per ``ANSWER_SITUATIONS`` entry: store as, load with, the effect against the
+    default, whether one accelerator of the workload is kept busy, how sure, the evidence."""
+    workload = get_workload(WORKLOAD)
+    out = []
+    for row in ANSWER_SITUATIONS:
+        base = {"your situation": row.text}
+        try:
+            advice = advise(situation_for(row, results), results)
+        except (AdviceError, LookupError) as err:
+            out.append({**base, "store as": f"not answered: {err}", "load with": "",
+                        "vs torch DataLoader over files": "", "busy": "", "how sure": "",
+                        "evidence": ""})
+            continue
+        load = short_choice(advice.loader)
+        if advice.decoder is not None:
+            load += f", {advice.decoder.label} decode"
+        studies = dict.fromkeys((advice.store.study, advice.loader.study))
+        out.append({
+            **base,
+            "store as": short_choice(advice.store),
+            "load with": f"{load}, {advice.workers} workers",
+            "vs torch DataLoader over files": default_effect(results, row.images),
+            "busy": f"{'yes' if advice.keeps_busy else 'no'} "
+                    f"({format_percent(advice.utilisation)})",
+            "how sure": f"store: {sureness(advice.store)}; load: {sureness(advice.loader)}",
+            "evidence": ", ".join(f"[{s}]({STUDY_PAGES}/{s}.md)" for s in studies),
+        })
+    table = pd.DataFrame(out)
+    return table.rename(columns={
+        "busy": f"one accelerator at {workload.samples_per_s:,.0f} samples/s busy on "
+                f"{NODE_CORES} cores?"})
+
+
+def answer_markdown(results: Results) -> str:
+    """The answer table and the line saying what it assumes."""
+    workload = get_workload(WORKLOAD)
+    table = answer_rows(results)
+    return (markdown_table(table) + "\n\nEach row is `storebench advise` for that situation on "
+            f"a node of {NODE_RAM_GB} GB RAM, {NODE_CORES} cores and one accelerator running "
+            f"{workload.name} ({workload.samples_per_s:,.0f} samples/s), at the measured "
+            "set's sample size; \"vs torch DataLoader over files\" is storebench's best "
+            "loader path over the common default (torch's DataLoader over one file per "
+            "sample, as an ImageFolder reads), warm, epochs 2 and on, in the peers study's "
+            "rows. \"undecided\": the rows could not split the two named under the decision "
+            "rule ([methodology](docs/methodology.md)).")

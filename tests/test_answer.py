@@ -1,0 +1,79 @@
+"""The README's answer table: each row is ``storebench advise`` for its situation over the
+committed reference rows, read through the same query; at most eight rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from storebench.report import advise as adv
+from storebench.report import answer
+from storebench.results import Results
+
+REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
+
+
+@pytest.fixture(scope="module")
+def reference() -> Results:
+    return Results.load(REFERENCE)
+
+
+def choice(**changes) -> adv.Choice:
+    fields = {"study": "prefetch", "question": "q", "key": "a", "label": "A", "median": 2.0,
+              "unit": "samples/s", "tied": (), "undecided": False, "runner_up": "B"}
+    return adv.Choice(**{**fields, **changes})
+
+
+def test_a_choice_in_a_cell_collapses_equivalents_and_names_an_undecided_pair():
+    assert answer.short_choice(choice()) == "A"
+    assert answer.sureness(choice()) == "better"
+    assert answer.short_choice(choice(tied=("B", "C"))) == "any of A, B, C"
+    assert answer.sureness(choice(tied=("B",))) == "equivalent within 5%"
+    assert answer.short_choice(choice(undecided=True)) == "A or B"
+    assert answer.sureness(choice(undecided=True)) == "undecided"
+
+
+def test_each_row_is_what_advise_answers_for_its_situation(reference):
+    table = answer.answer_rows(reference)
+    assert len(table) == len(answer.ANSWER_SITUATIONS) <= answer.MAX_ANSWER_ROWS
+    for row, (_, shown) in zip(answer.ANSWER_SITUATIONS, table.iterrows(), strict=True):
+        advice = adv.advise(answer.situation_for(row, reference), reference)
+        assert shown["your situation"] == row.text
+        assert shown["store as"] == answer.short_choice(advice.store)
+        assert shown["load with"].startswith(answer.short_choice(advice.loader))
+        assert f", {advice.workers} workers" in shown["load with"]
+        assert shown["how sure"] == (f"store: {answer.sureness(advice.store)}; "
+                                     f"load: {answer.sureness(advice.loader)}")
+        assert f"[{advice.store.study}](docs/studies/{advice.store.study}.md)" in (
+            shown["evidence"])
+
+
+def test_a_situation_sized_against_the_node_fits_or_outgrows_its_ram(reference):
+    fits = answer.situation_for(answer.AnswerSituation("jpeg"), reference)
+    outgrows = answer.situation_for(answer.AnswerSituation("jpeg", ram_ratio=5), reference)
+    assert fits.fits_in_ram and not outgrows.fits_in_ram
+    assert outgrows.ram_ratio == pytest.approx(5, rel=1e-3)
+    assert fits.mean_bytes == adv.sample_bytes(reference, "jpeg")
+    assert fits.demand == adv.get_workload(answer.WORKLOAD).samples_per_s
+
+
+def test_the_default_effect_says_not_measured_without_the_default_path(reference):
+    df = reference.df
+    peers = df[(df["study"] == "peers")]
+    without = Results(df[~((df["study"] == "peers") & (peers.reindex(df.index)["format"]
+                                                       == "rawfiles"))], reference.env)
+    assert answer.default_effect(without, "jpeg") == "not measured"
+
+
+def test_the_default_effect_is_the_peers_study_query(reference):
+    from storebench.studies.peers.study import versus_default
+    from storebench.text import format_ratio
+
+    for images in ("jpeg", "raw"):
+        found = versus_default(reference.df, images)
+        shown = answer.default_effect(reference, images)
+        if found is None:
+            assert shown == "not measured"
+        else:
+            assert shown.startswith(f"{format_ratio(found[2][0])} (")
