@@ -62,8 +62,8 @@ def test_format_percent_and_signed_bytes():
 
 
 def test_relative_text_says_slower_below_one():
-    assert text.relative_text(2.0) == "2.0\u00d7 faster than"
-    assert text.relative_text(0.5) == "2.0\u00d7 slower than"
+    assert text.relative_text(2.0) == "2.00\u00d7 faster than"
+    assert text.relative_text(0.5) == "2.00\u00d7 slower than"
     assert text.relative_text(0.0) == "not comparable with"
     assert text.relative_text(float("nan")) == "not comparable with"
 
@@ -83,10 +83,10 @@ def test_faster_sentence_follows_from_the_medians():
     fast = Stat(2000.0, 1900.0, 2100.0, 5, "samples/s")
     slow = Stat(1000.0, 900.0, 1100.0, 5, "samples/s")
     assert text.faster_sentence("memmap", "rawfiles", fast, slow, condition="warm") == (
-        "memmap reads 2.0\u00d7 faster than rawfiles warm (median of 5 repeats: "
+        "memmap reads 2.00\u00d7 faster than rawfiles warm (median of 5 repeats: "
         "2.00k samples/s vs 1.00k samples/s)")
     assert text.faster_sentence("rawfiles", "memmap", slow, fast, verb="delivers") == (
-        "rawfiles delivers 2.0\u00d7 slower than memmap (median of 5 repeats: "
+        "rawfiles delivers 2.00\u00d7 slower than memmap (median of 5 repeats: "
         "1.00k samples/s vs 2.00k samples/s)")
 
 
@@ -109,7 +109,7 @@ def test_format_table_formats_by_column_meaning():
                           "write_seconds": [0.0155], "median": [1234.0],
                           "peak_pss_bytes": [52_400_000.0], "format": ["memmap"]})
     shown = text.format_table(table, {"median": "samples/s"}).iloc[0].to_dict()
-    assert shown == {"size_ratio": "1.04\u00d7", "speedup": "2.0\u00d7",
+    assert shown == {"size_ratio": "1.04\u00d7", "speedup": "2.00\u00d7",
                      "resident_fraction": "100%", "cpu_utilisation": "1.50",
                      "compute_ms": "2", "write_seconds": "15.5 ms",
                      "median": "1.23k samples/s", "peak_pss_bytes": "52.4 MB",

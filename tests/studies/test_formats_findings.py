@@ -40,11 +40,11 @@ def test_formats_findings_state_the_measured_ratios():
     sentences = formats.formats_findings(formats_frame())
     assert ("raw arrays: smallest on disk is memmap at 1.00\u00d7 the raw pixel bytes "
             "(1.00 MB); largest is rawfiles at 1.20\u00d7 (1.20 MB).") in sentences
-    assert ("raw arrays: memmap reads 3.0\u00d7 faster than rawfiles warm, sequentially "
+    assert ("raw arrays: memmap reads 3.00\u00d7 faster than rawfiles warm, sequentially "
             "(median of 3 repeats: 3.00k samples/s vs 1.00k samples/s).") in sentences
-    assert any("memmap reads 8.0\u00d7 faster than rawfiles cold" in s
+    assert any("memmap reads 8.00\u00d7 faster than rawfiles cold" in s
                and "at most 0% of the files resident" in s for s in sentences)
-    assert any("slowest is rawfiles (2.00 s, 4.0\u00d7 longer)" in s for s in sentences)
+    assert any("slowest is rawfiles (2.00 s, 4.00\u00d7 longer)" in s for s in sentences)
     assert any("rawfiles writes 500 files, memmap 2" in s for s in sentences)
 
 
@@ -87,7 +87,7 @@ def test_knob_table_puts_each_variant_beside_the_default_build():
     (sentence,) = formats.knob_findings(df)
     assert sentence == (f"hdf5 (raw arrays) chunk_samples, random batches, cold: 1: 50.0 "
                         f"samples/s; {default} (default): 100 samples/s; 1024: 400 samples/s; "
-                        "sequential warm reads are fastest with 1024, 3.0\u00d7 those with "
+                        "sequential warm reads are fastest with 1024, 3.00\u00d7 those with "
                         f"{default} (default).")
     # The variants stay out of the per-format comparisons.
     assert formats.cold_warm_table(default_builds(df))["dataset"].tolist() == ["hdf5-raw"]
@@ -140,7 +140,7 @@ def test_the_verify_cost_finding_names_the_cheapest_and_dearest_format_per_encod
         return (f"{format_ratio(row['median'])} (95% interval {format_ratio(row['low'])}"
                 f"\u2013{format_ratio(row['high'])}) on {fmt}")
 
-    assert quoted("raw", "rawfiles").startswith("1.1\u00d7 (95% interval ")
+    assert quoted("raw", "rawfiles").startswith("1.10\u00d7 (95% interval ")
     assert formats.verify_cost_findings(df) == [
         "raw arrays: checking every sample's CRC32C (verify=True, the default) made a warm "
         f"sequential read take {quoted('raw', 'rawfiles')} to {quoted('raw', 'memmap')} the "

@@ -104,7 +104,7 @@ def test_the_device_copy_alone_is_compared_where_recorded():
     sentences = gpu_feed.feed_findings(frame(pageable, pinned))
     assert ("From the loader's memory to the device, pinned copies (the host copy into the "
             "page-locked buffer counted) run at 0.75\u00d7 the rate of pageable ones; the device "
-            "copy alone at 3.0\u00d7 (medians over loaders and compute times).") in sentences
+            "copy alone at 3.00\u00d7 (medians over loaders and compute times).") in sentences
     table = gpu_feed.feed_table(frame(pageable, pinned)).set_index("copy")
     assert table.loc["pinned, sync", "h2d_device_GBps"] == pytest.approx(24.0)
 
@@ -155,8 +155,8 @@ def test_slots_the_prefetcher_pinned_itself_are_compared_with_both_other_copies(
     sentences = gpu_feed.feed_findings(df)
     assert ("Where the prefetcher writes each batch into memory it page-locked itself "
             "(pin_memory=True), the feeder copies each batch from where it lies. Over compute "
-            "times (medians), that runs at 3.0\u00d7 for ProcessPrefetcher \u00d72 the rate "
-            "of the same loader's pageable copies, and at 4.0\u00d7 that of pinned copies "
+            "times (medians), that runs at 3.00\u00d7 for ProcessPrefetcher \u00d72 the rate "
+            "of the same loader's pageable copies, and at 4.00\u00d7 that of pinned copies "
             "through a staging buffer (the median over the loaders measured both ways)."
             ) in sentences
     # A thread prefetcher measured pageable and in place only: its own ratio, and the
@@ -166,9 +166,9 @@ def test_slots_the_prefetcher_pinned_itself_are_compared_with_both_other_copies(
               for h2d, params in ((10.0, {}), (15.0, {"pinned": True, "pin_memory": True}))]
     sentences = gpu_feed.feed_findings(frame(
         case(8.0), case(6.0, pinned=True), case(24.0, pinned=True, pin_memory=True), *thread))
-    assert any("at 3.0\u00d7 for ProcessPrefetcher \u00d72 and 1.5\u00d7 for "
+    assert any("at 3.00\u00d7 for ProcessPrefetcher \u00d72 and 1.50\u00d7 for "
                "ThreadPrefetcher \u00d72 the rate of the same loader's pageable copies, and at "
-               "4.0\u00d7 that of pinned copies through a staging buffer" in s
+               "4.00\u00d7 that of pinned copies through a staging buffer" in s
                for s in sentences)
     # The staged pinned copies are still compared with pageable ones alone.
     assert any("pinned copies (the host copy into the page-locked buffer counted) run at "

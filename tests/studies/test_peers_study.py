@@ -85,7 +85,7 @@ def test_the_target_compares_our_best_path_with_the_best_peer():
     text = " ".join(peers.findings(results(*all_rates())))
     assert "ProcessPrefetcher \u00d72 (lmdb) at 3.05k samples/s" in text
     assert "FFCV Loader \u00d72 (ffcv) at 2.42k samples/s" in text
-    assert "the target of 1.2\u00d7 is met" in text
+    assert "the target of 1.20\u00d7 is met" in text
 
 
 def decode_text(*groups) -> str:

@@ -51,13 +51,13 @@ def test_prefetch_table_and_findings():
     assert table.loc["process/w2/fork", "repeats"] == 3
     assert table.loc["process/w2/fork", "cpu_utilisation"] == 1.0
     sentences = prefetch.prefetch_findings(df)
-    assert ("memmap-raw: ProcessPrefetcher \u00d72 is 4.0\u00d7 faster than torch DataLoader "
+    assert ("memmap-raw: ProcessPrefetcher \u00d72 is 4.00\u00d7 faster than torch DataLoader "
             "\u00d72 (4.00k samples/s vs 1.00k samples/s).") in sentences
     assert ("memmap-raw (copy-bound, 8 paths): one thread delivers 1.00k samples/s; the "
-            "fastest path is ProcessPrefetcher \u00d72 at 4.00k samples/s (4.0\u00d7 one "
+            "fastest path is ProcessPrefetcher \u00d72 at 4.00k samples/s (4.00\u00d7 one "
             "thread, median of 3 repeats, 3.90k samples/s\u20134.20k samples/s).") in sentences
-    assert any("8.0\u00d7 faster than pickled-queue baseline \u00d72" in s for s in sentences)
-    assert ("memmap-raw: ProcessPrefetcher \u00d72 (spawn) is 1.3\u00d7 slower than "
+    assert any("8.00\u00d7 faster than pickled-queue baseline \u00d72" in s for s in sentences)
+    assert ("memmap-raw: ProcessPrefetcher \u00d72 (spawn) is 1.33\u00d7 slower than "
             "ProcessPrefetcher \u00d72 (3.00k samples/s vs 4.00k samples/s).") in sentences
     assert ("memmap-raw: ThreadPrefetcher peaks at 2 worker(s) (2.50k samples/s); 4 workers "
             "reach 0.80\u00d7 of that peak.") in sentences
@@ -72,7 +72,7 @@ def test_renaming_a_label_keeps_every_finding(monkeypatch):
     after = prefetch.prefetch_findings(df)
     assert len(after) == len(before) == 7
     assert [s.replace("Renamed Prefetcher", "ProcessPrefetcher") for s in after] == before
-    assert any("Renamed Prefetcher \u00d72 is 4.0\u00d7 faster than torch" in s for s in after)
+    assert any("Renamed Prefetcher \u00d72 is 4.00\u00d7 faster than torch" in s for s in after)
 
 
 def drawn_bars(ax) -> dict[str, float]:
@@ -137,8 +137,8 @@ def test_decoder_findings_and_figure_agree():
     df = decoder_frame()
     table = prefetch.decoder_table(df)
     assert len(table) == 6
-    assert ("lmdb-jpeg: two threads speed up GIL-releasing simplejpeg decoding 1.9\u00d7 over "
-            "one thread, GIL-holding PIL decoding 1.2\u00d7.") in prefetch.prefetch_findings(df)
+    assert ("lmdb-jpeg: two threads speed up GIL-releasing simplejpeg decoding 1.90\u00d7 over "
+            "one thread, GIL-holding PIL decoding 1.20\u00d7.") in prefetch.prefetch_findings(df)
     (ax,) = prefetch.plot_decoders(df).axes
     heights = sorted(round(p.get_height(), 6) for p in ax.patches)
     assert heights == sorted([1.0, 1.0, 1.2, 1.8, 1.9, 1.8])
@@ -150,7 +150,7 @@ def test_tf_data_findings_compare_with_our_best_on_the_same_samples():
     assert native == (
         "The same JPEG samples: tf.data TFRecord AUTOTUNE over tfrecord-jpeg (TensorFlow "
         "decodes) delivers 150 samples/s; our best, ThreadPrefetcher \u00d72 over lmdb-jpeg "
-        "with simplejpeg, 380 samples/s (2.5\u00d7 tf.data).")
+        "with simplejpeg, 380 samples/s (2.53\u00d7 tf.data).")
     # tf.data's own pipeline is drawn in the simplejpeg panel of the same samples.
     fig = prefetch.plot_prefetch_paths(df)
     panels = {ax.get_title().split(" (")[0]: drawn_bars(ax) for ax in fig.axes}
