@@ -1,5 +1,6 @@
 """The peers study: storebench's loaders beside the libraries teams actually choose between
-(WebDataset, LitData, MosaicML Streaming, DALI, FFCV, torchdata; Lance and Zarr as formats),
+(WebDataset, LitData, MosaicML Streaming, DALI, FFCV, torchdata, SPDL; Lance and Zarr as
+formats),
 under the same rules.
 
 Every path reads the same samples (the profile's JPEG set, decode-bound, and its raw set,
@@ -73,16 +74,18 @@ STOREBENCH_PATHS = {
 PEER_PATHS = {
     "jpeg": (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "mds"),
              ("dali_file", "rawfiles"), ("dali_tfrecord", "tfrecord"), ("ffcv", "ffcv"),
-             ("torchdata", "lmdb")),
+             ("torchdata", "lmdb"), ("spdl", "lmdb"), ("spdl_io", "lmdb"),
+             ("spdl_process", "lmdb")),
     "raw": (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "mds"),
-            ("ffcv", "ffcv"), ("torchdata", "memmap")),
+            ("ffcv", "ffcv"), ("torchdata", "memmap"), ("spdl", "memmap"),
+            ("spdl_process", "memmap")),
 }
 # Our ProcessPrefetcher over every peer format that holds the encoding: the same files,
 # our loader.
 OUR_LOADER_OVER_PEER_FORMATS = "process"
 COMPACT_LATER_EPOCHS_MIN_S = 0.25
 COMPACT = {"jpeg": (("process", "lmdb"), ("webdataset", "webdataset"), ("ffcv", "ffcv"),
-                    ("dali_tfrecord", "tfrecord")),
+                    ("dali_tfrecord", "tfrecord"), ("spdl", "lmdb")),
            "raw": (("process", "memmap"), ("litdata", "litdata"))}
 ENCODINGS = ("jpeg", "raw")
 COLD_ENCODINGS = ("jpeg",)
@@ -571,7 +574,7 @@ def readme_text(results: Results, place) -> str:
 STUDY = Study(
     name=NAME,
     question="Which loader library: storebench's, or WebDataset, LitData, MDS, DALI, FFCV, "
-             "torchdata, Lance or Zarr?",
+             "torchdata, SPDL, Lance or Zarr?",
     grid=peers_grid,
     figures=(
         FigureSpec("peers_rate", "Samples per second of every loader library, epoch 1 and the "
