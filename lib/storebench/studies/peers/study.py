@@ -512,9 +512,39 @@ def target_findings(results: Results) -> list[str]:
     return out
 
 
+SPDL_PATHS = ("spdl", "spdl_io", "spdl_process")
+
+
+def spdl_findings(df: pd.DataFrame) -> list[str]:
+    """Where storebench stands against SPDL, warm, epochs 2 and on, as ratios in the same run:
+    our best path against SPDL's best, and our ThreadPrefetcher against SPDL's thread
+    stages (the same design: thread pools, GIL-releasing decode, one process)."""
+    out = []
+    for encoding in ENCODINGS:
+        found = candidates(df, encoding, "warm", RATE)
+        ours = [c for c in found if c[2] == "storebench"]
+        spdl = [c for c in found if c[0].split(":", 1)[0] in SPDL_PATHS]
+        if not ours or not spdl:
+            continue
+        what = ENCODING_NAMES.get(encoding, encoding)
+        pairs = [(ours[0], spdl[0], "storebench's best path")]
+        thread = [c for c in ours if c[0].split(":", 1)[0] == "thread"]
+        spdl_thread = [c for c in spdl if c[0].split(":", 1)[0] == "spdl"]
+        if thread and spdl_thread and (thread[0], spdl_thread[0]) != (ours[0], spdl[0]):
+            pairs.append((thread[0], spdl_thread[0], "our ThreadPrefetcher"))
+        for mine, theirs, who in pairs:
+            ratio, low, high = ratio_interval(mine[3], theirs[3])
+            interval = (f"95% interval {_precise(low)}\u2013{_precise(high)}"
+                        if math.isfinite(low) else
+                        f"fewer than {MIN_PAIRED_REPEATS} repeats on a side: no interval")
+            out.append(f"{what}, warm, epochs 2 and on: {who}, {mine[1]} at {mine[3]}, runs "
+                       f"{_precise(ratio)} SPDL's {theirs[1]} at {theirs[3]} ({interval}).")
+    return out
+
+
 def findings(results: Results) -> list[str]:
     df = results.df
-    out = target_findings(results)
+    out = target_findings(results) + spdl_findings(df)
     rows = peers_rows(df)
     jpeg = rows[(rows["encoding"] == "jpeg") & (rows["cache"] == "warm")]
     starts = []
