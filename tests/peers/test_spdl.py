@@ -180,3 +180,23 @@ def test_the_peers_case_checks_spdl_epochs(datasets):
         metrics = peer_epochs_case(case, trial)
         assert metrics["samples"][0] == CI.spec_for("jpeg").num_samples
         assert metrics["later_epochs"][0] >= 1
+
+
+@pytest.mark.parametrize("path", ["spdl", "spdl_process"])
+def test_an_epoch_after_one_left_unfinished_is_whole_and_the_next_epochs(datasets, path):
+    """A ``break`` mid-epoch, then a new pass: the next epoch's order, every sample once,
+    nothing left over from the abandoned epoch."""
+    with open_dataset(datasets["raw"]) as reader:
+        sampler = ShuffleSampler(len(reader), seed=9)
+        batches, close = open_path(path, LazyDataset(reader), sampler, decode=None,
+                                   batch_size=16)
+        try:
+            first = next(iter(batches))
+            sampler.set_epoch(0)
+            np.testing.assert_array_equal(first.indices, sampler.indices()[:16])
+            order = np.concatenate([b.indices for b in batches])
+        finally:
+            close()
+        sampler.set_epoch(1)
+        np.testing.assert_array_equal(order, sampler.indices())
+    assert not children_left()
