@@ -10,6 +10,9 @@ PEERS_VENV := .venv-peers
 PEERS_BIN := $(PEERS_VENV)/bin
 PEERS_STAMP := $(PEERS_VENV)/.installed
 FFCV_APT := libopencv-dev libturbojpeg0-dev pkg-config
+# spdl.io (SPDL's decoder) loads FFmpeg's shared libraries (Debian 12: FFmpeg 5.1).
+SPDL_APT := libavcodec59 libavformat59 libavfilter8 libavdevice59 libavutil57 libswscale6 \
+	libswresample4
 
 .PHONY: setup peers study test lint docs clean-data gpu-study gpu-wheels
 
@@ -35,6 +38,12 @@ $(PEERS_STAMP): pyproject.toml lib/storebench/_rows.c
 	  $(PEERS_BIN)/python -m pip install --disable-pip-version-check -q -e '.[ffcv]'; \
 	else \
 	  echo "make: FFCV left out: it needs $(FFCV_APT) (apt, as root)" >&2; \
+	fi
+	@if ! ldconfig -p | grep -q 'libavdevice\.so' && [ "$$(id -u)" = 0 ] \
+	    && command -v apt-get >/dev/null; then \
+	  echo "make: installing spdl.io's FFmpeg libraries with apt: $(SPDL_APT)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends $(SPDL_APT)) >/dev/null || echo "make: apt-get failed" >&2; \
 	fi
 	touch $(PEERS_STAMP)
 

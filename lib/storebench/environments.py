@@ -78,7 +78,7 @@ def needs_text(modules, *, what: str) -> str | None:
 # The distributions whose versions a run records for the peers environment.
 PEER_DISTRIBUTIONS = (
     "webdataset", "litdata", "mosaicml-streaming", "pylance", "zarr", "torchdata",
-    "nvidia-dali-cuda120", "ffcv", "numba", "numpy", "torch", "torchvision", "simplejpeg",
+    "nvidia-dali-cuda120", "ffcv", "spdl", "numba", "numpy", "torch", "torchvision", "simplejpeg",
 )
 
 

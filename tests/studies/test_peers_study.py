@@ -88,6 +88,22 @@ def test_the_target_compares_our_best_path_with_the_best_peer():
     assert "the target of 1.20\u00d7 is met" in text
 
 
+def test_the_findings_say_where_storebench_stands_against_spdl():
+    """Our best path against SPDL's best, and our ThreadPrefetcher against SPDL's thread
+    stages (the same design), as ratios of the same run with their intervals."""
+    spdl = [peer_case("spdl", "lmdb", [2500.0, 2520.0, 2490.0, 2510.0, 2505.0]),
+            peer_case("spdl_process", "lmdb", [2600.0, 2610.0, 2590.0, 2605.0, 2595.0])]
+    found = [s for s in peers.findings(results(*all_rates(), *spdl)) if "SPDL's" in s]
+    assert len(found) == 2, found
+    best, thread = found
+    assert best.startswith("JPEG, warm, epochs 2 and on: storebench's best path, "
+                           "ProcessPrefetcher \u00d72 (lmdb) at 3.05k samples/s, runs "
+                           f"{3050 / 2600:.3f}\u00d7 SPDL's SPDL pipeline in a subprocess")
+    assert f"runs {2010 / 2505:.3f}\u00d7 SPDL's SPDL pipeline (threads)" in thread
+    assert "95% interval" in best and "95% interval" in thread
+    assert not [s for s in peers.findings(results(*all_rates())) if "SPDL's" in s]
+
+
 def decode_text(*groups) -> str:
     return next(s for s in peers.findings(results(*groups)) if "JPEG decode" in s)
 

@@ -38,8 +38,9 @@ def tree_pids(pid: int) -> list[int]:
         return []
 
 
-def process_memory(pid: int) -> tuple[int, int] | None:
-    """(PSS, USS) in bytes of one process, or None if it is gone or unreadable."""
+def smaps_rollup(pid: int) -> dict[str, int] | None:
+    """``/proc/<pid>/smaps_rollup`` as bytes per field (``Pss``, ``Private_Dirty``...), or
+    None if the process is gone, unreadable or a zombie (whose rollup is empty)."""
     try:
         text = Path(f"/proc/{pid}/smaps_rollup").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
@@ -50,7 +51,13 @@ def process_memory(pid: int) -> tuple[int, int] | None:
         parts = rest.split()
         if parts and parts[0].isdigit():
             fields[name] = int(parts[0]) * _KIB
-    if "Pss" not in fields:  # a zombie has an empty rollup
+    return fields if "Pss" in fields else None
+
+
+def process_memory(pid: int) -> tuple[int, int] | None:
+    """(PSS, USS) in bytes of one process, or None if it is gone or unreadable."""
+    fields = smaps_rollup(pid)
+    if fields is None:
         return None
     return fields["Pss"], fields.get("Private_Clean", 0) + fields.get("Private_Dirty", 0)
 

@@ -37,6 +37,7 @@ EPOCH_SAMPLES = 2048
 # EPOCH_SAMPLES (``peer_specs``), as many samples as every other study's epochs read, built
 # apart under the data dir, here.
 PEER_SETS_DIR = "peers"
+IMAGENET_TRAIN_SAMPLES = 1_281_167
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class StudyPlan:
     timeout_s: float = DEFAULT_TIMEOUT_S
     compact: bool = False
     epoch_samples: int | None = EPOCH_SAMPLES
+    # Entries of the startup study's index: ImageNet-1k train's count; ci, a smaller index
+    # that still pickles to megabytes as lists.
+    index_entries: int = IMAGENET_TRAIN_SAMPLES
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -69,7 +73,7 @@ PLANS: dict[str, StudyPlan] = {
     # Fixed 3 repeats: ci exercises every path quickly, its numbers are not the reference.
     # Whole epochs: its sets (a few hundred samples) are smaller than any cap.
     "ci": StudyPlan(repeats=3, adaptive=None, timeout_s=300.0, compact=True,
-                    epoch_samples=None),
+                    epoch_samples=None, index_entries=50_000),
 }
 
 

@@ -73,6 +73,15 @@ class LoaderPath:
     shuffle: str = "full permutation (the sampler's)"
     # Whether the path delivers batches in page-locked memory when asked (pin_memory).
     pins_memory: bool = False
+    # "module:function" returning why the path cannot run here beyond a missing module
+    # (a system library its module loads lazily), or None.
+    availability: str = ""
+
+    def unavailable(self) -> str | None:
+        if not self.availability:
+            return None
+        module, _, name = self.availability.partition(":")
+        return getattr(importlib.import_module(module), name)()
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -244,6 +253,18 @@ LOADER_PATHS: dict[str, LoaderPath] = {
                    decode="ffcv (libjpeg-turbo, fast DCT)", reads_dataset_files=True,
                    environment="peers", libraries=("ffcv",), dataset_format="ffcv",
                    shuffle="full permutation (OrderOption.RANDOM)"),
+        LoaderPath("spdl", "SPDL pipeline (threads)", "peer",
+                   _imported(f"{_PEERS}.spdl_loader:spdl_batches"), decode="simplejpeg",
+                   environment="peers", libraries=("spdl.pipeline",)),
+        LoaderPath("spdl_io", "SPDL pipeline + spdl.io decode", "peer",
+                   _imported(f"{_PEERS}.spdl_loader:spdl_io_batches"),
+                   decode="spdl.io (FFmpeg)", environment="peers",
+                   libraries=("spdl.pipeline", "spdl.io"),
+                   availability=f"{_PEERS}.spdl_loader:spdl_io_unavailable"),
+        LoaderPath("spdl_process", "SPDL pipeline in a subprocess", "peer",
+                   _imported(f"{_PEERS}.spdl_loader:spdl_process_batches"),
+                   start_method="fork", decode="simplejpeg", environment="peers",
+                   libraries=("spdl.pipeline",)),
         LoaderPath("torchdata", "torchdata StatefulDataLoader", "peer",
                    _imported(f"{_PEERS}.torchdata_loader:torchdata_batches"),
                    start_method="fork", environment="peers",

@@ -1,5 +1,6 @@
 """The peers study: storebench's loaders beside the libraries teams actually choose between
-(WebDataset, LitData, MosaicML Streaming, DALI, FFCV, torchdata; Lance and Zarr as formats),
+(WebDataset, LitData, MosaicML Streaming, DALI, FFCV, torchdata, SPDL; Lance and Zarr as
+formats),
 under the same rules.
 
 Every path reads the same samples (the profile's JPEG set, decode-bound, and its raw set,
@@ -76,16 +77,18 @@ STOREBENCH_PATHS = {
 PEER_PATHS = {
     "jpeg": (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "mds"),
              ("dali_file", "rawfiles"), ("dali_tfrecord", "tfrecord"), ("ffcv", "ffcv"),
-             ("torchdata", "lmdb")),
+             ("torchdata", "lmdb"), ("spdl", "lmdb"), ("spdl_io", "lmdb"),
+             ("spdl_process", "lmdb")),
     "raw": (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "mds"),
-            ("ffcv", "ffcv"), ("torchdata", "memmap")),
+            ("ffcv", "ffcv"), ("torchdata", "memmap"), ("spdl", "memmap"),
+            ("spdl_process", "memmap")),
 }
 # Our ProcessPrefetcher over every peer format that holds the encoding: the same files,
 # our loader.
 OUR_LOADER_OVER_PEER_FORMATS = "process"
 COMPACT_LATER_EPOCHS_MIN_S = 0.25
 COMPACT = {"jpeg": (("process", "lmdb"), ("webdataset", "webdataset"), ("ffcv", "ffcv"),
-                    ("dali_tfrecord", "tfrecord")),
+                    ("dali_tfrecord", "tfrecord"), ("spdl", "lmdb")),
            "raw": (("process", "memmap"), ("litdata", "litdata"))}
 ENCODINGS = ("jpeg", "raw")
 COLD_ENCODINGS = ("jpeg",)
@@ -551,9 +554,39 @@ def target_findings(results: Results) -> list[str]:
     return out
 
 
+SPDL_PATHS = ("spdl", "spdl_io", "spdl_process")
+
+
+def spdl_findings(df: pd.DataFrame) -> list[str]:
+    """Where storebench stands against SPDL, warm, epochs 2 and on, as ratios in the same run:
+    our best path against SPDL's best, and our ThreadPrefetcher against SPDL's thread
+    stages (the same design: thread pools, GIL-releasing decode, one process)."""
+    out = []
+    for encoding in ENCODINGS:
+        found = candidates(df, encoding, "warm", RATE)
+        ours = [c for c in found if c[2] == "storebench"]
+        spdl = [c for c in found if c[0].split(":", 1)[0] in SPDL_PATHS]
+        if not ours or not spdl:
+            continue
+        what = ENCODING_NAMES.get(encoding, encoding)
+        pairs = [(ours[0], spdl[0], "storebench's best path")]
+        thread = [c for c in ours if c[0].split(":", 1)[0] == "thread"]
+        spdl_thread = [c for c in spdl if c[0].split(":", 1)[0] == "spdl"]
+        if thread and spdl_thread and (thread[0], spdl_thread[0]) != (ours[0], spdl[0]):
+            pairs.append((thread[0], spdl_thread[0], "our ThreadPrefetcher"))
+        for mine, theirs, who in pairs:
+            ratio, low, high = ratio_interval(mine[3], theirs[3])
+            interval = (f"95% interval {_precise(low)}\u2013{_precise(high)}"
+                        if math.isfinite(low) else
+                        f"fewer than {MIN_PAIRED_REPEATS} repeats on a side: no interval")
+            out.append(f"{what}, warm, epochs 2 and on: {who}, {mine[1]} at {mine[3]}, runs "
+                       f"{_precise(ratio)} SPDL's {theirs[1]} at {theirs[3]} ({interval}).")
+    return out
+
+
 def findings(results: Results) -> list[str]:
     df = results.df
-    out = target_findings(results)
+    out = target_findings(results) + spdl_findings(df)
     rows = peers_rows(df)
     jpeg = rows[(rows["encoding"] == "jpeg") & (rows["cache"] == "warm")]
     starts = []
@@ -613,7 +646,7 @@ def readme_text(results: Results, place) -> str:
 STUDY = Study(
     name=NAME,
     question="Which loader library: storebench's, or WebDataset, LitData, MDS, DALI, FFCV, "
-             "torchdata, Lance or Zarr?",
+             "torchdata, SPDL, Lance or Zarr?",
     grid=peers_grid,
     figures=(
         FigureSpec("peers_rate", "Samples per second of every loader library, epoch 1 and the "
