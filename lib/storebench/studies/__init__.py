@@ -24,6 +24,7 @@ STUDY_NAMES = (
     "out_of_core",
     "remote",
     "peers",
+    "resume",
     "gpu_decode",
 )
 
