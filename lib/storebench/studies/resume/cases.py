@@ -640,6 +640,12 @@ def _check_runnable(case: Case) -> ResumePath:
     return path
 
 
+def reference_set(case: Case) -> Path:
+    """Our memmap build of the same samples, beside the case's set: what every path's
+    deliveries are identified against."""
+    return Path(case.dataset).parent / "memmap-raw"
+
+
 def resume_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     """One path, one scenario: an epoch killed ``kills`` times and resumed, audited against
     an uninterrupted one; the checkpoints' size and save time, and the restarts' time to
@@ -647,7 +653,7 @@ def resume_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     path = _check_runnable(case)
     if case.param("scenario") in RANK_SCENARIOS:
         return ranks_case(case, path)
-    known = dataset_digests(case.param("reference"))
+    known = dataset_digests(reference_set(case))
     batches = math.ceil(len(known) / case.batch_size)
     points = kill_points(case, batches, int(case.param("kills")))
     with tempfile.TemporaryDirectory(prefix="storebench-resume-") as tmp:
@@ -668,7 +674,7 @@ def ranks_case(case: Case, path: ResumePath) -> dict[str, tuple[float, str]]:
     from ...ranks import RankDiedError, run_ranks
 
     old, new = RANK_SCENARIOS[case.param("scenario")]
-    known = dataset_digests(case.param("reference"))
+    known = dataset_digests(reference_set(case))
     share = math.ceil(len(known) / old)
     ((after, _, _),) = kill_points(case, math.ceil(share / case.batch_size), 1)
     expected = []

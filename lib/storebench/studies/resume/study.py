@@ -84,8 +84,7 @@ def resume_grid(*, profile: str, data_dir: Path | str, repeats: int | None = Non
     for name, scenario in _pairs(plan.compact):
         path = get_resume_path(name)
         params = {"path": name, "scenario": scenario, "every": every,
-                  "kills": KILLS.get(path.kind, OTHER_KILLS),
-                  "reference": str(sets / "memmap-raw")}
+                  "kills": KILLS.get(path.kind, OTHER_KILLS)}
         if path.environment:
             params["environment"] = path.environment
         if path.start_method:
@@ -99,13 +98,22 @@ def resume_grid(*, profile: str, data_dir: Path | str, repeats: int | None = Non
 
 
 def prepare(*, profile: str, data_dir: Path | str, progress: bool = True) -> None:
-    """Build the sets the study reads (``peer_specs``, in the peers environment where it
-    is installed): ours and tf.data's (memmap, TFRecord) and the peers' own formats."""
+    """Build the sets the study reads (``peer_specs``): ours and tf.data's (memmap,
+    TFRecord) with this interpreter, the peers' own formats in the peers environment
+    (where it is missing, their rows say so)."""
+    import subprocess
+    import sys
+
+    from ...formats import FORMATS
     from ..peers.study import build_peer_formats
 
-    formats = sorted({path.format for path in RESUME_PATHS.values()})
+    formats = {path.format for path in RESUME_PATHS.values()}
+    ours = sorted(f for f in formats if not getattr(FORMATS.get(f), "PEER", False))
+    subprocess.run([sys.executable, "-m", "storebench", "build", "--profile", profile,
+                    "--out", str(data_dir), "--peer-sets", "--formats", *ours,
+                    *([] if progress else ["--quiet"])], check=True)
     build_peer_formats(profile=profile, data_dir=data_dir, progress=progress,
-                       formats=tuple(formats))
+                       formats=tuple(sorted(formats - set(ours))))
 
 
 # -- the table ---------------------------------------------------------------------------
