@@ -77,6 +77,12 @@ ONE_RANK = ("not run: the path here reads as one process (its wrapper refuses a 
             "distributed run), so its state is never split over ranks")
 TORCHDATA_RANKS = ("not run: a StatefulDataLoader state is one rank's; torchdata has no way "
                    "to join ranks' states or split one over another world size")
+# Ranks cost a gloo group per phase: run for the two distinct implementations of a rank's
+# loader (our window, and the DataLoader subclass), not again for the same sampler state
+# behind another transport, so the default profile's study stays near three minutes.
+SAME_RANKS = ("not run, to bound the study's time: the same sampler state and merge as "
+              "ProcessPrefetcher (fork), whose ranks rows measure it; tests/loaders/"
+              "test_resume.py runs its ranks")
 TF_WORKERS = ("not run: tf.data has no worker count (AUTOTUNE sets its parallelism); a "
               "checkpoint restores into the same pipeline only")
 TF_RANKS = ("not run: a tf.data iterator checkpoint is one input pipeline's; TensorFlow "
@@ -85,8 +91,9 @@ RESUME_PATHS: dict[str, ResumePath] = {p.name: p for p in (
     ResumePath("process_fork", "ProcessPrefetcher (fork)", "ours", "process", "memmap",
                start_method="fork"),
     ResumePath("process_spawn", "ProcessPrefetcher (spawn)", "ours", "process", "memmap",
-               start_method="spawn"),
-    ResumePath("thread", "ThreadPrefetcher", "ours", "thread", "memmap"),
+               start_method="spawn", not_run={s: SAME_RANKS for s in RANK_SCENARIOS}),
+    ResumePath("thread", "ThreadPrefetcher", "ours", "thread", "memmap",
+               not_run={s: SAME_RANKS for s in RANK_SCENARIOS}),
     ResumePath("torch", "ResumableDataLoader (storebench torch_adapter)", "ours", "torch",
                "memmap", start_method="fork"),
     ResumePath("torchdata", "torchdata StatefulDataLoader", "torchdata", "torchdata",
