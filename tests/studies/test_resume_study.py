@@ -100,6 +100,19 @@ def test_kill_points_are_seeded_inside_the_epoch_after_a_checkpoint(tmp_path):
     assert batches == sorted(set(batches)) and len(batches) == 2
     assert all(case.param("every") < b <= 14 for b in batches)
     assert [mid for _, mid, _ in points].count(True) == 1
+    assert cases.kill_points(case, 16, 2, repeat=1) != points  # each repeat its own
+
+
+def test_repeats_are_killed_epochs_and_the_worst_audit_counts(tmp_path):
+    grid = resume.resume_grid(profile="ci", data_dir=tmp_path)
+    assert {c.repeats for c in grid} == {1} and not any(c.warmup for c in grid)
+    assert {c.repeats for c in resume.resume_grid(profile="ci", data_dir=tmp_path,
+                                                  repeats=3)} == {3}
+    rows = resume_case_rows("thread", "same_workers", exact(300.0))
+    bad = {**exact(300.0), "duplicated": 5, "in_order": 0.0, "exact": 0.0}
+    rows += [{**row, "repeat": 1} for row in resume_case_rows("thread", "same_workers", bad)]
+    (row,) = resume.resume_table(frame(rows)).itertuples()
+    assert (row.outcome, row.kills) == ("0 lost, 5 duplicated", 4)
 
 
 # -- a real killed epoch -----------------------------------------------------------------

@@ -454,11 +454,13 @@ class Runs:
         return [e for e in map(json.loads, lines) if e["event"] == name]
 
 
-def kill_points(case: Case, batches: int, kills: int) -> list[tuple[int, bool, float]]:
+def kill_points(case: Case, batches: int, kills: int, *, repeat: int = 0
+                ) -> list[tuple[int, bool, float]]:
     """(after batch, mid-batch?, fraction of a batch) for each kill: seeded by the case,
     increasing, after the first checkpoint and before the epoch's last two batches, every
-    other one mid-batch (a single kill: mid-batch or not as the seed says)."""
-    rng = np.random.default_rng([SEED, *map(ord, case.case_id)])
+    other one mid-batch (a single kill: mid-batch or not as the seed says); each repeat
+    its own."""
+    rng = np.random.default_rng([SEED, repeat, *map(ord, case.case_id)])
     every = int(case.param("every"))
     candidates = np.arange(every + 1, max(every + 1, batches - 2) + 1)
     chosen = np.sort(rng.choice(candidates, size=min(kills, len(candidates)), replace=False))
@@ -659,10 +661,10 @@ def resume_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     their first batch."""
     path = _check_runnable(case)
     if case.param("scenario") in RANK_SCENARIOS:
-        return ranks_case(case, path)
+        return ranks_case(case, path, repeat=max(trial.repeat, 0))
     known = dataset_digests(reference_set(case))
     batches = math.ceil(len(known) / case.batch_size)
-    points = kill_points(case, batches, int(case.param("kills")))
+    points = kill_points(case, batches, int(case.param("kills")), repeat=max(trial.repeat, 0))
     with tempfile.TemporaryDirectory(prefix="storebench-resume-") as tmp:
         order = uninterrupted_order(case, path, Path(tmp), known)
         runs = Runs(Path(tmp) / "killed")
@@ -674,7 +676,8 @@ def resume_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
             "mid_batch_kills": (runs.mid_batch_kills, "count")}
 
 
-def ranks_case(case: Case, path: ResumePath) -> dict[str, tuple[float, str]]:
+def ranks_case(case: Case, path: ResumePath, *, repeat: int = 0
+               ) -> dict[str, tuple[float, str]]:
     """``old`` gloo ranks killed after the same seeded batch, then ``new`` ranks restoring
     the merged state: each sample of the epoch at the old world size exactly once."""
     from ...loaders import ShuffleSampler
@@ -683,7 +686,7 @@ def ranks_case(case: Case, path: ResumePath) -> dict[str, tuple[float, str]]:
     old, new = RANK_SCENARIOS[case.param("scenario")]
     known = dataset_digests(reference_set(case))
     share = math.ceil(len(known) / old)
-    ((after, _, _),) = kill_points(case, math.ceil(share / case.batch_size), 1)
+    ((after, _, _),) = kill_points(case, math.ceil(share / case.batch_size), 1, repeat=repeat)
     expected = []
     for rank in range(old):
         sampler = ShuffleSampler(len(known), seed=SEED, rank=rank, world_size=old)
