@@ -359,8 +359,8 @@ class Killer:
 def train(config: dict, *, rank: int = 0, world_size: int = 1) -> dict:
     """One run of the training loop over one epoch (see the module docstring): restore the
     checkpoint if there is one, read on, checkpoint every ``every`` batches, die where
-    ``kill_after`` says. Returns the digests this run delivered after its restore and
-    when its first batch came (``time.time()``)."""
+    ``kill_after`` says. Returns the digests this run delivered after its restore
+    (``delivered``) and the epoch's so far, the checkpoint's included (``all``)."""
     log = EventLog(config["log"])
     checkpoint = Path(config["checkpoint"])
     loader = ResumableLoader(config, rank=rank, world_size=world_size)
@@ -523,18 +523,6 @@ def reap_group(group: int) -> None:
     remove_orphaned_shm_segments()
 
 
-def forget_orphaned_segments() -> None:
-    """Unlink the segments of killed fork-started ranks, and take them off this process's
-    resource tracker (theirs), which would otherwise warn of them as leaked at exit."""
-    from multiprocessing import resource_tracker
-
-    from ...processes import remove_orphaned_shm_segments
-
-    for name in remove_orphaned_shm_segments():
-        with contextlib.suppress(Exception):
-            resource_tracker.unregister("/" + name, "shared_memory")
-
-
 def _error_line(err: str) -> str:
     """A failed process's exception, with the source line that raised it (a bare
     ``AssertionError`` says nothing alone)."""
@@ -681,6 +669,7 @@ def ranks_case(case: Case, path: ResumePath, *, repeat: int = 0
     """``old`` gloo ranks killed after the same seeded batch, then ``new`` ranks restoring
     the merged state: each sample of the epoch at the old world size exactly once."""
     from ...loaders import ShuffleSampler
+    from ...processes import remove_orphaned_shm_segments
     from ...ranks import RankDiedError, run_ranks
 
     old, new = RANK_SCENARIOS[case.param("scenario")]
@@ -702,9 +691,14 @@ def ranks_case(case: Case, path: ResumePath, *, repeat: int = 0
             raise RuntimeError(f"{path.label}: the ranks finished the epoch before their "
                                f"kill after batch {after}")
         except RankDiedError:
-            forget_orphaned_segments()
+            # Each killed rank's resource tracker unlinks its segments (and warns of them as
+            # leaked); a rank stopped by SIGTERM may leave its own to this.
+            remove_orphaned_shm_segments()
         saved = pickle.loads(runs.checkpoint.read_bytes())
-        restart = {**config, "kill_after": None, "launch": 2, "launched_at": time.time()}
+        # No checkpoints after the resize: the new shares may differ by a batch, and a rank
+        # with one batch more would wait for the others in the checkpoint's gather.
+        restart = {**config, "kill_after": None, "every": 1 << 62, "launch": 2,
+                   "launched_at": time.time()}
         results = run_ranks(train_rank, new, args=(restart,), start_method="fork",
                             timeout_s=CHILD_TIMEOUT_S)
         costs = _costs(runs)
