@@ -33,7 +33,7 @@ def test_the_notebooks_are_there_and_every_study_has_one():
     assert [p.stem for p in NOTEBOOKS] == [
         "01_storage_formats", "02_lazy_vs_preloaded", "03_thread_vs_process_prefetch",
         "04_gpu_feed", "05_findings", "06_out_of_core", "07_remote", "08_peers",
-        "09_gpu_decode", "10_startup"]
+        "09_gpu_decode", "10_startup", "11_resume"]
     assert {study.notebook for study in STUDIES.values()} <= {p.name for p in NOTEBOOKS}
 
 

@@ -21,13 +21,16 @@ SNIPPETS = [
     if "data/ci/" in block
 ]
 QUICK_START = re.search(r"## Quick start\n.*?```python\n(.*?)```", README, flags=re.S).group(1)
+# The README's own checkpoint-and-resume example (its loader part: the rest is in docs/).
+(RESUME,) = [block for block in re.findall(r"```python\n(.*?)```", README, flags=re.S)
+             if "load_state_dict" in block]
 
 
 @pytest.fixture(scope="module")
 def ci_workdir(tmp_path_factory):
     """A working directory with the datasets the snippets open under data/ci/."""
     workdir = tmp_path_factory.mktemp("readme")
-    for snippet in SNIPPETS:
+    for snippet in [*SNIPPETS, RESUME]:
         for name, encoding in re.findall(r"data/ci/(\w+)-(\w+)", snippet):
             spec = data_gen.PROFILES["ci"].spec_for(encoding)
             build_dataset(spec, name, workdir / "data" / "ci", workers=1)
@@ -61,6 +64,26 @@ def test_snippet_runs(ci_workdir, index):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.timeout(300)
+def test_the_readme_resume_example_delivers_exactly_the_rest_of_the_epoch(ci_workdir):
+    """Short (15 lines at most), and what it says: the resumed loader, with another worker
+    count, delivers the epoch's remaining samples in the uninterrupted order."""
+    assert len(RESUME.strip().splitlines()) <= 15
+    check = """
+import numpy as np
+whole = ShuffleSampler(len(dataset), seed=0).indices()
+assert np.array_equal(np.concatenate(rest), whole[2 * 64:]), "not the rest of the epoch"
+assert len(state) < 1000, len(state)
+print("resumed", len(rest), "batches")
+"""
+    script = ci_workdir / "readme_resume.py"
+    script.write_text(RESUME + check)
+    result = subprocess.run([sys.executable, str(script)], cwd=ci_workdir,
+                            capture_output=True, text=True, timeout=280)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed 6 batches" in result.stdout  # 512 samples: 8 batches, 2 before the state
+
+
 def test_the_quick_start_snippet_runs_over_an_imported_jpeg_set(tmp_path):
     """The README's quick start, over a JPEG set where it opens data/my_images/lmdb-jpeg."""
     spec = data_gen.PROFILES["ci"].spec_for("jpeg")

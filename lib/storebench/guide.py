@@ -104,7 +104,9 @@ class GuideRow:
             interval = "exact"
         else:
             interval = f"95% interval {format_ratio(self.low)}\u2013{format_ratio(self.high)}"
-        word = ("smaller" if unit in EXACT_UNITS else "less time" if unit == "s" else
+        # A count where more is better (scenarios passed) is "more", not "smaller".
+        exact = "smaller" if self.lower_is_better else "more"
+        word = (exact if unit in EXACT_UNITS else "less time" if unit == "s" else
                 "faster" if unit == "samples/s" else "higher")
         # Two decimals: a ratio near the margin reads as what the rule compared.
         ratio = (f"{self.ratio:.2f}{MULTIPLY}" if math.isfinite(self.ratio) and self.ratio < 10

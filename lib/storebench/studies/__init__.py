@@ -25,6 +25,7 @@ STUDY_NAMES = (
     "remote",
     "peers",
     "startup",
+    "resume",
     "gpu_decode",
 )
 

@@ -208,14 +208,16 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
 
 
 def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = True,
-                       jobs: int | None = None) -> None:
+                       jobs: int | None = None, formats: tuple[str, ...] | None = None
+                       ) -> None:
     """Build the study's sets with the peers environment's interpreter (where it is missing
     the grid's rows say so): the raw and JPEG sets, cut (``peer_specs``), in every format of
     ``study_formats()`` that holds them, in ``sets_dir`` (``storebench build --peer-sets``).
     The formats are split among ``jobs`` processes (default: one per core, at most two),
     each building both sets of its formats: importing the peer libraries, not writing the
     samples, is most of a small build, and nothing is measured meanwhile. A failed build is
-    reported, not fatal: its rows become ``skipped``."""
+    reported, not fatal: its rows become ``skipped``. ``formats``: these only (the resume
+    study's)."""
     import os
     import sys
 
@@ -226,7 +228,7 @@ def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = T
     except EnvironmentUnavailableError as err:
         print(f"storebench: peers study: {err}", file=sys.stderr)
         return
-    formats = study_formats()
+    formats = formats or study_formats()
     jobs = max(1, min(jobs or min(2, os.cpu_count() or 1), len(formats)))
     processes = []
     try:

@@ -1,0 +1,1 @@
+"""The resume study: which loaders resume an epoch exactly after a SIGKILL."""
