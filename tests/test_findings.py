@@ -31,11 +31,13 @@ def test_readme_findings_table_from_a_results_dir(tmp_path):
     assert lines[0] == ("Measured on: Test CPU, 2 cores; 24.0 GB RAM; no GPU; profile `ci`; "
                         "run 2026-01-01T00:00:00+00:00.")
     assert lines[2:4] == ["| question | choice | evidence |", "|---|---|---|"]
-    assert ("| Fewest files, raw arrays (shared or object storage, many-file limits) | memmap "
-            "| memmap 2 vs rawfiles 500; 250\u00d7 smaller (exact); 2 candidates |") in lines
-    assert ("| Least disk space, lossless (raw or PNG samples) | memmap-raw | memmap-raw "
-            "1.00 MB vs rawfiles-raw 1.20 MB; 1.20\u00d7 smaller (exact); 2 candidates |"
-            ) in lines
+    assert ("| Fewest files, raw arrays (shared or object storage, many-file limits) | "
+            "memmap-raw | memmap-raw 2 vs rawfiles-raw 500; 250\u00d7 smaller (exact); 2 "
+            "candidates |") in lines
+    # Allocated bytes per sample: the ci profile's raw samples are 3,072 pixel bytes each.
+    assert ("| Least disk space per sample, allocated, lossless (raw or PNG samples) | "
+            "memmap-raw | memmap-raw 3.07 kB vs rawfiles-raw 3.69 kB; 1.20\u00d7 smaller "
+            "(exact); 2 candidates |") in lines
     (feed,) = [line for line in lines if line.startswith("| Keeping an accelerator busy")]
     assert feed.startswith("| Keeping an accelerator busy at 2 ms per batch (emulated "
                            "accelerator): which feed path? | ProcessPrefetcher \u00d72 | ")

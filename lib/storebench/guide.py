@@ -100,7 +100,7 @@ class GuideRow:
         unit = best.stat.unit
         if math.isinf(self.low):
             interval = f"fewer than {MIN_PAIRED_REPEATS} repeats on a side: no interval"
-        elif unit in EXACT_UNITS:
+        elif unit in EXACT_UNITS and self.low == self.high:
             interval = "exact"
         else:
             interval = f"95% interval {format_ratio(self.low)}\u2013{format_ratio(self.high)}"
@@ -166,7 +166,9 @@ def compare(best: Stat, other: Stat, *, lower_is_better: bool
     ratio is how many times better ``best`` is (1.0 or more), the verdict one of
     ``VERDICTS``."""
     beyond = 1.0 + DECISION_MARGIN
-    if best.unit in EXACT_UNITS:
+    # Sizes and counts are exact where every repeat gave the same value (a build's bytes);
+    # a peak memory in bytes varies between repeats and is judged by its interval.
+    if best.unit in EXACT_UNITS and best.low == best.high and other.low == other.high:
         ratio = other.median / best.median if lower_is_better else best.median / other.median
         return ratio, ratio, ratio, "better" if ratio > beyond else "equivalent"
     ratio, low, high = (ratio_interval(other, best) if lower_is_better

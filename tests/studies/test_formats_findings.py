@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pandas as pd
 import pytest
 from result_rows import build_case, case_rows, frame, read_case
 
@@ -42,10 +43,18 @@ def test_formats_findings_state_the_measured_ratios():
             "(1.00 MB); largest is rawfiles at 1.20\u00d7 (1.20 MB).") in sentences
     assert ("raw arrays: memmap reads 3.00\u00d7 faster than rawfiles warm, sequentially "
             "(median of 3 repeats: 3.00k samples/s vs 1.00k samples/s).") in sentences
-    assert any("memmap reads 8.00\u00d7 faster than rawfiles cold" in s
+    assert any("memmap reads 8.00\u00d7 faster than rawfiles cold, sequentially" in s
                and "at most 0% of the files resident" in s for s in sentences)
     assert any("slowest is rawfiles (2.00 s, 4.00\u00d7 longer)" in s for s in sentences)
     assert any("rawfiles writes 500 files, memmap 2" in s for s in sentences)
+
+
+def test_the_sequential_read_sentence_leaves_random_reads_out():
+    random_reads = frame(read_case("memmap", "warm", [90000.0] * 3, access="random"),
+                         read_case("rawfiles", "warm", [10.0] * 3, access="random"))
+    sentences = formats.formats_findings(pd.concat([formats_frame(), random_reads]))
+    assert ("raw arrays: memmap reads 3.00\u00d7 faster than rawfiles warm, sequentially "
+            "(median of 3 repeats: 3.00k samples/s vs 1.00k samples/s).") in sentences
 
 
 def test_the_build_cost_figure_draws_the_numbers_its_sentence_quotes():
@@ -102,10 +111,11 @@ def test_the_formats_guide_compares_every_measured_build():
                build_case("rawfiles", seconds=2.0, apparent=1_200_000, files=500))
     rows = {row.question: row for row in formats.guide(Results(df, {}))}
     (cold,) = [row for question, row in rows.items()
-               if question.startswith("Reading every sample once from a cold cache, raw")]
+               if question.startswith("Reading every sample once from a cold cache, "
+                                      "undecoded, raw")]
     assert {c.key for c in cold.candidates} == set(FORMATS)
     assert cold.best.key == list(FORMATS)[-1] and not cold.tie
-    space = rows["Least disk space, lossless (raw or PNG samples)"]
+    space = rows["Least disk space per sample, allocated, lossless (raw or PNG samples)"]
     assert [c.key for c in space.candidates] == ["memmap-raw", "rawfiles-raw"]
     assert space.choice == "memmap-raw" and space.ratio == pytest.approx(1.2)
 

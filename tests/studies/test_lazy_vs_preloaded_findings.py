@@ -130,3 +130,47 @@ def test_the_cold_first_epoch_question_counts_the_preload():
     assert {c.key: c.stat.median for c in cold.candidates} == pytest.approx(
         {"memmap/lazy": 1.01, "memmap/preloaded": 1.1})
     assert cold.best.key == "memmap/lazy"
+
+
+def order_case(access, *, throughput, correlation, blocks=None):
+    metrics = {"samples_per_s": throughput, "shuffle.storage_rank_correlation": [correlation] * 5}
+    if blocks is not None:
+        metrics |= {"shuffle.distinct_blocks_per_batch": [blocks] * 5,
+                    "shuffle.uniform_distinct_blocks_per_batch": [8.0] * 5,
+                    "shuffle.distinct_blocks_ratio": [blocks / 8.0] * 5}
+    return case_rows("lazy_vs_preloaded", f"epoch:hdf5/lazy/warm/{access}", metrics,
+                     format="hdf5", encoding="raw", loader="lazy", prefetcher="none",
+                     workers=0, access=access, cache="warm", resident=1.0)
+
+
+def test_block_shuffle_states_its_speed_against_what_it_gives_up_in_spread():
+    df = frame(order_case("block_shuffle", throughput=[300.0, 310.0, 290.0, 305.0, 295.0],
+                          correlation=0.25, blocks=2.0),
+               order_case("shuffle", throughput=[100.0] * 5, correlation=0.0))
+    (sentence,) = study.block_shuffle_tradeoff(df)
+    assert sentence.startswith("hdf5-raw, warm, one thread: block shuffle runs 3.00\u00d7 the "
+                               "full shuffle's throughput (95% interval ")
+    assert ("a batch draws on 2.0 blocks against 8.0 for a uniform permutation (25% of its "
+            "spread), and the order's rank correlation with storage order is 0.25 (full "
+            "shuffle: 0.00).") in sentence
+    # A format with one block (no block measures) has no trade to state.
+    single = frame(order_case("block_shuffle", throughput=[300.0] * 5, correlation=0.0),
+                   order_case("shuffle", throughput=[100.0] * 5, correlation=0.0))
+    assert study.block_shuffle_tradeoff(single) == []
+
+
+def test_the_ram_caveat_points_at_out_of_core_rows_where_the_results_have_them():
+    env = {"ram_bytes": 10e9}
+    alone = study.ram_findings(loader_frame(), env)
+    assert alone[-1].startswith("So these results do not show what happens as a dataset "
+                                "approaches or passes RAM")
+    beyond = frame(*[loader_case("memmap", "lazy", "warm", throughput=1.0, first=0.1,
+                                 pss=1e6)],
+                   case_rows("out_of_core", "ooc:memmap/k5", {"epoch1.samples_per_s": [1.0]},
+                             format="memmap", encoding="raw", loader="lazy",
+                             access="shuffle", cache="cold"),
+                   build_case("memmap", seconds=0.5, apparent=1_000_000, files=2))
+    with_ooc = study.ram_findings(beyond, env)
+    assert with_ooc[-1].startswith("Every warm case of the in-memory studies fits in the page "
+                                   "cache; the out_of_core study's rows")
+    assert not any("do not show" in sentence for sentence in with_ooc)

@@ -62,6 +62,12 @@ CASE_REPEAT = -1
 
 # Units of the metrics storebench writes; a metric not listed may use any unit in UNITS.
 METRIC_UNITS: dict[str, str] = {
+    # how well an epoch's order is shuffled (studies.shared_cases.order_quality)
+    "shuffle.storage_rank_correlation": "ratio",
+    "shuffle.displacement_ratio": "ratio",
+    "shuffle.distinct_blocks_per_batch": "count",
+    "shuffle.uniform_distinct_blocks_per_batch": "count",
+    "shuffle.distinct_blocks_ratio": "ratio",
     # added by the harness around a measured region
     "wall_seconds": "s",
     "cpu_seconds": "s",

@@ -16,7 +16,15 @@ import pandas as pd
 
 from ..results import DECISION_MARGIN, Results
 from ..text import ENCODING_NAMES, format_percent, format_ratio, markdown_table
-from .advise import AdviceError, Choice, Situation, advise, get_workload, sample_bytes
+from .advise import (
+    FIT_FRACTION,
+    AdviceError,
+    Choice,
+    Situation,
+    advise,
+    get_workload,
+    sample_bytes,
+)
 
 # The node every row is answered for: a common single-accelerator training node.
 NODE_RAM_GB = 64
@@ -38,7 +46,7 @@ class AnswerSituation:
     def text(self) -> str:
         if self.storage != "local":
             return f"{ENCODING_NAMES[self.images]}, object storage {self.rtt_ms:g} ms away"
-        size = ("fits in RAM" if self.ram_ratio <= 0.5
+        size = ("fits in RAM" if self.ram_ratio <= FIT_FRACTION
                 else f"{self.ram_ratio:g}\u00d7 the RAM")
         return f"{ENCODING_NAMES[self.images]}, local disk, {size}"
 
@@ -122,7 +130,11 @@ def answer_rows(results: Results) -> pd.DataFrame:
             **base,
             "store as": short_choice(advice.store),
             "load with": f"{load}, {advice.workers} workers",
-            "vs torch DataLoader over files": default_effect(results, row.images),
+            # The peers study reads cached sets: its effect answers the in-RAM rows only.
+            "vs torch DataLoader over files": (
+                default_effect(results, row.images)
+                if row.storage == "local" and row.ram_ratio <= FIT_FRACTION
+                else "not measured (the peers study reads sets in RAM)"),
             "busy": f"{'yes' if advice.keeps_busy else 'no'} "
                     f"({format_percent(advice.utilisation)})",
             "how sure": f"store: {sureness(advice.store)}; load: {sureness(advice.loader)}",

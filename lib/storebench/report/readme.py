@@ -61,6 +61,9 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
     timing_text = study_time_text(results_dir, place.base)
     if timing_text:
         parts += ["", timing_text]
+    later = later_runs_text(results)
+    if later:
+        parts += ["", later]
     present = set(results.df["study"])
     studies = [study for study in STUDIES.values() if study.name in present]
     for study in studies:
@@ -74,6 +77,34 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
             if png.exists():
                 parts += ["", f"![{captions[stem]}]({place.relative(png)})"]
     return "\n".join(parts) + "\n"
+
+
+def later_runs_text(results) -> str:
+    """Which studies' rows come from another run than ``env.json``'s, with that run's
+    machine limits: their rates are compared within their study only."""
+    from ..results import latest_runs
+
+    main_run = str(results.env.get("run_id", ""))
+    later: dict[str, list[str]] = {}
+    for study in dict.fromkeys(results.df["study"]):
+        rows = latest_runs(results.study(study))
+        run = str(rows["run_id"].iloc[-1]) if not rows.empty else main_run
+        if run != main_run:
+            later.setdefault(run, []).append(study)
+    if not later:
+        return ""
+    parts = []
+    for run, studies in later.items():
+        env = results.study_env(studies[0])
+        limits = env.get("limits") or {}
+        copy = limits.get("dram_copy_GBps")
+        parts.append(f"{', '.join(studies)} in run {run}"
+                     + (f" (DRAM copy {copy:.1f} GB/s)" if copy else ""))
+    main_copy = (results.env.get("limits") or {}).get("dram_copy_GBps")
+    return ("Some studies' rows come from later runs on the same machine kind, each with its "
+            "own `env-<run>.json`: " + "; ".join(parts) + ". The machine line above is run "
+            f"{main_run}'s" + (f" (DRAM copy {main_copy:.1f} GB/s)" if main_copy else "")
+            + ". Rates are compared within a study's own run, never across runs.")
 
 
 # The generated decision guide, relative to the README.

@@ -21,6 +21,7 @@ Grid vocabulary of the loader cases (the Case fields' values):
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -270,6 +271,21 @@ def check_epoch(case: Case, tally: EpochTally, num_samples: int,
                            "sample twice")
 
 
+def order_quality(case: Case, reader) -> dict[str, tuple[float, str]]:
+    """How well the case's epoch order is shuffled (``bench.shuffle_quality``), as
+    ``shuffle.*`` metrics: a pure function of its sampler, computed apart from the timed
+    epoch. Block measures only where the format has more than one block."""
+    from storebench.bench.shuffle_quality import shuffle_quality
+
+    boundaries = reader.blocks()
+    quality = shuffle_quality(make_sampler(case, reader).indices(), num_samples=len(reader),
+                              batch_size=case.batch_size or len(reader),
+                              boundaries=boundaries if len(boundaries) > 2 else None)
+    units = {"1": "ratio", "blocks": "count"}  # the results schema's units
+    return {f"shuffle.{name}": (value, units.get(unit, unit))
+            for name, (value, unit) in quality.items() if math.isfinite(value)}
+
+
 def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     """One epoch (or ``max_batches`` batches) through reader -> dataset -> sampler ->
     loader path, timed from before the dataset is made: a preload counts in
@@ -293,12 +309,12 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
             tally = drain(loader, started=started, max_batches=max_batches)
             ended = epoch_ended(tally, max_batches)
         check_epoch(case, tally, len(reader), max_batches)
-        more = {}
+        more = {} if trial.warmup else order_quality(case, reader)
         if orders and not trial.warmup:
             if close is not None:  # the timed epoch's loader stops before the next starts
                 closing, close = close, None
                 closing()
-            more = ram_order_epochs(case, orders, dataset, reader, max_batches)
+            more |= ram_order_epochs(case, orders, dataset, reader, max_batches)
     finally:
         release(reader, dataset=dataset, close=close)
     samples = tally.samples

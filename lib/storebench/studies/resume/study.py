@@ -318,6 +318,7 @@ STUDY = Study(
     findings=findings,
     guide=guide,
     notebook="11_resume.ipynb",
+    readme_figures=("resume_exact",),
     synthetic_only=True,
     prepare=prepare,
 )
