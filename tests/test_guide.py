@@ -261,6 +261,6 @@ def test_decision_guide_follows_the_studies_order_and_skips_absent_studies():
     assert set(studies) == {"formats", "prefetch"}
     by_question = {row.question: row for row in rows}
     assert by_question["Fewest files, raw arrays (shared or object storage, many-file "
-                       "limits)"].choice == "memmap"
+                       "limits)"].choice == "memmap-raw"
     cold = next(r for q, r in by_question.items() if q.startswith("Reading every sample"))
     assert cold.choice == "memmap" and cold.ratio == pytest.approx(8.0)
