@@ -163,15 +163,27 @@ def _interval_text(fmt: Callable[[float], str], row) -> str:
             f"n={row['repeats']})")
 
 
-def _met_text(row) -> str:
+def target_verdict(row) -> str:
+    """``met``, ``unmet`` (the median misses, or the interval reaches below over enough
+    repeats), ``undecided`` (the median clears it on too few repeats) or ``not measured``."""
     if not row["measured"]:
         return "not measured"
     if row["met"]:
-        return "yes"
-    if row["repeats"] < MIN_DECISION_REPEATS:
-        return f"**no** (undecided: n={row['repeats']})"
+        return "met"
+    if row["shortfall"] > 0 or row["repeats"] >= MIN_DECISION_REPEATS:
+        return "unmet"
+    return "undecided"
+
+
+def _met_text(row) -> str:
+    verdict = target_verdict(row)
+    few = f"; n={row['repeats']}" if row["repeats"] < MIN_DECISION_REPEATS else ""
+    if verdict in ("not measured", "met"):
+        return {"met": "yes"}.get(verdict, verdict)
+    if verdict == "undecided":
+        return f"**undecided** (the median clears it{few})"
     if row["shortfall"] > 0:
-        return f"**no** ({format_percent(row['shortfall'])} short)"
+        return f"**no** ({format_percent(row['shortfall'])} short{few})"
     return "**no** (the interval reaches below)"
 
 
@@ -301,7 +313,9 @@ def _unmet_caption(table: pd.DataFrame) -> str:
     import textwrap
 
     lines = []
-    for _, row in table[table["measured"] & ~table["met"]].iterrows():
+    for _, row in table.iterrows():
+        if target_verdict(row) != "unmet":
+            continue
         why = row["limiting"] or "no limiting factor measured"
         lines += textwrap.wrap(f"{row['target']} (unmet): {why}", 120)
     return "\n".join(lines)
@@ -321,11 +335,15 @@ def plot_target_ratios(table: pd.DataFrame) -> Figure:
     ax = fig.add_subplot()
     y = np.arange(len(table))
     relative = (table["value"] / table["threshold"]).to_numpy(dtype=float)
-    colours = ["#2ca02c" if met else "#d62728" for met in table["met"]]
+    colour_of = {"met": "#2ca02c", "unmet": "#d62728", "undecided": "#aaaaaa",
+                 "not measured": "#aaaaaa"}
+    colours = [colour_of[target_verdict(row)] for _, row in table.iterrows()]
     ax.barh(y, np.nan_to_num(relative), color=colours, edgecolor="black", linewidth=0.5)
     low = (table["low"] / table["threshold"]).to_numpy(dtype=float)
     high = (table["high"] / table["threshold"]).to_numpy(dtype=float)
-    bounded = np.isfinite(low) & np.isfinite(high)
+    # An interval over fewer repeats than a decision needs is not drawn.
+    bounded = (np.isfinite(low) & np.isfinite(high)
+               & (table["repeats"].to_numpy() >= MIN_DECISION_REPEATS))
     ax.errorbar(relative[bounded], y[bounded],
                 xerr=[relative[bounded] - low[bounded], high[bounded] - relative[bounded]],
                 fmt="none", ecolor="black", capsize=2)
@@ -347,7 +365,7 @@ def plot_target_ratios(table: pd.DataFrame) -> Figure:
     met = int(table["met"].sum())
     fig.suptitle(f"Which performance targets are met? {met} of {len(table)}\n(green: the 95% "
                  f"interval's lower end reaches the threshold, n \u2265 {MIN_DECISION_REPEATS};"
-                 " red: not)", fontsize="medium")
+                 f" red: not; grey: undecided, n < {MIN_DECISION_REPEATS})", fontsize="medium")
     if caption:
         fig.text(0.01, 0.0, caption, fontsize="x-small", va="bottom", ha="left")
         fig.get_layout_engine().set(rect=(0, 0.16 * caption_lines / fig.get_figheight(),
