@@ -277,7 +277,7 @@ STUDY = Study(
              "forkserver?",
     grid=grid,
     figures=(
-        FigureSpec("startup", "Time to first batch, workers' start and bytes pickled per "
+        FigureSpec("startup_index", "Time to first batch, workers' start and bytes pickled per "
                    "worker for an ImageNet-size index as arrays or lists, and memory over an "
                    "epoch under fork.", lambda results: plot_startup(results.df)),
     ),
