@@ -32,3 +32,17 @@ def children_left(seconds: float = 5.0, *, before: frozenset[int] = frozenset())
     while (left := worker_children() - before) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left
+
+
+def damaged_memmap_copy(source, destination):
+    """A copy of the memmap-raw set at ``source`` with one byte of ``images.npy`` flipped in
+    the middle (a sample damaged after the build): (its root, the damaged file)."""
+    import shutil
+    from pathlib import Path
+
+    root = Path(shutil.copytree(source, destination))
+    images = root / "images.npy"
+    data = bytearray(images.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    images.write_bytes(bytes(data))
+    return root, images

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from peer_support import children_left
+from peer_support import children_left, damaged_memmap_copy
 
 import data_gen
 from storebench.bench.case import Case, Trial
@@ -146,13 +146,7 @@ def test_close_mid_epoch_ends_threads_and_subprocess(datasets, path):
 def test_a_damaged_file_is_the_readers_error_naming_it(datasets, tmp_path, path):
     """A sample damaged after the build: our reader's DatasetError, naming the file, reaches
     the training loop through SPDL's stages (and out of its subprocess)."""
-    import shutil
-
-    root = Path(shutil.copytree(datasets["raw"], tmp_path / "memmap-raw"))
-    images = root / "images.npy"
-    data = bytearray(images.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    images.write_bytes(bytes(data))
+    root, images = damaged_memmap_copy(datasets["raw"], tmp_path / "memmap-raw")
     with open_dataset(root, verify=True) as reader:
         batches, close = open_path(path, LazyDataset(reader), SequentialSampler(len(reader)),
                                    decode=None)

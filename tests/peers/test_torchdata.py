@@ -4,12 +4,11 @@ workers, damage is the reader's error."""
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from peer_support import children_left, worker_children
+from peer_support import children_left, damaged_memmap_copy, worker_children
 
 import data_gen
 from storebench.formats import DatasetError, build_dataset, open_dataset
@@ -139,11 +138,7 @@ def test_close_ends_the_workers_of_an_unfinished_epoch(dataset):
 
 
 def test_damaged_file_is_the_readers_error_naming_it(datasets, tmp_path):
-    root = Path(shutil.copytree(datasets["raw"], tmp_path / "memmap-raw"))
-    images = root / "images.npy"
-    data = bytearray(images.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    images.write_bytes(bytes(data))
+    root, images = damaged_memmap_copy(datasets["raw"], tmp_path / "memmap-raw")
     with open_dataset(root, verify=True) as reader:
         batches, close = open_path(LazyDataset(reader), SequentialSampler(len(reader)),
                                    workers=2)
