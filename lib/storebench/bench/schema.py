@@ -88,6 +88,13 @@ METRIC_UNITS: dict[str, str] = {
     "set_epoch_seconds": "s",
     "preload_seconds": "s",
     "cpu_utilisation": "ratio",
+    # the steady window of a loader case (studies.steady): what it covered, the read-ahead
+    # it skipped, whether the loader's workers ran on across epochs (1) or restarted (0)
+    "steady_batches": "count",
+    "steady_seconds": "s",
+    "steady_epochs": "count",
+    "read_ahead_batches": "count",
+    "persistent_workers": "count",
     # build cost, from the manifests
     "write_seconds": "s",
     "write_MBps": "MB/s",

@@ -66,9 +66,9 @@ from ..grid import (
     batch_size_for,
     dataset_fields,
     decode_params,
-    epoch_fields,
     profile_datasets,
     repeat_fields,
+    steady_fields,
 )
 from ..shared_cases import ACCESS_ORDERS
 
@@ -84,7 +84,7 @@ RAM_ORDERS = ("sequential", "shuffle")
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
     """See the module docstring."""
     plan = plan_for(profile)
-    repeats = {**repeat_fields(profile, repeats), **epoch_fields(profile)}
+    repeats = {**repeat_fields(profile, repeats), **steady_fields(profile)}
     cases = []
     for path, manifest in profile_datasets(profile, data_dir):
         raw = manifest["encoding"] == "raw"

@@ -41,10 +41,10 @@ from ..grid import (
     dataset_fields,
     decode_params,
     encoded_pick,
-    epoch_fields,
     pick,
     profile_datasets,
     repeat_fields,
+    steady_fields,
 )
 
 CASES = "storebench.studies.prefetch.cases"
@@ -99,7 +99,7 @@ COMPACT_RAW = (*COMPACT_CORE, PrefetchVariant("pickled_baseline", 2, "fork"),
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
     """See the module docstring."""
     plan = plan_for(profile)
-    repeats = {**repeat_fields(profile, repeats), **epoch_fields(profile)}
+    repeats = {**repeat_fields(profile, repeats), **steady_fields(profile)}
     datasets = profile_datasets(profile, data_dir)
     raw = pick(datasets, "raw", ("memmap", "lmdb", "hdf5"))
     encoded = encoded_pick(datasets, ("lmdb", "rawfiles", "hdf5"))
