@@ -252,3 +252,52 @@ def test_the_plan_sizes_the_steady_window_small_for_ci():
     ci = plan_for("ci")
     assert ci.steady_seconds == 0.0 and ci.steady_batches < STEADY_BATCHES
     assert epoch_fields("ci")["steady_batches"] == ci.steady_batches
+
+
+@pytest.mark.timeout(300)
+def test_tf_data_runs_on_across_epochs_of_its_repeated_pipeline(tmp_path):
+    """tf.data's pipeline is repeated, not made again per epoch: its epochs are stretches of
+    the set's sample count, each whole (batches never straddle two)."""
+    pytest.importorskip("tensorflow")
+    build_dataset(PROFILES["ci"].spec_for("jpeg"), "tfrecord", tmp_path, workers=1)
+    path = tmp_path / "tfrecord-jpeg"
+    n = len(open_dataset(path, verify=False))
+    per_epoch = -(-n // 32)
+    case = Case(study="s", function=FUNCTION, format="tfrecord", encoding="jpeg",
+                dataset=str(path), loader="lazy", prefetcher="tf_data", batch_size=32,
+                access="shuffle", repeats=1, steady_batches=2 * per_epoch,
+                params={"decode": "tf", "shuffle_buffer": 64})
+    run, _, _ = run_case(case)
+    assert run.persistent and run.read_ahead == 2 + 2 * (os.cpu_count() or 1)
+    assert len(run.epochs) >= 3
+    assert [epoch.samples for epoch in run.epochs if not epoch.stopped] == [n] * sum(
+        not epoch.stopped for epoch in run.epochs)
+
+
+def test_the_prefetch_guide_asks_which_path_is_fastest_to_its_first_batch_apart():
+    """Start-up is its own question (lower is better), never folded into the throughput's;
+    tf.data joins the simplejpeg question as it does the throughput's."""
+    from result_rows import case_rows, frame
+
+    from storebench.results import Results
+    from storebench.studies import STUDIES
+
+    def case(prefetcher, workers, rate, first, *, fmt="lmdb", decode="simplejpeg"):
+        return case_rows("prefetch", f"epoch:{fmt}/{prefetcher}/{workers}",
+                         {"samples_per_s": [rate] * 5, "time_to_first_batch_s": first},
+                         format=fmt, encoding="jpeg", loader="lazy", prefetcher=prefetcher,
+                         workers=workers, access="shuffle", cache="warm", batch_size=256,
+                         params={"decode": decode})
+
+    df = frame(case("thread", 2, 900.0, [0.010, 0.011, 0.009, 0.010, 0.010]),
+               case("process", 2, 1000.0, [0.100, 0.101, 0.099, 0.100, 0.100]),
+               case("tf_data", 0, 500.0, [0.500, 0.501, 0.499, 0.500, 0.500],
+                    fmt="tfrecord", decode="tf"))
+    rows = STUDIES["prefetch"].guide(Results(df, {"cpus_usable": 2}))
+    throughput, first = rows
+    assert throughput.metric == "samples_per_s" and throughput.best.key == "process/w2/"
+    assert first.metric == "time_to_first_batch_s" and first.lower_is_better
+    assert first.question.startswith("Fastest to first batch:")
+    assert [c.key for c in first.candidates] == ["thread/w2/", "process/w2/", "tf_data/w0/"]
+    assert first.candidates[-1].label.endswith("over tfrecord-jpeg")
+    assert first.facets["question"] == "first_batch" and not first.tie

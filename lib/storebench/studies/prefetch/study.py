@@ -48,6 +48,8 @@ from ..grid import (
 )
 
 CASES = "storebench.studies.prefetch.cases"
+# Start-up, from a fresh loader: its own guide question (``first_batch_guide``).
+FIRST_BATCH = "time_to_first_batch_s"
 
 
 @dataclass(frozen=True)
@@ -496,6 +498,34 @@ def guide(results: Results) -> list:
         out.append(choose("prefetch", f"{question} ({profile_caption(part, encoding)})",
                           "samples_per_s", candidates,
                           facets={"encoding": encoding, "decode": decode, "dataset": dataset}))
+    return [row for row in out if row is not None] + first_batch_guide(results, rows, cores)
+
+
+def first_batch_guide(results: Results, rows: pd.DataFrame, cores) -> list:
+    """Start-up as its own question, never mixed into a throughput: per dataset and
+    decoder, the loader path fastest to its first batch from a fresh loader (workers
+    started, ``time_to_first_batch_s``)."""
+    from ...guide import Candidate, choose
+
+    picked = select(rows, FIRST_BATCH)
+    native = picked[picked["prefetcher"] == "tf_data"]
+    out = []
+    for (dataset, decode), part in picked[picked["prefetcher"] != "tf_data"].groupby(
+            ["dataset", "decode"], sort=False):
+        encoding = part["encoding"].iloc[0]
+        what = ("decoded raw arrays" if decode == "none" else
+                f"{ENCODING_NAMES.get(encoding, encoding)} decoded with {decode}")
+        both = pd.concat([part, native]) if decode in ("simplejpeg", "auto") else part
+        candidates = [Candidate(key, label + ("" if d == dataset else f" over {d}"),
+                                stat(both, FIRST_BATCH, path=key))
+                      for key, label, d in dict.fromkeys(
+                          zip(both["path"], both["label"], both["dataset"]))]
+        out.append(choose(
+            "prefetch", f"Fastest to first batch: {what} from a cached {dataset}, a fresh "
+            f"loader (workers started), {cores} cores: which loader path? "
+            f"({profile_caption(part, encoding)})", FIRST_BATCH, candidates,
+            lower_is_better=True, facets={"question": "first_batch", "encoding": encoding,
+                                          "decode": decode, "dataset": dataset}))
     return [row for row in out if row is not None]
 
 
