@@ -709,7 +709,9 @@ def test_a_preloaded_case_warms_up_without_preloading(ci_data_dir, monkeypatch):
     warm = loader_epoch_case(case, Trial(case, CASE_REPEAT))
     assert warm["samples"] == (WARMUP_BATCHES * 32, "count") and preloads == []
     timed = loader_epoch_case(case, Trial(case, 0))
-    assert timed["samples"] == (read_manifest(path)["num_samples"], "count")
+    # Its epochs run on until the steady window holds a batch past the read-ahead: here
+    # within the first, over the one preload.
+    assert timed["samples"][0] >= (4 + 2) * 32 and timed["steady_epochs"] == (1, "count")
     assert preloads == [1]
 
 
