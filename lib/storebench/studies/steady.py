@@ -73,17 +73,13 @@ def read_ahead_batches(loader, *, prefetcher: str, batch_size: int,
                        shuffle_buffer: int = 0, shuffle: bool = True) -> int:
     """*D*: the batches ``loader`` (of path ``prefetcher``) may read before the consumer
     takes its first (see the module docstring)."""
-    depth = getattr(loader, "depth", None)
-    if isinstance(depth, int):
-        return depth
-    if prefetcher == "torch":
-        workers = int(getattr(loader, "num_workers", 0))
-        return workers * int(getattr(loader, "prefetch_factor", None) or 0)
+    from storebench.loaders import read_ahead_batches as window_depth
+
     if prefetcher in ("tf_data", "tf_generator"):
         buffered = (math.ceil(shuffle_buffer / batch_size)
                     if prefetcher == "tf_data" and shuffle else 0)
         return buffered + AUTOTUNE_READ_AHEAD_PER_CORE * (os.cpu_count() or 1)
-    return 0
+    return window_depth(loader)  # a prefetcher's depth, a DataLoader's prefetch x workers
 
 
 class SteadyWindow:
