@@ -301,3 +301,19 @@ def test_the_prefetch_guide_asks_which_path_is_fastest_to_its_first_batch_apart(
     assert [c.key for c in first.candidates] == ["thread/w2/", "process/w2/", "tf_data/w0/"]
     assert first.candidates[-1].label.endswith("over tfrecord-jpeg")
     assert first.facets["question"] == "first_batch" and not first.tie
+
+
+@pytest.mark.timeout(120)
+def test_the_peers_case_reads_later_epochs_until_they_hold_the_steady_minimum(memmap_set):
+    """Later epochs (on the same loader) are the peers case's steady state: as many as the
+    case's steady_batches need, and start-up reported apart as time_to_first_batch_s."""
+    from storebench.studies.peers.cases import peer_epochs_case
+
+    per_epoch = 512 // 32
+    case = loader_case(memmap_set, "process", steady=2 * per_epoch + 1,
+                       params={"later_epochs_min_s": 0.0}, warmup=False)
+    metrics = peer_epochs_case(case, Trial(case, 0))
+    assert metrics["later_epochs"] == (3, "count")
+    assert metrics["steady_batches"] == (3 * per_epoch, "count")
+    assert metrics["time_to_first_batch_s"] == metrics["epoch1_first_batch_s"]
+    assert metrics["steady_seconds"][0] > 0
