@@ -268,7 +268,7 @@ def test_tf_data_runs_on_across_epochs_of_its_repeated_pipeline(tmp_path):
                 access="shuffle", repeats=1, steady_batches=2 * per_epoch,
                 params={"decode": "tf", "shuffle_buffer": 64})
     run, _, _ = run_case(case)
-    assert run.persistent and run.read_ahead == 2 + 2 * (os.cpu_count() or 1)
+    assert run.persistent and run.read_ahead == 2 + 2 * len(os.sched_getaffinity(0))
     assert len(run.epochs) >= 3
     assert [epoch.samples for epoch in run.epochs if not epoch.stopped] == [n] * sum(
         not epoch.stopped for epoch in run.epochs)

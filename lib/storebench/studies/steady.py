@@ -78,7 +78,7 @@ def read_ahead_batches(loader, *, prefetcher: str, batch_size: int,
     if prefetcher in ("tf_data", "tf_generator"):
         buffered = (math.ceil(shuffle_buffer / batch_size)
                     if prefetcher == "tf_data" and shuffle else 0)
-        return buffered + AUTOTUNE_READ_AHEAD_PER_CORE * (os.cpu_count() or 1)
+        return buffered + AUTOTUNE_READ_AHEAD_PER_CORE * len(os.sched_getaffinity(0))
     return window_depth(loader)  # a prefetcher's depth, a DataLoader's prefetch x workers
 
 
