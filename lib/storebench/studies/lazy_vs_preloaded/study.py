@@ -567,8 +567,8 @@ def guide(results: Results) -> list:
             facets={"encoding": encoding, "epochs": "later"}))
         # A cold first epoch: a preload's own time counts, so compare seconds to the end
         # of the epoch (preload plus epoch), lower is better. A preload reads the whole set,
-        # so the epoch is the whole set's too, at the rate its repeat measured (rows of
-        # epochs sized to ``epoch_samples``; results without the metric have whole epochs).
+        # so the epoch is the whole set's too: its start-up, then the set at the repeat's
+        # steady rate (``set_epoch_seconds``; results without the metric: whole epochs).
         epoch_metric = ("set_epoch_seconds" if "set_epoch_seconds" in set(rows["metric"])
                         else "epoch_seconds")
         cold = rows[(rows["encoding"] == encoding) & (rows["cache"] == "cold")]
