@@ -5,6 +5,7 @@ counts, workers kept across a case's epochs, every sample once per epoch, a fres
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -272,6 +273,10 @@ def test_tf_data_runs_on_across_epochs_of_its_repeated_pipeline(tmp_path):
     assert len(run.epochs) >= 3
     assert [epoch.samples for epoch in run.epochs if not epoch.stopped] == [n] * sum(
         not epoch.stopped for epoch in run.epochs)
+    # A buffer larger than the set holds the set: its read-ahead is the set's batches.
+    larger = dataclasses.replace(case, params={"decode": "tf", "shuffle_buffer": 4096},
+                                 steady_batches=1)
+    assert run_case(larger)[0].read_ahead == per_epoch + 2 * len(os.sched_getaffinity(0))
 
 
 def test_the_prefetch_guide_asks_which_path_is_fastest_to_its_first_batch_apart():

@@ -382,7 +382,9 @@ def run_loader(case: Case, loader, sampler, *, started: float, num_samples: int,
 
     skip = read_ahead_batches(loader, prefetcher=case.prefetcher,
                               batch_size=case.batch_size or 256,
-                              shuffle_buffer=int(case.param("shuffle_buffer", 4096)),
+                              # a buffer holds no more than an epoch's samples
+                              shuffle_buffer=min(int(case.param("shuffle_buffer", 4096)),
+                                                 num_samples),
                               shuffle=case.access != "sequential")
     run = LoaderRun([], SteadyWindow(skip=skip), skip,
                     persists_workers(case.prefetcher, case.workers))
@@ -451,7 +453,7 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     ``set_epoch_seconds`` an epoch of the whole set (start-up, then the steady rate)."""
     from storebench.formats import open_dataset
 
-    from .steady import NO_WORKER_PATHS
+    from .steady import has_workers
 
     reader = open_dataset(case.dataset, verify=False, **open_options(case))
     max_batches = trial.batches_wanted(case.param("max_batches"), samples=len(reader))
@@ -478,7 +480,7 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         release(reader, dataset=dataset, close=close)
     if trial.warmup:
         return {"samples": (run.samples, "count")}
-    if case.prefetcher not in NO_WORKER_PATHS:
+    if has_workers(case.prefetcher, case.workers):
         more["persistent_workers"] = (float(run.persistent), "count")
     return {
         "samples": (run.samples, "count"),

@@ -17,10 +17,10 @@ A loader case times two things apart (``shared_cases.loader_epoch_case``):
 
 *D* per path: our ``ThreadPrefetcher`` / ``ProcessPrefetcher`` and the baselines, their
 window ``depth`` (2 per worker by default); torch ``DataLoader``, ``prefetch_factor`` x
-``num_workers``; tf.data, its shuffle buffer in batches (``tf_data``: the buffer fills
-before the first batch) plus ``AUTOTUNE_READ_AHEAD_PER_CORE`` per core (AUTOTUNE has no
-fixed depth); the one-thread path, 0 (it reads nothing ahead: the window opens at its first
-batch).
+``num_workers``; tf.data, its shuffle buffer in batches (``tf_data``: the buffer, at most
+an epoch's samples, fills before the first batch) plus ``AUTOTUNE_READ_AHEAD_PER_CORE`` per
+usable core (AUTOTUNE has no fixed depth); the one-thread path, 0 (it reads nothing ahead:
+the window opens at its first batch).
 
 An epoch of a small set may hold fewer batches than that. Where the path keeps its workers
 across epochs (``persists_workers``), the next epoch runs through the same loader and the
@@ -59,6 +59,14 @@ class SteadyMinimum:
         if self.batches < 0 or not self.seconds >= 0:
             raise ValueError(f"a steady minimum needs batches >= 0 and seconds >= 0, got "
                              f"{self.batches} and {self.seconds}")
+
+
+def has_workers(prefetcher: str, workers: int | None) -> bool:
+    """Whether loader path ``prefetcher`` with ``workers`` runs workers of its own (tf.data:
+    its runtime's threads)."""
+    if prefetcher in NO_WORKER_PATHS:
+        return False
+    return bool(workers) or prefetcher in ("tf_data", "tf_generator")
 
 
 def persists_workers(prefetcher: str, workers: int | None) -> bool:
