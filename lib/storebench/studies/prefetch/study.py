@@ -521,10 +521,12 @@ def first_batch_guide(results: Results, rows: pd.DataFrame, cores) -> list:
         what = ("decoded raw arrays" if decode == "none" else
                 f"{ENCODING_NAMES.get(encoding, encoding)} decoded with {decode}")
         both = pd.concat([part, native]) if decode in ("simplejpeg", "auto") else part
-        candidates = [Candidate(key, label + ("" if d == dataset else f" over {d}"),
+        # Start-up above all differs by start method: each process path names its own.
+        candidates = [Candidate(key, label + (f" ({method})" if method and method not in label
+                                              else "") + ("" if d == dataset else f" over {d}"),
                                 stat(both, FIRST_BATCH, path=key))
-                      for key, label, d in dict.fromkeys(
-                          zip(both["path"], both["label"], both["dataset"]))]
+                      for key, label, method, d in dict.fromkeys(zip(
+                          both["path"], both["label"], both["start_method"], both["dataset"]))]
         out.append(choose(
             "prefetch", f"Fastest to first batch: {what} from a cached {dataset}, a fresh "
             f"loader (workers started), {cores} cores: which loader path? "
