@@ -79,7 +79,7 @@ def compare_guides(rows_a: list[GuideRow], rows_b: list[GuideRow]
 
 def compare_text(comparisons: list[QuestionComparison], run_a: str, run_b: str) -> str:
     """A table (question | RUN_A | RUN_B | outcome) and the share of decisions that hold."""
-    header = ("question", run_a, run_b, "outcome")
+    header = ("question", "RUN_A", "RUN_B", "outcome")
     table = [header] + [(c.question, c.decision_a, c.decision_b, c.outcome)
                         for c in comparisons]
     widths = [min(60, max(len(row[i]) for row in table)) for i in range(3)]
@@ -89,14 +89,15 @@ def compare_text(comparisons: list[QuestionComparison], run_a: str, run_b: str) 
                  for text, w in zip(cells, widths)]
         return " | ".join([*shown, cells[3]])
 
-    lines = [line(header), "-+-".join("-" * w for w in widths) + "-+-" + "-" * 20]
+    rule = "-+-".join(["-" * w for w in widths] + ["-" * 20])
+    lines = [f"RUN_A: {run_a}", f"RUN_B: {run_b}", "", line(header), rule]
     lines += [line(row) for row in table[1:]]
     decisions = [c for c in comparisons if c.is_decision]
     held = sum(c.outcome == HOLDS for c in decisions)
     flipped = sum(c.outcome == FLIPPED for c in decisions)
     share = f"{held / len(decisions):.0%}" if decisions else "n/a"
     lines.append("")
-    lines.append(f"{held} of {len(decisions)} decisions of {run_a} hold in {run_b} ({share}); "
+    lines.append(f"{held} of {len(decisions)} decisions of RUN_A hold in RUN_B ({share}); "
                  f"{flipped} flipped to another winner")
     return "\n".join(lines)
 
