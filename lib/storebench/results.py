@@ -409,3 +409,40 @@ def keyed_throughput(df: pd.DataFrame) -> pd.DataFrame:
         return rows.assign(key=pd.Series(dtype=object))
     keys = [measurement_key(row) for row in rows.to_dict("records")]
     return rows.assign(key=pd.Series(keys, index=rows.index, dtype=object))
+
+
+# -- peaks: sampled PSS/USS only where the region was long enough to sample -------------
+SAMPLED_PEAK_METRICS = ("peak_pss_bytes", "peak_uss_bytes")
+_REPEAT_KEY = ["run_id", "study", "case_id", "repeat"]
+
+
+def short_peak_regions(df: pd.DataFrame) -> pd.DataFrame:
+    """The repeats (``run_id, study, case_id, repeat``) whose timed region was shorter than
+    ``bench.metrics.MIN_PEAK_SAMPLES`` sampling periods: their sampled peaks are no peak.
+    Rows that say so (``peak_memory_reliable`` 0) and, for runs written before that metric,
+    rows whose ``wall_seconds`` is below that many ``peak_memory_sample_gap_s``."""
+    from .bench.metrics import MIN_PEAK_SAMPLES
+
+    wanted = ("peak_memory_reliable", "wall_seconds", "peak_memory_sample_gap_s")
+    rows = df[df["metric"].isin(wanted) & (df["status"] == "ok")]
+    if rows.empty:
+        return pd.DataFrame(columns=_REPEAT_KEY)
+    table = rows.pivot_table(index=_REPEAT_KEY, columns="metric", values="value",
+                             aggfunc="first")
+    table = table.reindex(columns=list(wanted))
+    said = table["peak_memory_reliable"]
+    derived = table["wall_seconds"] < MIN_PEAK_SAMPLES * table["peak_memory_sample_gap_s"]
+    short = (said == 0) | (said.isna() & derived)
+    return table[short].reset_index()[_REPEAT_KEY]
+
+
+def reliable_peaks(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` without the sampled peak rows (``SAMPLED_PEAK_METRICS``) of repeats whose region
+    was too short to sample (``short_peak_regions``): what a peak-memory figure may draw."""
+    short = short_peak_regions(df)
+    if short.empty:
+        return df
+    marked = df[_REPEAT_KEY].merge(short.assign(_short=True), how="left", on=_REPEAT_KEY)
+    drop = marked["_short"].fillna(False).to_numpy(dtype=bool) & df["metric"].isin(
+        SAMPLED_PEAK_METRICS).to_numpy()
+    return df[~drop]
