@@ -242,13 +242,16 @@ class PeakMemorySampler:
         self._thread: threading.Thread | None = None
 
     def _sample(self) -> None:
-        memory = tree_memory(self.pid)
-        for member in tree_pids(self.pid):
+        pss = uss = 0
+        for member in tree_pids(self.pid):  # one walk of the tree for both figures
+            got = process_memory(member)
             high = high_water_rss(member)
+            if got is not None:
+                pss, uss = pss + got[0], uss + got[1]
             if high is not None:
                 self.high_water_bytes[member] = max(high, self.high_water_bytes.get(member, 0))
-        self.peak_pss_bytes = max(self.peak_pss_bytes, memory.pss_bytes)
-        self.peak_uss_bytes = max(self.peak_uss_bytes, memory.uss_bytes)
+        self.peak_pss_bytes = max(self.peak_pss_bytes, pss)
+        self.peak_uss_bytes = max(self.peak_uss_bytes, uss)
         self.samples += 1
 
     def _loop(self) -> None:
@@ -283,8 +286,9 @@ class PeakMemorySampler:
 
 
 class RegionMeasurement:
-    """Wall seconds, CPU seconds (user + system over the process tree) and peak PSS/USS of
-    the block it wraps::
+    """Wall seconds, CPU seconds (user + system over the process tree), the tree's peak
+    memory from the kernel (``KernelPeak``) and its sampled peak PSS/USS over the block it
+    wraps::
 
         with RegionMeasurement() as m:
             work()
