@@ -135,6 +135,7 @@ class KernelPeak:
         self._sampler = sampler
         self._cgroup = None
         self._peak_file = None
+        self._children_before = 0
         self.from_cgroup = False
         self.peak_bytes = 0
 
