@@ -43,8 +43,10 @@ def _build(args: argparse.Namespace) -> int:
                              "it takes neither --encodings nor --samples")
         build_peer_sets(profile.name, out, formats=args.formats, **options)
         return 0
+    if args.family != "synthetic" and not args.out:
+        out = out / args.family  # its dataset names would clash with the synthetic sets'
     build_profile(profile.name, out, formats=args.formats, encodings=args.encodings,
-                  samples=args.samples, **options)
+                  samples=args.samples, family=args.family, **options)
     return 0
 
 
@@ -234,6 +236,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--peer-sets", action="store_true",
                    help="build the sets the peers study reads: the raw and JPEG sets cut to "
                         "one count (at most 2,048 samples), in OUT/peers")
+    b.add_argument("--family", default="synthetic", choices=data_gen.FAMILIES,
+                   help="the profile's synthetic sets, or its ImageNet-like JPEG set and "
+                        "224x224 raw copy (in OUT/imagenet)")
     b.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_build)
