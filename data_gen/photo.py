@@ -47,8 +47,8 @@ PHOTO_KIND = "photo"
 PHOTO_ENCODINGS = ("jpeg", "raw")
 
 # The size distribution (see the module docstring).
-LONG_500_FRACTION = 0.55
-LONG_SIDE_MEDIAN = 440.0
+LONG_500_FRACTION = 0.4
+LONG_SIDE_MEDIAN = 420.0
 LONG_SIDE_SIGMA = 0.35
 LONG_SIDE_RANGE = (160, 1024)
 ASPECT_MEDIAN = 4.0 / 3.0
