@@ -76,9 +76,9 @@ def test_same_bytes_for_the_same_spec_and_index():
     assert data_gen.sample(SMALL, 5) == data_gen.sample(jpeg, 5)
     assert data_gen.sample(PhotoSpec(8, seed=SMALL.seed + 1), 5)[0] != forward[5]
     code = (
-        "import hashlib, data_gen; spec = data_gen.PhotoSpec(8, seed=%d); h = hashlib.sha256();"
+        f"import hashlib, data_gen; spec = data_gen.PhotoSpec(8, seed={SMALL.seed});"
+        "h = hashlib.sha256();"
         "[h.update(data_gen.sample(spec, i)[0]) for i in range(8)]; print(h.hexdigest())"
-        % SMALL.seed
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)
@@ -107,7 +107,7 @@ def test_spec_shapes_and_round_trip():
     assert raw.image_shape == (224, 224, 3) and raw.raw_sample_bytes == 150_528
     assert fixed_size(raw) and not fixed_size(SMALL)
     with pytest.raises(VariableShapeError, match="differ in size.*RandomResizedCropFlip"):
-        SMALL.image_shape
+        _ = SMALL.image_shape
     for spec in (raw, SMALL):
         assert spec_from_dict(spec.to_dict()) == spec
     assert SMALL.decoded_bytes == sum(

@@ -11,8 +11,14 @@ import pytest
 
 import data_gen
 from data_gen import PhotoSpec
-from storebench.formats import FORMATS, DatasetError, build_dataset, open_dataset
-from storebench.formats import get_format, unavailable_reason
+from storebench.formats import (
+    FORMATS,
+    DatasetError,
+    build_dataset,
+    get_format,
+    open_dataset,
+    unavailable_reason,
+)
 from storebench.loaders import LazyDataset, PreloadedDataset
 from storebench.study import build_profile, check_build_space
 from storebench.verify import verify_dataset
