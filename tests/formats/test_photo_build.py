@@ -77,12 +77,10 @@ def test_decoded_images_keep_their_own_sizes(root, expected, kind):
 
 def test_a_build_that_cannot_fit_is_refused_before_anything_is_written(tmp_path):
     huge = PhotoSpec(10**9, seed=JPEG.seed)  # about 100 TB
-    free = shutil.disk_usage(tmp_path).free
     with pytest.raises(DatasetError, match=r"the large set needs about [\d.]+ MiB, only "
                        r"[\d.]+ MiB is free there; free some space"):
         check_build_space([huge], {"lmdb": get_format("lmdb")}, tmp_path, what="the large set")
     assert list(tmp_path.iterdir()) == []
-    assert shutil.disk_usage(tmp_path).free >= free - 2**20
     # A build of the large profile checks the same way before it generates a sample.
     profile = data_gen.get_profile("large")
     need = sum(spec.num_samples for spec in profile.imagenet) * 100_000

@@ -123,7 +123,12 @@ class RandomResizedCropFlip:
             crop = decoded[p.top : p.top + p.height, p.left : p.left + p.width]
             return self._finish(crop, (0.0, 0.0, float(p.width), float(p.height)), p.flipped)
         box = (p.left * sx, p.top * sy, (p.left + p.width) * sx, (p.top + p.height) * sy)
-        return self._finish(decoded, box, p.flipped)
+        # Hand Pillow only the whole pixels the box touches, not the whole decoded image.
+        x0, y0 = int(box[0]), int(box[1])
+        x1 = min(math.ceil(box[2]), decoded.shape[1])
+        y1 = min(math.ceil(box[3]), decoded.shape[0])
+        return self._finish(decoded[y0:y1, x0:x1],
+                            (box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0), p.flipped)
 
     def _finish(self, image: np.ndarray, box: tuple[float, float, float, float],
                 flipped: bool) -> np.ndarray:
