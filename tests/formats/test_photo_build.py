@@ -4,10 +4,12 @@ check, before anything is written."""
 
 from __future__ import annotations
 
+import io
 import shutil
 
 import numpy as np
 import pytest
+from PIL import Image
 
 import data_gen
 from data_gen import PhotoSpec
@@ -95,3 +97,23 @@ def test_sets_already_built_are_not_counted_again(root):
     # Every format of the two specs is built in root: nothing more is needed.
     modules = {name: get_format(name) for name, _ in BUILDS}
     check_build_space([JPEG, RAW], modules, root, what="the built sets")
+
+
+@pytest.mark.timeout(180)
+def test_the_tfrecord_pipeline_resizes_the_variable_sizes(root, expected):
+    import tensorflow as tf
+
+    from storebench.loaders.tf_adapter import tfrecord_pipeline
+
+    path = root / "tfrecord-jpeg"
+    with pytest.raises(ValueError, match="differ in size.*resize="):
+        tfrecord_pipeline(path, batch_size=4)
+    got = list(tfrecord_pipeline(path, batch_size=4, resize=(64, 48)))
+    images = np.concatenate([batch.numpy() for batch, _ in got])
+    labels = np.concatenate([lab.numpy() for _, lab in got])
+    assert images.shape == (NUM, 64, 48, 3)
+    assert labels.tolist() == [label for _, label in expected["jpeg"]]
+    # TensorFlow decodes to Pillow's pixels (the accurate IDCT); its resize is its own.
+    decoded = np.asarray(Image.open(io.BytesIO(expected["jpeg"][0][0])).convert("RGB"))
+    want = tf.image.resize(decoded, (64, 48), antialias=False).numpy()
+    np.testing.assert_array_equal(images[0], np.clip(np.round(want), 0, 255).astype(np.uint8))
