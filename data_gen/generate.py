@@ -104,7 +104,12 @@ def encode(spec: DatasetSpec, pixels: np.ndarray) -> np.ndarray | bytes:
 
 
 def sample(spec: DatasetSpec, index: int) -> tuple[np.ndarray | bytes, int]:
-    """Sample ``index`` as stored: (H, W, C) uint8 for raw, encoded bytes for png/jpeg."""
+    """Sample ``index`` as stored: (H, W, C) uint8 for raw, encoded bytes for png/jpeg.
+    ``spec`` may be a ``PhotoSpec`` too (``data_gen.photo``: the ImageNet-like set)."""
+    if getattr(spec, "kind", None) == "photo":
+        from .photo import photo_sample  # photo imports this module
+
+        return photo_sample(spec, index)
     pixels, label = render(spec, index)
     return encode(spec, pixels), label
 

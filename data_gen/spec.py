@@ -5,6 +5,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ._fields import spec_from_fields
+from .photo import PhotoSpec
+
 ENCODINGS = ("raw", "png", "jpeg")
 
 
@@ -48,31 +51,34 @@ class DatasetSpec:
         return spec_from_fields(cls, data)
 
 
-def spec_from_fields(cls, data: dict):
-    """A frozen spec dataclass ``cls`` from its ``to_dict()``, refusing unknown fields by
-    name (a manifest written by another version says so, rather than a TypeError)."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(data) - names
-    if unknown:
-        raise ValueError(f"unknown {cls.__name__} fields: {sorted(unknown)}")
-    return cls(**data)
+# Dataset families a profile holds: the small synthetic sets the studies read, and the
+# ImageNet-like set (``data_gen.photo``: JPEGs of many sizes, and their 224x224 raw copy).
+FAMILIES = ("synthetic", "imagenet")
 
 
 @dataclass(frozen=True)
 class Profile:
-    """A named set of datasets, one spec per encoding, sized for a purpose."""
+    """A named set of datasets, one spec per encoding and family, sized for a purpose."""
 
     name: str
     specs: tuple[DatasetSpec, ...]
     description: str = ""
+    imagenet: tuple[PhotoSpec, ...] = ()
 
-    def spec_for(self, encoding: str) -> DatasetSpec:
-        for spec in self.specs:
+    def family(self, name: str) -> tuple:
+        """The specs of dataset family ``name`` (one of ``FAMILIES``)."""
+        if name not in FAMILIES:
+            raise KeyError(f"unknown dataset family {name!r}; known families: {list(FAMILIES)}")
+        return self.specs if name == "synthetic" else self.imagenet
+
+    def spec_for(self, encoding: str, family: str = "synthetic"):
+        specs = self.family(family)
+        for spec in specs:
             if spec.encoding == encoding:
                 return spec
         raise KeyError(
-            f"profile {self.name!r} has no {encoding!r} dataset; it has "
-            f"{[s.encoding for s in self.specs]}"
+            f"profile {self.name!r} has no {family} {encoding!r} dataset; it has "
+            f"{[s.encoding for s in specs]}"
         )
 
     @property
@@ -80,6 +86,22 @@ class Profile:
         return sum(s.num_samples * s.raw_sample_bytes for s in self.specs)
 
 
+TRAINING_SIZE = 224
+IMAGENET_SEED = 4
+
+
+def imagenet_like(num_samples: int) -> tuple[PhotoSpec, PhotoSpec]:
+    """The ImageNet-like family of ``num_samples`` images: the JPEGs (about 110 KB each)
+    and the same images pre-decoded at 224x224x3 (150 KB each)."""
+    return (
+        PhotoSpec(num_samples, encoding="jpeg", seed=IMAGENET_SEED),
+        PhotoSpec(num_samples, encoding="raw", height=TRAINING_SIZE, width=TRAINING_SIZE,
+                  seed=IMAGENET_SEED),
+    )
+
+
+# The ImageNet-like sets: ci 64 images; small 12k (about 1.3 GB of JPEG, 1.8 GB raw);
+# medium 90k (about 10 GB of JPEG); large 250k (about 27 GB of JPEG, more than 24 GiB of RAM).
 PROFILES: dict[str, Profile] = {
     p.name: p
     for p in (
@@ -91,6 +113,7 @@ PROFILES: dict[str, Profile] = {
                 DatasetSpec(256, 64, 64, encoding="jpeg", seed=3),
             ),
             "seconds to build every format; for tests and CI",
+            imagenet_like(64),
         ),
         Profile(
             "small",
@@ -100,6 +123,7 @@ PROFILES: dict[str, Profile] = {
                 DatasetSpec(4_000, 256, 256, encoding="jpeg", seed=3),
             ),
             "the default: 20k 64x64 raw (246 MB), PNG and a 256x256 JPEG set",
+            imagenet_like(12_000),
         ),
         Profile(
             "medium",
@@ -109,6 +133,7 @@ PROFILES: dict[str, Profile] = {
                 DatasetSpec(40_000, 256, 256, encoding="jpeg", seed=3),
             ),
             "a few GB: 200k 64x64 raw (2.5 GB) and 40k 256x256 JPEG",
+            imagenet_like(90_000),
         ),
         Profile(
             "large",
@@ -117,6 +142,7 @@ PROFILES: dict[str, Profile] = {
                 DatasetSpec(400_000, 256, 256, encoding="jpeg", seed=3),
             ),
             "opt-in, larger than a 24 GiB machine's RAM (25 GB raw)",
+            imagenet_like(250_000),
         ),
     )
 }

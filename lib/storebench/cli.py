@@ -43,8 +43,10 @@ def _build(args: argparse.Namespace) -> int:
                              "it takes neither --encodings nor --samples")
         build_peer_sets(profile.name, out, formats=args.formats, **options)
         return 0
+    if args.family != "synthetic" and not args.out:
+        out = out / args.family  # its dataset names would clash with the synthetic sets'
     build_profile(profile.name, out, formats=args.formats, encodings=args.encodings,
-                  samples=args.samples, **options)
+                  samples=args.samples, family=args.family, **options)
     return 0
 
 
@@ -229,6 +231,20 @@ def _readme(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe_set(args: argparse.Namespace) -> int:
+    from data_gen.describe import describe, quantile_table, replace_table
+
+    spec = data_gen.get_profile(args.profile).spec_for("jpeg", "imagenet")
+    table = quantile_table(describe(spec, args.samples))
+    if args.write:
+        page = Path(args.write)
+        page.write_text(replace_table(page.read_text(encoding="utf-8"), table), encoding="utf-8")
+        print(f"{page}: table rewritten from {args.samples} images")
+    else:
+        print(table)
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     from . import __version__
 
@@ -249,6 +265,9 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--peer-sets", action="store_true",
                    help="build the sets the peers study reads: the raw and JPEG sets cut to "
                         "one count (at most 2,048 samples), in OUT/peers")
+    b.add_argument("--family", default="synthetic", choices=data_gen.FAMILIES,
+                   help="the profile's synthetic sets, or its ImageNet-like JPEG set and "
+                        "224x224 raw copy (in OUT/imagenet)")
     b.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_build)
@@ -364,6 +383,14 @@ def parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="regenerate every figure from a results directory")
     pl.add_argument("results_dir")
     pl.set_defaults(func=_plot)
+
+    ds = sub.add_parser("describe-set", help="measure the ImageNet-like JPEG set: quantiles of "
+                        "width, height and bytes, as a Markdown table")
+    ds.add_argument("--profile", default="small", choices=sorted(data_gen.PROFILES),
+                    help="whose set (the images are the same in every profile; it has more)")
+    ds.add_argument("--samples", type=positive_int, default=300, help="images measured")
+    ds.add_argument("--write", help="rewrite the table in this page (docs/imagenet-like.md)")
+    ds.set_defaults(func=_describe_set)
 
     r = sub.add_parser("readme", help="rewrite the README's findings block from results")
     r.add_argument("results_dir", help="e.g. results/reference")

@@ -118,6 +118,7 @@ def build_profile(
     force: bool = False,
     log: Callable[[str], None] | None = None,
     samples: int | None = None,
+    family: str = "synthetic",
 ) -> list:
     """Build (or find already built) every core format x encoding of ``profile`` (or the
     formats named, peer formats included), and with ``knob_variants`` the formats study's
@@ -125,7 +126,9 @@ def build_profile(
     set is cut to its first ``samples`` samples where it has more: the same bytes as the
     whole set's, since a sample depends only on its spec's seed and its index. ``log``
     receives one line per dataset built, found or skipped. The peers study builds the peer
-    formats itself, in the peers environment (``Study.prepare``)."""
+    formats itself, in the peers environment (``Study.prepare``). ``family`` chooses the
+    profile's synthetic sets or its ImageNet-like ones (``data_gen.FAMILIES``); before
+    anything is written, the whole build's estimated size is checked against the free disk."""
     from .formats import FORMATS, build_dataset, get_format, unavailable_reason
     from .formats import knob_variants as variants_of
     from .formats.build import SampleCache
@@ -139,16 +142,19 @@ def build_profile(
         if reason:
             say(f"skip   {name}: {reason}")
             formats.remove(name)
-    specs = [chosen.spec_for(e) for e in encodings] if encodings else list(chosen.specs)
+    specs = ([chosen.spec_for(e, family) for e in encodings] if encodings
+             else list(chosen.family(family)))
     if samples is not None:
         if samples < 1:
             raise ValueError(f"samples must be positive, got {samples}")
         specs = [dataclasses.replace(spec, num_samples=min(samples, spec.num_samples))
                  for spec in specs]
+    Path(data_dir).mkdir(parents=True, exist_ok=True)
+    check_build_space(specs, modules, data_dir, what=f"the {profile} profile's {family} sets")
     results = []
     for spec in specs:
         builds = [(name, {}, None) for name in formats if spec.encoding in modules[name].ENCODINGS]
-        whole = chosen.spec_for(spec.encoding)
+        whole = chosen.spec_for(spec.encoding, family)
         if spec != whole and not force:
             _refuse_to_replace_whole_sets(spec, whole, data_dir, [name for name, _, _ in builds])
         for name in formats:
@@ -173,6 +179,25 @@ def build_profile(
                     f"written in {m['write_seconds']:.2f} s"
                 )
     return results
+
+
+def check_build_space(specs: Sequence, modules: dict, data_dir: Path | str, *,
+                      what: str) -> None:
+    """Refuse (``DatasetError``) a build of ``specs`` in ``modules`` into ``data_dir`` that
+    cannot fit on its disk: every format's copy not built there yet plus the sample cache,
+    at once, before any sample is generated (a 30 GB build should not stop at 90%)."""
+    from .formats import MANIFEST_NAME, dataset_dirname
+    from .formats.build import check_free_space, estimate_bytes
+
+    needed = 0
+    for spec in specs:
+        missing = [module for name, module in modules.items()
+                   if spec.encoding in module.ENCODINGS and not (
+                       Path(data_dir) / dataset_dirname(name, spec.encoding) / MANIFEST_NAME
+                   ).is_file()]
+        if missing:
+            needed += estimate_bytes(spec) + sum(estimate_bytes(spec, m) for m in missing)
+    check_free_space(Path(data_dir), needed, what)
 
 
 def _refuse_to_replace_whole_sets(spec, whole, data_dir: Path | str,

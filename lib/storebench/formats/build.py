@@ -62,16 +62,21 @@ def stored_bytes(spec: Spec) -> int:
     with 10 % headroom."""
     if is_imported(spec):
         return spec.stored_bytes
+    if not fixed_size(spec):  # an ImageNet-like JPEG set: images of many sizes
+        return int(spec.num_samples * 1.1 * _mean_probe_bytes(spec))
     return int(spec.num_samples * spec.raw_sample_bytes * stored_fraction(spec))
+
+
+def _mean_probe_bytes(spec: Spec) -> float:
+    probes = np.linspace(0, spec.num_samples - 1, min(SIZE_PROBE_SAMPLES, spec.num_samples))
+    return float(np.mean([len(data_gen.sample(spec, int(i))[0]) for i in probes]))
 
 
 def stored_fraction(spec: DatasetSpec) -> float:
     """Stored bytes per raw pixel byte of a synthetic spec (see ``stored_bytes``)."""
     if spec.encoding == "raw":
         return 1.0
-    probes = np.linspace(0, spec.num_samples - 1, min(SIZE_PROBE_SAMPLES, spec.num_samples))
-    sizes = [len(data_gen.sample(spec, int(i))[0]) for i in probes]
-    return 1.1 * float(np.mean(sizes)) / spec.raw_sample_bytes
+    return 1.1 * _mean_probe_bytes(spec) / spec.raw_sample_bytes
 
 
 def estimate_bytes(spec: Spec, module=None) -> int:
@@ -432,7 +437,7 @@ def _write_into(
         "bytes_apparent": apparent,
         "bytes_allocated": allocated,
         "raw_bytes": spec.num_samples * spec.raw_sample_bytes if fixed_size(spec)
-        else spec.decoded_bytes,
+        else spec.decoded_bytes,  # imported, and ImageNet-like JPEG sets: both know it
         "sidecars": sidecar_digests,
         "write_seconds": write_seconds,
         "generate_seconds": stream.source_seconds,

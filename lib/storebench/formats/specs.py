@@ -13,16 +13,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from data_gen import DatasetSpec
+from data_gen import DatasetSpec, VariableShapeError
+from data_gen.photo import PHOTO_KIND, PhotoSpec
 from data_gen.spec import spec_from_fields
 
 # "mixed": a folder of JPEG and PNG files, each kept in its own encoding.
 IMPORTED_ENCODINGS = ("raw", "jpeg", "png", "mixed")
 IMPORTED_KIND = "imported"
-
-
-class VariableShapeError(ValueError):
-    """A fixed image shape was asked of a dataset whose images differ in size."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +102,7 @@ class ImportedSpec:
         return spec_from_fields(cls, data)
 
 
-Spec = DatasetSpec | ImportedSpec
+Spec = DatasetSpec | ImportedSpec | PhotoSpec
 
 
 def spec_from_dict(data: dict) -> Spec:
@@ -114,6 +111,8 @@ def spec_from_dict(data: dict) -> Spec:
         raise TypeError(f"a spec is a JSON object, got {type(data).__name__}")
     if data.get("kind") == IMPORTED_KIND:
         return ImportedSpec.from_dict(data)
+    if data.get("kind") == PHOTO_KIND:
+        return PhotoSpec.from_dict(data)
     return DatasetSpec.from_dict(data)
 
 
@@ -123,7 +122,7 @@ def is_imported(spec: Spec) -> bool:
 
 def fixed_size(spec: Spec) -> bool:
     """Whether every image of ``spec`` has ``spec.image_shape``."""
-    return not is_imported(spec) or spec.fixed_size
+    return getattr(spec, "fixed_size", True)  # a DatasetSpec's images are all one size
 
 
 def stored_image_shape(spec: Spec, image) -> tuple[int, int, int]:

@@ -4,7 +4,8 @@ Compose them: ``reader -> LazyDataset / PreloadedDataset -> BatchSampler(sampler
 ThreadPrefetcher / ProcessPrefetcher -> GpuFeeder``. Torch and TensorFlow are imported only
 inside the functions that use them (``storebench.loaders.torch_adapter``, ``.tf_adapter``).
 Per-sample transforms (``Resize``, ``ResizeShorter``, ``CenterCrop``, ``Compose``) give images
-of different sizes one shape before batching.
+of different sizes one shape before batching; ``RandomResizedCropFlip`` is the standard
+training transform, seeded per (seed, epoch, sample) so every path delivers the same pixels.
 """
 
 from .baselines import BaselineLockedListPrefetcher, BaselinePickledQueuePrefetcher
@@ -27,6 +28,7 @@ from .samplers import (
     ShuffleSampler,
     merge_rank_states,
 )
+from .train_transform import RandomResizedCropFlip, ReducedDecodeReport, reduced_decode_psnr
 from .transforms import (
     CenterCrop,
     Compose,
@@ -58,6 +60,8 @@ __all__ = [
     "OrderedWindow",
     "PreloadedDataset",
     "ProcessPrefetcher",
+    "RandomResizedCropFlip",
+    "ReducedDecodeReport",
     "Resize",
     "ResizeShorter",
     "SequentialSampler",
@@ -70,6 +74,7 @@ __all__ = [
     "collate_padded",
     "merge_rank_states",
     "read_ahead_batches",
+    "reduced_decode_psnr",
     "run_feed",
     "stack_into",
 ]

@@ -8,7 +8,13 @@ without importing torch, and both add an optional decode step and a per-sample t
   whole decode, so threads scale; JPEG only;
 - ``decode="pil"``: Pillow (JPEG or PNG); holds the GIL for part of the work;
 - ``decode="auto"``: per sample, simplejpeg for JPEG bytes and Pillow for anything else: the
-  decoder for "mixed" sets (a folder of JPEG and PNG files), allowed for any encoded set.
+  decoder for "mixed" sets (a folder of JPEG and PNG files), allowed for any encoded set;
+- ``decode="reduced"``: with the training transform (``RandomResizedCropFlip``) only, a JPEG
+  decoded at the smallest DCT scale that still covers the crop (``train_transform``).
+
+A transform with ``seeded = True`` (``RandomResizedCropFlip``) is called with each sample's
+index and the dataset's ``epoch`` (``set_epoch``; prefetchers and ``torch_dataloader`` set
+it in their workers from the sampler's epoch), so its random crop repeats on every path.
 
 In imported sets, CMYK (and YCCK) JPEGs are decoded by Pillow whichever decoder is asked
 for: simplejpeg converts them to RGB too, but with its own rounding (off by one from Pillow
@@ -53,9 +59,10 @@ from storebench.gather import take_rows
 
 from .batching import Batch, stack_into
 from .split_gather import SplitGather
+from .train_transform import is_seeded
 from .transforms import ImageTransform, transform_output_shape
 
-DECODERS = ("auto", "pil", "simplejpeg")
+DECODERS = ("auto", "pil", "simplejpeg", "reduced")
 # What simplejpeg.decode_jpeg_header calls the JPEG colour spaces that Pillow decodes instead.
 PIL_ONLY_JPEG_COLORSPACES = frozenset({"CMYK", "YCCK"})
 
@@ -94,6 +101,12 @@ class _MapDataset:
                     f"{reader.root}: samples are raw pixels, there is nothing to decode; "
                     "pass decode=None"
                 )
+            if decode == "reduced" and (spec.encoding != "jpeg" or not is_seeded(transform)):
+                raise ValueError(
+                    f"{reader.root}: decode='reduced' decodes JPEGs at the scale the training "
+                    "crop needs: it takes JPEG samples and transform=RandomResizedCropFlip(), "
+                    f"got {spec.encoding} samples and transform={transform!r}"
+                )
             if decode == "simplejpeg" and spec.encoding != "jpeg":
                 raise ValueError(
                     f"{reader.root}: simplejpeg decodes JPEG only, these samples are "
@@ -115,6 +128,7 @@ class _MapDataset:
         # Only a user's own files can be CMYK/YCCK JPEGs: the check costs a header parse.
         self._may_hold_cmyk = is_imported(spec)
         self.transform = transform
+        self.epoch = 0
         self._output_shape = tuple(output_shape) if output_shape is not None else None
         self._split = SplitGather(gather_threads)
 
@@ -129,6 +143,10 @@ class _MapDataset:
         clone = copy.copy(self)
         clone._split = SplitGather(threads)
         return clone
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch a seeded transform (``RandomResizedCropFlip``) draws its crops for."""
+        self.epoch = int(epoch)
 
     # -- what subclasses provide ------------------------------------------------------
     def _stored_one(self, index: int) -> tuple[np.ndarray | bytes | memoryview, int]:
@@ -292,6 +310,8 @@ class _MapDataset:
 
     # -- decode and transform ---------------------------------------------------------
     def _finish(self, stored, index: int, out: np.ndarray | None):
+        if is_seeded(self.transform):
+            return self._finish_seeded(stored, index)
         if self.decode is not None:
             stored = self._decode(stored, index, out)
         elif self.spec.encoding != "raw" and not isinstance(stored, bytes):
@@ -306,6 +326,25 @@ class _MapDataset:
                 )
                 raise
         return stored
+
+    def _finish_seeded(self, stored, index: int) -> np.ndarray:
+        """Decode (fully, or reduced to the crop's scale) and apply a seeded transform with
+        the sample's index and this dataset's epoch."""
+        if self.decode == "reduced":
+            try:
+                return self.transform.decode_reduced(
+                    bytes(stored), index=index, epoch=self.epoch,
+                    colorspace="GRAY" if self.spec.channels == 1 else "RGB")
+            except ValueError as err:  # simplejpeg's errors on damaged JPEG data
+                raise CorruptSampleError(self.reader._locate(index), index,
+                                         f"cannot decode jpeg: {err}") from err
+        image = self._decode(stored, index, None) if self.decode is not None else stored
+        try:
+            return self.transform(image, index=index, epoch=self.epoch)
+        except Exception as err:
+            err.add_note(f"while applying {self.transform!r} to sample {index} "
+                         f"({self.reader._locate(index)})")
+            raise
 
     def _decode(self, data, index: int, out: np.ndarray | None) -> np.ndarray:
         expected = self.spec.image_shape if self.fixed_size else None

@@ -144,7 +144,8 @@ class _ThreadPool:
                  posts: type[BaseException] = BaseException) -> None:
         """Read one submitted batch in the calling thread and post its outcome; an exception
         of type ``posts`` is posted as the batch's failure, any other raised here."""
-        seq, slot, indices, not_after, cut = task
+        seq, slot, indices, not_after, cut, epoch = task
+        set_epoch(dataset, epoch)
         if not_after is not None and time.monotonic() > not_after:
             outcome = NotStarted()
         else:
@@ -185,6 +186,7 @@ class _ThreadTransport:
         self.page_locks = page_locks
         self.not_after: float | None = None
         self.cut: Cut | None = None
+        self.epoch = 0
         self._consumer: tuple[object, CutReader] | None = None  # the consumer's own reader
         self._pool: _ThreadPool | None = None
 
@@ -203,7 +205,7 @@ class _ThreadTransport:
             self.page_locks.release()
 
     def submit(self, seq: int, slot: int, indices: np.ndarray) -> None:
-        self._pool.tasks.put((seq, slot, indices, self.not_after, self.cut))
+        self._pool.tasks.put((seq, slot, indices, self.not_after, self.cut, self.epoch))
 
     def wait(self) -> list[tuple[int, object]]:
         pool = self._pool
@@ -583,7 +585,8 @@ def _process_worker(conn, inherited, layout: SlotLayout, worker: int) -> None:
             task = conn.recv()
             if task is None or control[_STOP]:
                 return
-            seq, slot, indices, not_after, cut = task
+            seq, slot, indices, not_after, cut, epoch = task
+            set_epoch(dataset, epoch)
             if not_after is not None and time.monotonic() > not_after:
                 conn.send((seq, _NOT_STARTED))
                 continue
@@ -606,6 +609,12 @@ def _process_worker(conn, inherited, layout: SlotLayout, worker: int) -> None:
         close = getattr(dataset, "close", None)
         if close is not None:
             close()
+
+
+def set_epoch(dataset, epoch: int) -> None:
+    """Tell a worker's dataset the pass's epoch, for a seeded transform's crops."""
+    if getattr(dataset, "epoch", epoch) != epoch:
+        dataset.set_epoch(epoch)
 
 
 def _copy_into_slot(batch: Batch, images: np.ndarray, layout: SlotLayout) -> None:
@@ -680,6 +689,7 @@ class _SharedMemoryTransport:
         self.shm_name = ""
         self.not_after: float | None = None
         self.cut: Cut | None = None
+        self.epoch = 0
         self._slots: _SharedSlots | None = None
         self._processes: list = []
         self._conns: list = []
@@ -751,7 +761,7 @@ class _SharedMemoryTransport:
             )
         worker = min(range(self.workers), key=self._outstanding.__getitem__)
         try:
-            self._conns[worker].send((seq, slot, indices, self.not_after, self.cut))
+            self._conns[worker].send((seq, slot, indices, self.not_after, self.cut, self.epoch))
         except OSError:  # it is gone: raise what it said before it went, if anything
             while self._conns[worker].poll():
                 self._receive(worker)

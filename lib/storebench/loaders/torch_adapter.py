@@ -47,6 +47,9 @@ class TorchBatchDataset(torch.utils.data.Dataset):
         return (as_tensor(image) if isinstance(image, np.ndarray) else image, label)
 
     def __getitems__(self, indices) -> Batch:
+        epoch = getattr(indices, "epoch", None)
+        if epoch is not None and getattr(self.dataset, "epoch", epoch) != epoch:
+            self.dataset.set_epoch(epoch)  # in this worker's copy, for seeded transforms
         idx = np.asarray(indices, dtype=np.int64)
         shape = self.dataset.sample_shape
         if shape is None:
@@ -80,6 +83,31 @@ def collate_batch(batch):
             images = [as_tensor(x) if isinstance(x, np.ndarray) else x for x in images]
         return images, torch.from_numpy(np.ascontiguousarray(batch.labels))
     return torch.utils.data.default_collate(batch)
+
+
+class EpochIndices(np.ndarray):
+    """A batch's indices carrying the sampler's ``epoch`` to whichever worker reads them, so
+    that a seeded transform crops alike with fresh or persistent workers, any start method."""
+
+    epoch: int
+
+    def __reduce__(self):
+        return (_epoch_indices, (np.asarray(self), self.epoch))
+
+
+def _epoch_indices(indices: np.ndarray, epoch: int) -> EpochIndices:
+    tagged = indices.view(EpochIndices)
+    tagged.epoch = epoch
+    return tagged
+
+
+class EpochBatchSampler(BatchSampler):
+    """A ``BatchSampler`` whose batches are ``EpochIndices``."""
+
+    def __iter__(self):
+        epoch = getattr(self.sampler, "epoch", 0)
+        for batch in super().__iter__():
+            yield _epoch_indices(batch, epoch)
 
 
 class ResumableDataLoader(torch.utils.data.DataLoader):
@@ -161,7 +189,7 @@ def torch_dataloader(
         }
     return ResumableDataLoader(
         TorchBatchDataset(dataset),
-        batch_sampler=BatchSampler(sampler, batch_size, drop_last=drop_last),
+        batch_sampler=EpochBatchSampler(sampler, batch_size, drop_last=drop_last),
         collate_fn=collate_batch,
         num_workers=num_workers,
         pin_memory=pin_memory,

@@ -239,6 +239,8 @@ class OrderedWindow:
                 raise RuntimeError(f"this {self.name} is closed")
             self._drain()
             self.transport.start()
+            if hasattr(self.transport, "epoch"):  # for seeded transforms in the workers
+                self.transport.epoch = getattr(getattr(batches, "sampler", batches), "epoch", 0)
             if hasattr(self.transport, "cut"):
                 self.transport.cut = (
                     Cut(until, slice_samples, overrun)
