@@ -566,7 +566,7 @@ def plot_formats_memory(df: pd.DataFrame) -> Figure:
 
 
 FIGURES = (
-    FigureSpec("formats_build_cost", "Disk allocated per sample and write time per build",
+    FigureSpec("formats_build_cost", "Build cost and bytes on disk per format",
                lambda r: plot_build_cost(r.study("formats"))),
     FigureSpec("formats_sequential_read",
                "Sequential read, cold vs warm, against the machine's limits",
