@@ -505,8 +505,13 @@ def guide(results: Results) -> list:
             question = (f"{ENCODING_NAMES.get(encoding, encoding)} decoded with {decode} from "
                         f"a cached {dataset}, one training process, {cores} cores: which "
                         "loader path?")
-        candidates = [Candidate(key, f"{label}", stat(part, "samples_per_s", path=key))
-                      for key, label in dict.fromkeys(zip(part["path"], part["label"]))]
+        # A process path's start method is named: fork and spawn differ by tens of percent,
+        # and a row measured under fork alone must not read as the path's answer.
+        candidates = [Candidate(key, label + (f" ({method})" if method and method not in label
+                                              else ""),
+                                stat(part, "samples_per_s", path=key))
+                      for key, label, method in dict.fromkeys(
+                          zip(part["path"], part["label"], part["start_method"]))]
         if decode in ("simplejpeg", "auto"):  # what tf.data's own decoder competes with
             candidates += [Candidate(key, f"{label} over {d}",
                                      stat(native, "samples_per_s", path=key))
