@@ -25,6 +25,8 @@ from .results import format_order, ordered, reliable_peaks, summary_table
 from .text import MULTIPLY
 
 CACHE_HATCHES = {"cold": "//", "warm": "", "": ""}
+# One colour per loader family, wherever lazy and preloaded loading are compared.
+LOADER_COLOURS = {"lazy": "#1f77b4", "preloaded": "#ff7f0e"}
 # matplotlib's tab10, then tab20's light shades: one colour each for every format and every
 # loader path of the registries (the peers' included).
 PALETTE = (
@@ -300,10 +302,24 @@ def plot_resident_fraction(df: pd.DataFrame, *, title: str = "") -> Figure:
     return fig
 
 
+# Peak-memory figures show this many cases, the highest first; the rest are counted below.
+PEAK_MEMORY_ROWS = 12
+# What the two bars of a peak-memory figure count. A memory-mapped file's pages that the
+# tree touched count in both: they are page cache the kernel can drop, yet smaps charges them
+# to the process, so a mapped read of a whole set peaks at about the set's size.
+PSS_LABEL = "PSS: private pages + a share of the pages shared with other processes"
+USS_LABEL = "USS: pages only one process maps (summed over the tree)"
+MAPPED_PAGES_NOTE = ("memory-mapped reads count the file pages they touched\n"
+                     "(page cache the kernel can reclaim) in both bars")
+
+
 def plot_peak_memory(df: pd.DataFrame, *, label_column: str, title: str,
-                     colour_column: str | None = None) -> Figure:
-    """Peak PSS and USS of the whole process tree (median over repeats), one pair of bars
-    per value of ``label_column`` (a readable label the study computes, never a case id).
+                     size_column: str | None = None, top: int = PEAK_MEMORY_ROWS) -> Figure:
+    """Peak PSS and USS of the whole process tree (median over repeats) for the ``top``
+    cases with the highest PSS, highest first, one pair of bars per value of
+    ``label_column`` (a readable label the study computes, never a case id). With
+    ``size_column`` (bytes), each case's dataset size is marked on its bars. The title's
+    second line names the highest case against its dataset; the x label counts the rest.
     Repeats timed too briefly to sample a peak are left out (``results.reliable_peaks``)."""
     df = reliable_peaks(df)
     pss = summarise(df, "peak_pss_bytes", [label_column])
@@ -311,19 +327,50 @@ def plot_peak_memory(df: pd.DataFrame, *, label_column: str, title: str,
     if pss.empty:
         return empty_figure("no memory rows")
     merged = pss.merge(uss, on=label_column, suffixes=("_pss", "_uss"))
-    fig = Figure(figsize=(7.5, 0.32 * len(merged) + 1.6), layout="constrained")
+    merged = merged.sort_values("median_pss", ascending=False, kind="stable")
+    sizes = (df.dropna(subset=[size_column]).groupby(label_column)[size_column].median()
+             if size_column else pd.Series(dtype=float))
+    shown, rest = merged.iloc[:top], merged.iloc[top:]
+    fig = Figure(figsize=(7.5, 0.42 * len(shown) + 2.2), layout="constrained")
     ax = fig.add_subplot()
-    y = np.arange(len(merged))
-    ax.barh(y - 0.2, merged["median_pss"] / 1e6, 0.4, label="PSS (shared pages split)",
-            color="#1f77b4")
-    ax.barh(y + 0.2, merged["median_uss"] / 1e6, 0.4, label="USS (private pages)",
-            color="#ff7f0e")
-    ax.set_yticks(y, merged[label_column], fontsize="small")
+    y = np.arange(len(shown))
+    ax.barh(y - 0.2, shown["median_pss"] / 1e6, 0.4, label=PSS_LABEL, color="#1f77b4")
+    ax.barh(y + 0.2, shown["median_uss"] / 1e6, 0.4, label=USS_LABEL, color="#ff7f0e")
+    marked = [(i, sizes[label] / 1e6) for i, label in enumerate(shown[label_column])
+              if label in sizes.index]
+    if marked:
+        ax.plot([m for _, m in marked], [i for i, _ in marked], linestyle="none",
+                marker="|", markersize=18, markeredgewidth=2.5, color="black",
+                label="the dataset's size on disk")
+    ax.set_yticks(y, shown[label_column], fontsize="small")
     ax.invert_yaxis()
-    ax.set_xlabel("peak memory of the process tree (MB)")
-    ax.set_title(title)
-    legend_below(fig, [ax])
+    ax.set_xlim(left=0)
+    xlabel = f"peak memory of the process tree (MB)\n{MAPPED_PAGES_NOTE}"
+    if not rest.empty:
+        xlabel += (f"\n{len(rest)} more cases not shown, each below "
+                   f"{rest['median_pss'].max() / 1e6:.0f} MB PSS")
+    ax.set_xlabel(xlabel)
+    highest = shown.iloc[0]
+    line = f"Highest: {highest[label_column]}, {highest['median_pss'] / 1e6:.0f} MB PSS"
+    if highest[label_column] in sizes.index:
+        ratio = highest["median_pss"] / sizes[highest[label_column]]
+        line += f", {ratio:.1f}{MULTIPLY} its dataset"
+    fig.suptitle(f"{title}\n{line}", fontsize="medium")
+    legend_below(fig, [ax], ncols=1)
     return fig
+
+
+def titled(fig: Figure, question: str, takeaway: str = "") -> None:
+    """The figure's title: the question it answers, then a one-line answer computed from
+    the rows drawn (the caller's ``takeaway``)."""
+    fig.suptitle(f"{question}\n{takeaway}" if takeaway else question, fontsize="medium")
+
+
+def rates_need_log(values) -> bool:
+    """Whether rates spread over more than two decades: only then does a log axis show them
+    better than bars from zero, on which a length is a rate and 5% looks like 5%."""
+    values = np.asarray([v for v in values if np.isfinite(v) and v > 0], dtype=float)
+    return len(values) > 1 and values.max() / values.min() > 100.0
 
 
 def save_figure(fig: Figure, path_stem: Path | str) -> list[Path]:

@@ -156,11 +156,36 @@ def test_peak_memory_labels_bars_by_the_column_it_is_given():
                                  status="ok"))
     df = validate(pd.DataFrame(rows)).assign(
         label=lambda d: d["case_id"].str.removeprefix("read:").str.removesuffix("/x"))
-    (ax,) = plots.plot_peak_memory(df, label_column="label", title="Peak memory").axes
+    fig = plots.plot_peak_memory(df, label_column="label", title="Peak memory")
+    (ax,) = fig.axes
+    # Highest PSS first; the title's second line names it.
     assert [t.get_text() for t in ax.get_yticklabels()] == [
-        "memmap-raw, sequential, warm", "lmdb-raw, random, cold"]
+        "lmdb-raw, random, cold", "memmap-raw, sequential, warm"]
     assert sorted(p.get_width() for p in ax.patches) == [30.0, 45.0, 60.0, 90.0]  # MB
-    assert ax.get_title() == "Peak memory"
+    assert fig._suptitle.get_text() == (
+        "Peak memory\nHighest: lmdb-raw, random, cold, 90 MB PSS")
+
+
+def test_peak_memory_shows_the_top_cases_counts_the_rest_and_marks_dataset_sizes():
+    rows = []
+    for i in range(plots.PEAK_MEMORY_ROWS + 2):
+        for metric, value in (("peak_pss_bytes", (i + 1) * 10e6),
+                              ("peak_uss_bytes", (i + 1) * 5e6)):
+            rows.append(make_row(run_id="r", study="formats", case_id=f"read:c{i}/x", repeat=0,
+                                 metric=metric, value=value, unit="bytes", status="ok"))
+    df = validate(pd.DataFrame(rows)).assign(
+        label=lambda d: d["case_id"].str.removeprefix("read:").str.removesuffix("/x"),
+        size=100e6)
+    fig = plots.plot_peak_memory(df, label_column="label", title="Peak", size_column="size")
+    (ax,) = fig.axes
+    shown = [t.get_text() for t in ax.get_yticklabels()]
+    assert shown == [f"c{i}" for i in range(plots.PEAK_MEMORY_ROWS + 1, 1, -1)]
+    assert "2 more cases not shown, each below 20 MB PSS" in ax.get_xlabel()
+    (sizes,) = [line for line in ax.lines if line.get_label() == "the dataset's size on disk"]
+    assert set(sizes.get_xdata()) == {100.0}
+    assert fig._suptitle.get_text().endswith("140 MB PSS, 1.4\u00d7 its dataset")
+    legend = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert plots.PSS_LABEL in legend and plots.USS_LABEL in legend
 
 
 # -- every figure of every study ---------------------------------------------------------

@@ -26,12 +26,14 @@ from ...plots import (
     empty_figure,
     format_colours,
     grouped,
+    legend_below,
     linear_axis,
     metric_title,
     plot_peak_memory,
     plot_resident_fraction,
     profile_caption,
     summarise,
+    titled,
 )
 from ...results import (
     Results,
@@ -359,31 +361,85 @@ def knob_findings(df: pd.DataFrame) -> list[str]:
 
 
 # -- figures ------------------------------------------------------------------------
+def build_cost_takeaway(table: pd.DataFrame) -> str:
+    """The build-cost figure's answer: the encoding whose largest layout allocates the most
+    disk per sample over its smallest, and by how much."""
+    spreads = []
+    for encoding, part in table.groupby("encoding", sort=False):
+        per_sample = part.set_index("dataset")["allocated_per_sample"].dropna()
+        if len(per_sample) >= 2:
+            spreads.append((per_sample.max() / per_sample.min(), encoding,
+                            per_sample.idxmax(), per_sample.idxmin()))
+    if not spreads:
+        return ""
+    ratio, encoding, large, small = max(spreads)
+    return f"Per sample, {large} allocates {format_ratio(ratio)} the disk of {small}"
+
+
+def _per_sample(df: pd.DataFrame, row: pd.Series) -> float:
+    """A build-cost row's allocated bytes per sample: over the profile's pixel bytes per
+    sample where the profile is known, else as ``allocated_per_sample`` counts samples."""
+    import data_gen
+
+    try:
+        spec = data_gen.get_profile(_profile_of(df)).spec_for(str(row["encoding"]))
+    except KeyError:
+        return allocated_per_sample(df, str(row["dataset"])).median
+    return float(row["bytes_allocated"]) * float(np.prod(spec.image_shape)) / float(
+        row["raw_bytes"])
+
+
+def _profile_of(df: pd.DataFrame) -> str:
+    profiles = [p for p in dict.fromkeys(df.get("profile", pd.Series(dtype=str))) if p]
+    return str(profiles[0]) if profiles else ""
+
+
 def plot_build_cost(df: pd.DataFrame) -> Figure:
-    """Build cost per dataset: write time, and bytes on disk relative to the raw pixels
-    (default builds; ``plot_knobs`` shows the knob variants)."""
-    df = default_builds(df)
-    encodings = ordered(df.loc[df["metric"] == "write_seconds", "encoding"], ENCODING_ORDER)
-    if not encodings:
+    """Build cost per built dataset, knob variants included: disk allocated per sample (kB,
+    with the whole set's MB written on each bar) and write time, one row of panels per
+    encoding; a dotted line marks one sample's raw pixel bytes where it fits the axis."""
+    table = build_cost_table(df)
+    table = table[table["bytes_allocated"].notna()]
+    if table.empty:
         return empty_figure("no build-cost rows")
-    colours = format_colours(df["format"].unique())
-    panels = ("write_seconds", "size_ratio")
-    fig = Figure(figsize=(3.6 * len(encodings), 5.6), layout="constrained")
-    axes = fig.subplots(len(panels), len(encodings), squeeze=False)
-    for col, encoding in enumerate(encodings):
-        part = df[df["encoding"] == encoding]
-        formats = ordered(part.loc[part["metric"] == "write_seconds", "format"], format_order())
-        for row, metric in enumerate(panels):
-            ax = axes[row][col]
-            summary = summarise(part, metric, ["format"])
-            grouped(ax, summary, formats=formats, colours=colours, series=[""],
-                    series_column=None)
-            if metric == "size_ratio":
-                ax.axhline(1.0, color="grey", linewidth=0.8, linestyle=":")
-            ax.set_ylabel(metric_title(metric) if col == 0 else "")
-            if row == 0:
-                ax.set_title(profile_caption(part, encoding), fontsize="medium")
-    fig.suptitle("Build cost per format: write time (one build each) and bytes on disk")
+    table = table.assign(allocated_per_sample=[
+        _per_sample(df, row) for _, row in table.iterrows()])
+    table = table.assign(pixels_per_sample=table["allocated_per_sample"]
+                         * table["raw_bytes"] / table["bytes_allocated"])
+    encodings = ordered(table["encoding"], ENCODING_ORDER)
+    colours = format_colours(table["format"].unique())
+    heights = [int((table["encoding"] == e).sum()) + 1.5 for e in encodings]
+    fig = Figure(figsize=(7.5, 0.3 * sum(heights) + 1.6), layout="constrained")
+    axes = fig.subplots(len(encodings), 2, squeeze=False, height_ratios=heights,
+                        width_ratios=(3, 2))
+    for row, encoding in enumerate(encodings):
+        part = table[table["encoding"] == encoding]
+        y = np.arange(len(part))
+        colour = [colours[f] for f in part["format"]]
+        size, write = axes[row]
+        kb = part["allocated_per_sample"].to_numpy(dtype=float) / 1e3
+        size.barh(y, kb, color=colour, edgecolor="black", linewidth=0.5)
+        for i, (value, total) in enumerate(zip(kb, part["bytes_allocated"], strict=True)):
+            size.text(value, i, f" {value:.1f} kB ({total / MB:.0f} MB)", va="center",
+                      fontsize="small")
+        size.set_xlim(0, kb.max() * 1.6)
+        pixels = float(part["pixels_per_sample"].median()) / 1e3
+        if pixels <= kb.max() * 1.6:
+            size.axvline(pixels, color="grey", linestyle=":", linewidth=1.2,
+                         label="one sample's raw pixel bytes")
+        size.set_yticks(y, part["dataset"])
+        size.invert_yaxis()
+        size.set_title(f"{profile_caption(df[df['encoding'] == encoding], encoding)}; "
+                       f"pixels {pixels:.1f} kB per sample", fontsize="small", loc="left")
+        write.barh(y, part["write_seconds"], color=colour, edgecolor="black", linewidth=0.5)
+        write.set_yticks(y, [])
+        write.invert_yaxis()
+        write.set_xlim(left=0)
+    axes[-1][0].set_xlabel("disk allocated per sample (kB)\n(whole set in MB)")
+    axes[-1][1].set_xlabel("write time, one build (s)")
+    legend_below(fig, axes[:, 0])
+    titled(fig, "What does each layout cost on disk and to write?",
+           build_cost_takeaway(table))
     return fig
 
 
@@ -423,47 +479,73 @@ def plot_sequential_read(df: pd.DataFrame, *, metric: str = "file_MBps",
     return fig
 
 
-KNOB_PANELS = (
-    ("size_ratio", None, None, "bytes on disk / raw"),
-    ("samples_per_s", "sequential", "warm", "sequential read, warm\n(samples/s)"),
-    ("samples_per_s", "sequential", "cold", "sequential read, cold\n(samples/s)"),
-    ("samples_per_s", "shuffle", "cold", "random batches, cold\n(samples/s)"),
-)
+KNOB_AXIS_TITLES = {
+    "random_cold": "random batches, cold\n(samples per second)",
+    "sequential_cold": "sequential read, cold\n(samples per second)",
+    "sequential_warm": "sequential read, warm\n(samples per second)",
+    "size_ratio": "bytes on disk / raw pixel bytes",
+}
+
+
+def knob_takeaway(table: pd.DataFrame) -> str:
+    """The knob figure's answer: the knob whose settings differ most on the measure it is
+    about (best over worst)."""
+    best = None
+    for (fmt, encoding, knob), part in table.groupby(["format", "encoding", "knob"],
+                                                     sort=False):
+        column = traits(fmt).knob_metrics.get(knob, "sequential_warm")
+        values = part.set_index("setting")[column].dropna()
+        if len(values) < 2:
+            continue
+        low_is_good = column == "size_ratio"
+        good = values.idxmin() if low_is_good else values.idxmax()
+        bad = values.idxmax() if low_is_good else values.idxmin()
+        ratio = values.max() / values.min()
+        if best is None or ratio > best[0]:
+            best = (ratio, f"{fmt} ({encoding}) {knob}", good, bad, KNOB_EFFECTS[column])
+    if best is None:
+        return ""
+    ratio, what, good, bad, effect = best
+    return f"Biggest effect: {what}, {good} against {bad}: {format_ratio(ratio)} on {effect}"
 
 
 def plot_knobs(df: pd.DataFrame) -> Figure:
-    """What each varied build knob changes: one row of panels per (format, encoding, knob),
-    bars per setting (the default build included) for size, sequential and random reads."""
+    """What each varied build knob changes, one panel per (format, encoding, knob): bars per
+    setting (the default build included) on the measure that knob is about (the format's
+    ``TRAITS.knob_metrics``, as in ``knob_findings``)."""
     rows = knob_settings(df)
     if rows.empty or not (rows["setting"].map(lambda s: "(default)" not in s)).any():
         return empty_figure("no knob variants")
-    groups = list(dict.fromkeys(zip(rows["format"], rows["encoding"], rows["knob"],
+    table = knob_table(df)
+    groups = list(dict.fromkeys(zip(table["format"], table["encoding"], table["knob"],
                                     strict=True)))
-    fig = Figure(figsize=(2.9 * len(KNOB_PANELS), 2.3 * len(groups) + 0.6),
-                 layout="constrained")
-    axes = fig.subplots(len(groups), len(KNOB_PANELS), squeeze=False)
-    for g, (fmt, encoding, knob) in enumerate(groups):
-        both = rows[(rows["format"] == fmt) & (rows["encoding"] == encoding)
-                    & (rows["knob"] == knob)]
-        for c, (metric, access, cache, label) in enumerate(KNOB_PANELS):
-            ax = axes[g][c]
-            part = both[both["metric"] == metric]
-            if access is not None:
-                part = part[(part["access"] == access) & (part["cache"] == cache)]
-            summary = summarise(part, metric, ["setting"])
-            if summary.empty:
-                ax.axis("off")
-                continue
-            summary = summary.sort_values("setting", key=lambda c: c.map(setting_rank),
-                                          kind="stable")
-            bars(ax, list(summary["setting"]), summary)
-            linear_axis(ax)
-            ax.tick_params(axis="y", labelsize="small")
-            if g == 0:
-                ax.set_title(label, fontsize="small")
-        axes[g][0].set_ylabel(f"{fmt}, {encoding}\n{knob}", fontsize="small")
-    fig.suptitle("What each format's build knobs change (bars: medians; lines: min-max) "
-                 f"\n{profile_caption(rows)}", fontsize="medium")
+    columns = min(3, len(groups))
+    lines = -(-len(groups) // columns)
+    fig = Figure(figsize=(2.6 * columns + 0.4, 2.7 * lines + 1.0), layout="constrained")
+    axes = fig.subplots(lines, columns, squeeze=False)
+    for ax in axes.flat[len(groups):]:
+        ax.axis("off")
+    select_of = {"size_ratio": ("size_ratio", None, None),
+                 "sequential_warm": ("samples_per_s", "sequential", "warm"),
+                 "sequential_cold": ("samples_per_s", "sequential", "cold"),
+                 "random_cold": ("samples_per_s", "shuffle", "cold")}
+    for ax, (fmt, encoding, knob) in zip(axes.flat, groups, strict=False):
+        column = traits(fmt).knob_metrics.get(knob, "sequential_warm")
+        metric, access, cache = select_of[column]
+        part = rows[(rows["format"] == fmt) & (rows["encoding"] == encoding)
+                    & (rows["knob"] == knob) & (rows["metric"] == metric)]
+        if access is not None:
+            part = part[(part["access"] == access) & (part["cache"] == cache)]
+        summary = summarise(part, metric, ["setting"]).sort_values(
+            "setting", key=lambda c: c.map(setting_rank), kind="stable")
+        bars(ax, [s.replace(" (default)", "\n(default)") for s in summary["setting"]],
+             summary, colours=[format_colours([fmt])[fmt]] * len(summary))
+        ax.set_xticklabels(ax.get_xticklabels(), rotation=0, ha="center")
+        linear_axis(ax)
+        ax.set_title(f"{fmt}, {knob}\n{profile_caption(part, encoding)}", fontsize="small")
+        ax.set_ylabel(KNOB_AXIS_TITLES[column], fontsize="small")
+    titled(fig, "Which build knob changes what it is meant to? (median, min-max)",
+           knob_takeaway(table))
     return fig
 
 
@@ -474,9 +556,13 @@ def _memory_labels(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_formats_memory(df: pd.DataFrame) -> Figure:
-    """Peak memory of each read case, labelled by dataset, access and cache state."""
-    return plot_peak_memory(_memory_labels(default_builds(df)), label_column="label",
-                            title="Peak memory while reading each format (default builds)")
+    """Peak memory of the read cases that peak highest, labelled by dataset, access and
+    cache state, each with its dataset's size."""
+    sizes = build_cost_table(df).set_index("dataset")["bytes_apparent"]
+    rows = _memory_labels(default_builds(df))
+    rows = rows.assign(dataset_bytes=dataset_names(rows).map(sizes))
+    return plot_peak_memory(rows, label_column="label", size_column="dataset_bytes",
+                            title="Which read cases of the formats need the most memory?")
 
 
 FIGURES = (

@@ -11,9 +11,10 @@ plans: ``COMPACT_ENCODED_FORMATS`` only). Plus the readahead knobs of the memory
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
@@ -22,6 +23,8 @@ from ...bench.case import Case
 from ...bench.plan import plan_for
 from ...formats import traits
 from ...plots import (
+    CACHE_HATCHES,
+    LOADER_COLOURS,
     PALETTE,
     bars,
     empty_figure,
@@ -32,7 +35,9 @@ from ...plots import (
     metric_title,
     plot_resident_fraction,
     profile_caption,
+    rates_need_log,
     summarise,
+    titled,
 )
 from ...results import (
     MissingResultError,
@@ -53,11 +58,13 @@ from ...results import (
 from ...text import (
     ENCODING_NAMES,
     ENCODING_ORDER,
+    MULTIPLY,
     finite,
     format_percent,
     format_ratio,
     format_value,
     relative_text,
+    sig,
     signed_bytes,
 )
 from ..base import FigureSpec, Study
@@ -391,58 +398,148 @@ def readahead_findings(df: pd.DataFrame) -> list[str]:
 
 
 # -- figures ------------------------------------------------------------------------
-def plot_by_format(
-    df: pd.DataFrame,
-    *,
-    metric: str,
-    series: Sequence[str],
-    title: str = "",
-    log: bool = True,
-    scale: float = 1.0,
-) -> Figure:
-    """``metric`` per format (one panel per encoding, log axis), one mark per combination
-    of the ``series`` columns (e.g. loader and cache); medians with min-max bars."""
-    rows = df[df["metric"] == metric].copy()
-    if rows.empty:
+LOADERS = ("lazy", "preloaded")
+CACHES = ("cold", "warm")
+
+
+def loader_medians(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Median, min and max of ``metric`` per encoding, format, loader and cache."""
+    return summarise(df[df["metric"] == metric], metric,
+                     ["encoding", "format", "loader", "cache"])
+
+
+def plot_loaders(df: pd.DataFrame, *, metric: str, question: str, takeaway: str = "",
+                 scale: float = 1.0, unit: str = "",
+                 sizes: Mapping[str, float] | None = None) -> Figure:
+    """``metric`` per format, one panel per encoding: a mark per loader (colour) and cache
+    (hatched bar or hollow dot: cold), medians with min-max bars. Bars from zero on a
+    linear axis; dots on a log axis only in a panel whose values span over two decades.
+    ``sizes`` (per encoding, in the metric's unit) are drawn as a dashed line."""
+    summary = loader_medians(df, metric)
+    if summary.empty:
         return empty_figure(f"no rows with {metric}")
-    rows["series"] = rows[list(series)].astype(str).agg("/".join, axis=1)
-    order = format_order()
-    colours = format_colours(rows["format"].unique())
-    encodings = ordered(rows["encoding"], ENCODING_ORDER)
-    fig = Figure(figsize=(4.5 * len(encodings), 4), layout="constrained")
+    encodings = ordered(summary["encoding"], ENCODING_ORDER)
+    fig = Figure(figsize=(2.6 * len(encodings) + 0.8, 4.0), layout="constrained")
     axes = fig.subplots(1, len(encodings), squeeze=False)[0]
-    markers = "osD^vP*X"
-    # One marker per series across every panel, so one legend serves them all.
-    names = sorted(rows["series"].unique())
-    marker_of = {name: markers[s % len(markers)] for s, name in enumerate(names)}
-    width = 0.8 / max(len(names), 1)
+    series = [(loader, cache) for loader in LOADERS for cache in CACHES]
+    width = 0.8 / len(series)
     for ax, encoding in zip(axes, encodings, strict=True):
-        part = rows[rows["encoding"] == encoding]
-        formats = ordered(part["format"], order)
-        summary = summarise(part, metric, ["format", "series"])
-        for s, name in enumerate(names):
-            marker = marker_of[name]
+        part = summary[summary["encoding"] == encoding]
+        formats = ordered(part["format"], format_order())
+        dots = rates_need_log(part["median"])
+        for s, (loader, cache) in enumerate(series):
+            mine = part[(part["loader"] == loader) & (part["cache"] == cache)]
             for f, fmt in enumerate(formats):
-                row = summary[(summary["format"] == fmt) & (summary["series"] == name)]
+                row = mine[mine["format"] == fmt]
                 if row.empty:
                     continue
                 median, low, high = (float(row[c].iloc[0]) * scale
-                                      for c in ("median", "low", "high"))
-                x = f + (s - (len(names) - 1) / 2) * width
-                ax.errorbar(x, median, yerr=[[median - low], [high - median]], fmt=marker,
-                            color=colours[fmt], ecolor="black", capsize=2, markersize=6)
-        ax.set_xticks(range(len(formats)), formats, rotation=30, ha="right")
-        if log:
+                                     for c in ("median", "low", "high"))
+                x = f + (s - (len(series) - 1) / 2) * width
+                colour = LOADER_COLOURS[loader]
+                if dots:
+                    ax.plot(x, median, marker="o", markersize=6, color=colour,
+                            markerfacecolor="white" if cache == "cold" else colour)
+                else:
+                    ax.bar(x, median, width * 0.95, color=colour, edgecolor="black",
+                           linewidth=0.4, hatch=CACHE_HATCHES[cache])
+                ax.errorbar(x, median, yerr=[[median - low], [high - median]], fmt="none",
+                            ecolor="black", capsize=1.5, linewidth=0.7)
+        ax.set_xticks(range(len(formats)), formats, rotation=40, ha="right")
+        if dots:
             log_axis(ax)
-        ax.set_title(profile_caption(part, encoding), fontsize="medium")
-    # One legend below the panels: inside a panel it covered marks (TFRecord's lazy/cold).
-    for name in names:
-        axes[0].plot([], [], marker_of[name], color="grey", label=name)
-    legend_below(fig, [axes[0]], fontsize="x-small", ncols=min(len(names), 4))
-    axes[0].set_ylabel(metric_title(metric))
-    if title:
-        fig.suptitle(title)
+        else:
+            ax.set_ylim(bottom=0)
+            linear_axis(ax)
+        if sizes and finite(sizes.get(encoding, float("nan"))):
+            ax.axhline(sizes[encoding] * scale, color="black", linestyle="--", linewidth=1,
+                       label="the dataset's size on disk (median of the formats)")
+        ax.set_title(profile_caption(df[df["encoding"] == encoding], encoding),
+                     fontsize="small")
+    _loader_legend(fig, axes, series, dots=any(ax.get_yscale() == "log" for ax in axes))
+    axes[0].set_ylabel(unit or metric_title(metric))
+    titled(fig, question, takeaway)
     return fig
+
+
+def _loader_legend(fig: Figure, axes, series, *, dots: bool) -> None:
+    """One legend below the panels: per loader and cache its bar (hatched: cold) and, where
+    a panel is on a log axis, its dot (hollow: cold); then any reference line drawn."""
+    from matplotlib.legend_handler import HandlerTuple
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles, labels = [], []
+    for loader, cache in series:
+        colour = LOADER_COLOURS[loader]
+        bar = Patch(facecolor=colour, edgecolor="black", hatch=CACHE_HATCHES[cache])
+        dot = Line2D([], [], marker="o", linestyle="none", color=colour,
+                     markerfacecolor="white" if cache == "cold" else colour)
+        handles.append((bar, dot) if dots else bar)
+        labels.append(f"{loader}, {cache} page cache")
+    for handle, label in zip(*axes[0].get_legend_handles_labels(), strict=True):
+        handles.append(handle)
+        labels.append(label)
+    fig.legend(handles, labels, loc="outside lower center", ncols=2, fontsize="small",
+               handler_map={tuple: HandlerTuple(ndivide=None)})
+
+
+def loader_ratio_takeaway(df: pd.DataFrame, metric: str, *, cache: str, verb: str) -> str:
+    """Per encoding, the median over formats of preloaded over lazy ``metric`` in ``cache``:
+    ``"warm, preloaded over lazy: raw 7.4x, png 1.05x"``."""
+    summary = loader_medians(df, metric)
+    summary = summary[summary["cache"] == cache]
+    parts = []
+    for encoding in ordered(summary["encoding"], ENCODING_ORDER):
+        by = summary[summary["encoding"] == encoding].pivot_table(
+            index="format", columns="loader", values="median")
+        if set(LOADERS) <= set(by.columns):
+            ratio = (by["preloaded"] / by["lazy"]).dropna()
+            if not ratio.empty:
+                parts.append(f"{encoding} {format_ratio(float(ratio.median()))}")
+    if not parts:
+        return ""
+    return f"{cache}, preloaded {verb} lazy (median over formats): {', '.join(parts)}"
+
+
+def plot_throughput(df: pd.DataFrame) -> Figure:
+    rows = block_shuffled(df)
+    return plot_loaders(rows, metric="samples_per_s",
+                        question="Does preloading make a block-shuffled epoch faster? "
+                                 "(one thread)",
+                        takeaway=loader_ratio_takeaway(rows, "samples_per_s", cache="warm",
+                                                       verb="over"))
+
+
+def plot_first_batch(df: pd.DataFrame) -> Figure:
+    rows = block_shuffled(df)
+    return plot_loaders(rows, metric="time_to_first_batch_s",
+                        question="How long until the first batch? (a preload counts)",
+                        takeaway=loader_ratio_takeaway(rows, "time_to_first_batch_s",
+                                                       cache="cold", verb="over"))
+
+
+def plot_loader_memory(df: pd.DataFrame) -> Figure:
+    """Peak PSS of each loader, with each encoding's dataset size marked (the median of its
+    default builds' apparent bytes); the takeaway: preloaded peaks over that size."""
+    rows = block_shuffled(df)
+    build = build_cost_table(df)
+    build = build[build["dataset"] == build["format"] + "-" + build["encoding"]]
+    sizes = build.groupby("encoding")["bytes_apparent"].median().to_dict()
+    summary = loader_medians(rows, "peak_pss_bytes")
+    preloaded = summary[(summary["loader"] == "preloaded")
+                        & summary["encoding"].isin(list(sizes))]
+    takeaway = ""
+    if not preloaded.empty:
+        ratio = preloaded["median"] / preloaded["encoding"].map(sizes)
+        low, high = preloaded.loc[ratio.idxmin()], preloaded.loc[ratio.idxmax()]
+        takeaway = (f"Preloaded peaks at {sig(ratio.min(), 2)}{MULTIPLY} "
+                    f"({low['format']}-{low['encoding']}) to {sig(ratio.max(), 2)}{MULTIPLY} "
+                    f"({high['format']}-{high['encoding']}) its dataset's size")
+    return plot_loaders(rows, metric="peak_pss_bytes", scale=1e-6, sizes=sizes,
+                        unit="peak PSS of the process tree (MB)", takeaway=takeaway,
+                        question="How much memory does preloading cost, against the "
+                                 "dataset's size?")
 
 
 def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy") -> Figure:
@@ -480,10 +577,62 @@ def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy") -> Figure:
     return fig
 
 
+def out_of_core_readahead(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The out_of_core study's rows of the readahead knobs at its largest k: each format's
+    ``out_of_core_options`` case and its default case in the same access order, labelled as
+    ``plot_readahead`` labels its own (``"lmdb: readahead=True"``), and that k."""
+    from ..out_of_core.cases import DEFAULT_EPOCHS
+    from ..out_of_core.study import ooc_rows
+
+    rows = ooc_rows(df)
+    rows = rows[(rows["loader"] == "lazy") & (rows["encoding"] == "raw")
+                & (rows["metric"] == f"epoch{DEFAULT_EPOCHS}.samples_per_s")]
+    if rows.empty:
+        return rows.assign(label=[]), 0
+    k = int(rows["k"].max())
+    parts = []
+    for fmt in ordered(rows["format"], format_order()):
+        option = traits(fmt).readahead_option
+        for options, access in traits(fmt).out_of_core_options:
+            if set(options) != {option} or not isinstance(options[option], bool):
+                continue
+            value = options[option]
+            mine = rows[(rows["format"] == fmt) & (rows["access"] == access) & (rows["k"] == k)]
+            for setting, shown in (("default", not value), (f"{option}={value}", value)):
+                parts.append(mine[mine["setting"] == setting].assign(
+                    label=f"{fmt}: {option}={shown}"))
+    if not parts:
+        return rows.assign(label=[]), k
+    return pd.concat(parts), k
+
+
+def readahead_takeaway(fits: pd.DataFrame, larger: pd.DataFrame, k: int) -> str:
+    """Per format, the default setting over the other, where the set fits and at ``k``."""
+    parts = []
+    for fmt in ordered(fits["format"], format_order()):
+        option = traits(fmt).readahead_option
+        default = {o: not v for options, _ in traits(fmt).out_of_core_options
+                   for o, v in options.items() if o == option}
+        if option not in default:
+            continue
+        on, off = f"{fmt}: {option}={default[option]}", f"{fmt}: {option}={not default[option]}"
+        ratios = [by["median"].get(on, np.nan) / by["median"].get(off, np.nan)
+                  for by in (fits.set_index("label"), larger.set_index("label"))]
+        if all(map(finite, ratios)):
+            fast, slow = (f"{format_ratio(r)} faster" if r >= 1 else
+                          f"{format_ratio(1 / r)} slower" for r in ratios)
+            parts.append(f"{fmt} {fast} when it fits, {slow} at k = {k}")
+    if not parts:
+        return ""
+    return "The default setting: " + "; ".join(parts)
+
+
 def plot_readahead(df: pd.DataFrame) -> Figure:
     """The memory-mapped formats' readahead knobs (open options) on and off: throughput of
-    a cold, shuffled, lazy epoch."""
-    rows = df[df["metric"] == "samples_per_s"]
+    a cold, shuffled, lazy epoch where the set fits (this study), and, where the
+    out_of_core study's rows are in ``df``, the same knobs with the set k times the memory
+    left for it (its largest k): the reversal."""
+    rows = df[(df["study"] == "lazy_vs_preloaded") & (df["metric"] == "samples_per_s")]
     options = params_of(rows).map(lambda p: {k.removeprefix("open_"): v for k, v in p.items()
                                            if k.startswith("open_")}) if not rows.empty else None
     if rows.empty or not options.map(bool).any():
@@ -492,20 +641,37 @@ def plot_readahead(df: pd.DataFrame) -> Figure:
         setting=options[options.map(bool)].map(
             lambda o: ", ".join(f"{k}={v}" for k, v in o.items())))
     rows = rows.assign(label=rows["format"] + ": " + rows["setting"])
-    summary = summarise(rows, "samples_per_s", ["label", "format"])
-    colours = format_colours(summary["format"].unique())
-    fig = Figure(figsize=(7, 0.45 * len(summary) + 1.2), layout="constrained")
-    ax = fig.add_subplot()
-    bars(ax, list(summary["label"]), summary,
-          colours=[colours[f] for f in summary["format"]], horizontal=True)
-    # Linear from zero: on a log axis a bar's length would not be its rate.
-    linear_axis(ax, "x")
-    ax.set_xlabel("samples per second (cold, shuffled, lazy, one thread)")
-    fig.suptitle(f"Readahead knobs of the memory-mapped formats\n({profile_caption(rows)})",
-                 fontsize="medium")
+    fits = summarise(rows, "samples_per_s", ["label", "format"])
+    larger, k = out_of_core_readahead(df)
+    panels = [(fits, f"fits in RAM ({profile_caption(rows)}):\ncold, one thread",
+               "samples_per_s")]
+    if not larger.empty:
+        metric = str(larger["metric"].iloc[0])
+        panels.append((summarise(larger, metric, ["label", "format"]).set_index("label")
+                       .reindex(fits["label"]).reset_index().dropna(subset=["median"]),
+                       f"k = {k}: the set is {k}{MULTIPLY} the memory left\n"
+                       f"for it; epoch {metric[5]}, two threads", metric))
+    colours = format_colours(fits["format"].unique())
+    fig = Figure(figsize=(3.6 * len(panels) + 2.2, 0.5 * len(fits) + 2.0),
+                 layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False, sharey=True)[0]
+    for ax, (summary, title, _) in zip(axes, panels, strict=True):
+        bars(ax, list(summary["label"]), summary,
+             colours=[colours[f] for f in summary["format"]], horizontal=True)
+        for i, (value, high) in enumerate(zip(summary["median"], summary["high"],
+                                              strict=True)):
+            ax.text(max(value, high), i, f" {format_value(value, 'samples/s').split(' ')[0]}",
+                    va="center", fontsize="small")
+        # Linear from zero: on a log axis a bar's length would not be its rate.
+        linear_axis(ax, "x")
+        ax.set_xlim(0, float(summary["high"].max()) * 1.3)
+        ax.set_title(title, fontsize="small")
+        ax.set_xlabel("samples per second")
+    if not axes[0].yaxis_inverted():  # each panel inverted the shared axis once
+        axes[0].invert_yaxis()
+    titled(fig, "Does read-ahead help a shuffled read of a memory-mapped set?",
+           readahead_takeaway(fits, panels[-1][0], k) if len(panels) > 1 else "")
     return fig
-
-
 
 
 def block_shuffled(df: pd.DataFrame) -> pd.DataFrame:
@@ -515,24 +681,17 @@ def block_shuffled(df: pd.DataFrame) -> pd.DataFrame:
 
 FIGURES = (
     FigureSpec("lazy_vs_preloaded_throughput", "Lazy vs preloaded loading",
-               lambda r: plot_by_format(
-                   block_shuffled(r.study("lazy_vs_preloaded")), metric="samples_per_s",
-                   series=["loader", "cache"],
-                   title="Lazy vs preloaded: epoch throughput, block-shuffled, one thread")),
+               lambda r: plot_throughput(r.study("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_first_batch", "Time to the first batch",
-               lambda r: plot_by_format(
-                   block_shuffled(r.study("lazy_vs_preloaded")),
-                   metric="time_to_first_batch_s", series=["loader", "cache"],
-                   title="Lazy vs preloaded: time to first batch (a preload counts)")),
+               lambda r: plot_first_batch(r.study("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_peak_memory", "Peak memory, lazy vs preloaded",
-               lambda r: plot_by_format(
-                   block_shuffled(r.study("lazy_vs_preloaded")), metric="peak_pss_bytes",
-                   series=["loader", "cache"], log=False, scale=1e-6,
-                   title="Lazy vs preloaded: peak PSS of the process tree")),
+               lambda r: plot_loader_memory(
+                   pd.concat([r.study("lazy_vs_preloaded"), r.study("formats")]))),
     FigureSpec("lazy_vs_preloaded_access_orders", "Access orders",
                lambda r: plot_access_orders(r.study("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_readahead", "Readahead knobs on and off",
-               lambda r: plot_readahead(r.study("lazy_vs_preloaded"))),
+               lambda r: plot_readahead(
+                   pd.concat([r.study("lazy_vs_preloaded"), r.study("out_of_core")]))),
     FigureSpec("lazy_vs_preloaded_resident_fraction", "Page-cache state before each repeat",
                lambda r: plot_resident_fraction(r.study("lazy_vs_preloaded"))),
 )

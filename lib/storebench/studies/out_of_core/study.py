@@ -40,6 +40,7 @@ from ...plots import (
     log_axis,
     profile_caption,
     summarise,
+    titled,
 )
 from ...results import (
     Results,
@@ -363,6 +364,32 @@ def _target_sentences(results: Results) -> list[str]:
 
 
 # -- figures ----------------------------------------------------------------------------
+# One marker and line style per format in the epoch figure, so that formats whose lines
+# meet stay apart (Parquet's lay under HDF5's), and a small shift along the epoch axis.
+EPOCH_MARKERS = "osD^vP*X"
+EPOCH_LINESTYLES = ("-", "--", "-.", ":")
+EPOCH_SHIFT = 0.03
+
+
+def epochs_takeaway(rows: pd.DataFrame) -> str:
+    """The epoch figure's answer from its rows (``ooc_rows``, default raw lazy cases): at
+    the largest k, the shuffled case whose last epoch loses most against the same case
+    where the set fits, and the one that loses least."""
+    rates = summarise(rows[rows["access"] != "sequential"],
+                      f"epoch{DEFAULT_EPOCHS}.samples_per_s", ["format", "access", "k"])
+    if rates.empty or rates["k"].max() == 0:
+        return ""
+    k = int(rates["k"].max())
+    by = rates.set_index(["format", "access", "k"])["median"]
+    loss = (by.xs(0, level="k") / by.xs(k, level="k")).dropna()
+    if loss.empty:
+        return ""
+    (fmt, access), (low_fmt, low_access) = loss.idxmax(), loss.idxmin()
+    return (f"At k = {k}, {fmt} read in {access.replace('_', ' ')} runs "
+            f"{format_ratio(loss.max())} slower than when it fits; "
+            f"{low_fmt} ({low_access.replace('_', ' ')}) only {format_ratio(loss.min())}")
+
+
 def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
     """Samples/s in each epoch (``DEFAULT_EPOCHS``) of raw arrays read lazily, one line per format
     (default knobs), one panel per access order (rows) and k (columns): where the cache
@@ -375,9 +402,16 @@ def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
     orders = ordered(rows["access"], ("sequential", "block_shuffle", "shuffle"))
     ks = sorted(rows["k"].unique())
     colours = format_colours(rows["format"].unique())
-    fig = Figure(figsize=(3.4 * len(ks), 2.6 * len(orders) + 0.8), layout="constrained")
+    style = {fmt: (EPOCH_MARKERS[i % len(EPOCH_MARKERS)],
+                   EPOCH_LINESTYLES[i % len(EPOCH_LINESTYLES)],
+                   (i - (len(colours) - 1) / 2) * EPOCH_SHIFT)
+             for i, fmt in enumerate(colours)}
+    fig = Figure(figsize=(2.6 * len(ks) + 1.2, 2.3 * len(orders) + 1.4), layout="constrained")
     # Shared epochs: a panel left empty keeps the others' ticks rather than its own (0, 1).
     axes = fig.subplots(len(orders), len(ks), squeeze=False, sharex=True, sharey=True)
+    medians = {n: summarise(rows, f"epoch{n}.samples_per_s", ["access", "k", "format"])
+               .set_index(["access", "k", "format"])["median"].to_dict()
+               for n in range(1, DEFAULT_EPOCHS + 1)}
     for r, access in enumerate(orders):
         for c, k in enumerate(ks):
             ax = axes[r][c]
@@ -388,14 +422,15 @@ def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
                         ha="center", va="center", transform=ax.transAxes, color="grey",
                         fontsize="small")
             for fmt in ordered(part["format"], format_order()):
-                mine = part[part["format"] == fmt]
-                points = [(n, summarise(mine, f"epoch{n}.samples_per_s", ["format"]))
+                points = [(n + style[fmt][2], medians[n].get((access, k, fmt)))
                           for n in range(1, DEFAULT_EPOCHS + 1)]
-                points = [(n, s["median"].iloc[0]) for n, s in points if not s.empty]
+                points = [(n, m) for n, m in points if m is not None]
                 if points:
-                    ax.plot(*zip(*points), marker="o", color=colours[fmt], label=fmt)
+                    ax.plot(*zip(*points), marker=style[fmt][0], linestyle=style[fmt][1],
+                            color=colours[fmt], markersize=6, label=fmt)
             log_axis(ax)
             ax.set_xticks(range(1, DEFAULT_EPOCHS + 1))
+            ax.set_xlim(0.7, DEFAULT_EPOCHS + 0.3)
             if r == 0:
                 ax.set_title(k_text(k), fontsize="medium")
             if c == 0:
@@ -403,21 +438,24 @@ def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
                 # missing.
                 absent = [f for f in colours if traits(f).block_only] if access == (
                     "shuffle") else []
-                note = f"\n({', '.join(absent)}: block shuffle only)" if absent else ""
-                ax.set_ylabel(f"{access.replace('_', ' ')}{note}\nsamples per second")
+                note = (f"\n({', '.join(absent)}: block shuffle only, so no line)"
+                        if absent else "")
+                ax.set_ylabel(f"{access.replace('_', ' ')}{note}\nsamples per second",
+                              fontsize="small")
             if r == len(orders) - 1:
                 ax.set_xlabel("epoch")
-    legend_below(fig, [ax for row in axes for ax in row], fontsize="x-small",
-                 ncols=len(colours))
-    fig.suptitle("Larger than memory: each epoch's throughput under a memory cap of 1/k of "
-                 f"the dataset\n({profile_caption(rows)}; lazy reads, two prefetch threads)",
-                 fontsize="medium")
+    legend_below(fig, [ax for row in axes for ax in row], ncols=len(colours) // 2 or 1)
+    titled(fig, "What happens to each epoch when the dataset is k times the memory left "
+                f"for it?\n({profile_caption(rows)}; lazy reads, two prefetch threads)",
+           epochs_takeaway(rows))
     return fig
 
 
 def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
-    """Each knob against its format's default on the same access order, at every k
-    measured: epoch-3 samples/s (log axis)."""
+    """Each knob against its format's default on the same access order (the default drawn
+    once per format and access), where the set fits and at every k measured: epoch-2
+    samples/s on a log axis, a dot per k joined by a line; labels carry each case's repeats
+    (n), n = 1 meaning a single measurement with no spread."""
     table = ooc_table(df)
     table = table[(table["loader"] == "lazy") & (table["encoding"] == "raw")]
     knobbed = table[table["setting"] != "default"]
@@ -425,13 +463,21 @@ def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
     if knobbed.empty:
         return empty_figure("no out-of-core knob rows")
     column = f"epoch{DEFAULT_EPOCHS}.samples_per_s"
-    pairs = list(dict.fromkeys(zip(knobbed["format"], knobbed["access"], knobbed["setting"])))
+    keys = ["format", "access", "setting", "k"]
+    repeats = summary_table(ooc_rows(df).query("encoding == 'raw' and loader == 'lazy'"),
+                            column, keys).set_index(keys)["repeats"]
+    groups = list(dict.fromkeys(zip(knobbed["format"], knobbed["access"])))
     ks = sorted(knobbed["k"].unique())
     unmeasured = _unmeasured_cases(df)
-    labels, values, notes = [], {k: [] for k in ks}, []
-    for fmt, access, setting in pairs:
-        for shown in ("default", setting):
+    labels, values, formats, notes, counts = [], {k: [] for k in ks}, [], [], []
+    for fmt, access in groups:
+        settings = ["default", *dict.fromkeys(knobbed.loc[(knobbed["format"] == fmt)
+                                                          & (knobbed["access"] == access),
+                                                          "setting"])]
+        for shown in settings:
+            counts.append([int(repeats.get((fmt, access, shown, k), 0)) for k in ks])
             labels.append(f"{fmt}, {access.replace('_', ' ')}: {shown}")
+            formats.append(fmt)
             for k in ks:
                 hit = table[(table["format"] == fmt) & (table["access"] == access)
                             & (table["setting"] == shown) & (table["k"] == k)]
@@ -439,27 +485,56 @@ def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
                 why = unmeasured.get(("raw", fmt, access, shown, k))
                 if why and not np.isfinite(values[k][-1]):
                     notes.append((len(labels) - 1, k, why))
-    fig = Figure(figsize=(8, 0.5 * len(labels) + 1.5), layout="constrained")
+    # Repeats per case (n): said once where every case ran once, else on each label.
+    single = all(c <= 1 for row in counts for c in row)
+    if not single:
+        labels = [f"{label} (n = {', '.join(str(c) for c in row)})"
+                  for label, row in zip(labels, counts, strict=True)]
+    n_text = ("one repeat per case (n = 1): no spread" if single else
+              f"n: repeats at {', '.join(k_text(k) for k in ks)}")
+    return _knob_dumbbells(labels, values, formats, notes, caption=caption, n_text=n_text)
+
+
+def _knob_dumbbells(labels: list[str], values: dict, formats: list[str], notes: list,
+                    *, caption: str, n_text: str) -> Figure:
+    """``plot_ooc_knobs``' drawing: per label a dot per k (hollow: no cap), joined by a line
+    in the format's colour, on a log axis; a case with no rate says why in its place."""
+    ks = list(values)
+    colours = format_colours(formats)
+    fig = Figure(figsize=(7.5, 0.34 * len(labels) + 2.2), layout="constrained")
     ax = fig.add_subplot()
     y = np.arange(len(labels))
-    height = 0.8 / len(ks)
-    for i, k in enumerate(ks):
-        ax.barh(y + (i - (len(ks) - 1) / 2) * height, values[k], height,
-                label=k_text(k), edgecolor="black", linewidth=0.4)
+    for i, fmt in enumerate(formats):
+        points = [values[k][i] for k in ks]
+        ax.plot(points, [i] * len(ks), color=colours[fmt], linewidth=1.5)
+        for k, value in zip(ks, points, strict=True):
+            ax.plot(value, i, marker="o" if k == 0 else "s", markersize=7,
+                    color=colours[fmt], markerfacecolor="white" if k == 0 else colours[fmt])
+    for k in ks:
+        ax.plot([], [], marker="o" if k == 0 else "s", linestyle="none", color="grey",
+                markerfacecolor="white" if k == 0 else "grey", label=k_text(k))
     ax.set_yticks(y, labels, fontsize="small")
-    ax.invert_yaxis()
+    ax.set_ylim(len(labels) - 0.5, -0.5)
     log_axis(ax, "x")
     shown = [v for k in ks for v in values[k] if np.isfinite(v)]
     if shown:
         ax.set_xlim(min(shown) / 2, max(shown) * 1.5)
-    # A case that failed or was skipped has no bar: its place says why.
+    ax.grid(axis="y", color="lightgrey", linewidth=0.5)
+    # A case that failed or was skipped has no mark: its place says why.
     for row, k, why in notes:
-        ax.text(ax.get_xlim()[0] * 1.15, row + (ks.index(k) - (len(ks) - 1) / 2) * height,
-                f"{k_text(k)}: {why}", va="center", fontsize="x-small", color="dimgrey")
-    ax.set_xlabel(f"samples per second, epoch {DEFAULT_EPOCHS}")
+        ax.text(ax.get_xlim()[0] * 1.15, row, f"{k_text(k)}: {why}", va="center",
+                fontsize="x-small", color="dimgrey")
+    ax.set_xlabel(f"samples per second, epoch {DEFAULT_EPOCHS}\n{n_text}")
     legend_below(fig, [ax])
-    fig.suptitle(f"Knobs out of core: each against its default ({caption})",
-                 fontsize="medium")
+    drops = [(values[0][i] / values[ks[-1]][i], labels[i].split(" (n")[0])
+             for i in range(len(labels)) if 0 in values and ks[-1] != 0
+             and np.isfinite(values[0][i] / values[ks[-1]][i])]
+    takeaway = ""
+    if drops:
+        low, high = min(drops), max(drops)
+        takeaway = (f"At {k_text(ks[-1])}: {high[1]} runs {format_ratio(high[0])} slower than "
+                    f"when it fits; {low[1]} only {format_ratio(low[0])}")
+    titled(fig, f"Which knobs keep a read fast out of core? ({caption})", takeaway)
     return fig
 
 
