@@ -572,7 +572,8 @@ def _time_split(ax, parts: pd.DataFrame, compute_ms: float, fed: int) -> None:
 
 
 FIGURES = (
-    FigureSpec("gpu_feed_utilisation", "Accelerator utilisation against per-batch compute",
+    FigureSpec("gpu_feed_utilisation", "Accelerator utilisation against the accelerator's "
+               "demand, and where the time went where the paths differ",
                lambda r: plot_feed(r.df)),
 )
 

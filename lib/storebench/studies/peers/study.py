@@ -749,8 +749,9 @@ STUDY = Study(
              "torchdata, SPDL, Lance or Zarr?",
     grid=peers_grid,
     figures=(
-        FigureSpec("peers_rate", "Samples per second of every loader library, epoch 1 and the "
-                   "later epochs, shuffled, 2 workers: JPEG warm and cold, raw warm.",
+        FigureSpec("peers_rate", "Samples per second of every loader library over its own "
+                   "format, and of our loader over the peers' formats: JPEG warm and cold, "
+                   "raw warm.",
                    lambda results: plot_peers(results.df)),
         FigureSpec("peers_startup", "Time to first batch, peak memory and measured shuffle "
                    "spread of every path (JPEG, warm).",

@@ -492,11 +492,13 @@ def plot_remote_capacity(df: pd.DataFrame, *, cores: int | None = None) -> Figur
 
 
 FIGURES = (
-    FigureSpec("remote_rtt", "Object storage at 0, 2 and 20 ms: measured and modelled",
+    FigureSpec("remote_rtt", "Object storage at 0, 2 and 20 ms, by format: measured and "
+               "modelled; 1 and 2 ranks beside local disk",
                lambda r: plot_remote_rtt(r.df)),
-    FigureSpec("remote_capacity", "The capacity model: concurrency to hide a distance, and "
-               "scale-out", lambda r: plot_remote_capacity(
-                   r.df, cores=r.study_env(NAME).get("cpus_usable"))),
+    FigureSpec("remote_capacity", "The capacity model: loader workers to hide a distance, "
+               "and scale-out, extrapolated from a machine whose S3 server shares its cores",
+               lambda r: plot_remote_capacity(r.df,
+                                              cores=r.study_env(NAME).get("cpus_usable"))),
 )
 
 

@@ -513,9 +513,11 @@ def plot_targets(df: pd.DataFrame) -> Figure:
 
 
 FIGURES = (
-    FigureSpec("targets_met", "The performance targets against their thresholds",
+    FigureSpec("targets_met", "Every performance target against its threshold: met, unmet "
+               "or undecided",
                lambda r: plot_target_ratios(all_targets_table(r), r.df)),
-    FigureSpec("targets_paths", "The paths each target compares",
+    FigureSpec("targets_paths", "The paths each target compares, with the DRAM copy the "
+               "gathers are held to",
                lambda r: plot_targets(r.df)),
 )
 
