@@ -1,5 +1,5 @@
 """Command line: ``storebench build | import | verify | upload | download | run | study |
-findings | advise | plot | readme``."""
+findings | consistency | compare | advise | plot | readme``."""
 
 from __future__ import annotations
 
@@ -206,6 +206,21 @@ def _fuzz(args: argparse.Namespace) -> int:
                         formats=args.formats, progress=_progress(args))
 
 
+def _consistency(args: argparse.Namespace) -> int:
+    from .report.consistency import consistency_command
+
+    code, text = consistency_command(Path(args.results_dir))
+    print(text)
+    return code
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from .report.compare import compare_command
+
+    print(compare_command(Path(args.run_a), Path(args.run_b)))
+    return 0
+
+
 def _readme(args: argparse.Namespace) -> int:
     from .report.readme import update_readme
 
@@ -320,6 +335,16 @@ def parser() -> argparse.ArgumentParser:
     f.add_argument("--json", action="store_true",
                    help="one object per guide row, with its candidates and their medians")
     f.set_defaults(func=_findings)
+
+    c = sub.add_parser("consistency", help="check that every measurement taken by more than "
+                                          "one study gives one figure (within 10%%)")
+    c.add_argument("results_dir", help="e.g. results/reference")
+    c.set_defaults(func=_consistency)
+
+    cm = sub.add_parser("compare", help="which of RUN_A's guide decisions hold in RUN_B")
+    cm.add_argument("run_a", help="a results directory, e.g. results/reference")
+    cm.add_argument("run_b", help="another run's results directory")
+    cm.set_defaults(func=_compare)
 
     _advise_parser(sub)
 

@@ -21,7 +21,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from .results import format_order, ordered, summary_table
+from .results import format_order, ordered, reliable_peaks, summary_table
 from .text import MULTIPLY
 
 CACHE_HATCHES = {"cold": "//", "warm": "", "": ""}
@@ -303,7 +303,9 @@ def plot_resident_fraction(df: pd.DataFrame, *, title: str = "") -> Figure:
 def plot_peak_memory(df: pd.DataFrame, *, label_column: str, title: str,
                      colour_column: str | None = None) -> Figure:
     """Peak PSS and USS of the whole process tree (median over repeats), one pair of bars
-    per value of ``label_column`` (a readable label the study computes, never a case id)."""
+    per value of ``label_column`` (a readable label the study computes, never a case id).
+    Repeats timed too briefly to sample a peak are left out (``results.reliable_peaks``)."""
+    df = reliable_peaks(df)
     pss = summarise(df, "peak_pss_bytes", [label_column])
     uss = summarise(df, "peak_uss_bytes", [label_column])
     if pss.empty:

@@ -310,3 +310,139 @@ def best_row(table: pd.DataFrame, column: str = "median", *, lowest: bool = Fals
     """The row with the highest (``lowest``: smallest) ``column``."""
     index = table[column].idxmin() if lowest else table[column].idxmax()
     return table.loc[index]
+
+
+# -- one comparison, one number: the measurement key ------------------------------------
+# The parts of a throughput measurement that decide its number (``measurement_key``).
+KEY_FIELDS = ("path", "workers", "start_method", "dataset", "encoding", "decoder",
+              "transform", "cache", "order", "batch_size", "timed", "conditions")
+# Params that are key fields of their own, or name a comparison rather than a condition of
+# it (a target groups paths; the peers' interpreter does not change our loaders' work).
+_NOT_CONDITIONS = frozenset({"start_method", "decode", "transform", "dataset_name",
+                             "timed_region", "target", "environment"})
+# The targets study times registry loader paths under metric prefixes
+# (``studies.targets.cases._registry_paths``): the loader path each prefix is.
+TARGET_PATH_PREFIXES = {
+    "process_prefetcher": "lazy/process", "torch_process_prefetcher": "lazy/process",
+    "torch_thread_prefetcher": "lazy/thread", "torch_dataloader": "lazy/torch",
+    "pickled_baseline": "lazy/pickled_baseline", "tf_data_autotune": "lazy/tf_data",
+}
+# Throughput metrics that time something other than the study's steady throughput, by
+# what they time (the peers' fresh first epoch has worker start-up inside).
+TIMED_BY_METRIC = {"epoch1_samples_per_s": "first epoch, start-up inside"}
+THROUGHPUT_METRICS = ("samples_per_s", "later_epochs_samples_per_s", *TIMED_BY_METRIC)
+
+
+def _throughput_path(metric: str) -> tuple[str | None, str] | None:
+    """(loader path named by the metric or None, timed region) of a samples/s metric,
+    None for any other metric."""
+    if metric in THROUGHPUT_METRICS:
+        return None, TIMED_BY_METRIC.get(metric, "")
+    prefix, _, rest = metric.rpartition(".")
+    if rest != "samples_per_s" or not prefix:
+        return None
+    if prefix.startswith("epoch") and prefix[5:].isdigit():  # out_of_core's epoch<n>.
+        return None, f"epoch {prefix[5:]}"
+    return TARGET_PATH_PREFIXES.get(prefix, prefix), ""
+
+
+def _default_start_method(path: str) -> str | None:
+    """The start method a registry loader path uses when a case names none."""
+    from .loaders.paths import LOADER_PATHS
+
+    known = LOADER_PATHS.get(path.rpartition("/")[2])
+    return known.start_method if known is not None else None
+
+
+def measurement_key(row: Mapping) -> tuple[str, ...] | None:
+    """The canonical key of a throughput row (``KEY_FIELDS``, as strings), or None for a
+    row of another metric. Two rows with one key measure the same thing, so they must agree
+    whichever study took them.
+
+    What the columns do not say comes from the params: the start method, the decoder
+    (``decode``), the transform, the dataset (``dataset_name``, else format-encoding) and
+    ``timed_region`` where a case times something other than its steady throughput (an
+    epoch with its start-up inside); a path's default start method where none is named.
+    Every other param (an emulated compute time, a round trip, a budget) is a condition:
+    rows that differ in one are different keys."""
+    found = _throughput_path(str(row["metric"]))
+    if found is None:
+        return None
+    named, timed = found
+    params = row["params"] if isinstance(row["params"], Mapping) else json.loads(row["params"])
+    prefetcher = str(row["prefetcher"] or "none")
+    path = named if named is not None else f"{row['loader']}/{prefetcher}"
+    workers = row["workers"]
+    workers = "" if workers is None or pd.isna(workers) else str(int(workers))
+    start_method = params.get("start_method") or _default_start_method(path)
+    conditions = ",".join(f"{k}={params[k]}" for k in sorted(params)
+                          if k not in _NOT_CONDITIONS and not k.startswith("knob_"))
+    return (path, workers, str(start_method or ""),
+            str(params.get("dataset_name") or f"{row['format']}-{row['encoding']}"),
+            str(row["encoding"]), str(params.get("decode") or ""),
+            str(params.get("transform") or ""), str(row["cache"]), str(row["access"]),
+            "" if pd.isna(row["batch_size"]) else str(int(row["batch_size"])),
+            str(params.get("timed_region") or timed), conditions)
+
+
+def key_label(key: Sequence[str]) -> str:
+    """A key as one line: ``lazy/process ×2 fork, memmap-raw, warm shuffle, batch 256``."""
+    parts = dict(zip(KEY_FIELDS, key))
+    path = parts["path"] + (f" \u00d7{parts['workers']}" if parts["workers"] else "")
+    path += f" {parts['start_method']}" if parts["start_method"] else ""
+    text = [path, parts["dataset"]]
+    text += [f"decode {parts['decoder']}"] if parts["decoder"] else []
+    text += [f"transform {parts['transform']}"] if parts["transform"] else []
+    text.append(" ".join(p for p in (parts["cache"], parts["order"]) if p))
+    text += [f"batch {parts['batch_size']}"] if parts["batch_size"] else []
+    text += [f"timed: {parts['timed']}"] if parts["timed"] else []
+    text += [parts["conditions"]] if parts["conditions"] else []
+    return ", ".join(t for t in text if t)
+
+
+def keyed_throughput(df: pd.DataFrame) -> pd.DataFrame:
+    """The ok timed repeats of every throughput metric (``THROUGHPUT_METRICS``, targets'
+    ``<path>.samples_per_s``), with a ``key`` column (``measurement_key``)."""
+    rows = ok_repeats(df)
+    rows = rows[rows["metric"].map(lambda m: _throughput_path(str(m)) is not None)]
+    if rows.empty:
+        return rows.assign(key=pd.Series(dtype=object))
+    keys = [measurement_key(row) for row in rows.to_dict("records")]
+    return rows.assign(key=pd.Series(keys, index=rows.index, dtype=object))
+
+
+# -- peaks: sampled PSS/USS only where the region was long enough to sample -------------
+SAMPLED_PEAK_METRICS = ("peak_pss_bytes", "peak_uss_bytes")
+_REPEAT_KEY = ["run_id", "study", "case_id", "repeat"]
+
+
+def short_peak_regions(df: pd.DataFrame) -> pd.DataFrame:
+    """The repeats (``run_id, study, case_id, repeat``) whose timed region was shorter than
+    ``bench.metrics.MIN_PEAK_SAMPLES`` sampling periods: their sampled peaks are no peak.
+    Rows that say so (``peak_memory_reliable`` 0) and, for runs written before that metric,
+    rows whose ``wall_seconds`` is below that many ``peak_memory_sample_gap_s``."""
+    from .bench.metrics import MIN_PEAK_SAMPLES
+
+    wanted = ("peak_memory_reliable", "wall_seconds", "peak_memory_sample_gap_s")
+    rows = df[df["metric"].isin(wanted) & (df["status"] == "ok")]
+    if rows.empty:
+        return pd.DataFrame(columns=_REPEAT_KEY)
+    table = rows.pivot_table(index=_REPEAT_KEY, columns="metric", values="value",
+                             aggfunc="first")
+    table = table.reindex(columns=list(wanted))
+    said = table["peak_memory_reliable"]
+    derived = table["wall_seconds"] < MIN_PEAK_SAMPLES * table["peak_memory_sample_gap_s"]
+    short = (said == 0) | (said.isna() & derived)
+    return table[short].reset_index()[_REPEAT_KEY]
+
+
+def reliable_peaks(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` without the sampled peak rows (``SAMPLED_PEAK_METRICS``) of repeats whose region
+    was too short to sample (``short_peak_regions``): what a peak-memory figure may draw."""
+    short = short_peak_regions(df)
+    if short.empty:
+        return df
+    marked = df[_REPEAT_KEY].merge(short.assign(_short=True), how="left", on=_REPEAT_KEY)
+    drop = marked["_short"].fillna(False).to_numpy(dtype=bool) & df["metric"].isin(
+        SAMPLED_PEAK_METRICS).to_numpy()
+    return df[~drop]

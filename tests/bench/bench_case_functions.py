@@ -24,6 +24,23 @@ def checksum_file_case(case, trial):
     return {"samples": (total, "count")}
 
 
+def _allocate(megabytes: int) -> None:
+    block = np.ones(megabytes << 20, dtype=np.uint8)
+    assert int(block[::4096].sum()) == block[::4096].size
+
+
+def allocating_child_case(case, trial):
+    """Inside the timed region, a spawned child touches ``megabytes`` MiB and exits."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with trial.measure():
+        child = context.Process(target=_allocate, args=(int(case.param("megabytes")),))
+        child.start()
+        child.join()
+    return {"samples": (float(child.exitcode == 0), "count")}
+
+
 def raising_case(case, trial):
     raise ValueError(f"boom in repeat {trial.repeat}")
 

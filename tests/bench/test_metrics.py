@@ -85,7 +85,8 @@ def test_measurement_counts_cpu_of_finished_children_and_reports_metrics():
     metrics = measurement.metrics()
     assert set(metrics) == {"wall_seconds", "cpu_seconds", "cpu_user_seconds",
                             "cpu_system_seconds", "peak_pss_bytes", "peak_uss_bytes",
-                            "peak_memory_sample_gap_s"}
+                            "peak_memory_sample_gap_s", "kernel_peak_bytes",
+                            "kernel_peak_from_cgroup", "peak_memory_reliable"}
     gap, unit = metrics["peak_memory_sample_gap_s"]
     assert unit == "s" and gap >= 0.01  # never closer than the interval
     assert metrics["cpu_seconds"][0] == pytest.approx(

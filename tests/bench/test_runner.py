@@ -636,7 +636,12 @@ def test_a_capped_loader_epoch_reads_the_first_batches_of_the_order(ci_data_dir)
                 prefetcher="thread", workers=2, batch_size=32, access="shuffle", repeats=1,
                 epoch_samples=100)
     assert read_manifest(path)["num_samples"] > 128
-    assert loader_epoch_case(case, Trial(case, 0))["samples"] == (128, "count")
+    metrics = loader_epoch_case(case, Trial(case, 0))
+    # Epochs of the first 128 samples (4 batches), through one loader until its steady
+    # window holds a batch past its read-ahead of 4: a whole epoch, then 2 batches.
+    assert metrics["read_ahead_batches"] == (4, "count")
+    assert metrics["steady_epochs"] == (2, "count")
+    assert metrics["samples"] == (128 + 64, "count")
 
 
 def test_a_sized_epoch_ends_at_its_last_batch_not_after_its_loader_stopped():
@@ -704,7 +709,9 @@ def test_a_preloaded_case_warms_up_without_preloading(ci_data_dir, monkeypatch):
     warm = loader_epoch_case(case, Trial(case, CASE_REPEAT))
     assert warm["samples"] == (WARMUP_BATCHES * 32, "count") and preloads == []
     timed = loader_epoch_case(case, Trial(case, 0))
-    assert timed["samples"] == (read_manifest(path)["num_samples"], "count")
+    # Its epochs run on until the steady window holds a batch past the read-ahead: here
+    # within the first, over the one preload.
+    assert timed["samples"][0] >= (4 + 2) * 32 and timed["steady_epochs"] == (1, "count")
     assert preloads == [1]
 
 
@@ -724,7 +731,8 @@ def test_the_warm_up_runs_in_whatever_cache_state_and_each_repeat_in_its_own(tmp
 def test_a_warm_up_gives_its_loader_only_the_batches_it_reads(ci_data_dir, monkeypatch):
     """A prefetcher handed a whole epoch reads ahead (its first idle thread takes the third
     batch before the second is done), and its stop waits for what its threads hold: the
-    warm-up's loader gets just its batches. A timed repeat's keeps its whole epoch."""
+    warm-up's loader gets just its batches, and so does each capped epoch of a timed
+    repeat."""
     import storebench.loaders
     from storebench.bench.case import WARMUP_BATCHES, Trial
     from storebench.bench.schema import CASE_REPEAT
@@ -750,7 +758,12 @@ def test_a_warm_up_gives_its_loader_only_the_batches_it_reads(ci_data_dir, monke
     assert read == [32] * WARMUP_BATCHES
     timed = Trial(case, 0)
     assert warmup_samples(case, timed, timed.batches_wanted(None, samples=10_000)) is None
-    assert loader_epoch_case(case, timed)["samples"] == (WARMUP_BATCHES * 32, "count")
+    # A timed repeat's capped epochs end as whole ones (its loader keeps its threads for the
+    # next) and run on until the steady window holds a batch past the read-ahead of 4.
+    read.clear()
+    metrics = loader_epoch_case(case, timed)
+    assert metrics["samples"] == (3 * WARMUP_BATCHES * 32, "count")
+    assert read == [32] * 3 * WARMUP_BATCHES
 
 
 def test_orphaned_shared_memory_segments_are_removed_live_ones_kept(tmp_path):

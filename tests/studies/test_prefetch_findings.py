@@ -157,3 +157,16 @@ def test_tf_data_findings_compare_with_our_best_on_the_same_samples():
     assert set(panels) == {"lmdb-jpeg, pil decoder", "lmdb-jpeg, simplejpeg decoder"}
     assert panels["lmdb-jpeg, simplejpeg decoder"][
         "tf.data TFRecord AUTOTUNE (over tfrecord-jpeg, TensorFlow decodes)"] == 150.0
+
+
+def test_guide_names_the_start_method_of_every_process_path():
+    """A process path measured under fork reads "(fork)" in the guide: fork and spawn differ
+    by tens of percent, so the row must not read as the path's answer under every method."""
+    from storebench.results import Results
+
+    (row,) = prefetch.guide(Results(paths_frame(), {"cpus_usable": 2}))
+    labels = {candidate.key: candidate.label for candidate in row.candidates}
+    assert labels["process/w2/fork"] == "ProcessPrefetcher \u00d72 (fork)"
+    assert labels["process/w2/spawn"] == "ProcessPrefetcher \u00d72 (spawn)"
+    assert labels["torch/w2/fork"] == "torch DataLoader \u00d72 (fork)"
+    assert labels["thread/w2/"] == "ThreadPrefetcher \u00d72"

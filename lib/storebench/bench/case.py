@@ -60,6 +60,11 @@ class Case:
     # order); None: the whole set. Not part of ``case_id``: it sizes the measurement, like
     # ``repeats``, and is recorded in the case's rows (``epoch_samples_cap``).
     epoch_samples: int | None = None
+    # What a loader case's steady window must hold before a repeat may stop: batches after
+    # the loader's read-ahead, and seconds (``studies.steady``). Not part of ``case_id``:
+    # they size the measurement, from the plan.
+    steady_batches: int = 1
+    steady_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         for role, path in (("function", self.function), ("summarise", self.summarise)):
@@ -89,6 +94,9 @@ class Case:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.epoch_samples is not None and self.epoch_samples < 1:
             raise ValueError(f"epoch_samples must be positive, got {self.epoch_samples}")
+        if self.steady_batches < 1 or not self.steady_seconds >= 0:
+            raise ValueError(f"steady_batches must be positive and steady_seconds >= 0, got "
+                             f"{self.steady_batches} and {self.steady_seconds}")
 
     @property
     def adaptive_repeats(self):

@@ -179,14 +179,19 @@ def _proc_cgroup_dir(pid: int, version: int) -> Path | None:
     return own.path if own is not None and own.version == version else None
 
 
-def _remove(path: Path, *, version: int, return_to: Path) -> None:
-    """Move whatever is still in ``path`` to ``return_to`` and remove the cgroup."""
+def _remove(path: Path, *, version: int, return_to: Path, empty: bool = True) -> None:
+    """Move whatever is still in ``path`` to ``return_to`` and remove the cgroup, with the
+    budgets nested in it (a killed case's, inside the case's own cgroup)."""
+    with contextlib.suppress(OSError):
+        for child in sorted(path.iterdir()):
+            if _BUDGET_NAME.match(child.name) and child.is_dir():
+                _remove(child, version=version, return_to=return_to)
     deadline = time.monotonic() + _RMDIR_SECONDS
     while True:
         for pid in _members(path):
             with contextlib.suppress(OSError):  # gone meanwhile
                 _write(return_to / "cgroup.procs", str(pid))
-        if version == 1:
+        if version == 1 and empty:
             # Reclaim the page cache charged here first, so no offline cgroup lingers
             # holding it; busy while a task is still leaving, hence the retry.
             with contextlib.suppress(OSError):
@@ -271,6 +276,7 @@ class MemoryBudget:
         name: str | None = None,
         pid: int | None = None,
         cgroup_root: Path | str | None = None,
+        empty_on_exit: bool = True,
     ) -> None:
         if limit_bytes is not None and limit_bytes <= 0:
             raise ValueError(f"limit_bytes must be positive or None, got {limit_bytes}")
@@ -281,6 +287,9 @@ class MemoryBudget:
         self.name = f"{NAME_PREFIX}{os.getpid()}-{suffix}"
         self.initial_limit = limit_bytes
         self.cgroup_root = cgroup_root
+        # v1: reclaim the page cache charged to the cgroup as it goes (False: leave it
+        # cached, for a cgroup that only measures; the pages outlive it).
+        self.empty_on_exit = empty_on_exit
         self.cgroup: MemoryCgroup | None = None
         self._parent: MemoryCgroup | None = None
         self._return_to: Path | None = None
@@ -341,7 +350,8 @@ class MemoryBudget:
             self._peak_thread = None
         cgroup, self.cgroup = self.cgroup, None
         if cgroup is not None:
-            _remove(cgroup.path, version=cgroup.version, return_to=self._return_to)
+            _remove(cgroup.path, version=cgroup.version, return_to=self._return_to,
+                    empty=self.empty_on_exit)
 
     def _sample_peak(self) -> None:
         cgroup = self.cgroup

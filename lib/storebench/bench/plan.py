@@ -38,6 +38,11 @@ EPOCH_SAMPLES = 2048
 # apart under the data dir, here.
 PEER_SETS_DIR = "peers"
 IMAGENET_TRAIN_SAMPLES = 1_281_167
+# What each timed repeat of a loader case times as its steady state, at least: batches after
+# the loader's read-ahead, and seconds (``studies.steady``); a repeat shorter than a second
+# times little more than its loader's start and a few batches.
+STEADY_BATCHES = 20
+STEADY_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,10 @@ class StudyPlan:
     # Entries of the startup study's index: ImageNet-1k train's count; ci, a smaller index
     # that still pickles to megabytes as lists.
     index_entries: int = IMAGENET_TRAIN_SAMPLES
+    # The least a loader case's steady window holds per repeat (``STEADY_BATCHES``,
+    # ``STEADY_SECONDS``).
+    steady_batches: int = STEADY_BATCHES
+    steady_seconds: float = STEADY_SECONDS
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -66,14 +75,19 @@ class StudyPlan:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
         if self.epoch_samples is not None and self.epoch_samples < 1:
             raise ValueError(f"epoch_samples must be positive, got {self.epoch_samples}")
+        if self.steady_batches < 1 or not self.steady_seconds >= 0:
+            raise ValueError(f"steady_batches must be positive and steady_seconds >= 0, got "
+                             f"{self.steady_batches} and {self.steady_seconds}")
 
 
 # Profiles not named here get StudyPlan().
 PLANS: dict[str, StudyPlan] = {
     # Fixed 3 repeats: ci exercises every path quickly, its numbers are not the reference.
-    # Whole epochs: its sets (a few hundred samples) are smaller than any cap.
+    # Whole epochs: its sets (a few hundred samples) are smaller than any cap. A steady
+    # window of a few batches and no minimum time: every path runs in seconds.
     "ci": StudyPlan(repeats=3, adaptive=None, timeout_s=300.0, compact=True,
-                    epoch_samples=None, index_entries=50_000),
+                    epoch_samples=None, index_entries=50_000, steady_batches=3,
+                    steady_seconds=0.0),
 }
 
 

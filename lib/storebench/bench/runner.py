@@ -54,7 +54,16 @@ from pathlib import Path
 
 from ..processes import SHM_DIR, pid_alive, remove_orphaned_shm_segments, wait_for_exit
 from .case import Case, CaseOutcome
-from .memory_budget import oom_killed_budgets, remove_stale_budgets
+from .memory_budget import (
+    NAME_PREFIX,
+    BudgetError,
+    BudgetUnavailable,
+    MemoryBudget,
+    budget_available,
+    oom_killed_budgets,
+    remove_stale_budgets,
+)
+from .metrics import CASE_CGROUP_ENV
 from .plan import DEFAULT_TIMEOUT_S
 from .schema import (
     CASE_REPEAT,
@@ -313,6 +322,37 @@ def _case_watcher(case_dir: Path, env: dict):
             watcher.wait()
 
 
+CASE_CGROUP_SUFFIX = "case"
+
+
+@contextlib.contextmanager
+def _case_memory_cgroup(pid: int) -> Iterator[MemoryBudget | None]:
+    """Move the just-started case worker ``pid`` into a memory cgroup of its own, without a
+    limit, for the case's life: its kernel peak is the case's process tree's
+    (``metrics.KernelPeak``). None where no cgroup can be made (the case then sums
+    high-water RSS). The worker starts it at once: what it charged before the move (the
+    first instants of the interpreter) stays with the runner's cgroup."""
+    try:
+        # Without emptying: the page cache the case read stays cached for the next case.
+        budget = MemoryBudget(None, name=CASE_CGROUP_SUFFIX, pid=pid,
+                              empty_on_exit=False).__enter__()
+    except (BudgetUnavailable, BudgetError, OSError):
+        yield None
+        return
+    try:
+        yield budget
+    finally:
+        budget.__exit__(None, None, None)
+
+
+def _case_cgroup_env() -> dict[str, str]:
+    """The worker's name for its case cgroup (``metrics.case_cgroup``), where one can be
+    made."""
+    if budget_available() is not None:
+        return {}
+    return {CASE_CGROUP_ENV: f"{NAME_PREFIX}{os.getpid()}-{CASE_CGROUP_SUFFIX}"}
+
+
 def run_case(
     case: Case,
     *,
@@ -361,13 +401,16 @@ def run_case(
         own_tmp = {"TMPDIR": str(case_tmp)} if len(str(case_tmp)) <= _CASE_TMP_MAX_CHARS else {}
         shm_before = _shm_names()
         started = time.perf_counter()
-        with _case_watcher(tmp, env) as watch, open(log, "wb") as log_file:
+        with _case_watcher(tmp, env) as watch, open(log, "wb") as log_file, \
+                contextlib.ExitStack() as case_memory:
             process = subprocess.Popen(
                 [str(python), "-m", "storebench.bench.worker", str(job)],
                 stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
-                env={**env, **own_tmp, CASE_DIR_ENV: str(tmp)}, start_new_session=True,
+                env={**env, **own_tmp, **_case_cgroup_env(), CASE_DIR_ENV: str(tmp)},
+                start_new_session=True,
             )
             watch(process.pid)
+            cgroup = case_memory.enter_context(_case_memory_cgroup(process.pid))
             try:
                 returncode = wait_for_exit(process, timeout_s)
             except subprocess.TimeoutExpired:
@@ -396,6 +439,8 @@ def run_case(
                 # killer was what killed it is read first.
                 killed = (process.returncode or 0) < 0
                 oom_killed = oom_killed_budgets(process.pid) if killed else []
+                if killed and cgroup is not None:  # a case's budgets nest in its cgroup (v1)
+                    oom_killed += oom_killed_budgets(process.pid, cgroup_root=cgroup.path)
                 remove_stale_budgets()
         return _outcome(time.perf_counter() - started, result=result, phase=phase, log=log,
                         returncode=returncode, oom_killed=oom_killed)

@@ -76,6 +76,12 @@ METRIC_UNITS: dict[str, str] = {
     "peak_pss_bytes": "bytes",
     "peak_uss_bytes": "bytes",
     "peak_memory_sample_gap_s": "s",
+    # the tree's peak from the kernel (bench.metrics.KernelPeak): the case's memory cgroup's
+    # high-water mark (from_cgroup 1) or summed high-water RSS (0); peak_memory_reliable is
+    # 0 where the region was shorter than five sampling periods of the PSS/USS peaks
+    "kernel_peak_bytes": "bytes",
+    "kernel_peak_from_cgroup": "count",
+    "peak_memory_reliable": "count",
     # one per case: its whole wall time in the subprocess (also for failures)
     "case_seconds": "s",
     # reading and loading
@@ -88,6 +94,13 @@ METRIC_UNITS: dict[str, str] = {
     "set_epoch_seconds": "s",
     "preload_seconds": "s",
     "cpu_utilisation": "ratio",
+    # the steady window of a loader case (studies.steady): what it covered, the read-ahead
+    # it skipped, whether the loader's workers ran on across epochs (1) or restarted (0)
+    "steady_batches": "count",
+    "steady_seconds": "s",
+    "steady_epochs": "count",
+    "read_ahead_batches": "count",
+    "persistent_workers": "count",
     # build cost, from the manifests
     "write_seconds": "s",
     "write_MBps": "MB/s",

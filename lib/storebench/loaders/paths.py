@@ -51,6 +51,9 @@ class PathOptions:
     # Page-lock the memory batches are delivered in, for in-place CUDA copies (paths whose
     # ``pins_memory`` is True; CUDA only).
     pin_memory: bool = False
+    # Keep the workers of paths that can (torch DataLoader) across passes, so that every
+    # epoch after the first runs on the same workers; the path's close() stops them.
+    persistent_workers: bool = False
 
 
 @dataclass(frozen=True)
@@ -113,7 +116,20 @@ def _serial(dataset, sampler, options: PathOptions) -> Batches:
     shape = dataset.sample_shape
     out = batch_buffer(options.batch_size, shape, dataset.sample_dtype) if shape else None
     order = BatchSampler(sampler, options.batch_size)
-    return (dataset.get_batch(indices, out=out) for indices in order), None
+    return _SerialBatches(dataset, order, out), None
+
+
+@dataclass(frozen=True)
+class _SerialBatches:
+    """The one-thread path's batches: each ``iter()`` a pass over ``order``, as a
+    prefetcher's (a generator would be spent after its first epoch)."""
+
+    dataset: object
+    order: Iterable
+    out: object
+
+    def __iter__(self):
+        return (self.dataset.get_batch(indices, out=self.out) for indices in self.order)
 
 
 def _thread(dataset, sampler, options: PathOptions, *, consumer_reads: bool = False
@@ -160,13 +176,14 @@ def _pickled(dataset, sampler, options: PathOptions) -> Batches:
 
 
 def _torch(dataset, sampler, options: PathOptions) -> Batches:
-    from .torch_adapter import torch_dataloader
+    from .torch_adapter import close_workers, torch_dataloader
 
+    persistent = options.persistent_workers and options.workers > 0
     loader = torch_dataloader(dataset, batch_size=options.batch_size, sampler=sampler,
                               num_workers=options.workers,
                               multiprocessing_context=options.start_method, seed=options.seed,
-                              pin_memory=options.pin_memory)
-    return loader, None
+                              pin_memory=options.pin_memory, persistent_workers=persistent)
+    return loader, (lambda: close_workers(loader)) if persistent else None
 
 
 def _tf_data(dataset, sampler, options: PathOptions) -> Batches:

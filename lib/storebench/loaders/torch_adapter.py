@@ -103,6 +103,15 @@ class ResumableDataLoader(torch.utils.data.DataLoader):
         self._delivered.load(state_dict, self.dataset.dataset)
 
 
+def close_workers(loader: torch.utils.data.DataLoader) -> None:
+    """Stop a ``persistent_workers`` loader's workers now, as its garbage collection would:
+    they outlive every pass, and nothing else stops them before the loader is dropped."""
+    iterator = getattr(loader, "_iterator", None)
+    loader._iterator = None
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
+
+
 def seed_worker(worker_id: int) -> None:
     """``worker_init_fn``: seed Python's and NumPy's global RNGs from the seed torch gave
     this worker (derived from the DataLoader's ``generator``), as PyTorch's reproducibility

@@ -42,10 +42,18 @@ def repeat_fields(profile: str, repeats: int | None, *,
 
 
 def epoch_fields(profile: str) -> dict:
-    """The Case field that sizes a loader case's timed epochs: the plan's ``epoch_samples``
+    """The Case fields that size a loader case's timed epochs: the plan's ``epoch_samples``
     (``bench.plan.EPOCH_SAMPLES``), for the studies whose figure is a loader's rate, not
-    the whole set's."""
-    return {"epoch_samples": plan_for(profile).epoch_samples}
+    the whole set's, and its steady window (``steady_fields``)."""
+    return {"epoch_samples": plan_for(profile).epoch_samples, **steady_fields(profile)}
+
+
+def steady_fields(profile: str) -> dict:
+    """The Case fields that size a loader case's steady window (``studies.steady``): the
+    plan's ``steady_batches`` and ``steady_seconds``. Alone (no ``epoch_samples``), for
+    the cases whose repeats read whole epochs until the window holds that much."""
+    plan = plan_for(profile)
+    return {"steady_batches": plan.steady_batches, "steady_seconds": plan.steady_seconds}
 
 
 def is_variant(path: Path, manifest: dict) -> bool:

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..bench.case import Case, Trial, open_options
+from .steady import SteadyMinimum, SteadyWindow
 
 MB = 1e6
 # Why a benchmark's read (unverified, checked after its timed region) is refused.
@@ -71,15 +72,21 @@ def make_sampler(case: Case, reader, *, rank: int = 0, world_size: int = 1,
     return sampler if first is None else FirstSamples(sampler, first)
 
 
-def warmup_samples(case: Case, trial: Trial, max_batches: int | None) -> int | None:
-    """In the warm-up, the samples of the ``max_batches`` batches it reads, for
-    ``make_sampler(first=...)``: its loader then has no batch to read ahead that nobody
-    takes (up to a prefetch window of decoded JPEG batches, which its stop waits for). None
-    in a timed repeat: a sized epoch's loader keeps reading ahead past its last batch, as in
-    the middle of a whole epoch (``epoch_ended``)."""
-    if not trial.warmup or max_batches is None:
+def capped_samples(case: Case, max_batches: int | None) -> int | None:
+    """The samples of an epoch capped at ``max_batches`` batches (the warm-up's few, or a
+    case's ``epoch_samples``), for ``make_sampler(first=...)``: its loader then reaches the
+    end of that epoch as of a whole one, keeps its workers for the next, and has no batch
+    to read ahead that nobody takes. None: whole epochs."""
+    if max_batches is None:
         return None
     return max_batches * (case.batch_size or 256)
+
+
+def warmup_samples(case: Case, trial: Trial, max_batches: int | None) -> int | None:
+    """``capped_samples`` in the warm-up; None in a timed repeat (the remote study's epochs,
+    whose loaders read ahead past a sized epoch's last batch as in the middle of a whole
+    one)."""
+    return capped_samples(case, max_batches) if trial.warmup else None
 
 
 def resize_size(case: Case) -> tuple[int, int] | None:
@@ -121,7 +128,8 @@ def make_dataset(case: Case, reader, *, warmup: bool = False):
 
 
 def open_batches(case: Case, dataset, sampler):
-    """``(batches, close)`` of the case's loader path (``case.prefetcher``)."""
+    """``(batches, close)`` of the case's loader path (``case.prefetcher``), its workers
+    kept across passes where the path can (``close`` stops them)."""
     from storebench.loaders.paths import PathOptions, get_loader_path
 
     path = get_loader_path(case.prefetcher)
@@ -130,7 +138,8 @@ def open_batches(case: Case, dataset, sampler):
         start_method=case.param("start_method"), seed=int(case.param("seed", 0)),
         root=case.dataset, shuffle_buffer=int(case.param("shuffle_buffer", 4096)),
         resize=resize_size(case), shuffle=case.access != "sequential",
-        decode=case.param("decode"), pin_memory=bool(case.param("pin_memory", False)))
+        decode=case.param("decode"), pin_memory=bool(case.param("pin_memory", False)),
+        persistent_workers=True)
     return path.open(dataset, sampler, options)
 
 
@@ -152,14 +161,16 @@ def ram_orders(case: Case) -> tuple[str, ...]:
 
 
 def ram_order_epochs(case: Case, orders: tuple[str, ...], dataset, reader,
-                     max_batches: int | None) -> dict[str, tuple[float, str]]:
-    """After a preloaded case's timed epoch (its loader stopped), an epoch of the same
-    preload in each of ``orders``, timed alone: ``<order>.samples_per_s`` and
-    ``<order>.epoch_seconds``. A preload reads the set in one order whatever the epoch's, so
-    the orders share one instead of each case preloading the set again. They are timed
-    outside ``trial.measure()``, whose memory and CPU figures stay the case's own epoch's,
-    and after that epoch, so they find what it left warm (allocator, caches): compare them
-    with each other first."""
+                     max_batches: int | None,
+                     minimum: SteadyMinimum | None) -> dict[str, tuple[float, str]]:
+    """After a preloaded case's timed run (its loader stopped), a run of the same preload
+    in each of ``orders``, each through a fresh loader and timed alone, start-up and steady
+    state apart as the case's own: ``<order>.samples_per_s`` (steady), ``<order>.
+    epoch_seconds`` and what its steady window covered. A preload reads the set in one
+    order whatever the epoch's, so the orders share one instead of each case preloading
+    the set again. They are timed outside ``trial.measure()``, whose memory and CPU figures
+    stay the case's own run's, and after that run, so they find what it left warm
+    (allocator, caches): compare them with each other first."""
     import dataclasses
 
     metrics = {}
@@ -167,16 +178,19 @@ def ram_order_epochs(case: Case, orders: tuple[str, ...], dataset, reader,
         variant = dataclasses.replace(case, access=order)
         close = None
         try:
-            loader, close = open_batches(variant, dataset, make_sampler(variant, reader))
+            sampler = make_sampler(variant, reader, first=capped_samples(case, max_batches))
+            loader, close = open_batches(variant, dataset, sampler)
             started = time.perf_counter()
-            tally = drain(loader, started=started, max_batches=max_batches)
-            ended = epoch_ended(tally, max_batches)
+            run = run_loader(variant, loader, sampler, started=started,
+                             num_samples=len(reader), max_batches=max_batches,
+                             minimum=minimum)
         finally:
             if close is not None:
                 close()
-        check_epoch(variant, tally, len(reader), max_batches)
-        metrics[f"{order}.samples_per_s"] = (tally.samples / (ended - started), "samples/s")
-        metrics[f"{order}.epoch_seconds"] = (ended - started, "s")
+        check_run(variant, run, len(reader), max_batches)
+        measured = run_metrics(run, started=started, ready=started, set_samples=len(reader))
+        for name in ("samples_per_s", "epoch_seconds", "steady_batches", "steady_seconds"):
+            metrics[f"{order}.{name}"] = measured[name]
     return metrics
 
 
@@ -210,33 +224,50 @@ def batch_size_bytes(batch) -> tuple[int, int, np.ndarray | None]:
 @dataclass
 class EpochTally:
     """What draining a loader delivered: samples, image bytes, batches, seconds from
-    ``started`` to the first batch, when the last batch had arrived (``perf_counter``), and
-    the indices of batches that carry them."""
+    ``started`` to the first batch, when the last batch had arrived and when the epoch
+    ended (``perf_counter``), whether the run stopped inside it (its steady window full),
+    and the indices of batches that carry them."""
 
     samples: int = 0
     delivered: int = 0
     batches: int = 0
     first_batch_seconds: float = float("nan")
     last_batch_at: float = float("nan")
+    first_batch_at: float = float("nan")
+    first_samples: int = 0
+    first_bytes: int = 0
+    ended_at: float = float("nan")
+    stopped: bool = False
     seen: list = field(default_factory=list)
 
     def indices(self) -> np.ndarray:
         return np.concatenate(self.seen) if self.seen else np.empty(0, dtype=np.int64)
 
 
-def drain(loader, *, started: float, max_batches: int | None) -> EpochTally:
-    """Iterate ``loader`` to its end (or ``max_batches``), counting what it delivers."""
+def drain(loader, *, started: float, max_batches: int | None,
+          window: SteadyWindow | None = None,
+          minimum: SteadyMinimum | None = None) -> EpochTally:
+    """Iterate ``loader`` to its end (or ``max_batches``), counting what it delivers; with
+    ``window``, each batch's hand-out time goes to it, and with ``minimum`` too the epoch
+    stops (``stopped``) once the window holds that much."""
     tally = EpochTally()
     for batch in loader:
+        now = time.perf_counter()
         n, nbytes, indices = batch_size_bytes(batch)
         if tally.batches == 0:
-            tally.first_batch_seconds = time.perf_counter() - started
+            tally.first_batch_seconds = now - started
+            tally.first_batch_at, tally.first_samples, tally.first_bytes = now, n, nbytes
         tally.samples += n
         tally.delivered += nbytes
         tally.batches += 1
         if indices is not None:
             tally.seen.append(np.array(indices))
         tally.last_batch_at = time.perf_counter()
+        if window is not None:
+            window.add(n, nbytes, now)
+            if minimum is not None and window.met(minimum):
+                tally.stopped = True
+                break
         if max_batches is not None and tally.batches >= max_batches:
             break
     return tally
@@ -244,16 +275,25 @@ def drain(loader, *, started: float, max_batches: int | None) -> EpochTally:
 
 def epoch_ended(tally: EpochTally, max_batches: int | None) -> float:
     """When an epoch ended: now for a whole one (its loader's own end of epoch counts, as in
-    training), at its last batch for one stopped at ``max_batches``: stopping a loader
-    mid-epoch (in-flight batches, workers shut down early) is work no whole epoch does."""
-    return time.perf_counter() if max_batches is None else tally.last_batch_at
+    training), at its last batch for one stopped at ``max_batches`` or inside its run's
+    steady window: stopping a loader mid-epoch (in-flight batches, workers shut down early)
+    is work no whole epoch does."""
+    return (time.perf_counter() if max_batches is None and not tally.stopped
+            else tally.last_batch_at)
 
 
 def check_epoch(case: Case, tally: EpochTally, num_samples: int,
                 max_batches: int | None) -> None:
     """A whole epoch (``max_batches`` None) delivered every sample once; one capped at
     ``max_batches`` (``Trial.batches_wanted``) delivered that many batches' samples (or the
-    whole set, where they outnumber it), none twice."""
+    whole set, where they outnumber it), none twice; one its run stopped inside
+    (``stopped``) delivered no sample twice."""
+    if tally.stopped:
+        indices = tally.indices()
+        if len(np.unique(indices)) != len(indices):
+            raise RuntimeError(f"{case.dataset}: an epoch cut at its steady window's end "
+                               "delivered a sample twice")
+        return
     if max_batches is None:
         if tally.samples != num_samples:
             raise RuntimeError(f"{case.dataset}: an epoch delivered {tally.samples} samples, "
@@ -286,16 +326,138 @@ def order_quality(case: Case, reader) -> dict[str, tuple[float, str]]:
             for name, (value, unit) in quality.items() if math.isfinite(value)}
 
 
+# The most epochs one run reads: a guard for a steady minimum a tiny set cannot reach.
+MAX_RUN_EPOCHS = 1000
+
+
+@dataclass
+class LoaderRun:
+    """The epochs one loader delivered in a run, its steady window, the read-ahead it
+    skipped and whether its workers persisted across the epochs."""
+
+    epochs: list[EpochTally]
+    window: SteadyWindow
+    read_ahead: int
+    persistent: bool
+
+    @property
+    def samples(self) -> int:
+        return sum(epoch.samples for epoch in self.epochs)
+
+
+def steady_minimum(case: Case, trial: Trial) -> SteadyMinimum | None:
+    """What a timed repeat's steady window must hold (the case's ``steady_batches`` and
+    ``steady_seconds``, from the plan); None in the warm-up, which reads its few batches."""
+    if trial.warmup:
+        return None
+    return SteadyMinimum(case.steady_batches, case.steady_seconds)
+
+
+def _epoch_source(case: Case, loader, num_samples: int):
+    """``epoch(number)`` -> the batches of that epoch of ``loader``: a new pass over it, or
+    for tf.data one stretch of ``num_samples`` samples of its pipeline repeated, so that its
+    runtime and read-ahead run on across epochs (batches are made before the repeat and so
+    never straddle two)."""
+    if case.prefetcher != "tf_data":
+        return lambda number: loader
+    batches = iter(loader.repeat())
+
+    def stretch(number: int):
+        taken = 0
+        while taken < num_samples:
+            batch = next(batches)
+            taken += batch_size_bytes(batch)[0]
+            yield batch
+
+    return stretch
+
+
+def run_loader(case: Case, loader, sampler, *, started: float, num_samples: int,
+               max_batches: int | None, minimum: SteadyMinimum | None) -> LoaderRun:
+    """Epochs of ``loader`` (``sampler``'s epoch set before each) until its steady window
+    holds ``minimum`` (see ``storebench.studies.steady``); one epoch where ``minimum`` is
+    None (the warm-up) or a cold lazy read (a later epoch would read the cache). A path
+    that starts its workers per pass skips its read-ahead again each epoch."""
+    from .steady import PER_PASS_PATHS, persists_workers, read_ahead_batches
+
+    skip = read_ahead_batches(loader, prefetcher=case.prefetcher,
+                              batch_size=case.batch_size or 256,
+                              # a buffer holds no more than an epoch's samples
+                              shuffle_buffer=min(int(case.param("shuffle_buffer", 4096)),
+                                                 num_samples),
+                              shuffle=case.access != "sequential")
+    run = LoaderRun([], SteadyWindow(skip=skip), skip,
+                    persists_workers(case.prefetcher, case.workers))
+    one_epoch = minimum is None or (case.cache == "cold" and case.loader != "preloaded")
+    epoch = _epoch_source(case, loader, num_samples)
+    while len(run.epochs) < MAX_RUN_EPOCHS:
+        if run.epochs and case.prefetcher in PER_PASS_PATHS:
+            run.window.restart()
+        if sampler is not None:
+            sampler.set_epoch(len(run.epochs))
+        before = run.window.batches
+        tally = drain(epoch(len(run.epochs)), max_batches=max_batches,
+                      started=started if not run.epochs else time.perf_counter(),
+                      window=run.window if minimum else None, minimum=minimum)
+        tally.ended_at = epoch_ended(tally, max_batches)
+        run.epochs.append(tally)
+        if (one_epoch or tally.stopped or run.window.met(minimum) or not tally.batches
+                or (case.prefetcher in PER_PASS_PATHS and run.window.batches == before)):
+            break
+    return run
+
+
+def check_run(case: Case, run: LoaderRun, num_samples: int, max_batches: int | None) -> None:
+    """Every epoch of the run delivered its samples once (``check_epoch``)."""
+    for tally in run.epochs:
+        check_epoch(case, tally, num_samples, max_batches)
+
+
+def run_metrics(run: LoaderRun, *, started: float, ready: float,
+                set_samples: int) -> dict[str, tuple[float, str]]:
+    """A run's throughput over its steady window and what that window covered. A run whose
+    window holds no batch (a cold epoch shorter than the read-ahead) falls back to its first
+    epoch after its first batch, and says so with ``steady_batches`` 0."""
+    first, window = run.epochs[0], run.window
+    if window.batches:
+        samples, nbytes, seconds = window.samples, window.nbytes, window.seconds
+    elif first.batches > 1:
+        samples, nbytes = first.samples - first.first_samples, first.delivered - first.first_bytes
+        seconds = first.ended_at - first.first_batch_at
+    else:  # one batch: nothing after it to time
+        samples, nbytes, seconds = first.samples, first.delivered, first.ended_at - ready
+    rate = samples / seconds
+    return {
+        "samples_per_s": (rate, "samples/s"),
+        "read_MBps": (nbytes / seconds / MB, "MB/s"),
+        "epoch_seconds": (first.ended_at - ready, "s"),
+        # An epoch of the whole set: its start-up (the dataset ready to the first batch),
+        # then the set at the steady rate; what a preload is weighed against.
+        "set_epoch_seconds": (first.first_batch_at - ready + set_samples / rate, "s"),
+        "steady_batches": (window.batches, "count"),
+        "steady_seconds": (window.seconds, "s"),
+        "steady_epochs": (len(run.epochs), "count"),
+        "read_ahead_batches": (run.read_ahead, "count"),
+    }
+
+
 def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
-    """One epoch (or ``max_batches`` batches) through reader -> dataset -> sampler ->
-    loader path, timed from before the dataset is made: a preload counts in
-    ``time_to_first_batch_s`` and is also reported alone as ``preload_seconds``; an epoch's
-    own time is ``epoch_seconds`` and the throughput figures use it; ``set_epoch_seconds``
-    is an epoch of the whole set at that rate (the same where the epoch was whole)."""
+    """Epochs through reader -> dataset -> sampler -> loader path, one fresh loader per
+    repeat (its workers started in the timed region), start-up and steady state apart:
+    ``time_to_first_batch_s`` from before the dataset is made (a preload counts, and is
+    also reported alone as ``preload_seconds``) to the first batch; ``samples_per_s`` and
+    ``read_MBps`` over the steady window only (``storebench.studies.steady``: the batches
+    after the loader's read-ahead, ``steady_batches`` of them over ``steady_seconds``,
+    across ``steady_epochs`` epochs of the same loader where its workers persist,
+    ``persistent_workers``); ``epoch_seconds`` is the first epoch's own time and
+    ``set_epoch_seconds`` an epoch of the whole set (start-up, then the steady rate)."""
     from storebench.formats import open_dataset
+
+    from .steady import has_workers
 
     reader = open_dataset(case.dataset, verify=False, **open_options(case))
     max_batches = trial.batches_wanted(case.param("max_batches"), samples=len(reader))
+    minimum = steady_minimum(case, trial)
     close = dataset = None
     orders = ram_orders(case)
     try:
@@ -303,31 +465,27 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
             started = time.perf_counter()
             dataset = make_dataset(case, reader, warmup=trial.warmup)
             ready = time.perf_counter()
-            sampler = make_sampler(case, reader,
-                                   first=warmup_samples(case, trial, max_batches))
+            sampler = make_sampler(case, reader, first=capped_samples(case, max_batches))
             loader, close = open_batches(case, dataset, sampler)
-            tally = drain(loader, started=started, max_batches=max_batches)
-            ended = epoch_ended(tally, max_batches)
-        check_epoch(case, tally, len(reader), max_batches)
+            run = run_loader(case, loader, sampler, started=started, num_samples=len(reader),
+                             max_batches=max_batches, minimum=minimum)
+        check_run(case, run, len(reader), max_batches)
         more = {} if trial.warmup else order_quality(case, reader)
         if orders and not trial.warmup:
-            if close is not None:  # the timed epoch's loader stops before the next starts
+            if close is not None:  # the timed run's loader stops before the next starts
                 closing, close = close, None
                 closing()
-            more |= ram_order_epochs(case, orders, dataset, reader, max_batches)
+            more |= ram_order_epochs(case, orders, dataset, reader, max_batches, minimum)
     finally:
         release(reader, dataset=dataset, close=close)
-    samples = tally.samples
-    epoch = ended - ready
+    if trial.warmup:
+        return {"samples": (run.samples, "count")}
+    if has_workers(case.prefetcher, case.workers):
+        more["persistent_workers"] = (float(run.persistent), "count")
     return {
-        "samples": (samples, "count"),
-        "samples_per_s": (samples / epoch, "samples/s"),
-        "read_MBps": (tally.delivered / epoch / MB, "MB/s"),
-        "time_to_first_batch_s": (tally.first_batch_seconds, "s"),
-        "epoch_seconds": (epoch, "s"),
-        # An epoch of the whole set at this repeat's rate: the epoch itself when it was
-        # whole; what a preload (always of the whole set) is weighed against.
-        "set_epoch_seconds": (epoch * len(reader) / samples, "s"),
+        "samples": (run.samples, "count"),
+        "time_to_first_batch_s": (run.epochs[0].first_batch_seconds, "s"),
+        **run_metrics(run, started=started, ready=ready, set_samples=len(reader)),
         "preload_seconds": (ready - started, "s"),
         "cpu_utilisation": (measurement.cpu_seconds / measurement.wall_seconds, "ratio"),
         **more,

@@ -66,9 +66,9 @@ from ..grid import (
     batch_size_for,
     dataset_fields,
     decode_params,
-    epoch_fields,
     profile_datasets,
     repeat_fields,
+    steady_fields,
 )
 from ..shared_cases import ACCESS_ORDERS
 
@@ -84,7 +84,7 @@ RAM_ORDERS = ("sequential", "shuffle")
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
     """See the module docstring."""
     plan = plan_for(profile)
-    repeats = {**repeat_fields(profile, repeats), **epoch_fields(profile)}
+    repeats = {**repeat_fields(profile, repeats), **steady_fields(profile)}
     cases = []
     for path, manifest in profile_datasets(profile, data_dir):
         raw = manifest["encoding"] == "raw"
@@ -567,8 +567,8 @@ def guide(results: Results) -> list:
             facets={"encoding": encoding, "epochs": "later"}))
         # A cold first epoch: a preload's own time counts, so compare seconds to the end
         # of the epoch (preload plus epoch), lower is better. A preload reads the whole set,
-        # so the epoch is the whole set's too, at the rate its repeat measured (rows of
-        # epochs sized to ``epoch_samples``; results without the metric have whole epochs).
+        # so the epoch is the whole set's too: its start-up, then the set at the repeat's
+        # steady rate (``set_epoch_seconds``; results without the metric: whole epochs).
         epoch_metric = ("set_epoch_seconds" if "set_epoch_seconds" in set(rows["metric"])
                         else "epoch_seconds")
         cold = rows[(rows["encoding"] == encoding) & (rows["cache"] == "cold")]

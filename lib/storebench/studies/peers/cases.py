@@ -44,14 +44,16 @@ from ..shared_cases import (
 
 # The median |i - j| of two independent uniform positions, as a fraction of n.
 UNIFORM_SPREAD = 1 - 1 / math.sqrt(2)
-# Epochs after the first run until they took LATER_EPOCHS_MIN_S (at least one, at most
+# Epochs after the first run until they took LATER_EPOCHS_MIN_S and the case's steady
+# minimum (``Case.steady_batches``, ``steady_seconds``; at least one epoch, at most
 # LATER_EPOCHS_MAX): a 20 ms epoch of cached raw arrays is too short to time alone. A
 # quarter second: a dozen epochs of the cached 4,000-sample raw set at 200k samples/s, and
 # still one epoch of the cached JPEG set (about 0.5 s at the study's 2 workers), where half
 # a second added a quarter second to every warm raw repeat and a whole second took two
 # JPEG epochs.
 LATER_EPOCHS_MIN_S = 0.25
-LATER_EPOCHS_MAX = 20
+# 100 epochs: a second of 10 ms epochs (2,048 cached raw samples at 200k samples/s).
+LATER_EPOCHS_MAX = 100
 # Samples of the first batches of epochs 1 and 2 compared with the build after timing: a
 # few, so that the copies kept for it add little to the peak memory measured.
 CHECKED_BATCHES = 2
@@ -117,12 +119,14 @@ class _Epoch:
 
 
 def _enough_epochs(epochs: list[_Epoch], *, warmup: bool, min_seconds: float,
-                   later_epochs: bool = True) -> bool:
+                   later_epochs: bool = True, min_batches: int = 1) -> bool:
     if warmup or not later_epochs:
         return len(epochs) >= 1
     later = epochs[1:]
     seconds = sum(epoch.ended_at - epoch.begun_at for epoch in later)
-    return bool(later) and (seconds >= min_seconds or len(later) >= LATER_EPOCHS_MAX)
+    batches = sum(epoch.batches for epoch in later)
+    return bool(later) and ((seconds >= min_seconds and batches >= min_batches)
+                            or len(later) >= LATER_EPOCHS_MAX)
 
 
 def _run_epoch(loader, max_batches: int | None, *, keep: bool) -> _Epoch:
@@ -208,8 +212,9 @@ def peer_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
             dataset = make_dataset(case, reader)
             sampler = make_sampler(case, reader) if dataset is not None else None
             loader, close = open_batches(case, dataset, sampler)
-            while not _enough_epochs(epochs, warmup=trial.warmup, min_seconds=float(
+            while not _enough_epochs(epochs, warmup=trial.warmup, min_seconds=max(float(
                     case.param("later_epochs_min_s", LATER_EPOCHS_MIN_S)),
+                    case.steady_seconds), min_batches=case.steady_batches,
                     later_epochs=bool(case.param("later_epochs", True))):
                 if sampler is not None:
                     sampler.set_epoch(len(epochs))
@@ -229,10 +234,16 @@ def peer_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         "samples": (first.samples, "count"),
         "epoch1_samples_per_s": (first.rate(), "samples/s"),
         "epoch1_first_batch_s": (first.first_batch_at - first.begun_at, "s"),
+        # The loader studies' name for it: a fresh loader's start-up, apart from any rate.
+        "time_to_first_batch_s": (first.first_batch_at - first.begun_at, "s"),
         "later_epochs": (len(later), "count"),
     }
     if later:
         later_seconds = sum(epoch.ended_at - epoch.begun_at for epoch in later)
+        # The later epochs are the steady state: every batch of epoch 1 (the read-ahead
+        # of start-up among them) is left out.
+        metrics["steady_batches"] = (sum(epoch.batches for epoch in later), "count")
+        metrics["steady_seconds"] = (later_seconds, "s")
         metrics["epoch2_first_batch_s"] = (later[0].first_batch_at - later[0].begun_at, "s")
         metrics["later_epochs_samples_per_s"] = (sum(e.samples for e in later) / later_seconds,
                                                  "samples/s")

@@ -64,7 +64,7 @@ from ...text import (
     format_value,
 )
 from ..base import FigureSpec, Study, TargetMeasure, TargetSpec
-from ..grid import dataset_fields, profile_datasets, repeat_fields
+from ..grid import dataset_fields, profile_datasets, repeat_fields, steady_fields
 
 NAME = "peers"
 CASES = "storebench.studies.peers.cases"
@@ -179,12 +179,13 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
     # Whole epochs (no ``epoch_fields``): a peer's loader stopped mid-epoch pays for its own
     # stop (FFCV polls its stop flag every 0.5 s), which no whole epoch does, and each
     # case's later epochs would be many short ones, each stopped so.
-    fields = {**repeat_fields(profile, repeats), "timeout_s": plan.timeout_s}
+    fields = {**repeat_fields(profile, repeats), "timeout_s": plan.timeout_s,
+              **steady_fields(profile)}
     # The warm target rows compare ours with the peers' own pipelines by the ratio's
     # interval: a longer budget, within which the fast candidates that decide it (a repeat
     # of a second or two) still reach a narrow interval, and a slow peer stops early.
     target_fields = {**repeat_fields(profile, repeats, budget_s=TARGET_REPEAT_BUDGET_S),
-                     "timeout_s": plan.timeout_s}
+                     "timeout_s": plan.timeout_s, **steady_fields(profile)}
     # Sets from their own directory only: where a profile's set is no longer than the cut,
     # its whole builds beside the directory have the same spec.
     datasets = profile_datasets(profile, data_dir, peers=True, specs=peer_specs(profile))

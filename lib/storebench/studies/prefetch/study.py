@@ -41,13 +41,15 @@ from ..grid import (
     dataset_fields,
     decode_params,
     encoded_pick,
-    epoch_fields,
     pick,
     profile_datasets,
     repeat_fields,
+    steady_fields,
 )
 
 CASES = "storebench.studies.prefetch.cases"
+# Start-up, from a fresh loader: its own guide question (``first_batch_guide``).
+FIRST_BATCH = "time_to_first_batch_s"
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,7 @@ COMPACT_RAW = (*COMPACT_CORE, PrefetchVariant("pickled_baseline", 2, "fork"),
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
     """See the module docstring."""
     plan = plan_for(profile)
-    repeats = {**repeat_fields(profile, repeats), **epoch_fields(profile)}
+    repeats = {**repeat_fields(profile, repeats), **steady_fields(profile)}
     datasets = profile_datasets(profile, data_dir)
     raw = pick(datasets, "raw", ("memmap", "lmdb", "hdf5"))
     encoded = encoded_pick(datasets, ("lmdb", "rawfiles", "hdf5"))
@@ -486,8 +488,13 @@ def guide(results: Results) -> list:
             question = (f"{ENCODING_NAMES.get(encoding, encoding)} decoded with {decode} from "
                         f"a cached {dataset}, one training process, {cores} cores: which "
                         "loader path?")
-        candidates = [Candidate(key, f"{label}", stat(part, "samples_per_s", path=key))
-                      for key, label in dict.fromkeys(zip(part["path"], part["label"]))]
+        # A process path's start method is named: fork and spawn differ by tens of percent,
+        # and a row measured under fork alone must not read as the path's answer.
+        candidates = [Candidate(key, label + (f" ({method})" if method and method not in label
+                                              else ""),
+                                stat(part, "samples_per_s", path=key))
+                      for key, label, method in dict.fromkeys(
+                          zip(part["path"], part["label"], part["start_method"]))]
         if decode in ("simplejpeg", "auto"):  # what tf.data's own decoder competes with
             candidates += [Candidate(key, f"{label} over {d}",
                                      stat(native, "samples_per_s", path=key))
@@ -496,6 +503,36 @@ def guide(results: Results) -> list:
         out.append(choose("prefetch", f"{question} ({profile_caption(part, encoding)})",
                           "samples_per_s", candidates,
                           facets={"encoding": encoding, "decode": decode, "dataset": dataset}))
+    return [row for row in out if row is not None] + first_batch_guide(results, rows, cores)
+
+
+def first_batch_guide(results: Results, rows: pd.DataFrame, cores) -> list:
+    """Start-up as its own question, never mixed into a throughput: per dataset and
+    decoder, the loader path fastest to its first batch from a fresh loader (workers
+    started, ``time_to_first_batch_s``)."""
+    from ...guide import Candidate, choose
+
+    picked = select(rows, FIRST_BATCH)
+    native = picked[picked["prefetcher"] == "tf_data"]
+    out = []
+    for (dataset, decode), part in picked[picked["prefetcher"] != "tf_data"].groupby(
+            ["dataset", "decode"], sort=False):
+        encoding = part["encoding"].iloc[0]
+        what = ("decoded raw arrays" if decode == "none" else
+                f"{ENCODING_NAMES.get(encoding, encoding)} decoded with {decode}")
+        both = pd.concat([part, native]) if decode in ("simplejpeg", "auto") else part
+        # Start-up above all differs by start method: each process path names its own.
+        candidates = [Candidate(key, label + (f" ({method})" if method and method not in label
+                                              else "") + ("" if d == dataset else f" over {d}"),
+                                stat(both, FIRST_BATCH, path=key))
+                      for key, label, method, d in dict.fromkeys(zip(
+                          both["path"], both["label"], both["start_method"], both["dataset"]))]
+        out.append(choose(
+            "prefetch", f"Fastest to first batch: {what} from a cached {dataset}, a fresh "
+            f"loader (workers started), {cores} cores: which loader path? "
+            f"({profile_caption(part, encoding)})", FIRST_BATCH, candidates,
+            lower_is_better=True, facets={"question": "first_batch", "encoding": encoding,
+                                          "decode": decode, "dataset": dataset}))
     return [row for row in out if row is not None]
 
 

@@ -180,18 +180,28 @@ def measure_memmap_gather(reader, case: Case) -> Measured:
 def _registry_paths(dataset, sampler_for: Callable[[], object], case: Case,
                     paths: Mapping[str, str]) -> dict:
     """Time each loader path of the registry (``{metric prefix: LOADER_PATHS name}``) over
-    the same order, workers and start method, one after the other."""
+    the same order, workers and start method, one after the other, past its read-ahead."""
     from storebench.loaders import throughput
     from storebench.loaders.paths import PathOptions, get_loader_path
 
     options = PathOptions(batch_size=case.batch_size or 256, workers=case.workers or 2,
                           start_method=case.param("start_method"),
                           seed=int(case.param("seed", 0)), root=case.dataset)
+    from ..steady import read_ahead_batches
+
     measured = {}
     for prefix, name in paths.items():
         batches, close = get_loader_path(name).open(dataset, sampler_for(), options)
         try:
-            measured[prefix] = throughput.measure(iter(batches), name=prefix, warmup_batches=2,
+            # Timed from the hand-out of batch D, D the path's read-ahead: the steady state
+            # only (``studies.steady``), none of what it read while its workers started.
+            # tf.data's shuffle buffer holds the whole set before its first batch, so one
+            # epoch has no steady state: it skips one batch, as before (the prefetch
+            # study's tf_data rows repeat its pipeline).
+            skip = 1 if name == "tf_data" else read_ahead_batches(
+                batches, prefetcher=name, batch_size=options.batch_size)
+            measured[prefix] = throughput.measure(iter(batches), name=prefix,
+                                                  warmup_batches=skip + 1,
                                                   max_batches=case.param("max_batches"))
         finally:
             if close is not None:
