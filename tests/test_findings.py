@@ -3,6 +3,8 @@ study's sentences and the README's guide table, all from a results directory alo
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from result_rows import build_case, case_rows, feed_case, frame, read_case, write_results
 
@@ -14,6 +16,7 @@ from storebench.studies import STUDIES
 
 ENV = {"cpu_model": "Test CPU", "cpus_usable": 2, "ram_bytes": 24e9, "profile": "ci",
        "cuda": {"torch_cuda_available": False}, "utc_time": "2026-01-01T00:00:00+00:00"}
+STUDIES_REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
 LIMITS = {"dram_read_GBps": 27.0, "page_cache_read_GBps": 14.0, "cold_seq_read_GBps": 2.1,
           "cold_random_4k_iops": 16_700.0}
 
@@ -115,3 +118,43 @@ def test_all_findings_are_keyed_by_study_in_run_order(tmp_path):
     assert markdown == [f"- {s}" for s in every["gpu_feed"]]
     with pytest.raises(KeyError, match="unknown study 'nope'"):
         findings.findings_markdown(results, "nope")
+
+
+def test_a_notebook_opens_with_its_guide_choices_and_the_targets_it_meets(tmp_path):
+    write_results(tmp_path, *two_studies(), env=ENV)
+    results = Results.load(tmp_path)
+    lines = findings.answer_lines(results, "formats")
+    table = guide_table(STUDIES["formats"].guide(results))
+    assert lines == [f"{q} \u2192 **{c}**" for q, c in zip(table["question"], table["choice"])]
+    assert ("Fewest files, raw arrays (shared or object storage, many-file limits) \u2192 "
+            "**memmap-raw**") in lines
+    text = findings.answer_markdown(results, "formats")
+    assert text.startswith(f"**{STUDIES['formats'].question}**\n\n- ")
+    # gpu_feed declares no target of its own; its rows answer its guide questions.
+    feed = findings.answer_lines(results, "gpu_feed")
+    assert feed and all("\u2192 **" in line for line in feed)
+    assert not [line for line in feed if line.startswith("Targets met")]
+
+
+def test_a_long_guide_is_cut_and_says_how_many_questions_are_left(monkeypatch, tmp_path):
+    write_results(tmp_path, *two_studies(), env=ENV)
+    results = Results.load(tmp_path)
+    every = findings.answer_lines(results, "formats")
+    monkeypatch.setattr(findings, "ANSWER_QUESTIONS", 1)
+    cut = findings.answer_lines(results, "formats")
+    assert cut == [every[0], f"{len(every) - 1} more question(s) in the guide below."]
+
+
+def test_a_study_without_rows_opens_with_its_findings_instead(tmp_path):
+    write_results(tmp_path, *two_studies(), env=ENV)
+    results = Results.load(tmp_path)
+    assert findings.answer_lines(results, "resume") == \
+        STUDIES["resume"].findings(results)[:3]
+
+
+def test_the_targets_line_names_every_target_and_its_verdict():
+    reference = Results.load(STUDIES_REFERENCE)
+    line = findings.targets_line(reference, "peers")
+    assert line.startswith("Targets met: ") and line.count(": ") >= 3
+    assert "Ours vs the best peer, jpeg: " in line and "Ours vs the best peer, raw: " in line
+    assert findings.targets_line(reference, "formats") == ""

@@ -76,6 +76,19 @@ def test_notebook_asks_its_question_and_ends_with_computed_findings(path):
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
+def test_notebook_answers_its_question_before_any_table_or_figure(path):
+    # The question, the parameters, the results loaded, then the answer computed from them:
+    # a reader has it before the evidence.
+    notebook = nbformat.read(path, as_version=4)
+    code = [cell.source for cell in notebook.cells if cell.cell_type == "code"]
+    answer = next(i for i, source in enumerate(code) if "findings.answer_markdown(" in source)
+    assert answer == 2, f"{path.name}: the answer is code cell {answer}, not the third"
+    assert "Results.load(" in code[1]
+    assert code[answer].startswith("Markdown(") and len(code[answer].splitlines()) == 1
+    assert not [s for s in code[:answer] if "draw(" in s or "format_table(" in s]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
 def test_notebook_prose_types_no_numbers(path):
     # Numbers belong in text formatted from the results; the prose may only name things
     # (HDF5, notebook titles), so a bare number in a markdown cell is a typed-in figure.

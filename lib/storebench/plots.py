@@ -387,3 +387,23 @@ def save_figure(fig: Figure, path_stem: Path | str) -> list[Path]:
             fig.savefig(path, bbox_inches="tight", **options)
             paths.append(path)
     return paths
+
+
+def question_title(fig: Figure, question: str, takeaway: str = "") -> None:
+    """The figure's title: the question it answers, then the answer computed from the rows
+    (the caller's sentence, never typed in), wrapped to the figure's width."""
+    import textwrap
+
+    width = max(40, int(fig.get_figwidth() * 13))
+    lines = textwrap.wrap(question, width) + textwrap.wrap(takeaway, int(width * 1.1))
+    fig.suptitle("\n".join(lines), fontsize="medium")
+
+
+def family_handles(colours: dict, labels: dict | None = None) -> list:
+    """Legend patches for a colour per family (``{family: colour}``), labelled from
+    ``labels`` where given."""
+    from matplotlib.patches import Patch
+
+    return [Patch(facecolor=colour, edgecolor="black", linewidth=0.5,
+                  label=(labels or {}).get(family, family))
+            for family, colour in colours.items()]

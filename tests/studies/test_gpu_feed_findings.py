@@ -239,14 +239,34 @@ def test_a_small_set_is_fed_in_smaller_batches_so_that_every_loader_times_some()
     assert gpu_feed.feed_batch_size(needed - 1) is None
 
 
-def test_the_feed_figure_tells_two_worker_counts_of_a_loader_apart_and_leaves_no_empty_rows():
-    df = frame(feed_case("process", 2, 2.0, 0.8), feed_case("process", 16, 2.0, 0.9),
-               feed_case("none", 0, 2.0, 0.5))
+def test_the_feed_figure_gives_each_loader_a_panel_and_splits_time_only_where_paths_differ():
+    df = frame(feed_case("process", 2, 0.0, 0.0, samples_per_s=60_000.0),
+               feed_case("process", 2, 2.0, 0.8), feed_case("process", 16, 2.0, 0.9),
+               feed_case("none", 0, 2.0, 0.5), feed_case("none", 0, 10.0, 1.0),
+               feed_case("process", 2, 10.0, 1.0), feed_case("process", 16, 10.0, 1.0))
     fig = gpu_feed.plot_feed(df)
-    top, bottom = fig.axes[:2]
-    colours = {bars.get_label(): bars.lines[0].get_color() for bars in top.containers}
-    assert set(colours) == {"ProcessPrefetcher \u00d72", "ProcessPrefetcher \u00d716",
-                            "one thread, no prefetcher"}
-    assert len({tuple(c) if not isinstance(c, str) else c for c in colours.values()}) == 3
-    # Three bars (one per path at 2 ms), the first on top, half a row of margin each side.
-    assert bottom.get_ylim() == (2.6, -0.6)
+    panels = [ax for ax in fig.axes if ax.get_xlabel() == "accelerator demand (samples/s)"]
+    # Slowest own rate first; a loader without a 0 ms row has no ceiling to sort by.
+    assert {ax.get_title() for ax in panels} == {
+        "ProcessPrefetcher \u00d72", "ProcessPrefetcher \u00d716", "one thread, no prefetcher"}
+    # The demand a 256-sample batch every 2 ms and 10 ms makes: 128k and 25.6k samples/s.
+    (process,) = [ax for ax in panels if ax.get_title() == "ProcessPrefetcher \u00d72"]
+    measured = process.containers[0].lines[0].get_xydata()
+    assert [tuple(p) for p in measured] == [(25_600.0, 1.0), (128_000.0, 0.8)]
+    # Its ceiling: its own 60k samples/s over the demand, dotted.
+    (ceiling,) = [line for line in process.get_lines()
+                  if line.get_linestyle() == ":" and len(line.get_xdata())]
+    x, y = ceiling.get_data()
+    assert y[x > 60_000] == pytest.approx(60_000 / x[x > 60_000])
+    # A time split only at 2 ms, where the paths differ, with the three paths below 95%,
+    # the least busy on top; each bar's parts sum to one.
+    (split,) = [ax for ax in fig.axes if ax.get_xlabel() == "fraction of wall time"]
+    assert split.get_title().startswith("2 ms of compute per batch")
+    assert [t.get_text() for t in split.get_yticklabels()] == [
+        "one thread, no prefetcher", "ProcessPrefetcher \u00d72", "ProcessPrefetcher \u00d716"]
+    assert split.get_ylim() == (2.6, -0.6)
+    ends = {}
+    for bar in split.patches:
+        ends[round(bar.get_y(), 3)] = max(ends.get(round(bar.get_y(), 3), 0.0),
+                                          bar.get_x() + bar.get_width())
+    assert list(ends.values()) == pytest.approx([1.0, 1.0, 1.0])

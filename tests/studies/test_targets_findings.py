@@ -221,8 +221,28 @@ def test_the_paths_figure_draws_each_path_over_the_slowest():
     (ax,) = targets.plot_targets(df).axes
     widths = {label.get_text(): patch.get_width()
               for label, patch in zip(ax.get_yticklabels(), ax.patches, strict=True)}
-    assert widths == {"ProcessPrefetcher vs torch DataLoader: process prefetcher": 2.0,
-                      "torch dataloader": 1.0}
+    # Paths in words, never their metric names; the target's name heads its group.
+    assert widths == {"ProcessPrefetcher": 2.0, "torch DataLoader": 1.0}
+    assert [t.get_text() for t in ax.texts] == ["ProcessPrefetcher vs torch DataLoader"]
+    # The target's own path in one colour, the path it is held to in another.
+    colours = [patch.get_facecolor()[:3] for patch in ax.patches]
+    assert colours[0] == pytest.approx((0.122, 0.467, 0.706), abs=0.01)
+    assert colours[1] == pytest.approx((1.0, 0.498, 0.055), abs=0.01)
+
+
+def test_the_paths_figure_shows_the_dram_copy_a_gather_is_held_to():
+    df = frame(target_case("memmap_gather_vs_dram", [0.9, 0.95, 0.92], threshold=0.75, extra={
+        "memmap.samples_per_s": [1000.0, 1000.0, 1000.0],
+        "memmap.read_MBps": [3000.0, 3000.0, 3000.0],
+        "memmap_threads.samples_per_s": [2000.0, 2000.0, 2000.0],
+        "dram_copy_GBps": [12.0, 12.0, 12.0]}))
+    (ax,) = targets.plot_targets(df).axes
+    widths = {label.get_text(): patch.get_width()
+              for label, patch in zip(ax.get_yticklabels(), ax.patches, strict=True)}
+    # The copy moves 12 GB/s where the slowest gather delivers 3 GB/s: 4x its bar.
+    assert widths == {"one thread gathers from the memmap": 1.0,
+                      "a thread per core gathers from the memmap": 2.0,
+                      "DRAM copy, 12.0 GB/s": 4.0}
 
 
 def test_the_tfrecord_guide_row_compares_the_paths_measured_in_one_case():

@@ -93,3 +93,52 @@ def findings_markdown(results: Results, study: str) -> str:
     from ..studies import get_study
 
     return bullets(get_study(study).findings(results))
+
+
+# The guide questions a notebook's opening answer lists before pointing to the full guide.
+ANSWER_QUESTIONS = 6
+
+
+def targets_line(results: Results, study: str | None = None) -> str:
+    """``"Targets met: 1 of 2 (name: verdict; ...)."``: every target (``study``'s only,
+    unless it is None or the targets study, which reports them all); empty when none."""
+    from ..studies.targets.study import all_targets_table, target_verdict
+
+    targets = all_targets_table(results)
+    if study not in (None, "targets"):
+        targets = targets[targets["study"] == study]
+    if targets.empty:
+        return ""
+    verdicts = [target_verdict(row) for _, row in targets.iterrows()]
+    named = "; ".join(f"{row['target']}: {verdict}"
+                      for (_, row), verdict in zip(targets.iterrows(), verdicts))
+    return f"Targets met: {verdicts.count('met')} of {len(verdicts)} ({named})."
+
+
+def answer_lines(results: Results, study: str) -> list[str]:
+    """The answer a study's notebook opens with, one line per guide question: the question
+    and what the results choose; then how many of the study's targets are met. Where the
+    rows decide nothing (a study not run here), the study's first findings."""
+    from ..guide import guide_table
+    from ..studies import get_study
+
+    table = guide_table(get_study(study).guide(results))
+    lines = [f"{question} \u2192 **{choice}**"
+             for question, choice in zip(table["question"], table["choice"])]
+    if len(lines) > ANSWER_QUESTIONS:
+        more = len(lines) - ANSWER_QUESTIONS
+        lines = lines[:ANSWER_QUESTIONS] + [f"{more} more question(s) in the guide below."]
+    lines += [line for line in [targets_line(results, study)] if line]
+    return lines or get_study(study).findings(results)[:3]
+
+
+def answer_markdown(results: Results, study: str | None = None) -> str:
+    """What a notebook opens with, under its question: ``answer_lines`` of ``study``, or
+    for every study at once (None) the README's answer table and the targets met."""
+    from ..studies import get_study
+
+    if study is None:
+        from .answer import answer_markdown as answer_table
+
+        return answer_table(results) + "\n\n" + targets_line(results)
+    return f"**{get_study(study).question}**\n\n" + bullets(answer_lines(results, study))

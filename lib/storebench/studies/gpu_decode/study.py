@@ -34,6 +34,7 @@ from matplotlib.figure import Figure
 from ...bench.case import Case
 from ...bench.plan import plan_for
 from ...loaders.paths import get_loader_path, path_label
+from ...plots import legend_below, question_title
 from ...results import Results, ok_repeats, select, stat, summary_table
 from ...text import format_percent, format_value
 from ..base import FigureSpec, Study
@@ -301,10 +302,22 @@ def plot_cores(df: pd.DataFrame) -> Figure:
                label=f"demand: {format_value(demand, 'samples/s')} ({source})")
     ax.set_ylabel("delivered samples/s")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize="small")
-    ax.set_title("CPU cores per accelerator: JPEG decode (375x500) to the accelerator",
-                 fontsize="medium")
+    legend_below(fig, [ax], fontsize="small", ncols=2)
+    question_title(fig, "How many CPU cores does one accelerator need to decode its JPEGs "
+                        "(375\u00d7500)?", cores_takeaway(table, demand))
     return fig
+
+
+def cores_takeaway(table: pd.DataFrame, demand: float) -> str:
+    """The fewest cores at which a decode and prefetcher delivered ``demand``, per decode."""
+    reached = table[table["samples_per_s"] >= demand].sort_values("workers")
+    if reached.empty:
+        most = int(table["workers"].max())
+        return (f"No path measured reached {format_value(demand, 'samples/s')} with up to "
+                f"{most} cores.")
+    first = reached.drop_duplicates("decode")
+    return "Demand met with " + "; ".join(
+        f"{row['label']} at {int(row['workers'])} cores" for _, row in first.iterrows()) + "."
 
 
 def plot_gpu_vs_cpu(df: pd.DataFrame) -> Figure:
@@ -334,11 +347,13 @@ def plot_gpu_vs_cpu(df: pd.DataFrame) -> Figure:
     ax.set_ylim(len(bars) - 0.5, -0.5)
     ax.set_xlim(0, max(b[1] for b in bars) * 1.45)
     ax.set_xlabel("images/s (decode, crop and flip on the GPU; decode on the CPU)")
-    title = "GPU decode against CPU decode"
+    best = max(bars, key=lambda b: b[1])
+    takeaway = (f"Fastest: {best[0]}, {format_value(best[1], 'samples/s')} with "
+                f"{best[2]:.1f} CPU cores busy.")
     if device.empty:
-        title += "\n" + textwrap.fill(f"GPU decode not measured: {_reasons_text(df, 'device')}",
-                                      90)
-    ax.set_title(title, fontsize="small")
+        takeaway += f" GPU decode not measured: {_reasons_text(df, 'device')}"
+    question_title(fig, "Does JPEG decode on the GPU beat decode on the CPU, and how many CPU "
+                        "cores does each keep busy?", takeaway)
     return fig
 
 
@@ -354,8 +369,13 @@ def plot_au(df: pd.DataFrame) -> Figure:
                label=f"{format_percent(AU_THRESHOLD)} AU")
     ax.set_ylim(-0.02, 1.05)
     ax.set_ylabel("accelerator utilisation")
-    ax.legend(fontsize="small", loc="lower right")
-    ax.set_title(f"AU at {format_value(demand, 'samples/s')} ({source})", fontsize="medium")
+    legend_below(fig, [ax], fontsize="small", ncols=2)
+    busy = table[table["accelerator_utilisation"] >= AU_THRESHOLD].sort_values("workers")
+    question_title(fig, f"How busy is the accelerator at {format_value(demand, 'samples/s')} "
+                        f"({source}), by CPU cores decoding?",
+                   (f"{format_percent(AU_THRESHOLD)} AU first at {int(busy['workers'].iloc[0])} "
+                    f"cores ({busy['label'].iloc[0]})." if not busy.empty else
+                    f"No path measured reached {format_percent(AU_THRESHOLD)} AU."))
     return fig
 
 

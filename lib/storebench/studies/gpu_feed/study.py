@@ -28,7 +28,14 @@ from ...bench.case import Case
 from ...bench.plan import plan_for
 from ...loaders.paths import get_loader_path, path_label
 from ...loaders.prefetch import default_depth
-from ...plots import empty_figure, path_colour, profile_caption, summarise
+from ...plots import (
+    empty_figure,
+    legend_below,
+    log_axis,
+    profile_caption,
+    question_title,
+    summarise,
+)
 from ...results import Results, best_row, latest_runs, select, stat, summary_table
 from ...text import (
     MULTIPLY,
@@ -402,102 +409,171 @@ def _pinned_over_pageable(table: pd.DataFrame, metric: str, *, mode: str = "pinn
 
 
 # -- figures ----------------------------------------------------------------------------
-_MARKERS = ("o", "s", "^", "D")
-_DASHES = ("-", "--", ":", "-.")
+# One colour per copy mode, the same in every panel and run: the panels are the loaders.
+COPY_COLOURS = {"pageable, sync": "#1f77b4", "pinned, sync": "#ff7f0e",
+                "pinned, non_blocking": "#2ca02c", PINNED_SLOTS: "#9467bd"}
+TIME_PARTS = (("accelerator_utilisation", "#2ca02c", "computing"),
+              ("wait_for_data_fraction", "#d62728", "waiting for data"),
+              ("host_copy_fraction", "#ff7f0e", "host copy"),
+              ("host_overhead_fraction", "#7f7f7f", "host overhead"))
+# Compute times whose AUs spread wider than this across paths get a time split.
+AU_SPREAD = 0.05
+
+
+def loader_label(row) -> str:
+    """The feeding loader of a table row, without its copy mode."""
+    return row["label"].removesuffix(f", {row['copy']}")
+
+
+def feed_demand(df: pd.DataFrame) -> pd.DataFrame:
+    """Per path and compute time > 0: the accelerator's demand (batch / compute time,
+    samples/s), the median AU, its range, and the path's own rate (its 0 ms row)."""
+    rows = feed_rows(df)
+    busy = rows[rows["compute_ms"] > 0]
+    table = feed_table(df)
+    if busy.empty or table.empty:
+        return pd.DataFrame(columns=["path", "compute_ms", "demand", "median", "low", "high",
+                                     "own_rate", "label", "loader", "copy"])
+    au = summarise(busy, "accelerator_utilisation", ["path", "compute_ms"])
+    batch = rows.groupby("path")["batch_size"].first()
+    own = table[table["compute_ms"] == 0].set_index("path")["samples_per_s"]
+    info = table.drop_duplicates("path").set_index("path")
+    au["demand"] = batch.reindex(au["path"]).to_numpy(dtype=float) / (au["compute_ms"] / 1e3)
+    au["own_rate"] = own.reindex(au["path"]).to_numpy(dtype=float)
+    au["label"] = info["label"].reindex(au["path"]).to_numpy()
+    au["copy"] = info["copy"].reindex(au["path"]).to_numpy()
+    au["loader"] = [loader_label(row) for _, row in au.iterrows()]
+    return au.sort_values(["path", "demand"]).reset_index(drop=True)
+
+
+def median_repeat_parts(df: pd.DataFrame, compute_ms: float) -> pd.DataFrame:
+    """Per path at ``compute_ms``: the time split of the repeat whose AU is the median (a
+    repeat's parts sum to one; medians of each part need not)."""
+    rows = feed_rows(df)
+    rows = rows[(rows["compute_ms"] == compute_ms) & (rows["repeat"] >= 0)
+                & (rows["status"] == "ok")]
+    wide = rows.pivot_table(index=["label", "repeat"], columns="metric", values="value")
+    if wide.empty or "accelerator_utilisation" not in wide:
+        return pd.DataFrame()
+    picked = {}
+    for label, part in wide.groupby(level="label", sort=False):
+        au = part["accelerator_utilisation"]
+        picked[label] = part.loc[(au - au.median()).abs().idxmin()]
+    out = pd.DataFrame.from_dict(picked, orient="index")
+    return out.reindex(columns=[m for m, _, _ in TIME_PARTS]).fillna(0.0)
+
+
+def feed_takeaway(demand: pd.DataFrame) -> str:
+    """The highest demand every path fed at ``FED_AU``, and each loader's best own rate."""
+    if demand.empty:
+        return ""
+    fed = demand.groupby("demand")["median"].min()
+    fed = fed[fed >= FED_AU]
+    own = demand.groupby("loader")["own_rate"].max().sort_values()
+    text = (f"Every path kept the accelerator {format_percent(FED_AU)} busy up to "
+            f"{format_value(float(fed.index.max()), 'samples/s')}" if not fed.empty else
+            f"No demand measured kept every path {format_percent(FED_AU)} busy")
+    return text + "; alone, the paths read " + ", ".join(
+        f"{loader} {format_value(rate, 'samples/s')}" for loader, rate in own.items()) + "."
+
+
+def _demand_panel(ax, part: pd.DataFrame, span: tuple[float, float]) -> None:
+    """Measured AU against demand per copy mode, and the path's own rate as the ceiling
+    (dotted: AU = min(1, own rate / demand))."""
+    grid = np.geomspace(*span, 60)
+    for copy, mine in part.groupby("copy", sort=False):
+        colour = COPY_COLOURS.get(copy, "grey")
+        mine = mine.sort_values("demand")
+        ax.errorbar(mine["demand"], mine["median"],
+                    yerr=[mine["median"] - mine["low"], mine["high"] - mine["median"]],
+                    marker="o", color=colour, capsize=2, label=copy)
+        rate = float(mine["own_rate"].iloc[0])
+        if np.isfinite(rate) and rate > 0:
+            ax.plot(grid, np.minimum(1.0, rate / grid), linestyle=":", color=colour)
+    ax.axhline(FED_AU, color="grey", linewidth=0.6)
+    ax.set_title(part["loader"].iloc[0], fontsize="small")
+    ax.set_ylim(-0.02, 1.05)
+    log_axis(ax, "x")
+    ax.set_xlim(*span)
 
 
 def plot_feed(df: pd.DataFrame) -> Figure:
-    """AU against the emulated compute time per batch, one line per path (and copy mode);
-    below it, where the rest of the time went: waiting for data and the host copy. Cases
-    with no compute are left out: their AU is zero by definition (they give each path's own
-    rate, in the findings)."""
-    rows = feed_rows(df)
-    busy_rows = rows[rows["compute_ms"] > 0]
-    if busy_rows.empty:
+    """Accelerator utilisation against the accelerator's demand (batch over emulated
+    compute per batch), one panel per loader, one colour per copy mode; dotted: each
+    path's own rate (its 0 ms row) over the demand, where AU must fall. Below, only at the
+    compute times where the paths' AUs differ: the median repeat's time split (it sums to
+    one)."""
+    demand = feed_demand(df)
+    if demand.empty:
         return empty_figure("no feed rows with compute")
-    busy = feed_table(df)
-    busy = busy[busy["compute_ms"] > 0].reset_index(drop=True)
-    # One bar per (path, compute time): a CUDA run has 24, and each needs its own line.
-    bar_height = 0.8 + 0.24 * len(busy)
-    fig = Figure(figsize=(10, 3.4 + bar_height), layout="constrained")
-    top, bottom = fig.subplots(2, 1, height_ratios=(3.0, bar_height))
-    colours = _loader_colours(busy_rows)
-    # Paths that feed equally well draw on top of each other: each later one gets a smaller
-    # marker and another dash, so every line stays visible where they coincide.
-    for order, (_, part) in enumerate(busy_rows.groupby("path", sort=False)):
-        summary = summarise(part, "accelerator_utilisation", ["compute_ms"]).sort_values(
-            "compute_ms")
-        if summary.empty:
-            continue
-        median = summary["median"].to_numpy(dtype=float)
-        top.errorbar(summary["compute_ms"], median,
-                     yerr=[median - summary["low"].to_numpy(dtype=float),
-                           summary["high"].to_numpy(dtype=float) - median],
-                     marker=_MARKERS[order % len(_MARKERS)],
-                     markersize=max(10 - 2.5 * order, 4), linewidth=max(3 - order, 1),
-                     linestyle=_DASHES[order % len(_DASHES)], capsize=2,
-                     color=colours[part["feed_loader"].iloc[0]], label=part["label"].iloc[0])
-    top.axhline(FED_AU, color="grey", linestyle=":", linewidth=0.8,
-                label=f"{format_percent(FED_AU)} AU")
-    # A log scale where there are enough times to label one: they crowd below 2 ms where
-    # a CUDA host feeds fast.
-    times = sorted(set(busy_rows["compute_ms"]))
-    if len(times) >= 3:
-        top.set_xscale("log")
-        top.minorticks_off()
-    top.set_xticks(times, [grid_value(t) for t in times])
-    top.set_xlabel("emulated compute per batch (ms)")
-    top.set_ylabel("accelerator utilisation")
-    top.set_ylim(-0.02, 1.02)
-    # Beside the axis: inside it, the legend covered the lines' rise.
-    top.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.01, 0.5),
-               frameon=False)
-    labels = [f"{grid_value(row['compute_ms'])} ms: {row['label']}"
-              for _, row in busy.iterrows()]
-    y = np.arange(len(busy))
-    left = np.zeros(len(busy))
-    for metric, colour, name in (
-            ("accelerator_utilisation", "#2ca02c", "computing"),
-            ("wait_for_data_fraction", "#d62728", "waiting for data"),
-            ("host_copy_fraction", "#ff7f0e", "host copy"),
-            ("host_overhead_fraction", "#7f7f7f", "host overhead")):
-        values = busy[metric].fillna(0).to_numpy(dtype=float)
-        bottom.barh(y, values, left=left, color=colour, label=name, edgecolor="black",
-                    linewidth=0.4)
-        left += values
-    bottom.set_yticks(y, labels, fontsize="x-small")
-    bottom.set_ylim(len(busy) - 0.4, -0.6)  # first bar on top, no empty rows around them
-    bottom.set_xlim(0, 1.02)
-    bottom.set_xlabel("fraction of wall time (medians)")
-    # Above the bars: inside the axis, the legend covered the last bar.
-    bottom.legend(fontsize="x-small", loc="lower center", bbox_to_anchor=(0.5, 1.0),
-                  ncols=4, frameon=False)
+    # Slowest loader first: the panels read as more and more headroom.
+    loaders = list(demand.groupby("loader")["own_rate"].max().sort_values().index)
+    uneven = [t for t, part in demand.groupby("compute_ms")
+              if part["median"].max() - part["median"].min() > AU_SPREAD]
+    splits = []
+    for t in uneven:
+        parts = median_repeat_parts(df, t)
+        short = parts[parts["accelerator_utilisation"] < FED_AU]
+        if not short.empty:
+            splits.append((t, short.sort_values("accelerator_utilisation"),
+                           len(parts) - len(short)))
+    columns = min(len(loaders), 4)
+    panel_rows = -(-len(loaders) // columns)
+    bar_heights = [0.22 * len(parts) + 0.8 for _, parts, _ in splits]
+    fig = Figure(figsize=(11, 2.9 * panel_rows + sum(bar_heights) + 1.6),
+                 layout="constrained")
+    top, bottom = (fig.subfigures(2, 1, height_ratios=(2.9 * panel_rows, sum(bar_heights)))
+                   if splits else (fig, None))
+    axes = top.subplots(panel_rows, columns, sharey=True, squeeze=False).ravel()
+    highest = max(float(demand["demand"].max()), float(demand["own_rate"].max())) * 2
+    span = (float(demand["demand"].min()) / 2, highest)
+    for ax, loader in zip(axes, loaders):
+        _demand_panel(ax, demand[demand["loader"] == loader], span)
+        ax.set_xlabel("accelerator demand (samples/s)", fontsize="small")
+    for ax in axes[len(loaders):]:
+        ax.set_visible(False)
+    for ax in axes[::columns]:
+        ax.set_ylabel("accelerator utilisation")
+    axes[0].plot([], [], linestyle=":", color="grey",
+                 label="AU = the path's own rate (its 0 ms row) / demand")
+    legend_below(top, list(axes), fontsize="small")
+    if splits:
+        bars = bottom.subplots(len(splits), 1, height_ratios=bar_heights, squeeze=False)[:, 0]
+        for ax, (t, parts, fed) in zip(bars, splits):
+            _time_split(ax, parts, t, fed)
+        legend_below(bottom, list(bars), fontsize="small")
     devices = feed_devices(df)
     real = sorted(set(devices.loc[~devices["emulated"], "device_name"]))
     where = (f"copies to {', '.join(real)}" if real
              else "no CUDA device: copies into CPU memory, accelerator emulated")
-    fig.suptitle(f"Feeding the accelerator ({where}; {profile_caption(rows)})",
-                 fontsize="medium")
+    question_title(fig, "Up to what demand does each loader keep the accelerator busy? "
+                        f"({where}; {profile_caption(feed_rows(df))})",
+                   feed_takeaway(demand))
     return fig
 
 
-def _loader_colours(rows: pd.DataFrame) -> dict[str, tuple[float, float, float]]:
-    """feed_loader -> colour: the loader path's own (``plots.path_colour``) for its fewest
-    workers, darker for each larger count, so that two process counts are told apart."""
-    from matplotlib.colors import to_rgb
-
-    colours = {}
-    loaders = rows.drop_duplicates("feed_loader")
-    for prefetcher, part in loaders.groupby("prefetcher", sort=False):
-        base = np.array(to_rgb(path_colour(prefetcher)))
-        counts = sorted(part["workers"].fillna(0).astype(int))
-        for shade, count in enumerate(counts):
-            colours[f"{prefetcher}/w{count}"] = tuple(base * (1 - 0.45 * shade / len(counts)))
-    return colours
+def _time_split(ax, parts: pd.DataFrame, compute_ms: float, fed: int) -> None:
+    """The time split of the paths below ``FED_AU`` at ``compute_ms`` (``fed``: how many
+    others reached it)."""
+    y = np.arange(len(parts))
+    left = np.zeros(len(parts))
+    for metric, colour, name in TIME_PARTS:
+        values = parts[metric].to_numpy(dtype=float)
+        ax.barh(y, values, left=left, color=colour, label=name, edgecolor="black",
+                linewidth=0.4)
+        left += values
+    ax.set_yticks(y, list(parts.index), fontsize="x-small")
+    ax.set_ylim(len(parts) - 0.4, -0.6)
+    ax.set_xlim(0, 1.0)
+    ax.set_title(f"{grid_value(compute_ms)} ms of compute per batch: where the wall time "
+                 f"went, paths below {format_percent(FED_AU)} AU (the median repeat; "
+                 f"{fed} other paths reached it)", fontsize="small")
+    ax.set_xlabel("fraction of wall time")
 
 
 FIGURES = (
-    FigureSpec("gpu_feed_utilisation", "Accelerator utilisation against per-batch compute",
+    FigureSpec("gpu_feed_utilisation", "Accelerator utilisation against the accelerator's "
+               "demand, and where the time went where the paths differ",
                lambda r: plot_feed(r.df)),
 )
 

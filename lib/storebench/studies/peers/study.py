@@ -46,7 +46,14 @@ from ...bench.case import Case
 from ...bench.plan import peer_sets_dir as sets_dir
 from ...bench.plan import peer_specs, plan_for
 from ...loaders.paths import LOADER_PATHS, get_loader_path
-from ...plots import empty_figure, log_axis, profile_caption
+from ...plots import (
+    empty_figure,
+    family_handles,
+    linear_axis,
+    log_axis,
+    profile_caption,
+    question_title,
+)
 from ...results import MIN_PAIRED_REPEATS, Results, ratio_interval, select, stat, summary_table
 from ...text import (
     ENCODING_NAMES,
@@ -417,53 +424,144 @@ def sets_caption(rows: pd.DataFrame, encoding: str) -> str:
 FAMILY_COLOURS = {"storebench": "C0", "framework": "C2", "peer": "C1", "baseline": "C7"}
 
 
+FAMILY_NAMES = {"storebench": "storebench", "framework": "framework loaders (torch, tf.data)",
+                "peer": "peer libraries", "baseline": "baseline"}
+# A bar axis turns logarithmic only where its rates span more than this factor.
+LOG_SPAN = 100.0
+
+
+def _path_stat(rows: pd.DataFrame, key: str, metric: str):
+    path, fmt = key.split(":", 1)
+    mine = rows[(rows["path"] == path) & (rows["format"] == fmt)]
+    return stat(mine, metric) if not select(mine, metric).empty else None
+
+
+def _over_peer_format(key: str) -> bool:
+    """Our ProcessPrefetcher over a peer library's format ("same files, our loader")."""
+    path, fmt = key.split(":", 1)
+    return path == OUR_LOADER_OVER_PEER_FORMATS and fmt in peer_formats()
+
+
+def _rate_bars(ax, rows: pd.DataFrame, found: list, metric: str, *, epoch1: bool,
+               peer_own: dict | None = None) -> list[float]:
+    """One bar per path (``metric``'s median, whiskers: the repeats' range), best on top;
+    a tick at epoch 1's rate (``epoch1``), a diamond at the peer's own loader over the
+    same files (``peer_own``: format -> Stat). Returns every value drawn."""
+    y = np.arange(len(found))
+    values = []
+    for row, (key, _, family, _) in zip(y, found):
+        value = _path_stat(rows, key, metric)
+        if value is None:
+            continue
+        ax.barh(row, value.median, height=0.7, color=FAMILY_COLOURS.get(family, "C7"),
+                edgecolor="black", linewidth=0.4,
+                xerr=[[value.median - value.low], [value.high - value.median]],
+                error_kw={"elinewidth": 0.8, "capsize": 2})
+        values += [value.low, value.high]
+        first = _path_stat(rows, key, COLD_RATE) if epoch1 else None
+        if first is not None:
+            ax.plot(first.median, row, marker="|", markersize=11, markeredgewidth=2,
+                    color="black", linestyle="none", label="epoch 1 (after its first batch)")
+            values.append(first.median)
+        own = (peer_own or {}).get(key.split(":", 1)[1])
+        if own is not None:
+            ax.plot(own.median, row, marker="D", markersize=6, color="C1",
+                    markeredgecolor="black", linestyle="none",
+                    label="the peer library's own loader over the same files")
+            values.append(own.median)
+    return values
+
+
+def _peer_own_rates(rows: pd.DataFrame, found: list, metric: str) -> dict:
+    """format -> Stat of the peer library's own pipeline over its own format."""
+    out = {}
+    for key, _, family, _ in found:
+        path, fmt = key.split(":", 1)
+        if family == "peer" and path == fmt:
+            value = _path_stat(rows, key, metric)
+            if value is not None:
+                out[fmt] = value
+    return out
+
+
+def rate_takeaway(df: pd.DataFrame) -> str:
+    """One sentence from the rows: storebench's best path over the best peer library's,
+    warm, epochs 2 and on, per encoding."""
+    parts = []
+    for encoding in ENCODINGS:
+        found = best_against_peers(df, encoding)
+        if found is None:
+            continue
+        ours, peer, (ratio, _, _) = found
+        what = ENCODING_NAMES.get(encoding, encoding)
+        parts.append(f"{what}: storebench's best, {ours[1]}, reads {format_ratio(ratio)} the "
+                     f"best peer's ({peer[1]})")
+    return ("Warm, epochs 2 and on. " + "; ".join(parts) + ".") if parts else ""
+
+
 def plot_peers(df: pd.DataFrame) -> Figure:
-    """Epoch 1 and later epochs' samples/s of every path: JPEG warm, JPEG cold, raw warm; ours
-    (blue), the frameworks' (green), the peers' (orange); skipped paths listed below."""
+    """Samples/s of every path, one row of panels per set and cache state (JPEG warm, JPEG
+    cold, raw warm): on the left each library's own pipeline over its own format (ours
+    blue, the frameworks' green, the peers' orange), on the right our ProcessPrefetcher over
+    each peer library's format beside that library's own loader (diamond). Warm bars are
+    epochs 2 and on with a tick at epoch 1; cold bars are epoch 1. Linear axes unless a
+    row's rates span more than ``LOG_SPAN``."""
     rows = peers_rows(df)
     panels = [(enc, cache) for enc in ENCODINGS for cache in ("warm", "cold")
-              if not rows[(rows["encoding"] == enc) & (rows["cache"] == cache)].empty]
+              if candidates(df, enc, cache, COLD_RATE)]
     if not panels:
         return empty_figure("no peers rows")
-    heights = [max(2.0, 0.32 * len(candidates(df, e, c, COLD_RATE)) + 1) for e, c in panels]
-    fig = Figure(figsize=(10, sum(heights) + 1.2), layout="constrained")
-    axes = fig.subplots(len(panels), 1, height_ratios=heights, squeeze=False)[:, 0]
-    for ax, (encoding, cache) in zip(axes, panels):
-        found = candidates(df, encoding, cache, COLD_RATE)
-        found.sort(key=lambda c: c[3].median)
-        y = np.arange(len(found))
-        for offset, metric, alpha in ((0.2, COLD_RATE, 0.45), (-0.2, RATE, 1.0)):
-            medians, lows, highs, colours = [], [], [], []
-            part = peers_rows(df)
-            for key, _, family, _ in found:
-                path, fmt = key.split(":", 1)
-                mine = part[(part["path"] == path) & (part["format"] == fmt)
-                            & (part["encoding"] == encoding) & (part["cache"] == cache)]
-                value = stat(mine, metric) if not select(mine, metric).empty else None
-                medians.append(value.median if value else np.nan)
-                lows.append(value.low if value else np.nan)
-                highs.append(value.high if value else np.nan)
-                colours.append(FAMILY_COLOURS.get(family, "C7"))
-            medians = np.array(medians)
-            ax.barh(y + offset, medians, height=0.38, color=colours, alpha=alpha,
-                    xerr=[medians - np.array(lows), np.array(highs) - medians],
-                    error_kw={"elinewidth": 0.8, "capsize": 2})
-        ax.set_yticks(y, [label for _, label, _, _ in found], fontsize="x-small")
-        log_axis(ax, "x")
+    split = []
+    for encoding, cache in panels:
+        metric = RATE if cache == "warm" else COLD_RATE
+        found = candidates(df, encoding, cache, metric) or candidates(df, encoding, cache,
+                                                                       COLD_RATE)
+        split.append(([c for c in found if not _over_peer_format(c[0])],
+                      [c for c in found if _over_peer_format(c[0])], metric))
+    heights = [0.24 * max(len(own), len(over), 1) + 0.9 for own, over, _ in split]
+    fig = Figure(figsize=(11, sum(heights) + 1.8), layout="constrained")
+    grid = fig.subplots(len(panels), 2, height_ratios=heights, squeeze=False,
+                        width_ratios=(1.15, 1))
+    for (left, right), (encoding, cache), (own, over, metric) in zip(grid, panels, split):
+        mine = rows[(rows["encoding"] == encoding) & (rows["cache"] == cache)]
+        values = _rate_bars(left, mine, own, metric, epoch1=cache == "warm")
+        values += _rate_bars(right, mine, over, metric, epoch1=False,
+                             peer_own=_peer_own_rates(mine, own, metric))
         what = ENCODING_NAMES.get(encoding, encoding)
-        ax.set_title(f"{what}, {cache} cache ({sets_caption(rows, encoding)})",
-                     fontsize="medium")
-        ax.set_xlabel("samples per second (faint, above: epoch 1 after its first batch; solid, "
-                      "below, warm only: epochs 2 and on; whiskers: the repeats' range)",
-                      fontsize="small")
+        epochs = "epochs 2 and on" if cache == "warm" else "epoch 1"
+        left.set_title(f"{what}, {cache} cache, {epochs}: each library over its own format",
+                       fontsize="small")
+        right.set_title(f"{what}, {cache}: our ProcessPrefetcher {MULTIPLY}{WORKERS} over the "
+                        "peers' formats", fontsize="small")
+        left.set_yticks(range(len(own)), [c[1] for c in own], fontsize="x-small")
+        right.set_yticks(range(len(over)), [f"over {c[0].split(':', 1)[1]} files"
+                                            for c in over], fontsize="x-small")
+        finite = [v for v in values if np.isfinite(v) and v > 0]
+        for ax in (left, right):
+            ax.invert_yaxis()
+            ax.set_xlabel(f"samples per second ({sets_caption(rows, encoding)})",
+                          fontsize="x-small")
+            if finite and max(finite) / min(finite) > LOG_SPAN:
+                log_axis(ax, "x")
+                ax.set_xlim(min(finite) / 1.3, max(finite) * 1.3)
+            else:
+                linear_axis(ax, "x")
+                ax.set_xlim(0, max(finite, default=1.0) * 1.05)
+    handles = family_handles({f: FAMILY_COLOURS[f] for f in ("storebench", "framework", "peer")},
+                             FAMILY_NAMES)
+    marks = {}
+    for ax in grid.ravel():
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            marks.setdefault(label, handle)
+    fig.legend([*handles, *marks.values()], [h.get_label() for h in handles] + list(marks),
+               loc="outside lower center", ncols=3, fontsize="small")
     missing = skipped_paths(df)
+    takeaway = rate_takeaway(df)
     if missing:
-        text = "Not measured: " + "; ".join(f"{label}: {reason}"[:150]
-                                             for label, reason in missing)
-        fig.text(0.01, 0.0, text, fontsize="xx-small", wrap=True, va="bottom")
-    fig.suptitle(f"Loader libraries side by side: shuffled epochs, {WORKERS} workers, batch "
-                 f"{BATCH_SIZE} (blue: storebench, green: frameworks, orange: peers)",
-                 fontsize="medium")
+        takeaway += f" Not measured here: {', '.join(label for label, _ in missing)}."
+    question_title(fig, f"Which loader library feeds the most samples per second? "
+                        f"(shuffled, {WORKERS} workers, batch {BATCH_SIZE}; whiskers: the "
+                        "repeats' range)", takeaway)
     return fig
 
 
@@ -652,8 +750,9 @@ STUDY = Study(
              "torchdata, SPDL, Lance or Zarr?",
     grid=peers_grid,
     figures=(
-        FigureSpec("peers_rate", "Samples per second of every loader library, epoch 1 and the "
-                   "later epochs, shuffled, 2 workers: JPEG warm and cold, raw warm.",
+        FigureSpec("peers_rate", "Samples per second of every loader library over its own "
+                   "format, and of our loader over the peers' formats: JPEG warm and cold, "
+                   "raw warm.",
                    lambda results: plot_peers(results.df)),
         FigureSpec("peers_startup", "Time to first batch, peak memory and measured shuffle "
                    "spread of every path (JPEG, warm).",

@@ -26,10 +26,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from ...bench.case import Case
 from ...bench.plan import plan_for
-from ...plots import empty_figure, legend_below, log_axis, profile_caption
+from ...plots import empty_figure, legend_below, log_axis, profile_caption, question_title
 from ...remote.capacity import Pipeline, predicted_rate, scale_out, workers_to_keep
 from ...results import Results, params_of, ratio_interval, select, stat, summary_table
 from ...text import format_percent, format_ratio, format_value
@@ -293,98 +294,174 @@ def path_colours(paths) -> dict:
     return {path: palette[i % 10] for i, path in enumerate(dict.fromkeys(paths))}
 
 
-def plot_remote_rtt(df: pd.DataFrame) -> Figure:
-    """Samples/s against RTT: one rank per path (measured: dots with the repeats' range;
-    the capacity model from the 0 ms row: dashed), and 1 vs 2 ranks of the ranked path with
-    local disk as the reference."""
-    table = remote_table(df)
-    if table.empty:
-        return empty_figure("no remote rows")
-    rows = remote_rows(df)
-    fig = Figure(figsize=(11, 5.6), layout="constrained")
-    left, right = fig.subplots(1, 2)
-    one = _s3_one_rank(table)
-    rtts = sorted(one["rtt_ms"].unique())
-    xs = {rtt: i for i, rtt in enumerate(rtts)}
-    colours = path_colours(table["path"])
-    for path in dict.fromkeys(one["path"]):
-        mine = one[one["path"] == path]
-        colour = colours[path]
+# At most this many one-rank paths share a panel of ``plot_remote_rtt``.
+SERIES_PER_PANEL = 3
+
+
+def rtt_panels(one: pd.DataFrame) -> list[tuple[str, list[str]]]:
+    """(format, paths) per panel: one-rank paths grouped by the format they read, at most
+    ``SERIES_PER_PANEL`` to a panel."""
+    panels = []
+    for fmt in dict.fromkeys(path.split(",")[0] for path in one["path"]):
+        paths = [p for p in dict.fromkeys(one["path"]) if p.split(",")[0] == fmt]
+        panels += [(fmt, paths[i:i + SERIES_PER_PANEL])
+                   for i in range(0, len(paths), SERIES_PER_PANEL)]
+    return panels
+
+
+def _rtt_panel(ax, rows: pd.DataFrame, one: pd.DataFrame, paths: list[str], fmt: str,
+               xs: dict, colours: dict) -> None:
+    """Measured samples/s (dots, whiskers: the repeats' range) and the capacity model from
+    0 ms (dashed, crosses) of ``paths``, one rank each; a legend under the panel."""
+    for path in paths:
         summary = summary_table(rows[(rows["path"] == path) & (rows["ranks"] == 1)
                                      & (rows["source"] == "s3")], "samples_per_s", ["rtt_ms"])
         summary = summary.sort_values("rtt_ms")
         x = [xs[r] for r in summary["rtt_ms"]]
-        left.errorbar(x, summary["median"], yerr=[summary["median"] - summary["low"],
-                                                  summary["high"] - summary["median"]],
-                      marker="o", color=colour, label=path, capsize=3)
-        model = mine.sort_values("rtt_ms")
-        left.plot([xs[r] for r in model["rtt_ms"]], model["predicted_samples_per_s"],
-                  linestyle="--", marker="x", color=colour, alpha=0.7)
-    left.set_xticks(range(len(rtts)), [f"{r:g} ms" for r in rtts])
-    left.set_xlabel("emulated round-trip time")
-    left.set_ylabel("samples per second")
-    log_axis(left)
-    left.set_title("One rank, by path (dashed, \u00d7: capacity model from 0 ms)",
-                   fontsize="medium")
-    handles, labels = left.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="outside lower left", ncols=2, fontsize="x-small")
+        ax.errorbar(x, summary["median"], yerr=[summary["median"] - summary["low"],
+                                                summary["high"] - summary["median"]],
+                    marker="o", color=colours[path], capsize=3,
+                    label=path.removeprefix(f"{fmt}, "))
+        model = one[one["path"] == path].sort_values("rtt_ms")
+        ax.plot([xs[r] for r in model["rtt_ms"]], model["predicted_samples_per_s"],
+                linestyle="--", marker="x", color=colours[path], alpha=0.8)
+    ax.set_title(fmt, fontsize="medium")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize="x-small",
+              frameon=False)
+
+
+def _ranks_panel(ax, table: pd.DataFrame, xs: dict) -> None:
+    """The ranked path: 1 and 2 ranks on S3 at every RTT, and on local disk (left), side by
+    side so that equal rates stay visible."""
     ranked = table[table["path"].str.startswith(_ranked_label())]
     s3 = ranked[(ranked["source"] == "s3") & (ranked["concurrency"] == RANKED_PATH[2])
                 & ranked["bandwidth_mbit"].isna()]
-    for ranks, marker in ((1, "o"), (2, "s")):
-        mine = s3[s3["ranks"] == ranks].sort_values("rtt_ms")
-        if mine.empty:
-            continue
-        right.plot([xs.get(r, np.nan) for r in mine["rtt_ms"]], mine["samples_per_s"],
-                   marker=marker, label=f"S3, {ranks} rank{'s' * (ranks > 1)}: all ranks")
-        if ranks > 1:
-            right.plot([xs.get(r, np.nan) for r in mine["rtt_ms"]],
-                       mine["per_rank_samples_per_s"], marker=marker, linestyle=":",
-                       label=f"S3, {ranks} ranks: per rank")
     local = ranked[ranked["source"] == "local"]
-    for _, row in local.iterrows():
-        right.axhline(row["samples_per_s"], color="grey",
-                      linestyle="-" if row["ranks"] == 1 else "--",
-                      label=f"local disk, {row['ranks']} rank{'s' * (row['ranks'] > 1)}")
-    right.set_xticks(range(len(rtts)), [f"{r:g} ms" for r in rtts])
-    right.set_xlabel("emulated round-trip time")
-    log_axis(right)
-    right.set_title(f"Data-parallel ranks ({_ranked_label()})", fontsize="medium")
-    # Outside the axes: the marks move with the data, and inside they can be hidden.
-    legend_below(fig, [right], loc="outside lower right", fontsize="x-small", ncols=1)
-    fig.suptitle("Reading from object storage (SeaweedFS S3) at a distance\n"
-                 f"({profile_caption(rows)}; thread prefetcher per rank, simplejpeg)",
-                 fontsize="medium")
+    for ranks, marker, offset, colour in ((1, "o", -0.08, "C0"), (2, "s", 0.08, "C3")):
+        mine = s3[s3["ranks"] == ranks].sort_values("rtt_ms")
+        near = local[local["ranks"] == ranks]
+        x = [-1 + offset] * len(near) + [xs.get(r, np.nan) + offset for r in mine["rtt_ms"]]
+        y = list(near["samples_per_s"]) + list(mine["samples_per_s"])
+        if not y:
+            continue
+        name = f"{ranks} rank{'s' * (ranks > 1)}"
+        ax.plot(x[len(near):], y[len(near):], marker=marker, color=colour,
+                label=f"{name}, all ranks")
+        ax.plot(x[:len(near)], y[:len(near)], marker=marker, color=colour, linestyle="none")
+        if ranks > 1:
+            ax.plot([v for v in x[len(near):]], mine["per_rank_samples_per_s"], marker=marker,
+                    color=colour, linestyle=":", markerfacecolor="white",
+                    label=f"{name}, each rank")
+            ax.plot(x[:len(near)], near["per_rank_samples_per_s"], marker=marker,
+                    color=colour, linestyle="none", markerfacecolor="white")
+    ax.axvline(-0.5, color="grey", linewidth=0.6)
+    ax.set_title(f"ranks: {_ranked_label()}", fontsize="medium")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), fontsize="x-small",
+              frameon=False)
+
+
+def remote_takeaway(df: pd.DataFrame) -> str:
+    """One sentence from the rows: the best one-rank path at the largest RTT and the share
+    of its 0 ms rate it keeps; the capacity model's median error."""
+    table = remote_table(df)
+    one = _s3_one_rank(table)
+    one = one[one["bandwidth_mbit"].isna()]
+    if one.empty:
+        return ""
+    far = one[one["rtt_ms"] == one["rtt_ms"].max()].sort_values("samples_per_s",
+                                                                  ascending=False).iloc[0]
+    kept = keep_at(df, far["path"], far["rtt_ms"])
+    text = (f"At {far['rtt_ms']:g} ms the fastest path is {far['path']}, "
+            f"{format_value(far['samples_per_s'], 'samples/s')}")
+    if kept is not None:
+        text += f" ({format_percent(kept[0])} of its 0 ms rate)"
+    errors = (table.loc[(table["source"] == "s3") & (table["rtt_ms"] > 0),
+                        "predicted_over_measured"] - 1).abs().dropna()
+    if not errors.empty:
+        text += f"; the capacity model is off by a median {format_percent(float(errors.median()))}"
+    return text + "."
+
+
+def plot_remote_rtt(df: pd.DataFrame) -> Figure:
+    """Samples/s against RTT, small multiples: one-rank paths grouped by format, at most
+    ``SERIES_PER_PANEL`` a panel (measured: dots with the repeats' range; the capacity
+    model from the 0 ms row: dashed), and 1 vs 2 ranks of the ranked path, local disk
+    beside S3."""
+    table = remote_table(df)
+    if table.empty:
+        return empty_figure("no remote rows")
+    rows = remote_rows(df)
+    one = _s3_one_rank(table)
+    rtts = sorted(one["rtt_ms"].unique())
+    xs = {rtt: i for i, rtt in enumerate(rtts)}
+    colours = path_colours(table["path"])
+    panels = rtt_panels(one)
+    columns = 3
+    count = len(panels) + 1
+    fig = Figure(figsize=(11, 3.6 * math.ceil(count / columns) + 1.0), layout="constrained")
+    axes = fig.subplots(math.ceil(count / columns), columns, sharey=True,
+                        squeeze=False).ravel()
+    for ax, (fmt, paths) in zip(axes, panels):
+        _rtt_panel(ax, rows, one, paths, fmt, xs, colours)
+    ranks_ax = axes[len(panels)]
+    _ranks_panel(ranks_ax, table, xs)
+    for ax in axes[count:]:
+        ax.set_visible(False)
+    for i, ax in enumerate(axes[:count]):
+        labels = [f"{r:g} ms" for r in rtts]
+        if ax is ranks_ax:
+            ax.set_xticks([-1, *range(len(rtts))], ["local", *labels])
+        else:
+            ax.set_xticks(range(len(rtts)), labels)
+            ax.set_xlim(-0.3, len(rtts) - 0.7)
+        ax.set_xlabel("emulated round-trip time", fontsize="small")
+        if i % columns == 0:
+            ax.set_ylabel("samples per second")
+    log_axis(axes[0])
+    # Neutral entries: colour belongs to the path, the line style to measured or modelled.
+    fig.legend([Line2D([], [], color="grey", marker="o"),
+                Line2D([], [], color="grey", marker="x", linestyle="--")],
+               ["measured (whiskers: the repeats' range)", "capacity model from the 0 ms row"],
+               loc="outside lower center", ncols=2, fontsize="small")
+    question_title(fig, "How much of its 0 ms rate does each path keep as the S3 store moves "
+                        f"away? ({profile_caption(rows)}; SeaweedFS; a thread prefetcher per "
+                        "rank)", remote_takeaway(df))
     return fig
 
 
-def plot_remote_capacity(df: pd.DataFrame) -> Figure:
-    """The capacity model used forwards: requests in flight needed to keep 80% of the 0 ms
-    rate as RTT grows, per measured path; and nodes against aggregate throughput at 20 ms."""
+def plot_remote_capacity(df: pd.DataFrame, *, cores: int | None = None) -> Figure:
+    """The capacity model used forwards: loader workers needed to keep 80% of the 0 ms
+    rate as RTT grows, per measured path; and nodes against aggregate throughput at 20 ms.
+    ``cores``: the measuring machine's, named in the caption (its S3 server shared them)."""
     table = remote_table(df)
     zero = _s3_one_rank(table)
     zero = zero[zero["rtt_ms"] == 0]
     if zero.empty:
         return empty_figure("no remote rows at 0 ms")
-    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    fig = Figure(figsize=(11, 4.8), layout="constrained")
     left, right = fig.subplots(1, 2)
     colours = path_colours(table["path"])
     rtts = np.geomspace(1, 200, 40)
+    needed_at = {}
     for _, row in zero.iterrows():
         pipeline = pipeline_at_zero(table, row)
         if pipeline is None:
             continue
         needed = [workers_to_keep(pipeline, r / 1e3, TARGET_KEEP) for r in rtts]
+        needed_at[row["path"]] = workers_to_keep(pipeline, TARGET_RTT_MS / 1e3, TARGET_KEEP)
         left.plot(rtts, needed, color=colours[row["path"]], label=row["path"])
-    left.set_xscale("log")
-    left.set_yscale("log")
+    log_axis(left, "x")
+    log_axis(left, "y")
+    keep = format_percent(TARGET_KEEP)
     left.set_xlabel("round-trip time (ms)")
-    left.set_ylabel(f"loader workers for {format_percent(TARGET_KEEP)} of the 0 ms rate")
-    left.set_title("Batches in flight that hide a distance (requests per worker as "
-                   "measured)", fontsize="medium")
+    left.set_ylabel(f"loader workers to keep {keep}\nof the 0 ms rate")
+    left.set_title(f"Loader workers that keep {keep} of the 0 ms rate\n(each with its "
+                   "measured requests in flight)", fontsize="medium")
     legend_below(fig, [left], loc="outside lower left", fontsize="x-small", ncols=2)
     modelled = [(row["samples_per_s"], row) for _, row in zero.iterrows()
-                 if pipeline_at_zero(table, row) is not None]
+                if pipeline_at_zero(table, row) is not None]
+    machine = (f"a {cores}-core machine" if cores else "the measuring machine") + \
+        " whose S3 server shares the cores with the loader"
     if not modelled:
         right.text(0.5, 0.5, "no path with counted requests", ha="center", va="center",
                    transform=right.transAxes, color="grey")
@@ -398,23 +475,30 @@ def plot_remote_capacity(df: pd.DataFrame) -> Figure:
         right.plot(nodes, [scale_out(pipeline, TARGET_RTT_MS / 1e3, int(n),
                                      store_bandwidth_Bps=store_gbps * 1e9) for n in nodes],
                    linestyle=style, color=colour, label=label)
-    right.set_xscale("log")
+    log_axis(right, "x")
     log_axis(right)
     right.set_xlabel("nodes (one rank each, this machine's measured pipeline)")
     right.set_ylabel("samples per second, all nodes")
-    right.set_title(f"Extrapolated at {TARGET_RTT_MS} ms: {best['path']}\n(the fastest path "
-                    "whose requests storebench counts)", fontsize="medium")
+    right.set_title(f"Samples per second of N nodes at {TARGET_RTT_MS} ms\n({best['path']})",
+                    fontsize="medium")
     legend_below(fig, [right], loc="outside lower right", fontsize="x-small", ncols=1)
-    fig.suptitle("Capacity model (assumptions in storebench.remote.capacity), from this run's "
-                 "0 ms measurements", fontsize="medium")
+    most = max(needed_at.items(), key=lambda kv: kv[1]) if needed_at else None
+    takeaway = (f"At {TARGET_RTT_MS} ms, {most[0]} needs {most[1]} loader workers for {keep}. "
+                if most else "")
+    question_title(fig, "How many loader workers hide a round trip, and how far do nodes "
+                        "scale out? (the capacity model, from this run's 0 ms rows)",
+                   takeaway + f"Extrapolated from {machine}.")
     return fig
 
 
 FIGURES = (
-    FigureSpec("remote_rtt", "Object storage at 0, 2 and 20 ms: measured and modelled",
+    FigureSpec("remote_rtt", "Object storage at 0, 2 and 20 ms, by format: measured and "
+               "modelled; 1 and 2 ranks beside local disk",
                lambda r: plot_remote_rtt(r.df)),
-    FigureSpec("remote_capacity", "The capacity model: concurrency to hide a distance, and "
-               "scale-out", lambda r: plot_remote_capacity(r.df)),
+    FigureSpec("remote_capacity", "The capacity model: loader workers to hide a distance, "
+               "and scale-out, extrapolated from a machine whose S3 server shares its cores",
+               lambda r: plot_remote_capacity(r.df,
+                                              cores=r.study_env(NAME).get("cpus_usable"))),
 )
 
 

@@ -20,7 +20,14 @@ from matplotlib.figure import Figure
 
 from ...bench.case import Case
 from ...bench.stats import MIN_DECISION_REPEATS
-from ...plots import PALETTE, empty_figure, log_axis, profile_caption, summarise
+from ...plots import (
+    empty_figure,
+    family_handles,
+    log_axis,
+    profile_caption,
+    question_title,
+    summarise,
+)
 from ...results import Results, latest_runs, stat
 from ...text import DASH, format_percent, format_ratio, markdown_table
 from ..base import FigureSpec, Study, TargetMeasure, TargetSpec
@@ -321,24 +328,44 @@ def _unmet_caption(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
-def plot_target_ratios(table: pd.DataFrame) -> Figure:
+VERDICT_COLOURS = {"met": "#2ca02c", "unmet": "#d62728", "undecided": "#aaaaaa",
+                   "not measured": "#ffffff"}
+
+
+def dram_copy_GBps(df: pd.DataFrame, key: str) -> float | None:
+    """The median DRAM copy bandwidth a gather target ``key`` was held to (the faster of
+    one thread and one per core, timed in the same repeats); None for other targets."""
+    rows = latest_runs(df[(df["study"] == "targets") & (df["loader"] == key)])
+    rows = rows[(rows["metric"] == "dram_copy_GBps") & (rows["repeat"] >= 0)]
+    return float(rows["value"].median()) if not rows.empty else None
+
+
+def _target_label(row, df: pd.DataFrame | None) -> str:
+    fmt = _text_for(row["is_fraction"])
+    measured = fmt(row["value"]) if row["measured"] else "—"
+    copy = dram_copy_GBps(df, row["key"]) if df is not None else None
+    of = f" of a {copy:.1f} GB/s DRAM copy" if copy else ""
+    return f"{row['target']}\n{measured}{of} vs ≥ {fmt(row['threshold'])}"
+
+
+def plot_target_ratios(table: pd.DataFrame, df: pd.DataFrame | None = None) -> Figure:
     """Every declared target's median against its threshold, as median / threshold on a
     linear axis (1 = the threshold), with its 95% interval; green when met (the interval's
-    lower end reaches the threshold), red when not, a grey label when not measured. Below:
-    what limits each unmet target. ``table``: ``all_targets_table``'s."""
+    lower end reaches the threshold), red when not, grey when undecided, an empty bar when
+    not measured. A gather target's label names its DRAM copy denominator (from ``df``, the
+    rows). Below: what limits each unmet target. ``table``: ``all_targets_table``'s."""
     if table.empty:
         return empty_figure("no target declared")
     caption = _unmet_caption(table)
     caption_lines = caption.count("\n") + 1 if caption else 0
-    fig = Figure(figsize=(8, 0.5 * len(table) + 1.5 + 0.16 * caption_lines),
+    fig = Figure(figsize=(9, 0.55 * len(table) + 2.4 + 0.16 * caption_lines),
                  layout="constrained")
     ax = fig.add_subplot()
     y = np.arange(len(table))
     relative = (table["value"] / table["threshold"]).to_numpy(dtype=float)
-    colour_of = {"met": "#2ca02c", "unmet": "#d62728", "undecided": "#aaaaaa",
-                 "not measured": "#aaaaaa"}
-    colours = [colour_of[target_verdict(row)] for _, row in table.iterrows()]
-    ax.barh(y, np.nan_to_num(relative), color=colours, edgecolor="black", linewidth=0.5)
+    verdicts = [target_verdict(row) for _, row in table.iterrows()]
+    ax.barh(y, np.nan_to_num(relative), color=[VERDICT_COLOURS[v] for v in verdicts],
+            edgecolor="black", linewidth=0.5)
     low = (table["low"] / table["threshold"]).to_numpy(dtype=float)
     high = (table["high"] / table["threshold"]).to_numpy(dtype=float)
     # An interval over fewer repeats than a decision needs is not drawn.
@@ -352,20 +379,25 @@ def plot_target_ratios(table: pd.DataFrame) -> Figure:
             ax.text(0.02, row_y, "not measured in these results", va="center",
                     fontsize="x-small", color="grey", transform=ax.get_yaxis_transform())
     ax.axvline(1.0, color="black", linewidth=1.2)
-    labels = []
-    for _, row in table.iterrows():
-        fmt = _text_for(row["is_fraction"])
-        measured = fmt(row["value"]) if row["measured"] else "\u2014"
-        labels.append(f"{row['target']}\n{measured} vs \u2265 {fmt(row['threshold'])}")
-    ax.set_yticks(y, labels, fontsize="small")
+    ax.set_yticks(y, [_target_label(row, df) for _, row in table.iterrows()],
+                  fontsize="small")
     ax.invert_yaxis()
     ax.set_xlim(0, max(1.2, float(np.nanmax(np.append(high[bounded], relative))) * 1.05)
                 if np.isfinite(relative).any() else 1.5)
     ax.set_xlabel("median / threshold, with its 95% interval (1 = the threshold)")
-    met = int(table["met"].sum())
-    fig.suptitle(f"Which performance targets are met? {met} of {len(table)}\n(green: the 95% "
-                 f"interval's lower end reaches the threshold, n \u2265 {MIN_DECISION_REPEATS};"
-                 f" red: not; grey: undecided, n < {MIN_DECISION_REPEATS})", fontsize="medium")
+    counts = {v: verdicts.count(v) for v in VERDICT_COLOURS if v in verdicts}
+    names = {"met": f"met (interval's lower end ≥ threshold, n ≥ {MIN_DECISION_REPEATS})",
+             "unmet": "unmet", "undecided": f"undecided (n < {MIN_DECISION_REPEATS})",
+             "not measured": "not measured"}
+    # Under the axis title: constrained layout makes room for an axes' legend.
+    ax.legend(handles=family_handles({v: VERDICT_COLOURS[v] for v in counts},
+                                     {v: f"{names[v]}: {counts[v]}" for v in counts}),
+              loc="upper center", bbox_to_anchor=(0.5, -0.09), ncols=3, fontsize="small",
+              frameon=False)
+    unmet = [row["target"] for _, row in table.iterrows() if target_verdict(row) == "unmet"]
+    question_title(fig, "Which performance targets are met?",
+                   f"{counts.get('met', 0)} of {len(table)} met"
+                   + (f"; unmet: {', '.join(unmet)}." if unmet else "."))
     if caption:
         fig.text(0.01, 0.0, caption, fontsize="x-small", va="bottom", ha="left")
         fig.get_layout_engine().set(rect=(0, 0.16 * caption_lines / fig.get_figheight(),
@@ -373,53 +405,119 @@ def plot_target_ratios(table: pd.DataFrame) -> Figure:
     return fig
 
 
+# What each path a target times is, in words (its metric prefix is a code name).
+PATH_LABELS = {
+    "preloaded": "one thread gathers from RAM",
+    "preloaded_threads": "a thread per core gathers from RAM",
+    "preloaded_prefetched": "ThreadPrefetcher, a worker per core (RAM)",
+    "preloaded_consumer_reads": "ThreadPrefetcher, the consumer reads too (RAM)",
+    "memmap": "one thread gathers from the memmap",
+    "memmap_threads": "a thread per core gathers from the memmap",
+    "memmap_prefetched": "ThreadPrefetcher, a worker per core (memmap)",
+    "memmap_consumer_reads": "ThreadPrefetcher, the consumer reads too (memmap)",
+    "process_prefetcher": "ProcessPrefetcher",
+    "thread_prefetcher": "ThreadPrefetcher",
+    "torch_dataloader": "torch DataLoader",
+    "pickled_baseline": "process pool returning pickled batches",
+    "serial_cpu0": "one thread decoding, pinned to core 0",
+    "serial_cpu1": "one thread decoding, pinned to core 1",
+    "block_shuffled_epoch": "block-shuffled epoch",
+    "random_row_access": "random row reads",
+    "tf_data_autotune": "tf.data AUTOTUNE",
+    "torch_thread_prefetcher": "ThreadPrefetcher into PyTorch",
+    "torch_process_prefetcher": "ProcessPrefetcher into PyTorch",
+}
+ROLE_COLOURS = {"target": "#1f77b4", "baseline": "#ff7f0e", "denominator": "#d9d9d9"}
+ROLE_NAMES = {"target": "the paths the target is about",
+              "baseline": "the path it is held to",
+              "denominator": "DRAM copy of the same bytes (the gathers' denominator)"}
+
+
+def path_label(path: str) -> str:
+    return PATH_LABELS.get(path, path.replace("_", " "))
+
+
+def _role(key: str, path: str) -> str:
+    target = get_target(key)
+    held_to = target.denominator.split(".")[0] if target.denominator else ""
+    return "baseline" if path == held_to or path.startswith("serial_") else "target"
+
+
+def _target_bars(df: pd.DataFrame, rows: pd.DataFrame, key: str) -> list[tuple]:
+    """(label, role, median, low, high) per path of target ``key``, over its slowest path;
+    a gather target's DRAM copy last, in the same units."""
+    mine = rows[rows["loader"] == key]
+    stats = {p: summarise(mine[mine["path"] == p], f"{p}.samples_per_s", ["path"])
+             for p in dict.fromkeys(mine["path"])}
+    stats = {p: s for p, s in stats.items() if not s.empty}
+    if len(stats) < 2:
+        return []
+    slowest = min(stats, key=lambda p: float(stats[p]["median"].iloc[0]))
+    base = float(stats[slowest]["median"].iloc[0])
+    out = [(path_label(p), _role(key, p), *(float(s[c].iloc[0]) / base
+                                             for c in ("median", "low", "high")))
+           for p, s in stats.items()]
+    copy = dram_copy_GBps(df, key)
+    read = summarise(df[(df["study"] == "targets") & (df["loader"] == key)],
+                     f"{slowest}.read_MBps", ["loader"])
+    if copy and not read.empty:
+        value = copy * 1e3 / float(read["median"].iloc[0])
+        out.append((f"DRAM copy, {copy:.1f} GB/s", "denominator", value, value, value))
+    return out
+
+
 def plot_targets(df: pd.DataFrame) -> Figure:
     """Each target's compared paths, as each path's throughput over the target's slowest
-    path (one row per target, one log axis), so seven targets read at README width."""
+    path (one group per target, one log axis), the gathers' DRAM copy among them; the
+    target's own paths blue, the path it is held to orange."""
     rows = df[(df["study"] == "targets") & df["metric"].str.endswith(".samples_per_s")]
     rows = rows.assign(path=rows["metric"].str.removesuffix(".samples_per_s"))
     table = targets_table(df)
-    keys = [k for k in table["key"] if k in set(rows["loader"])]
-    if not keys:
+    groups = [(k, _target_bars(df, rows, k)) for k in table["key"] if k in set(rows["loader"])]
+    groups = [(k, bars) for k, bars in groups if bars]
+    if not groups:
         return empty_figure("no target rows")
-    fig = Figure(figsize=(7.5, 0.75 * len(keys) + 1.6), layout="constrained")
+    count = sum(len(bars) for _, bars in groups)
+    fig = Figure(figsize=(9, 0.3 * count + 0.45 * len(groups) + 2.0), layout="constrained")
     ax = fig.add_subplot()
-    ticks, labels = [], []
-    y = 0.0
-    for key in keys:
-        mine = rows[rows["loader"] == key]
-        paths = list(dict.fromkeys(mine["path"]))
-        stats = {p: summarise(mine[mine["path"] == p], f"{p}.samples_per_s", ["path"])
-                 for p in paths}
-        stats = {p: s for p, s in stats.items() if not s.empty}
-        if len(stats) < 2:
-            continue  # a one-path target (a fraction of DRAM bandwidth) is in targets_met
-        base = min(float(s["median"].iloc[0]) for s in stats.values())
-        for i, (p, s) in enumerate(stats.items()):
-            median = float(s["median"].iloc[0]) / base
-            low, high = float(s["low"].iloc[0]) / base, float(s["high"].iloc[0]) / base
-            ax.barh(y, median, height=0.8, color=PALETTE[i % len(PALETTE)], edgecolor="black",
-                    linewidth=0.4)
-            ax.errorbar(median, y, xerr=[[median - low], [high - median]], fmt="none",
-                        ecolor="black", capsize=2)
+    ticks, labels, y = [], [], 0.0
+    widest = max(((k, max(b[2] for b in bars if b[1] != "denominator")) for k, bars in groups),
+                 key=lambda pair: pair[1])
+    for key, bars in groups:
+        ax.text(0.0, y - 0.75, get_target(key).name, fontsize="small", fontweight="bold",
+                transform=ax.get_yaxis_transform(), va="center", ha="left")
+        y += 0.4
+        for label, role, median, low, high in bars:
+            ax.barh(y, median, height=0.8, color=ROLE_COLOURS[role], edgecolor="black",
+                    linewidth=0.4, hatch="//" if role == "denominator" else "")
+            if role != "denominator":
+                ax.errorbar(median, y, xerr=[[median - low], [high - median]], fmt="none",
+                            ecolor="black", capsize=2)
             ticks.append(y)
-            labels.append(f"{get_target(key).name}: {p.replace('_', ' ')}" if i == 0
-                          else p.replace("_", " "))
+            labels.append(label)
             y += 1
-        y += 0.6
+        y += 0.9
     ax.set_yticks(ticks, labels, fontsize="x-small")
-    ax.invert_yaxis()
+    ax.set_ylim(y - 0.6, -1.2)
     log_axis(ax, "x")
-    ax.set_xlabel("throughput relative to the target's slowest path (samples/s ratio)")
-    fig.suptitle("The paths each performance target compares, measured in the same case\n"
-                 f"({profile_caption(rows)})", fontsize="medium")
+    ax.set_xlabel("samples per second over the target's slowest path (ratio; whiskers: the "
+                  "repeats' range)")
+    fig.legend(handles=family_handles(ROLE_COLOURS, ROLE_NAMES), loc="outside lower center",
+               ncols=2, fontsize="small")
+    question_title(fig, "How far apart are the paths each performance target compares? "
+                        f"({profile_caption(rows)}; all paths of a target in one case)",
+                   f"The widest gap: {get_target(widest[0]).name}, "
+                   f"{format_ratio(widest[1])}. The targets of other studies are in "
+                   "targets_met.")
     return fig
 
 
 FIGURES = (
-    FigureSpec("targets_met", "The performance targets against their thresholds",
-               lambda r: plot_target_ratios(all_targets_table(r))),
-    FigureSpec("targets_paths", "The paths each target compares",
+    FigureSpec("targets_met", "Every performance target against its threshold: met, unmet "
+               "or undecided",
+               lambda r: plot_target_ratios(all_targets_table(r), r.df)),
+    FigureSpec("targets_paths", "The paths each target compares, with the DRAM copy the "
+               "gathers are held to",
                lambda r: plot_targets(r.df)),
 )
 
