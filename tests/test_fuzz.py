@@ -352,7 +352,12 @@ def _start_fuzz(ci_data_root) -> tuple[subprocess.Popen, Path, list[int]]:
 def test_ctrl_c_stops_the_fuzz_run_and_leaves_nothing(ci_data_root):
     process, scratch, workers = _start_fuzz(ci_data_root)
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
+    try:
+        _, stderr = process.communicate(timeout=60)
+    finally:  # a run the interrupt did not stop must not outlive the test
+        if process.poll() is None:
+            process.kill()
+            process.communicate()
     assert process.returncode != 0 and b"KeyboardInterrupt" in stderr
     assert not scratch.exists()
     assert all(_wait_gone(pid) for pid in workers)
