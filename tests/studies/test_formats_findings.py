@@ -161,3 +161,24 @@ def test_the_verify_cost_finding_names_the_cheapest_and_dearest_format_per_encod
         "(medians of repeat-paired ratios, 3+ repeats).",
     ]
     assert formats.verify_cost_findings(frame(read_case("memmap", "warm", [1.0] * 3))) == []
+
+
+def test_the_sequential_read_figure_answers_with_the_fastest_format_per_encoding():
+    """Its takeaway is computed from the rows drawn: per encoding, the fastest format warm
+    and cold, against the slowest of the same cache state."""
+    import pandas as pd
+
+    from storebench.studies.formats.study import sequential_read_takeaway
+
+    rows = [("raw", "warm", "memmap", 2400.0), ("raw", "warm", "rawfiles", 100.0),
+            ("raw", "cold", "memmap", 190.0), ("raw", "cold", "rawfiles", 10.0),
+            ("jpeg", "warm", "lmdb", 500.0), ("jpeg", "warm", "tfrecord", 250.0),
+            ("jpeg", "warm", "tfrecord", 350.0)]
+    df = pd.DataFrame(rows, columns=["encoding", "cache", "format", "value"]).assign(
+        metric="file_MBps")
+    assert sequential_read_takeaway(df, "file_MBps") == [
+        "raw arrays, fastest: warm memmap (24\u00d7 the slowest); cold memmap (19\u00d7 the "
+        "slowest).",
+        "JPEG, fastest: warm lmdb (1.67\u00d7 the slowest).",
+    ]
+    assert sequential_read_takeaway(df, "samples_per_s") == []
