@@ -321,9 +321,14 @@ def plot_peak_memory(df: pd.DataFrame, *, label_column: str, title: str,
     ``size_column`` (bytes), each case's dataset size is marked on its bars. The title's
     second line names the highest case against its dataset; the x label counts the rest.
     Repeats timed too briefly to sample a peak are left out (``results.reliable_peaks``)."""
+    sampled = summarise(df, "peak_pss_bytes", [label_column])
     df = reliable_peaks(df)
     pss = summarise(df, "peak_pss_bytes", [label_column])
     uss = summarise(df, "peak_uss_bytes", [label_column])
+    if pss.empty and not sampled.empty:
+        # Short regions (the ci profile's few batches) sample no peak; say so, draw none.
+        return empty_figure(f"all {len(sampled)} cases were timed for under five sampling "
+                            "periods: too briefly to sample a peak (see kernel_peak_bytes)")
     if pss.empty:
         return empty_figure("no memory rows")
     merged = pss.merge(uss, on=label_column, suffixes=("_pss", "_uss"))

@@ -149,3 +149,18 @@ def test_a_figure_gets_only_the_peaks_of_regions_long_enough_to_sample():
     # Nothing else is dropped.
     assert len(df) - len(kept) == 2 * 2 * 2
     assert (kept["metric"] == "samples_per_s").sum() == 8
+
+
+def test_a_peak_figure_of_only_short_regions_says_why_it_draws_no_peak():
+    from storebench.plots import plot_peak_memory
+
+    df = frame(_peak_case("short", wall=0.02), _peak_case("said-short", wall=1.0,
+                                                            reliable=0.0))
+    fig = plot_peak_memory(df, label_column="case_id", title="peaks")
+    texts = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert texts == ["all 2 cases were timed for under five sampling periods: too briefly "
+                     "to sample a peak (see kernel_peak_bytes)"]
+    drawn = plot_peak_memory(frame(_peak_case("long", wall=1.0)), label_column="case_id",
+                             title="peaks")
+    assert not any(t.get_text().startswith(("all ", "no ")) for ax in drawn.axes
+                   for t in ax.texts)

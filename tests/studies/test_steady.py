@@ -31,11 +31,18 @@ class ProbeDataset(LazyDataset):
     by ``$STOREBENCH_STEADY_PROBE_LOG``; the epoch's first batch (first index == the
     sampler's first) is slow, so other workers read ahead meanwhile."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # Read here, in the process that makes the dataset, and carried to workers with it:
+        # a forkserver started by an earlier test holds that test's environment, not ours.
+        self.probe_log = os.environ[LOG]
+        self.slow_first = int(os.environ.get("STOREBENCH_STEADY_SLOW", "-1"))
+
     def get_batch(self, indices, *, out=None):
-        if int(indices[0]) == int(os.environ.get("STOREBENCH_STEADY_SLOW", "-1")):
+        if int(indices[0]) == self.slow_first:
             time.sleep(SLOW_FIRST_S)
         batch = super().get_batch(indices, out=out)
-        with open(os.environ[LOG], "a") as log:
+        with open(self.probe_log, "a") as log:
             log.write(f"{int(indices[0])} {os.getpid()} {time.perf_counter()!r}\n")
         return batch
 
