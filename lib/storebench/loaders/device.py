@@ -19,7 +19,6 @@ CPU and the mixed pipeline alike).
 
 from __future__ import annotations
 
-import math
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+
+from .train_transform import crop_box
 
 CROP_SIZE = 224
 # torchvision's RandomResizedCrop defaults: the crop's share of the area, its aspect ratio.
@@ -62,28 +63,8 @@ def crop_plan(shapes: Sequence[tuple[int, int]], *, seed: int, batch: int,
     ratio), from ``default_rng([seed, batch])``."""
     rng = np.random.default_rng([seed, batch])
     boxes = np.empty((len(shapes), 4), dtype=np.int64)
-    log_ratio = (math.log(CROP_RATIO[0]), math.log(CROP_RATIO[1]))
     for i, (height, width) in enumerate(shapes):
-        area = height * width
-        for _ in range(10):
-            target = area * rng.uniform(*CROP_SCALE)
-            ratio = math.exp(rng.uniform(*log_ratio))
-            w = int(round(math.sqrt(target * ratio)))
-            h = int(round(math.sqrt(target / ratio)))
-            if 0 < w <= width and 0 < h <= height:
-                y = int(rng.integers(0, height - h + 1))
-                x = int(rng.integers(0, width - w + 1))
-                boxes[i] = (y, x, h, w)
-                break
-        else:
-            in_ratio = width / height
-            if in_ratio < CROP_RATIO[0]:
-                w, h = width, int(round(width / CROP_RATIO[0]))
-            elif in_ratio > CROP_RATIO[1]:
-                h, w = height, int(round(height * CROP_RATIO[1]))
-            else:
-                w, h = width, height
-            boxes[i] = ((height - h) // 2, (width - w) // 2, h, w)
+        boxes[i] = crop_box(rng, height, width, scale=CROP_SCALE, ratio=CROP_RATIO)
     flips = rng.random(len(shapes)) < 0.5
     return CropPlan(boxes, flips, size)
 

@@ -34,6 +34,32 @@ from .transforms import Shape, _check_image, _positive
 CROP_TRIES = 10  # torchvision's RandomResizedCrop.get_params
 
 
+def crop_box(rng: np.random.Generator, height: int, width: int, *,
+             scale: tuple[float, float], ratio: tuple[float, float]) -> tuple[int, int, int, int]:
+    """(top, left, height, width) of a crop of a ``height`` x ``width`` image, drawn from
+    ``rng`` as torchvision's ``RandomResizedCrop.get_params`` draws it: ten tries at a random
+    area share and log-uniform aspect ratio, then the centre crop at the nearest allowed
+    ratio."""
+    area = height * width
+    log_ratio = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(CROP_TRIES):
+        target_area = area * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_ratio))
+        w = int(round(math.sqrt(target_area * aspect)))
+        h = int(round(math.sqrt(target_area / aspect)))
+        if 0 < w <= width and 0 < h <= height:
+            return (int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)),
+                    h, w)
+    in_ratio = width / height
+    if in_ratio < ratio[0]:
+        w, h = width, int(round(width / ratio[0]))
+    elif in_ratio > ratio[1]:
+        h, w = height, int(round(height * ratio[1]))
+    else:
+        h, w = height, width
+    return (height - h) // 2, (width - w) // 2, h, w
+
+
 @dataclass(frozen=True)
 class CropParams:
     """Where one sample's crop lies in its full-size image, and whether it is flipped."""
@@ -75,27 +101,8 @@ class RandomResizedCropFlip:
         """Sample ``index``'s crop in ``epoch`` of an image of ``height`` x ``width``:
         torchvision's ``RandomResizedCrop.get_params``, drawn from this sample's generator."""
         rng = np.random.default_rng([self.seed, int(epoch), int(index)])
-        area = height * width
-        log_ratio = (math.log(self.ratio[0]), math.log(self.ratio[1]))
-        for _ in range(CROP_TRIES):
-            target_area = area * rng.uniform(*self.scale)
-            aspect = math.exp(rng.uniform(*log_ratio))
-            w = int(round(math.sqrt(target_area * aspect)))
-            h = int(round(math.sqrt(target_area / aspect)))
-            if 0 < w <= width and 0 < h <= height:
-                top = int(rng.integers(0, height - h + 1))
-                left = int(rng.integers(0, width - w + 1))
-                return CropParams(top, left, h, w, bool(rng.random() < self.flip))
-        # torchvision's fallback: a central crop at the nearest allowed aspect ratio.
-        in_ratio = width / height
-        if in_ratio < self.ratio[0]:
-            w, h = width, int(round(width / self.ratio[0]))
-        elif in_ratio > self.ratio[1]:
-            h, w = height, int(round(height * self.ratio[1]))
-        else:
-            h, w = height, width
-        return CropParams((height - h) // 2, (width - w) // 2, h, w,
-                          bool(rng.random() < self.flip))
+        top, left, h, w = crop_box(rng, height, width, scale=self.scale, ratio=self.ratio)
+        return CropParams(top, left, h, w, bool(rng.random() < self.flip))
 
     def __call__(self, image: np.ndarray, *, index: int, epoch: int = 0) -> np.ndarray:
         """Sample ``index``'s (H, W, C) uint8 image cropped, resized and maybe flipped."""
