@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -55,8 +56,12 @@ def test_this_process_registries_are_untouched():
     assert "toy" not in FORMATS and "toy" not in STUDIES
 
 
-@pytest.mark.timeout(900)
-def test_the_toy_study_and_format_run_through_the_ci_study(tmp_path):
+def test_the_toy_study_and_format_run_through_the_ci_study(ci_study, tmp_path):
+    # The shipped formats' rows come from the session's ci study: resumed, the formats
+    # study measures only the cases the toy registration adds.
+    shipped = ci_study[0] / "formats.csv"
+    (tmp_path / "results" / "ci").mkdir(parents=True)
+    shutil.copy(shipped, tmp_path / "results" / "ci" / "formats.csv")
     done = run_python(f"""
         from storebench.study import run_full_study
         run_full_study(profile="ci", data_root={str(tmp_path / "data")!r},
@@ -79,6 +84,10 @@ def test_the_toy_study_and_format_run_through_the_ci_study(tmp_path):
     timing = json.loads((results / "timing.json").read_text())
     assert timing["failed_cases"] == {}
     assert "study:toy" in timing["stage_seconds"]
+    shipped_ids = set(pd.read_csv(shipped)["case_id"])
+    assert timing["reused_cases"]["formats"] == len(shipped_ids)
+    assert timing["ran_cases"]["formats"] == len(set(toy_rows["case_id"]))
+    assert not shipped_ids & set(toy_rows["case_id"])
 
 
 @pytest.mark.timeout(900)

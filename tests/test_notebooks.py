@@ -177,19 +177,40 @@ def test_figures_regenerate_from_the_committed_reference_results(tmp_path):
     assert {p.name for p in (copy / "figures").iterdir()} == committed
 
 
-@pytest.mark.timeout(300)
-@pytest.mark.parametrize("cwd", [REPO_ROOT, NOTEBOOKS_DIR], ids=["root", "notebooks"])
-def test_a_notebook_runs_from_the_repository_root_and_from_notebooks(cwd, tmp_path):
-    """Paths in the parameters resolve from the repository, not the working directory (every
-    notebook resolves them with the same ``study.resolve_repo_path``)."""
+CWDS = {"root": REPO_ROOT, "notebooks": NOTEBOOKS_DIR}
+
+
+@pytest.fixture(scope="module")
+def findings_run_from(tmp_path_factory):
+    """``05_findings`` executed once from each working directory of ``CWDS``, both at once
+    in spawned processes (papermill changes the working directory of the process it runs
+    in): ``{id: the executed notebook, or the error its execution raised}``."""
+    import concurrent.futures
+    import multiprocessing
+
     import papermill
 
-    path = NOTEBOOKS_DIR / "05_findings.ipynb"
     if not REFERENCE.is_dir():
         pytest.skip("no committed reference results")
-    out = tmp_path / path.name
-    papermill.execute_notebook(str(path), str(out), cwd=str(cwd), progress_bar=False,
-                               kernel_name="python3")
+    path = NOTEBOOKS_DIR / "05_findings.ipynb"
+    outs = {name: tmp_path_factory.mktemp(f"from-{name}") / path.name for name in CWDS}
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(len(CWDS), mp_context=context) as pool:
+        running = {name: pool.submit(papermill.execute_notebook, str(path), str(outs[name]),
+                                     cwd=str(cwd), progress_bar=False, kernel_name="python3")
+                   for name, cwd in CWDS.items()}
+        return {name: future.exception(timeout=280) or outs[name]
+                for name, future in running.items()}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("cwd", list(CWDS))
+def test_a_notebook_runs_from_the_repository_root_and_from_notebooks(cwd, findings_run_from):
+    """Paths in the parameters resolve from the repository, not the working directory (every
+    notebook resolves them with the same ``study.resolve_repo_path``)."""
+    out = findings_run_from[cwd]
+    if isinstance(out, BaseException):
+        raise out
     executed = nbformat.read(out, as_version=4)
     assert _errors(executed) == []
     text = json.dumps([cell.get("outputs", []) for cell in executed.cells])

@@ -1,13 +1,14 @@
 """The resume study: its audit counts what a bad delivery lost and repeated; a killed epoch
 through a real ProcessPrefetcher comes back exact, in its own processes, leaving nothing
-behind; its table, figure, findings and guide read rows whose outcomes are chosen; and
-``storebench run --study resume --profile ci`` writes its rows."""
+behind; its table, figure, findings and guide read rows whose outcomes are chosen; and the ci
+study writes its rows (``storebench run --study resume`` resumes them)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -229,16 +230,24 @@ def test_findings_figure_and_guide_follow_the_rows(chosen):
 
 
 # -- the study through the command line --------------------------------------------------
-@pytest.mark.timeout(900)
-def test_the_ci_study_runs_and_writes_its_rows(tmp_path):
-    """Built from nothing, as a user runs it: the ci profile, then the study's own sets."""
+def test_the_ci_study_runs_and_writes_its_rows(ci_study, tmp_path):
+    """Built from nothing, as a user runs it: the session's ci study (``storebench study``)
+    ran the resume study on the ci profile and the study's own sets. ``storebench run
+    --study resume`` over those sets, with those rows copied in, finds nothing to build and
+    nothing left to run, and leaves the rows as they were: the rows are read from there."""
+    profile_dir, _ = ci_study
     results = tmp_path / "results"
+    (results / "ci").mkdir(parents=True)
+    shutil.copy(profile_dir / "resume.csv", results / "ci" / "resume.csv")
     completed = subprocess.run(
         [sys.executable, "-m", "storebench", "run", "--study", "resume", "--profile", "ci",
-         "--data", str(tmp_path / "data"), "--results", str(results), "--quiet"],
-        capture_output=True, text=True, timeout=880,
+         "--data", str(profile_dir.parents[1] / "data"), "--results", str(results),
+         "--quiet"],
+        capture_output=True, text=True, timeout=280,
         env={**os.environ, "MPLBACKEND": "Agg"})
     assert completed.returncode == 0, completed.stderr[-4000:]
+    assert (results / "ci" / "resume.csv").read_bytes() == (
+        profile_dir / "resume.csv").read_bytes()
     rows = read_results(results / "ci" / "resume.csv")
     assert set(rows["status"]) <= {"ok", "skipped"}, rows[["case_id", "error"]]
     table = resume.resume_table(rows).set_index(["path", "scenario"])

@@ -187,14 +187,13 @@ def test_the_grid_declares_its_index_size_per_plan(data_root, monkeypatch, tmp_p
         startup.grid(profile="ci", data_dir=tmp_path)
 
 
-def test_the_family_runs_under_the_ci_profile(data_root, tmp_path):
+def test_the_family_runs_under_the_ci_profile(ci_study):
+    """As the session's ci study (``make study``'s path) ran it."""
     from storebench.bench.schema import read_results
     from storebench.results import Results
-    from storebench.study import run_study
 
-    run_study("startup", profile="ci", data_root=data_root, results_root=tmp_path,
-              repeats=1, progress=False)
-    rows = read_results(tmp_path / "ci" / "startup.csv")
+    profile_dir, _ = ci_study
+    rows = read_results(profile_dir / "startup.csv")
     failed = rows[rows["status"] != "ok"]
     assert failed.empty, failed[["case_id", "error"]].to_dict("records")
     metrics = set(rows["metric"])
@@ -202,7 +201,7 @@ def test_the_family_runs_under_the_ci_profile(data_root, tmp_path):
             "pickled_bytes_per_worker", "worker_uss_growth_bytes",
             "worker_private_dirty_growth_bytes"} <= metrics
     assert metrics & set(startup.PEAKS)
-    results = Results.load(tmp_path / "ci")
+    results = Results.load(profile_dir)
     sentences = startup.findings(results)
     assert any("Copy-on-read" in s for s in sentences), sentences
     questions = [row.question for row in startup.guide(results)]
