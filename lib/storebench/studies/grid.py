@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..bench.plan import peer_sets_dir, plan_for
+from ..bench.plan import family_data_dir, peer_sets_dir, plan_for
 from ..text import ENCODING_ORDER
 from .shared_cases import dataset_files  # noqa: F401 - the grids' name for it
 
@@ -66,26 +66,31 @@ def profile_datasets(
     specs: Sequence | None = None,
 ) -> list[tuple[Path, dict]]:
     """(path, manifest) of every default build under ``data_dir`` made from ``profile``'s
-    specs (or ``specs``, one per encoding; the knob variants too with ``variants=True``; the
+    specs of any family (or ``specs``; the knob variants too with ``variants=True``; the
     peer formats' builds, and the peers study's own directory of sets, too with
     ``peers=True``), sorted by the formats registry's order, then encoding, then directory
     name."""
-    from data_gen import get_profile
+    from data_gen import FAMILIES, get_profile
     from storebench.formats import FORMATS, find_datasets, read_manifest
     from storebench.formats.specs import IMPORTED_KIND
 
-    specs = {spec.encoding: spec.to_dict() for spec in specs or get_profile(profile).specs}
+    if specs is None:
+        chosen = get_profile(profile)
+        specs = [*chosen.specs, *chosen.imagenet]
+    wanted = [spec.to_dict() for spec in specs]
     # The peers study's cut sets are its own: where a cut holds the whole set's count (a
     # small profile), they would otherwise be every other study's second copy of a set.
-    apart = Path(peer_sets_dir(data_dir))
+    # The other families' sets are apart too: a study reads one family.
+    apart = [family_data_dir(data_dir, family) for family in FAMILIES if family != "synthetic"]
+    apart += [] if peers else [Path(peer_sets_dir(data_dir))]
     everything = [(path, read_manifest(path)) for path in find_datasets(data_dir)
-                  if peers or apart not in Path(path).parents]
+                  if not any(other in Path(path).parents for other in apart)]
     imported = [(p, m) for p, m in everything if m["spec"].get("kind") == IMPORTED_KIND]
     found = []
     # A directory of imported datasets (storebench import) is studied whatever the profile:
     # the profile then sizes the plan only.
     for path, manifest in imported or everything:
-        if (imported or manifest["spec"] == specs.get(manifest["spec"]["encoding"])) and (
+        if (imported or manifest["spec"] in wanted) and (
                 variants or not is_variant(path, manifest)) and (
                 peers or manifest["format"] in FORMATS.core):
             found.append((path, manifest))
@@ -172,12 +177,29 @@ def encoded_pick(datasets, preferred: tuple[str, ...]):
 DECODERS_FOR = {"jpeg": ("simplejpeg", "pil"), "mixed": ("auto", "pil"), "png": ("pil",)}
 
 
+# The transform the ImageNet-like sets' samples go through in the loader studies: the
+# standard training crop and flip (``loaders.RandomResizedCropFlip``), on the JPEGs and on
+# their 224x224 raw copy alike, so that "store decoded or encoded?" differs by decode only.
+TRAINING_TRANSFORM = "train"
+
+
+def is_training_set(manifest: dict) -> bool:
+    """Whether the dataset is an ImageNet-like set (``data_gen.photo``), read as training
+    reads it: through the standard training transform."""
+    from storebench.formats.specs import PHOTO_KIND
+
+    return manifest["spec"].get("kind") == PHOTO_KIND
+
+
 def decode_params(manifest: dict) -> dict:
     """The case params that turn a dataset's stored samples into fixed-size arrays: its
-    decoder, and for imported images of mixed sizes the resize."""
+    decoder; for an ImageNet-like set the training transform; for imported images of
+    mixed sizes the resize."""
     from storebench.formats.specs import fixed_size, spec_from_dict
 
     params = {"decode": DECODE_FOR[manifest["encoding"]]}
-    if not fixed_size(spec_from_dict(manifest["spec"])):
+    if is_training_set(manifest):
+        params["transform"] = TRAINING_TRANSFORM
+    elif not fixed_size(spec_from_dict(manifest["spec"])):
         params["resize"] = STUDY_RESIZE
     return params
