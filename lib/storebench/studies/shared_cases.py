@@ -16,8 +16,8 @@ Grid vocabulary of the loader cases (the Case fields' values):
   ``resize`` (``"HxW"``: imported images of mixed sizes, resized before batching),
   ``transform`` (``"train"``: the standard training crop and flip, ImageNet-like sets),
   ``start_method``, ``seed``, ``max_batches``, ``shuffle_buffer`` (tf_data),
-  ``open_<option>`` (format open options), ``ram_orders`` (preloaded only: more access orders read from the same preload,
-  ``"sequential,shuffle"``; see ``ram_order_epochs``).
+  ``open_<option>`` (format open options), ``ram_orders`` (preloaded only: more access
+  orders read from the same preload, ``"sequential,shuffle"``; see ``ram_order_epochs``).
 """
 
 from __future__ import annotations
