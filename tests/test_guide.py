@@ -171,7 +171,8 @@ def test_guide_table_and_text_show_every_candidate():
             choose("formats", "least space?", "bytes_apparent",
                    [candidate("small", [1e6], "bytes")], lower_is_better=True)]
     table = guide.guide_table(rows)
-    assert list(table.columns) == ["question", "choice", "evidence"]
+    assert list(table.columns) == ["question", "workload", "choice", "evidence"]
+    assert table["workload"].tolist() == ["", ""]
     assert table["choice"].tolist() == ["FAST", "SMALL (the only candidate measured)"]
     shown = guide.guide_text(rows).splitlines()
     assert shown[:4] == ["* which path?", "  -> FAST", f"     {rows[0].evidence}",
