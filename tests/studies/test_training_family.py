@@ -141,10 +141,9 @@ def test_every_guide_row_names_the_workload_its_study_recorded(both_families, tm
     rows of that study name it (by their encoding facet)."""
     import json
 
-    from storebench.report.guide import with_workload
-    from storebench.results import WORKLOADS_FILE, Results
     from storebench.guide import Candidate, choose
-    from storebench.results import Stat
+    from storebench.report.guide import with_workload
+    from storebench.results import WORKLOADS_FILE, Results, Stat
     from storebench.study import planned_cases, record_workloads
 
     def choose_row(study, facets):
