@@ -158,9 +158,9 @@ def test_to_dict_has_every_candidate_with_its_median():
     assert data["interval"] == [row.low, row.high]
     assert data["candidates"] == [
         {"key": "fast", "label": "FAST", "median": 200.0, "low": 190.0, "high": 210.0,
-         "repeats": 5, "unit": "samples/s"},
+         "repeats": 5, "unit": "samples/s", "values": FAST, "sources": []},
         {"key": "slow", "label": "SLOW", "median": 100.0, "low": 95.0, "high": 105.0,
-         "repeats": 5, "unit": "samples/s"},
+         "repeats": 5, "unit": "samples/s", "values": SLOW, "sources": []},
     ]
     assert json.loads(json.dumps(data)) == data  # what `findings --json` prints
 

@@ -137,7 +137,9 @@ class GuideRow:
             "workload": self.workload,
             "candidates": [
                 {"key": c.key, "label": c.label, "median": c.stat.median, "low": c.stat.low,
-                 "high": c.stat.high, "repeats": c.stat.count, "unit": c.stat.unit}
+                 "high": c.stat.high, "repeats": c.stat.count, "unit": c.stat.unit,
+                 "values": list(c.stat.values),
+                 "sources": [list(source) for source in c.stat.sources]}
                 for c in self.candidates
             ],
         }

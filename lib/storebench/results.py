@@ -170,6 +170,10 @@ class Stat:
     count: int
     unit: str
     values: tuple[float, ...] = ()
+    # The result rows behind ``values``: (study, case_id, metric) of each case read, so
+    # that anyone can recompute the figure from the CSVs; () where it is derived. Not part
+    # of equality: the same numbers are the same figure.
+    sources: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
 
     def __str__(self) -> str:
         return format_value(self.median, self.unit)
@@ -188,7 +192,16 @@ class Stat:
         values = ordered["value"].astype(float)
         return cls(float(values.median()), float(values.min()), float(values.max()),
                    int(values.size), str(ordered["unit"].iloc[0]),
-                   tuple(float(v) for v in values))
+                   tuple(float(v) for v in values), row_sources(ordered))
+
+
+def row_sources(rows: pd.DataFrame) -> tuple[tuple[str, str, str], ...]:
+    """(study, case_id, metric) of every case among ``rows``, in first-seen order."""
+    if not {"study", "case_id", "metric"} <= set(rows.columns):
+        return ()
+    return tuple(dict.fromkeys(
+        (str(study), str(case), str(metric))
+        for study, case, metric in zip(rows["study"], rows["case_id"], rows["metric"])))
 
 
 def stat(df: pd.DataFrame, metric: str, **where) -> Stat:
