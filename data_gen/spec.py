@@ -64,6 +64,14 @@ class Profile:
     specs: tuple[DatasetSpec, ...]
     description: str = ""
     imagenet: tuple[PhotoSpec, ...] = ()
+    # The family the studies about an image training set run on (the others, e.g. the
+    # targets set for tiny arrays, always read the synthetic sets).
+    study_family: str = "synthetic"
+
+    def __post_init__(self) -> None:
+        if self.study_family not in FAMILIES:
+            raise ValueError(f"profile {self.name!r}: study_family must be one of {FAMILIES}, "
+                             f"got {self.study_family!r}")
 
     def family(self, name: str) -> tuple:
         """The specs of dataset family ``name`` (one of ``FAMILIES``)."""
@@ -122,8 +130,11 @@ PROFILES: dict[str, Profile] = {
                 DatasetSpec(4_000, 64, 64, encoding="png", seed=2),
                 DatasetSpec(4_000, 256, 256, encoding="jpeg", seed=3),
             ),
-            "the default: 20k 64x64 raw (246 MB), PNG and a 256x256 JPEG set",
+            "the default: 12k ImageNet-like JPEGs (1.3 GB) and their 224x224 raw copy for "
+            "the training-set studies; 20k 64x64 raw (246 MB), PNG and 256x256 JPEG sets for "
+            "the per-batch overhead studies",
             imagenet_like(12_000),
+            study_family="imagenet",
         ),
         Profile(
             "medium",
@@ -134,6 +145,7 @@ PROFILES: dict[str, Profile] = {
             ),
             "a few GB: 200k 64x64 raw (2.5 GB) and 40k 256x256 JPEG",
             imagenet_like(90_000),
+            study_family="imagenet",
         ),
         Profile(
             "large",
@@ -143,6 +155,7 @@ PROFILES: dict[str, Profile] = {
             ),
             "opt-in, larger than a 24 GiB machine's RAM (25 GB raw)",
             imagenet_like(250_000),
+            study_family="imagenet",
         ),
     )
 }

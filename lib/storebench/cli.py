@@ -31,6 +31,7 @@ def _progress(args: argparse.Namespace) -> bool:
 
 
 def _build(args: argparse.Namespace) -> int:
+    from .bench.plan import family_data_dir
     from .study import build_peer_sets, build_profile
 
     profile = data_gen.get_profile(args.profile)
@@ -43,8 +44,8 @@ def _build(args: argparse.Namespace) -> int:
                              "it takes neither --encodings nor --samples")
         build_peer_sets(profile.name, out, formats=args.formats, **options)
         return 0
-    if args.family != "synthetic" and not args.out:
-        out = out / args.family  # its dataset names would clash with the synthetic sets'
+    if not args.out:
+        out = family_data_dir(out, args.family)  # its dataset names would clash otherwise
     build_profile(profile.name, out, formats=args.formats, encodings=args.encodings,
                   samples=args.samples, family=args.family, **options)
     return 0
@@ -136,6 +137,7 @@ def _run(args: argparse.Namespace) -> int:
         drop_caches=args.drop_caches,
         progress=_progress(args),
         dataset=args.dataset,
+        family=args.family,
     )
     return 0
 
@@ -153,6 +155,7 @@ def _study(args: argparse.Namespace) -> int:
         drop_caches=args.drop_caches,
         notebooks=not args.no_notebooks,
         progress=_progress(args),
+        family=args.family,
     )
     return 0
 
@@ -332,6 +335,12 @@ def parser() -> argparse.ArgumentParser:
             "--dataset", type=Path, default=None,
             help="study your own images instead: a directory written by storebench import; "
                  "results go to <results>/<its name>/",
+        )
+        s.add_argument(
+            "--family", choices=data_gen.FAMILIES, default=None,
+            help="the profile's sets the training-set studies read: the ImageNet-like set "
+                 "(imagenet) or the synthetic sets (default: the profile's, imagenet on "
+                 "small, medium and large; the synthetic-only studies read synthetic sets)",
         )
         s.add_argument("--data", type=Path, default=DEFAULT_DATA_ROOT, help="dataset root")
         s.add_argument("--results", type=Path, default=DEFAULT_RESULTS_ROOT, help="results root")

@@ -181,6 +181,17 @@ def build_profile(
     return results
 
 
+def build_families(profile: str, data_dir: Path | str, names: Sequence[str],
+                   family: str | None = None, **options) -> list:
+    """Build the sets of every dataset family studies ``names`` read (``study_family``),
+    each in its own directory under ``data_dir``."""
+    from .bench.plan import family_data_dir
+
+    families = dict.fromkeys(study_family(name, profile, family) for name in names)
+    return [result for chosen in families for result in build_profile(
+        profile, family_data_dir(data_dir, chosen), family=chosen, **options)]
+
+
 def check_build_space(specs: Sequence, modules: dict, data_dir: Path | str, *,
                       what: str) -> None:
     """Refuse (``DatasetError``) a build of ``specs`` in ``modules`` into ``data_dir`` that
@@ -240,8 +251,29 @@ def planned_cases(name: str, profile: str, data_dir: Path, repeats: int | None) 
     return get_study(name).grid(**kwargs)
 
 
+def study_family(name: str, profile: str, family: str | None = None) -> str:
+    """The dataset family study ``name`` reads on ``profile``: the synthetic sets for a
+    study whose questions are about them (``Study.synthetic_only``), else ``family`` or the
+    profile's ``study_family``."""
+    from .studies import get_study
+
+    if get_study(name).synthetic_only:
+        return "synthetic"
+    if family is not None and family not in data_gen.FAMILIES:
+        raise ValueError(f"unknown dataset family {family!r}; known: {list(data_gen.FAMILIES)}")
+    return family or data_gen.get_profile(profile).study_family
+
+
+def study_data_dir(name: str, profile: str, data_dir: Path, family: str | None = None) -> Path:
+    """Where study ``name`` finds its datasets: its family's sets of ``data_dir``."""
+    from .bench.plan import family_data_dir
+
+    return family_data_dir(data_dir, study_family(name, profile, family))
+
+
 def run_estimate(names, profile: str, data_dir: Path, repeats: int | None,
-                 results_dir: Path, label: str, *, resume: bool = True):
+                 results_dir: Path, label: str, *, resume: bool = True,
+                 family: str | None = None):
     """A ``bench.eta.StudyEta`` over the cases of ``names`` not yet in ``results_dir`` (all
     of them without ``resume``: each study's earlier rows are discarded before it runs),
     expecting each case to take what it took in the committed reference (same profile) or
@@ -260,7 +292,9 @@ def run_estimate(names, profile: str, data_dir: Path, repeats: int | None,
         path = results_dir / f"{name}.csv"
         done = finished_case_ids(path) if resume and path.exists() else set()
         try:
-            ids = [c.case_id for c in planned_cases(name, profile, data_dir, repeats)]
+            own_dir = data_dir if label != profile else study_data_dir(name, profile, data_dir,
+                                                                         family)
+            ids = [c.case_id for c in planned_cases(name, profile, own_dir, repeats)]
         except StudyNotApplicableError:
             # Its datasets are built when it starts (the peers study's sets): until then,
             # the cases an earlier run of it measured; the study replans when it starts.
@@ -332,8 +366,11 @@ def run_study(
     on_case_done=None,
     eta=None,
     on_planned=None,
+    family: str | None = None,
 ):
     """Run one study into ``<results_root>/<profile>/<name>.csv``; builds what is missing.
+    It reads the profile's sets of ``family`` (default: the profile's ``study_family``; the
+    synthetic sets for a ``synthetic_only`` study).
 
     ``repeats=None`` and the per-case timeout come from the profile's ``bench.plan``. With
     ``resume`` (the default) cases already in the file are skipped, so an interrupted run
@@ -355,8 +392,10 @@ def run_study(
         if study.synthetic_only:
             raise ValueError(f"study {name!r} applies to the synthetic profiles only")
     else:
-        data_dir, label = data_dir_for(profile, data_root), profile
-        build_profile(profile, data_dir, progress=progress)
+        label = profile
+        data_dir = study_data_dir(name, profile, data_dir_for(profile, data_root), family)
+        build_profile(profile, data_dir, progress=progress,
+                      family=study_family(name, profile, family))
         if study.prepare is not None:
             study.prepare(profile=profile, data_dir=data_dir, progress=progress)
     results_dir = results_dir_for(label, results_root)
@@ -366,6 +405,7 @@ def run_study(
         record_environment(profile, data_dir, results_dir, run_id=run_id, drop_caches=drop_caches,
                            label=label)
     cases = planned_cases(name, profile, data_dir, repeats)
+    record_workloads(results_dir, name, cases)
     results_path = results_dir / f"{name}.csv"
     if not resume and results_path.exists():
         results_path.unlink()
@@ -387,6 +427,22 @@ def run_study(
         eta=eta,
         services=study.services,
     )
+
+
+def record_workloads(results_dir: Path, name: str, cases) -> dict:
+    """Write what study ``name``'s cases read, per encoding, into the results directory's
+    workloads file (``results.WORKLOADS_FILE``; the guide rows name it), replacing that
+    study's earlier entry."""
+    from .results import WORKLOADS_FILE
+    from .studies.grid import cases_workloads
+
+    path = Path(results_dir) / WORKLOADS_FILE
+    workloads = json.loads(path.read_text()) if path.exists() else {}
+    workloads[name] = cases_workloads(cases)
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(workloads, indent=2, sort_keys=True) + "\n")
+    temporary.replace(path)
+    return workloads
 
 
 def execute_notebooks(
@@ -521,6 +577,7 @@ def run_full_study(
     studies: tuple[str, ...] | None = None,
     log: Callable[[str], None] | None = None,
     dataset: Path | str | None = None,
+    family: str | None = None,
 ) -> StudyTimes:
     """Build, run every study of ``STUDIES`` (or those named; one run id, one env.json),
     plot, execute the notebooks, then print a summary: where the results went, how many
@@ -530,6 +587,7 @@ def run_full_study(
     study that applies to imported data runs on it, sized by ``profile``'s plan, into
     ``<results_root>/<dataset name>/``. A study that cannot run on it (synthetic only, or
     needing a raw copy that was not imported) is listed in ``timing.json`` with its reason.
+    ``family`` chooses the profile's sets the training-set studies read (``study_family``).
     """
     from .bench import runner
     from .report.figures import plot_all
@@ -550,11 +608,11 @@ def run_full_study(
 
     stage = StageLog(times, results_dir)
     if dataset is None:
-        stage("build", build_profile, profile, data_dir, progress=progress)
+        stage("build", build_families, profile, data_dir, names, family, progress=progress)
     stage("environment", record_environment, profile, data_dir, results_dir,
           run_id=times.run_id, drop_caches=drop_caches, label=label)
     estimate = stage.estimate = run_estimate(names, profile, data_dir, repeats, results_dir,
-                                             label, resume=resume)
+                                             label, resume=resume, family=family)
 
     def case_done(case, outcome):
         estimate.done(case.study, case.case_id, outcome.seconds)
@@ -569,7 +627,7 @@ def run_full_study(
                 results_root=results_root, repeats=repeats, resume=resume,
                 drop_caches=drop_caches, progress=progress, run_id=times.run_id,
                 record_env=False, dataset=dataset, on_case_done=case_done, eta=estimate.text,
-                on_planned=estimate.plan, done_text=StageLog.cases_text)
+                on_planned=estimate.plan, done_text=StageLog.cases_text, family=family)
         except StudyNotApplicableError as err:
             if dataset is None:
                 raise

@@ -116,6 +116,13 @@ def peer_specs(profile: str) -> tuple:
     return tuple(dataclasses.replace(spec, num_samples=count) for spec in specs)
 
 
+def family_data_dir(data_dir: Path | str, family: str) -> Path:
+    """Where a profile's sets of dataset ``family`` are built: the synthetic sets in
+    ``data_dir`` itself, any other family in its own subdirectory (their format-encoding
+    directory names would clash)."""
+    return Path(data_dir) if family == "synthetic" else Path(data_dir) / family
+
+
 def peer_sets_dir(data_dir: Path | str) -> Path:
     """Where the peers study's sets are: apart from the profile's other builds
     (``PEER_SETS_DIR``)."""

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 FAMILIES = ("storebench", "framework", "peer", "baseline")
+# The training crop's side (``RandomResizedCropFlip``'s default size).
+TRAINING_CROP = 224
 
 Batches = tuple[Iterable, Callable[[], None] | None]
 
@@ -54,6 +56,9 @@ class PathOptions:
     # Keep the workers of paths that can (torch DataLoader) across passes, so that every
     # epoch after the first runs on the same workers; the path's close() stops them.
     persistent_workers: bool = False
+    # "train": the standard training crop and flip. Datasets carry it themselves; paths
+    # that decode themselves (tf.data over TFRecord) apply their own library's version.
+    transform: str | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +195,10 @@ def _tf_data(dataset, sampler, options: PathOptions) -> Batches:
     from .tf_adapter import tfrecord_pipeline
 
     resize = {"resize": options.resize} if options.resize else {}
+    if options.transform == "train":
+        resize = {"resize": (TRAINING_CROP, TRAINING_CROP), "random_crop": True}
+    elif options.transform:
+        raise ValueError(f"tf.data: unknown transform {options.transform!r}; known: 'train'")
     pipeline = tfrecord_pipeline(Path(options.root), batch_size=options.batch_size,
                                  shuffle_buffer=options.shuffle_buffer, seed=options.seed,
                                  deterministic=False, **resize)

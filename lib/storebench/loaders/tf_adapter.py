@@ -48,6 +48,7 @@ def tfrecord_pipeline(
     deterministic: bool = True,
     cycle_length: int | None = None,
     resize: Sequence[int] | None = None,
+    random_crop: bool = False,
     input_context=None,
     shard_by: str = "auto",
 ):
@@ -67,6 +68,13 @@ def tfrecord_pipeline(
     decoded shape is checked against the height and width its record states.
     TensorFlow's bilinear resize is not Pillow's (which antialiases when shrinking), so these
     pixels differ from a ``Resize`` transform's on the other paths.
+
+    ``random_crop=True`` (with ``resize``) is TensorFlow's own standard training crop, as
+    its reference ImageNet input pipelines write it: ``sample_distorted_bounding_box``
+    (area 0.08-1, aspect ratio 3/4-4/3, ten tries, else the whole image), the JPEG decoded
+    inside that window only (``decode_and_crop_jpeg``), resized, then a random horizontal
+    flip. The crops are TensorFlow's draws, not ``RandomResizedCropFlip``'s: the same work,
+    other pixels.
 
     ``input_context`` (a ``tf.distribute.InputContext``) makes this one of
     ``num_input_pipelines`` pipelines that together read every sample exactly once per epoch:
@@ -98,6 +106,10 @@ def tfrecord_pipeline(
         raise ValueError(f"{root}: is a {manifest['format']!r} dataset, not tfrecord")
     spec = spec_from_dict(manifest["spec"])
     variable_size = not fixed_size(spec)
+    if random_crop and (resize is None or spec.encoding == "raw" or not decode):
+        raise ValueError(f"{root}: random_crop=True crops encoded images as it decodes them, "
+                         "then resizes: it needs JPEG or PNG records, decode=True and "
+                         "resize=(height, width)")
     if resize is not None:
         resize = tuple(int(n) for n in resize)
         if len(resize) != 2 or min(resize) <= 0:
@@ -125,7 +137,8 @@ def tfrecord_pipeline(
     records = _records(paths, shard=shard, input_context=input_context,
                        shuffle_shards=shuffle_shards, shuffle_buffer=shuffle_buffer, seed=seed,
                        cache=cache, deterministic=deterministic, cycle_length=cycle_length)
-    parse_batch = _batch_parser(spec, root=root, resize=resize, decode=decode)
+    parse_batch = _batch_parser(spec, root=root, resize=resize, decode=decode,
+                                random_crop=random_crop, seed=seed)
     batched = records.batch(batch_size, drop_remainder=drop_remainder)
     return batched.map(
         parse_batch, num_parallel_calls=autotune, deterministic=deterministic
@@ -182,10 +195,40 @@ def gil_bound_generator_dataset(dataset, batches):
     )
 
 
-def _batch_parser(spec, *, root: Path, resize: tuple[int, int] | None, decode: bool):
+def _training_crop(tf, *, resize: tuple[int, int], seed: int, channels: int):
+    """``crop(data, height, width, channels) -> image``: TensorFlow's standard training crop
+    of one encoded record (see ``tfrecord_pipeline``'s ``random_crop``)."""
+    whole = tf.constant([[[0.0, 0.0, 1.0, 1.0]]])
+
+    def crop(data, height, width, stored_channels):
+        begin, size, _ = tf.image.sample_distorted_bounding_box(
+            tf.cast(tf.stack([height, width, stored_channels]), tf.int32),
+            bounding_boxes=whole, seed=seed,
+            min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3),
+            area_range=(0.08, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
+        window = tf.stack([begin[0], begin[1], size[0], size[1]])
+        is_jpeg = tf.equal(tf.strings.substr(data, 0, 3), b"\xff\xd8\xff")
+        image = tf.cond(
+            is_jpeg,
+            lambda: tf.image.decode_and_crop_jpeg(data, tf.cast(window, tf.int32),
+                                                  channels=channels,
+                                                  dct_method="INTEGER_ACCURATE"),
+            lambda: tf.slice(
+                tf.io.decode_image(data, channels=channels, expand_animations=False),
+                tf.stack([begin[0], begin[1], 0]), tf.stack([size[0], size[1], channels])))
+        scaled = tf.image.resize(image[None], resize, method="bilinear", antialias=False)[0]
+        image = tf.cast(tf.clip_by_value(tf.round(scaled), 0, 255), tf.uint8)
+        return tf.image.random_flip_left_right(image, seed=seed)
+
+    return crop
+
+
+def _batch_parser(spec, *, root: Path, resize: tuple[int, int] | None, decode: bool,
+                  random_crop: bool = False, seed: int = 0):
     """``parse_batch(serialized) -> (images, labels)`` for a batch of ``spec``'s records:
     raw pixels reshaped, encoded images decoded (or kept, without ``decode``), each checked
-    against its stated shape and resized to ``resize`` where given."""
+    against its stated shape and resized to ``resize`` where given (after TensorFlow's
+    training crop, with ``random_crop``)."""
     import tensorflow as tf
 
     from storebench.formats.tfrecord import tf_feature_spec
@@ -227,6 +270,9 @@ def _batch_parser(spec, *, root: Path, resize: tuple[int, int] | None, decode: b
         with tf.control_dependencies([check]):
             return resized(tf.ensure_shape(image, (None, None, spec.channels)))
 
+    crop = (_training_crop(tf, resize=resize, seed=seed, channels=spec.channels)
+            if random_crop else None)
+
     def parse_batch(serialized):
         wanted = ["image", "label"] + (["height", "width", "channels"] if variable_size else [])
         parsed = tf.io.parse_example(serialized, {name: features[name] for name in wanted})
@@ -235,6 +281,15 @@ def _batch_parser(spec, *, root: Path, resize: tuple[int, int] | None, decode: b
             return resized(tf.reshape(pixels, (-1, *shape))), parsed["label"]
         if not decode:
             return parsed["image"], parsed["label"]
+        if random_crop:
+            sizes = ((parsed["height"], parsed["width"], parsed["channels"]) if variable_size
+                     else tuple(tf.fill(tf.shape(parsed["label"]), tf.constant(n, tf.int64))
+                                for n in spec.image_shape))
+            images = tf.map_fn(
+                lambda record: crop(*record), (parsed["image"], *sizes),
+                fn_output_signature=tf.TensorSpec(out_shape, tf.uint8),
+            )
+            return images, parsed["label"]
         if variable_size:
             images = tf.map_fn(
                 decode_variable,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..bench.plan import peer_sets_dir, plan_for
+from ..bench.plan import family_data_dir, peer_sets_dir, plan_for
 from ..text import ENCODING_ORDER
 from .shared_cases import dataset_files  # noqa: F401 - the grids' name for it
 
@@ -66,26 +66,31 @@ def profile_datasets(
     specs: Sequence | None = None,
 ) -> list[tuple[Path, dict]]:
     """(path, manifest) of every default build under ``data_dir`` made from ``profile``'s
-    specs (or ``specs``, one per encoding; the knob variants too with ``variants=True``; the
+    specs of any family (or ``specs``; the knob variants too with ``variants=True``; the
     peer formats' builds, and the peers study's own directory of sets, too with
     ``peers=True``), sorted by the formats registry's order, then encoding, then directory
     name."""
-    from data_gen import get_profile
+    from data_gen import FAMILIES, get_profile
     from storebench.formats import FORMATS, find_datasets, read_manifest
     from storebench.formats.specs import IMPORTED_KIND
 
-    specs = {spec.encoding: spec.to_dict() for spec in specs or get_profile(profile).specs}
+    if specs is None:
+        chosen = get_profile(profile)
+        specs = [*chosen.specs, *chosen.imagenet]
+    wanted = [spec.to_dict() for spec in specs]
     # The peers study's cut sets are its own: where a cut holds the whole set's count (a
     # small profile), they would otherwise be every other study's second copy of a set.
-    apart = Path(peer_sets_dir(data_dir))
+    # The other families' sets are apart too: a study reads one family.
+    apart = [family_data_dir(data_dir, family) for family in FAMILIES if family != "synthetic"]
+    apart += [] if peers else [Path(peer_sets_dir(data_dir))]
     everything = [(path, read_manifest(path)) for path in find_datasets(data_dir)
-                  if peers or apart not in Path(path).parents]
+                  if not any(other in Path(path).parents for other in apart)]
     imported = [(p, m) for p, m in everything if m["spec"].get("kind") == IMPORTED_KIND]
     found = []
     # A directory of imported datasets (storebench import) is studied whatever the profile:
     # the profile then sizes the plan only.
     for path, manifest in imported or everything:
-        if (imported or manifest["spec"] == specs.get(manifest["spec"]["encoding"])) and (
+        if (imported or manifest["spec"] in wanted) and (
                 variants or not is_variant(path, manifest)) and (
                 peers or manifest["format"] in FORMATS.core):
             found.append((path, manifest))
@@ -172,12 +177,79 @@ def encoded_pick(datasets, preferred: tuple[str, ...]):
 DECODERS_FOR = {"jpeg": ("simplejpeg", "pil"), "mixed": ("auto", "pil"), "png": ("pil",)}
 
 
+# The transform the ImageNet-like sets' samples go through in the loader studies: the
+# standard training crop and flip (``loaders.RandomResizedCropFlip``), on the JPEGs and on
+# their 224x224 raw copy alike, so that "store decoded or encoded?" differs by decode only.
+TRAINING_TRANSFORM = "train"
+
+
+def is_training_set(manifest: dict) -> bool:
+    """Whether the dataset is an ImageNet-like set (``data_gen.photo``), read as training
+    reads it: through the standard training transform."""
+    from storebench.formats.specs import PHOTO_KIND
+
+    return manifest["spec"].get("kind") == PHOTO_KIND
+
+
 def decode_params(manifest: dict) -> dict:
     """The case params that turn a dataset's stored samples into fixed-size arrays: its
-    decoder, and for imported images of mixed sizes the resize."""
+    decoder; for an ImageNet-like set the training transform; for imported images of
+    mixed sizes the resize."""
     from storebench.formats.specs import fixed_size, spec_from_dict
 
     params = {"decode": DECODE_FOR[manifest["encoding"]]}
-    if not fixed_size(spec_from_dict(manifest["spec"])):
+    if is_training_set(manifest):
+        params["transform"] = TRAINING_TRANSFORM
+    elif not fixed_size(spec_from_dict(manifest["spec"])):
         params["resize"] = STUDY_RESIZE
     return params
+
+
+def dataset_workload(manifest: dict) -> str:
+    """The data a case over this build reads, in words: how many samples, of what, and
+    their stored size, e.g. "12,000 ImageNet-like JPEGs of many sizes, 110 KB stored per
+    sample"."""
+    from storebench.formats.specs import fixed_size, is_imported, spec_from_dict
+
+    spec = spec_from_dict(manifest["spec"])
+    count = int(manifest["num_samples"])
+    stored_kb = float(manifest["bytes_apparent"]) / max(count, 1) / 1e3
+    encoding = manifest["encoding"]
+    kind = "raw arrays" if encoding == "raw" else f"{encoding.upper()}s"
+    if fixed_size(spec):
+        height, width, channels = spec.image_shape
+        kind = f"{height}x{width}x{channels} {kind}" if encoding == "raw" else (
+            f"{height}x{width} {kind}")
+    else:
+        kind = f"{kind} of many sizes"
+    if is_training_set(manifest):
+        origin = ("ImageNet-like images pre-decoded as " if encoding == "raw"
+                  else "ImageNet-like ")
+    elif is_imported(spec):
+        origin = "imported images as " if encoding == "raw" else "imported "
+    else:
+        origin = "synthetic "
+    return f"{count:,} {origin}{kind}, {stored_kb:,.0f} KB stored per sample"
+
+
+def cases_workloads(cases) -> dict[str, str]:
+    """Encoding -> what ``cases`` read of it (``dataset_workload``) and how: the training
+    transform, the resize or a decode where their params say so. Several sets of one
+    encoding (cut and whole) are joined."""
+    from storebench.formats import read_manifest
+
+    seen: dict[str, dict[str, set]] = {}
+    for case in cases:
+        if not case.dataset or not (Path(case.dataset) / "manifest.json").is_file():
+            continue
+        manifest = read_manifest(case.dataset)
+        entry = seen.setdefault(manifest["encoding"], {"sets": {}, "how": set()})
+        entry["sets"][dataset_workload(manifest)] = None
+        params = dict(case.params or {})
+        if params.get("transform") == TRAINING_TRANSFORM:
+            entry["how"].add("the training crop (random resized crop to 224, flip)")
+        elif params.get("resize"):
+            entry["how"].add(f"a resize to {params['resize']}")
+    return {encoding: " or ".join(entry["sets"]) + (
+        f"; read through {' or '.join(sorted(entry['how']))}" if entry["how"] else "")
+        for encoding, entry in seen.items()}

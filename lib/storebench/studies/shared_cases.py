@@ -13,10 +13,11 @@ Grid vocabulary of the loader cases (the Case fields' values):
 - ``access``: ``"sequential"`` | ``"shuffle"`` | ``"block_shuffle"``
 - ``prefetcher``: a loader path name of ``storebench.loaders.paths.LOADER_PATHS``
 - params: ``decode`` (None | ``"simplejpeg"`` | ``"pil"`` | ``"auto"`` | ``"tf"``),
-  ``resize`` (``"HxW"``: imported images of mixed sizes, resized before batching), ``start_method``,
-  ``seed``, ``max_batches``, ``shuffle_buffer`` (tf_data), ``open_<option>`` (format open
-  options), ``ram_orders`` (preloaded only: more access orders read from the same preload,
-  ``"sequential,shuffle"``; see ``ram_order_epochs``).
+  ``resize`` (``"HxW"``: imported images of mixed sizes, resized before batching),
+  ``transform`` (``"train"``: the standard training crop and flip, ImageNet-like sets),
+  ``start_method``, ``seed``, ``max_batches``, ``shuffle_buffer`` (tf_data),
+  ``open_<option>`` (format open options), ``ram_orders`` (preloaded only: more access
+  orders read from the same preload, ``"sequential,shuffle"``; see ``ram_order_epochs``).
 """
 
 from __future__ import annotations
@@ -98,8 +99,17 @@ def resize_size(case: Case) -> tuple[int, int] | None:
     return int(height), int(width or height)
 
 
-def resize_transform(case: Case):
-    """The per-sample resize an imported set of mixed sizes needs before batching."""
+def sample_transform(case: Case):
+    """The case's per-sample transform: the standard training crop and flip (param
+    ``transform="train"``, seeded by the case's ``seed``), else the resize an imported set
+    of mixed sizes needs before batching, else None."""
+    transform = case.param("transform")
+    if transform == "train":
+        from storebench.loaders.train_transform import RandomResizedCropFlip
+
+        return RandomResizedCropFlip(seed=int(case.param("seed", 0)))
+    if transform:
+        raise ValueError(f"case {case.case_id}: unknown transform {transform!r}; known: 'train'")
     size = resize_size(case)
     if size is None:
         return None
@@ -119,7 +129,7 @@ def make_dataset(case: Case, reader, *, warmup: bool = False):
     if get_loader_path(case.prefetcher).reads_dataset_files:
         return None
     decode = case.param("decode")
-    transform = resize_transform(case)
+    transform = sample_transform(case)
     if case.loader == "lazy" or (warmup and case.loader == "preloaded"):
         return LazyDataset(reader, decode=decode, transform=transform)
     if case.loader == "preloaded":
@@ -139,7 +149,7 @@ def open_batches(case: Case, dataset, sampler):
         root=case.dataset, shuffle_buffer=int(case.param("shuffle_buffer", 4096)),
         resize=resize_size(case), shuffle=case.access != "sequential",
         decode=case.param("decode"), pin_memory=bool(case.param("pin_memory", False)),
-        persistent_workers=True)
+        persistent_workers=True, transform=case.param("transform"))
     return path.open(dataset, sampler, options)
 
 
