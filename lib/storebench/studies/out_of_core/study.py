@@ -395,14 +395,18 @@ def read_amplification(row) -> float:
 
 def io_limit_text(row) -> str:
     """What limits an undecoded shuffled read, from its row of ``ooc_table``: read-around
-    where the device read ``READ_AROUND_AMPLIFICATION`` times the bytes delivered or more,
-    else the random reads a second (IOPS) of its sample size."""
+    where the device read ``READ_AROUND_AMPLIFICATION`` times the bytes delivered or more;
+    the page cache, not the device, where it read less than half of them (a set the cap
+    leaves cached); else the random reads a second (IOPS) of its sample size."""
     amplification = read_amplification(row)
     rate = row[f"{LAST}.samples_per_s"]
     size = row[f"{LAST}.read_MBps"] * MB_BYTES / rate if rate else float("nan")
     if np.isfinite(amplification) and amplification >= READ_AROUND_AMPLIFICATION:
         return (f"read-around: the device read {format_ratio(amplification)} the sample "
                 f"bytes delivered")
+    if np.isfinite(amplification) and amplification < 0.5:
+        return (f"not the device: it read {format_percent(amplification)} of the bytes "
+                "delivered, the page cache served the rest")
     return (f"IOPS: {format_value(rate, 'samples/s')} random reads of "
             f"{format_value(size, 'bytes')} each (the device read "
             f"{format_ratio(amplification)} the bytes delivered)")
@@ -427,7 +431,8 @@ def cold_read_target(results: Results) -> TargetMeasure | None:
     if not isinstance(limit, int | float) or not limit or table.empty:
         return None
     best = table.loc[table["median"].astype(float).idxmax()]
-    row = _last_epoch_table(results).set_index("label").loc[best["label"]]
+    table = _last_epoch_table(results)
+    row = table[(table["label"] == best["label"]) & (table["k"] == top)].iloc[0]
     scale = limit * 1000.0
     return TargetMeasure(
         value=best["median"] / scale, low=best["low"] / scale, high=best["high"] / scale,
@@ -456,19 +461,25 @@ def decode_pairs(results: Results) -> list[tuple[str, object, object]]:
     return pairs
 
 
-def decode_limit_text(results: Results, fmt: str, decoded_rate: float) -> str:
-    """Whether ``fmt``'s decoding path at the largest k is decode-bound or I/O-bound: its
-    undecoded read at the same k against the rate it decodes at with the set cached."""
+def undecoded_supply(results: Results, fmt: str):
+    """The row of ``ooc_table`` of ``fmt``'s encoded set read undecoded at the largest k
+    (the samples a second its I/O supplies there), None where it was not measured."""
     table = _last_epoch_table(results)
     top = table["k"].max() if not table.empty else 0
     undecoded = table[(table["format"] == fmt) & (table["reads"] == "undecoded")
-                      & (table["encoding"] != "raw") & (table["k"] == top)]
-    if undecoded.empty or not top:
+                      & (table["encoding"] != "raw") & (table["k"] == top) & (top > 0)]
+    return None if undecoded.empty else undecoded.iloc[0]
+
+
+def decode_limit_text(results: Results, fmt: str, decoded_rate: float) -> str:
+    """Whether ``fmt``'s decoding path at the largest k is decode-bound or I/O-bound: its
+    undecoded read at the same k against the rate it decodes at with the set cached."""
+    row = undecoded_supply(results, fmt)
+    if row is None:
         return "no undecoded read of the same set at the same k to tell decode from I/O"
-    row = undecoded.iloc[0]
     supply = row[f"{LAST}.samples_per_s"]
     bound = "decode" if supply >= decoded_rate else "I/O"
-    return (f"{bound}-bound: the same set read undecoded at k = {top} delivers "
+    return (f"{bound}-bound: the same set read undecoded at k = {int(row['k'])} delivers "
             f"{format_value(supply, 'samples/s')} ({io_limit_text(row)}), decoding with the "
             f"set cached {format_value(decoded_rate, 'samples/s')}")
 
@@ -483,7 +494,7 @@ def decode_keep_target(results: Results) -> TargetMeasure | None:
     ratio, low, high = ratio_interval(far, near)
     return TargetMeasure(
         value=ratio, low=low, high=high, repeats=min(far.count, near.count),
-        limiting=(f"{fmt} decoding out of core: {format_value(far.median, 'samples/s')} "
+        limiting=(f"the {fmt} decoding path out of core: {format_value(far.median, 'samples/s')} "
                   f"against {format_value(near.median, 'samples/s')} cached; "
                   + decode_limit_text(results, fmt, near.median)))
 
@@ -509,10 +520,12 @@ def _target_sentences(results: Results) -> list[str]:
         verdict = "met" if measured.low >= spec.threshold else (
             f"missed by {format_percent(max(0.0, 1 - measured.value / spec.threshold))}"
             if measured.value < spec.threshold else "not met by the interval's lower end")
+        interval = (f"{format_percent(measured.low)}{DASH}{format_percent(measured.high)}"
+                    if np.isfinite(measured.low) else "no interval")
+        limiting = measured.limiting[:1].upper() + measured.limiting[1:]
         out.append(f"Target ({spec.name}): {format_percent(measured.value)} (over "
-                   f"{measured.repeats} repeats, {format_percent(measured.low)}{DASH}"
-                   f"{format_percent(measured.high)}); threshold "
-                   f"{format_percent(spec.threshold)}, {verdict}. {measured.limiting}.")
+                   f"{measured.repeats} repeats, {interval}); threshold "
+                   f"{format_percent(spec.threshold)}, {verdict}. {limiting}.")
     return out
 
 
@@ -786,18 +799,24 @@ def findings(results: Results) -> list[str]:
 
 def decode_cost_findings(results: Results) -> list[str]:
     """Where out of core stops costing nothing: per decoding path, what it keeps at the
-    largest k of its cached rate, and whether the I/O it would need (its undecoded read at
-    the same k) outruns decode."""
+    largest k of its cached rate, and the decode rate past which the I/O it needs (its
+    undecoded read at the same k) no longer keeps up."""
     out = []
     for fmt, far, near in decode_pairs(results):
         ratio, low, high = ratio_interval(far, near)
         interval = (f" ({format_percent(low)}{DASH}{format_percent(high)})"
-                    if np.isfinite(low) else "")
-        out.append(f"Decoding path over {fmt} out of core: {format_percent(ratio)}{interval} "
-                   f"of its rate with the set cached; "
-                   f"{decode_limit_text(results, fmt, near.median)}. Out of core costs "
-                   "nothing while the undecoded read outruns decode; it costs once decode "
-                   "(more cores, a faster decoder) needs more samples a second than that.")
+                    if np.isfinite(low) else " (no interval: too few repeats)")
+        text = (f"Decoding path over {fmt} out of core: {format_percent(ratio)}{interval} of "
+                f"its rate with the set cached; {decode_limit_text(results, fmt, near.median)}")
+        supply = undecoded_supply(results, fmt)
+        if supply is not None:
+            headroom = supply[f"{LAST}.samples_per_s"] / near.median
+            text += (f". The I/O keeps up with decode until decode runs "
+                     f"{format_ratio(headroom)} faster than here (more cores, a faster "
+                     "decoder): past that, out of core is I/O-bound" if headroom >= 1 else
+                     f". The I/O supplies {format_percent(headroom)} of what decode takes: "
+                     "out of core is I/O-bound here")
+        out.append(text + ".")
     return out
 
 
@@ -822,17 +841,22 @@ def default_knob_findings(df: pd.DataFrame) -> list[str]:
             defaults = lazy[(lazy["k"] == k) & (lazy["setting"] == "default")]
             order = defaults.sort_values(column, ascending=False)["format"].tolist()
             ranks[k] = f"{order.index(fmt) + 1} of {len(order)}"
+        amplification = read_amplification(mine.loc[top])
         text = (f"{fmt}'s default, shuffled: {format_value(mine.loc[0, column], 'samples/s')}"
                 f" where the set fits (fastest {ranks[0]}), "
                 f"{format_value(mine.loc[top, column], 'samples/s')} at k = {top} "
                 f"({ranks[top]}); there the device read "
-                f"{format_ratio(read_amplification(mine.loc[top]))} the bytes delivered")
+                f"{format_ratio(amplification)} the bytes delivered")
         knob = lazy[(lazy["format"] == fmt) & (lazy["setting"] == option) & (lazy["k"] == top)]
         if not knob.empty:
             text += (f", with {option} {format_ratio(read_amplification(knob.iloc[0]))} at "
                      f"{format_value(knob[column].iloc[0], 'samples/s')}")
-        out.append(text + ": the read-around that serves neighbours from RAM reads pages "
-                   "a shuffled epoch discards once the set no longer fits.")
+        out.append(text + (
+            ": the read-around that serves neighbours from RAM reads pages a shuffled epoch "
+            "discards once the set no longer fits." if amplification >= READ_AROUND_AMPLIFICATION
+            else ": no read-around shows here, the cap leaving most of the set cached."
+            if amplification < 0.5 else ": no read-around shows here: the device read about "
+            "the bytes delivered."))
     return out
 
 
