@@ -38,7 +38,6 @@ from ...plots import (
     format_colours,
     legend_below,
     log_axis,
-    profile_caption,
     summarise,
     titled,
 )
@@ -269,6 +268,24 @@ def ooc_rows(df: pd.DataFrame) -> pd.DataFrame:
                                                    rows["access"], settings, rows["loader"],
                                                    reads, cached)],
     )
+
+
+def set_caption(rows: pd.DataFrame, encoding: str | None = None) -> str:
+    """``"12,000 samples, 1.81 GB (151 kB a sample), raw"`` per encoding of ``rows`` (or
+    ``encoding`` only): the set the cases read, from their own ``samples`` and
+    ``dataset_bytes`` rows, whatever family or profile it came from."""
+    parts = []
+    encodings = [encoding] if encoding else ordered(rows["encoding"].dropna(),
+                                                    ("raw", "png", "jpeg", "mixed"))
+    for enc in encodings:
+        mine = rows[rows["encoding"] == enc]
+        count, size = select(mine, "samples"), select(mine, "dataset_bytes")
+        if count.empty or size.empty:
+            continue
+        n, total = float(count["value"].max()), float(size["value"].max())
+        parts.append(f"{n:,.0f} samples, {format_value(total, 'bytes')} "
+                     f"({format_value(total / n, 'bytes')} a sample), {enc}")
+    return "; ".join(parts) or "the study's sets"
 
 
 def k_text(k: int) -> str:
@@ -602,8 +619,8 @@ def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
             if c == 0:
                 # The grid gives these formats no full shuffle: say so where their line is
                 # missing.
-                absent = [f for f in colours if traits(f).block_only] if access == (
-                    "shuffle") else []
+                absent = [f for f in colours if traits(f).block_only
+                          and f in set(rows["format"])] if access == "shuffle" else []
                 note = (f"\n({', '.join(absent)}: block shuffle only, so no line)"
                         if absent else "")
                 ax.set_ylabel(f"{access.replace('_', ' ')}{note}\nsamples per second",
@@ -612,7 +629,7 @@ def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
                 ax.set_xlabel("epoch")
     legend_below(fig, [ax for row in axes for ax in row], ncols=len(colours) // 2 or 1)
     titled(fig, "What happens to each epoch when the dataset is k times the memory left "
-                f"for it?\n({profile_caption(rows)}; lazy reads, two prefetch threads)",
+                f"for it?\n({set_caption(rows)}; lazy reads, two prefetch threads)",
            epochs_takeaway(rows))
     return fig
 
@@ -625,7 +642,7 @@ def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
     table = ooc_table(df)
     table = table[(table["loader"] == "lazy") & (table["encoding"] == "raw")]
     knobbed = table[table["setting"] != "default"]
-    caption = profile_caption(ooc_rows(df).query("encoding == 'raw'"))
+    caption = set_caption(ooc_rows(df).query("encoding == 'raw'"))
     if knobbed.empty:
         return empty_figure("no out-of-core knob rows")
     column = f"epoch{DEFAULT_EPOCHS}.samples_per_s"
@@ -783,7 +800,8 @@ def guide(results: Results) -> list:
         out.append(choose(
             NAME, f"{name[0].upper() + name[1:]} {k}\u00d7 larger than the RAM left for the "
             f"page cache, shuffled epochs, {how}: which format, order and knob? (epoch "
-            f"{DEFAULT_EPOCHS}; {profile_caption(part, encoding)})", metric, candidates,
+            f"{DEFAULT_EPOCHS}; {set_caption(ooc_rows(results.df), encoding)})", metric,
+            candidates,
             facets={"encoding": encoding, "k": int(k)}))
     return [row for row in out if row is not None]
 

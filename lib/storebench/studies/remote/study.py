@@ -30,7 +30,7 @@ from matplotlib.lines import Line2D
 
 from ...bench.case import Case
 from ...bench.plan import plan_for
-from ...plots import empty_figure, legend_below, log_axis, profile_caption, question_title
+from ...plots import empty_figure, legend_below, log_axis, question_title
 from ...remote.capacity import Pipeline, predicted_rate, scale_out, workers_to_keep
 from ...results import Results, params_of, ratio_interval, select, stat, summary_table
 from ...text import format_percent, format_ratio, format_value
@@ -250,6 +250,22 @@ def _predict(table: pd.DataFrame, row) -> float:
     return row["ranks"] * predicted_rate(pipeline, row["rtt_ms"] / 1e3, bandwidth_Bps=bandwidth)
 
 
+def sample_caption(rows: pd.DataFrame) -> str:
+    """``"jpeg, 105 kB a sample fetched"``: the encoding the rows read and the bytes a GET
+    fetched per sample (where the requests were counted), whatever family or profile the
+    set came from."""
+    parts = []
+    for encoding in dict.fromkeys(rows["encoding"].dropna()):
+        mine = rows[rows["encoding"] == encoding]
+        fetched, per = select(mine, "bytes_per_request"), select(mine, "samples_per_request")
+        if fetched.empty or per.empty or not per["value"].median():
+            parts.append(str(encoding))
+            continue
+        size = fetched["value"].median() / per["value"].median()
+        parts.append(f"{encoding}, {format_value(size, 'bytes')} a sample fetched")
+    return "; ".join(parts) or "the study's set"
+
+
 def _ranked_label() -> str:
     fmt, access, _, workers = RANKED_PATH
     return f"{fmt}, {access.replace('_', ' ')}, {workers} threads"
@@ -462,7 +478,7 @@ def plot_remote_rtt(df: pd.DataFrame) -> Figure:
                ["measured (whiskers: the repeats' range)", "capacity model from the 0 ms row"],
                loc="outside lower center", ncols=2, fontsize="small")
     question_title(fig, "How much of its 0 ms rate does each path keep as the S3 store moves "
-                        f"away? ({profile_caption(rows)}; SeaweedFS; a thread prefetcher per "
+                        f"away? ({sample_caption(rows)}; SeaweedFS; a thread prefetcher per "
                         "rank)", remote_takeaway(df))
     return fig
 
@@ -521,7 +537,8 @@ def plot_remote_capacity(df: pd.DataFrame, *, cores: int | None = None) -> Figur
                     fontsize="medium")
     legend_below(fig, [right], loc="outside lower right", fontsize="x-small", ncols=1)
     most = max(needed_at.items(), key=lambda kv: kv[1]) if needed_at else None
-    takeaway = (f"At {TARGET_RTT_MS} ms, {most[0]} needs {most[1]} loader workers for {keep}. "
+    takeaway = (f"At {TARGET_RTT_MS} ms, {most[0]} needs {most[1]} loader "
+                f"worker{'s' * (most[1] != 1)} for {keep}. "
                 if most else "")
     question_title(fig, "How many loader workers hide a round trip, and how far do nodes "
                         "scale out? (the capacity model, from this run's 0 ms rows)",
@@ -658,7 +675,7 @@ def guide(results: Results) -> list:
                 candidates.append(Candidate(path, path, stat(mine, "samples_per_s")))
         out.append(choose(
             NAME, f"Data in object storage at {rtt:g} ms round trip, one rank: which format, "
-            f"order and concurrency? ({profile_caption(part)})", "samples_per_s", candidates,
+            f"order and concurrency? ({sample_caption(part)})", "samples_per_s", candidates,
             facets={"rtt_ms": float(rtt)}))
     return [row for row in out if row is not None]
 
