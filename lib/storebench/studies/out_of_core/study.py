@@ -569,8 +569,8 @@ def epochs_takeaway(rows: pd.DataFrame) -> str:
         return ""
     (fmt, access), (low_fmt, low_access) = loss.idxmax(), loss.idxmin()
     return (f"At k = {k}, {fmt} read in {access.replace('_', ' ')} runs "
-            f"{format_ratio(loss.max())} slower than when it fits; "
-            f"{low_fmt} ({low_access.replace('_', ' ')}) only {format_ratio(loss.min())}")
+            f"{relative_text(1 / loss.max())} when it fits; "
+            f"{low_fmt} ({low_access.replace('_', ' ')}) {relative_text(1 / loss.min())} it")
 
 
 def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
@@ -715,8 +715,8 @@ def _knob_dumbbells(labels: list[str], values: dict, formats: list[str], notes: 
     takeaway = ""
     if drops:
         low, high = min(drops), max(drops)
-        takeaway = (f"At {k_text(ks[-1])}: {high[1]} runs {format_ratio(high[0])} slower than "
-                    f"when it fits; {low[1]} only {format_ratio(low[0])}")
+        takeaway = (f"At {k_text(ks[-1])}: {high[1]} runs {relative_text(1 / high[0])} "
+                    f"when it fits; {low[1]} {relative_text(1 / low[0])} it")
     titled(fig, f"Which knobs keep a read fast out of core? ({caption})", takeaway)
     return fig
 
