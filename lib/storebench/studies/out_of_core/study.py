@@ -271,7 +271,7 @@ def ooc_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def set_caption(rows: pd.DataFrame, encoding: str | None = None) -> str:
-    """``"12,000 samples, 1.81 GB (151 kB a sample), raw"`` per encoding of ``rows`` (or
+    """``"12,000 samples, about 151 kB each stored, raw"`` per encoding of ``rows`` (or
     ``encoding`` only): the set the cases read, from their own ``samples`` and
     ``dataset_bytes`` rows, whatever family or profile it came from."""
     parts = []
@@ -282,9 +282,10 @@ def set_caption(rows: pd.DataFrame, encoding: str | None = None) -> str:
         count, size = select(mine, "samples"), select(mine, "dataset_bytes")
         if count.empty or size.empty:
             continue
-        n, total = float(count["value"].max()), float(size["value"].max())
-        parts.append(f"{n:,.0f} samples, {format_value(total, 'bytes')} "
-                     f"({format_value(total / n, 'bytes')} a sample), {enc}")
+        # The median layout's bytes: formats pad (LMDB's pages) or compress (zstd) them.
+        n, total = float(count["value"].max()), float(size["value"].median())
+        parts.append(f"{n:,.0f} samples, about {format_value(total / n, 'bytes')} each "
+                     f"stored, {enc}")
     return "; ".join(parts) or "the study's sets"
 
 
