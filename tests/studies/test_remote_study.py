@@ -115,7 +115,78 @@ def test_every_timed_s3_repeat_of_the_ci_study_records_its_links_measured_rtt(ci
               & (rows["repeat"] >= 0)]
     per_repeat = s3.groupby(["case_id", "repeat"])["metric"].apply(set)
     assert not per_repeat.empty and all("measured_rtt_s" in m for m in per_repeat)
+    # The S3 server shares the client's cores: every repeat says how many it kept busy.
+    assert all({"server_cores", "proxy_cores"} <= m for m in per_repeat)
     rtt = s3[s3["metric"] == "measured_rtt_s"]
     configured = rtt["params"].map(lambda p: json.loads(p)["rtt_ms"] / 1e3)
     assert (rtt["value"] >= configured * 0.95).all()
     assert (rtt["value"] < configured + 0.020).all()
+
+
+def remote_epoch(source, rtt, value, *, ranks=1, extra=None):
+    """One remote-study case's rows over the ranked path (samples/s per repeat)."""
+    from result_rows import case_rows
+
+    fmt, access, concurrency, workers = remote.RANKED_PATH
+    params = {"source": source, "ranks": ranks,
+              **({"rtt_ms": rtt, "concurrency": concurrency} if source == "s3" else {})}
+    return case_rows("remote", f"remote_epoch:{source}/{rtt}/{ranks}",
+                     {"samples_per_s": [value] * 5, **(extra or {})}, format=fmt,
+                     encoding="jpeg", loader="lazy", prefetcher="thread", workers=workers,
+                     batch_size=64, access=access, params=params)
+
+
+def test_s3_at_0_ms_against_local_disk_names_the_cores_its_server_kept_busy():
+    from result_rows import frame
+
+    df = frame(remote_epoch("local", 0, 700.0),
+               remote_epoch("s3", 0, 350.0, extra={"server_cores": [0.6] * 5,
+                                                   "proxy_cores": [0.2] * 5}))
+    assert remote.local_gap_findings(df, cores=2) == [
+        "S3 at 0 ms vs local disk (tfrecord, shuffle, 2 threads, one rank): 350 samples/s "
+        "against 700 samples/s (2.00\u00d7 slower); meanwhile the S3 server kept 0.60 cores "
+        "busy and the proxy kept 0.20 cores busy of this machine's 2 cores, which the "
+        "client's decoding threads share."]
+    unrecorded = remote.local_gap_findings(frame(remote_epoch("local", 0, 700.0),
+                                                 remote_epoch("s3", 0, 350.0)))
+    assert "did not record the S3 server's CPU time" in unrecorded[0]
+
+
+def test_the_streaming_peer_target_is_listed_with_why_it_is_not_measured():
+    from result_rows import frame
+
+    from storebench.results import Results
+    from storebench.studies.targets import study as targets
+
+    results = Results(frame(remote_epoch("s3", 0, 350.0), remote_epoch("s3", 20, 300.0)))
+    table = targets.all_targets_table(results).set_index("key")
+    peer = table.loc[remote.PEER.key]
+    assert not peer["measured"] and peer["limiting"] == remote.PEER_UNMEASURED
+    assert (f"| {remote.PEER.name} | not measured: {remote.PEER_UNMEASURED} | \u2265 1.20\u00d7 "
+            "| not measured |") in targets.targets_markdown(results)
+    assert any(remote.PEER_UNMEASURED in s for s in remote.remote_findings(results.df))
+
+
+def test_on_the_imagenet_like_set_the_grid_reads_at_the_targets_rtts_in_small_batches(
+        tmp_path, monkeypatch):
+    import dataclasses
+
+    from storebench.bench import plan
+    from storebench.bench.plan import family_data_dir
+    from storebench.study import build_profile
+
+    root = family_data_dir(tmp_path / "ci", "imagenet")
+    build_profile("ci", root, formats=["tfrecord"], family="imagenet", knob_variants=False,
+                  progress=False)
+    # The compact (ci) grid keeps its own paths; the small profile's on this set:
+    full = dataclasses.replace(plan.plan_for("ci"), compact=False)
+    monkeypatch.setattr(remote, "plan_for", lambda profile: full)
+    cases = remote.remote_grid(profile="ci", data_dir=root)
+    s3 = [c for c in cases if c.param("source") == "s3"]
+    assert {c.param("rtt_ms") for c in s3} == set(remote.TRAINING_RTTS_MS)
+    assert {c.batch_size for c in cases} == {min(remote.TRAINING_BATCH, 64 // 8)}
+    assert {c.param("transform") for c in cases} == {"train"}
+    capped = [c for c in s3 if c.param("bandwidth_mbit")]
+    assert [c.param("bandwidth_mbit") for c in capped] == [remote.TRAINING_CAPPED_MBIT]
+    assert {(c.format, c.access, c.param("concurrency"), c.workers)
+            for c in s3} == {p for p in remote.TRAINING_PATHS if p[0] == "tfrecord"}

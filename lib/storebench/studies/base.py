@@ -43,7 +43,8 @@ class TargetSpec:
     """A performance target an issue set: ``measure(results) -> TargetMeasure | None`` (None:
     these results hold no rows for it). Met when the interval's lower end reaches
     ``threshold``; ``is_fraction``: the value is a fraction (shown as a percentage), else a
-    ratio."""
+    ratio. ``unmeasured``: why no run measures it yet, where none can (its table row says
+    so rather than stay silent)."""
 
     key: str
     name: str
@@ -51,6 +52,7 @@ class TargetSpec:
     threshold: float
     is_fraction: bool
     measure: Callable[[Results], TargetMeasure | None]
+    unmeasured: str = ""
 
 
 def no_guide_rows(results: Results) -> list:

@@ -19,6 +19,7 @@ from ..shared_cases import (
     open_batches,
     open_options,
     release,
+    sample_transform,
 )
 
 # Epoch 1 starts cold; epoch 2 finds what epoch 1 left in the budget's page cache, which is
@@ -36,12 +37,14 @@ BASELINE_BATCHES = 2
 BLOCKS_HELD_BESIDE_WORKERS = 2
 
 
-# The least room above a lazy loader's baseline: below a few MB the interpreter's own
-# allocations during an epoch would exceed the cap and the kernel would kill the case. Only
-# tiny sets (the ci profile's 1.5 MB) reach it; ``effective_k`` records the cap really
-# applied. A preload gets no floor: it must refuse (``does_not_fit``) whenever 1/k of the
-# set is all there is, as on any real set.
-MIN_ROOM_BYTES = 4 << 20
+# The least room above a lazy loader's baseline: below it the interpreter's own allocations
+# and the kernel's read-around during an epoch exceed the cap and the kernel kills the case
+# (4 MiB held 12 kB samples, but a block-shuffled memmap pass of the ci ImageNet-like set,
+# batches of 1.2 MB, was killed there; the device's read-around window is 8 MiB). Only tiny
+# sets (the ci profiles') reach it; ``effective_k`` records the cap really applied. A
+# preload gets no floor: it must refuse (``does_not_fit``) whenever 1/k of the set is all
+# there is, as on any real set.
+MIN_ROOM_BYTES = 12 << 20
 
 
 MB = 1e6
@@ -289,19 +292,25 @@ def out_of_core_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, 
     """``epochs`` (param, default 2) passes over ``case.dataset`` in ``case.access`` order
     through ``case.loader`` (``lazy``, or ``preloaded``) and the loader path
     ``case.prefetcher``, in a memory budget of baseline + dataset bytes / ``k`` (param; 0 =
-    no cap), starting cold. Format open options come from params ``open_<option>``; param
+    no cap), starting cold, or with the whole set read into the page cache first (param
+    ``cached``, k = 0 only: the rate a decoding path keeps out of core is compared with
+    it). Samples are decoded (param ``decode``) and transformed (param ``transform``) or
+    delivered as stored. Format open options come from params ``open_<option>``; param
     ``epoch_seconds_limit`` cuts a pass short after that many seconds (thrashing paths)."""
     from storebench.formats import open_dataset, read_manifest
     from storebench.loaders import LazyDataset
 
-    from ...bench.cache import evict
+    from ...bench.cache import evict, prewarm
     from ..shared_cases import dataset_files
 
     k, epochs = _params(case)
+    cached = bool(case.param("cached", False))
+    if cached and k:
+        raise ValueError(f"case {case.case_id}: param cached needs k = 0 (no cap), got k={k}")
     seconds_limit = case.param("epoch_seconds_limit")
     files = list(case.cache_files) or list(dataset_files(case.dataset))
     dataset_bytes = int(read_manifest(case.dataset)["bytes_apparent"])
-    decode = case.param("decode")
+    decode, transform = case.param("decode"), sample_transform(case)
     reader = open_dataset(case.dataset, verify=False, **open_options(case))
     loader = dataset = None
     try:
@@ -312,17 +321,19 @@ def out_of_core_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, 
                 described = _cap(budget, k=k, dataset_bytes=dataset_bytes,
                                  baseline_rss=baseline_rss, min_room=0)
                 start = budget.stats()
-                dataset, preload = _preload(reader, decode)
+                dataset, preload = _preload(reader, decode, transform)
                 if dataset is None:
                     return described | preload | _budget_metrics(budget.stats(), start)
             elif case.loader == "lazy":
-                dataset = LazyDataset(reader, decode=decode)
+                dataset = LazyDataset(reader, decode=decode, transform=transform)
                 preload = {}
             else:
                 raise ValueError(f"case {case.case_id}: loader must be lazy or preloaded")
             lazy = case.loader == "lazy"
             loader, primed = _primed_loader(case, dataset, reader, budget if lazy else None)
             evict(files)
+            if cached:
+                prewarm(files)
             if lazy:
                 described = _cap(budget, k=k, dataset_bytes=dataset_bytes,
                                  baseline_rss=baseline_rss, min_room=MIN_ROOM_BYTES,
@@ -337,7 +348,7 @@ def out_of_core_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, 
         release(reader, dataset=dataset, close=loader.close if loader is not None else None)
 
 
-def _preload(reader, decode) -> tuple[object | None, dict]:
+def _preload(reader, decode, transform) -> tuple[object | None, dict]:
     """(the PreloadedDataset, its metrics), or (None, the refusal's metrics) when it does not
     fit the memory this process may use."""
     from storebench.cgroups import available_memory
@@ -346,7 +357,7 @@ def _preload(reader, decode) -> tuple[object | None, dict]:
     needed = PreloadedDataset.estimate_bytes(reader)
     began = time.perf_counter()
     try:
-        dataset = PreloadedDataset(reader, decode=decode, progress=False)
+        dataset = PreloadedDataset(reader, decode=decode, transform=transform, progress=False)
     except InsufficientMemoryError:
         return None, {
             "does_not_fit": (1, "count"),

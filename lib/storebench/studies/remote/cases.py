@@ -22,6 +22,9 @@ from ..shared_cases import warmup_samples
 
 REMOTE_ROOT_ENV = "STOREBENCH_REMOTE_ROOT"
 REMOTE_UNAVAILABLE_ENV = "STOREBENCH_REMOTE_UNAVAILABLE"
+# The S3 server's pid: a case reads its CPU time around the epoch, as it does the proxy's,
+# since both share the client's cores.
+REMOTE_SERVER_PID_ENV = "STOREBENCH_REMOTE_SERVER_PID"
 MB = 1e6
 RANK_TIMEOUT_S = 240.0
 # Round trips timed per repeat for ``measured_rtt_s``: the proxy delays every one by the
@@ -95,12 +98,40 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         host, port = proxy.address
         measured = None if trial.warmup else measure_rtt(proxy.address, samples=RTT_PROBES)
         through = replace(config, endpoint_url=f"http://{host}:{port}")
+        helpers = {"server": _server_pid(), "proxy": proxy.pid}
+        before = {name: _cpu_seconds(pid) for name, pid in helpers.items()}
+        began = time.monotonic()
         per_rank = _run_ranks(case, ranks, url, through, max_batches, first)
+        wall = time.monotonic() - began
+        after = {name: _cpu_seconds(pid) for name, pid in helpers.items()}
     # The configured RTT and bandwidth are the case's params (in every row already).
     metrics = _metrics(case, per_rank, ranks, max_batches)
+    for name in helpers:
+        if before[name] is not None and after[name] is not None and wall > 0:
+            metrics[f"{name}_cpu_s"] = (after[name] - before[name], "s")
+            metrics[f"{name}_cores"] = ((after[name] - before[name]) / wall, "ratio")
     if measured is not None:
         metrics["measured_rtt_s"] = (measured / 1e3, "s")
     return metrics
+
+
+def _server_pid() -> int | None:
+    text = os.environ.get(REMOTE_SERVER_PID_ENV, "")
+    return int(text) if text.isdigit() else None
+
+
+def _cpu_seconds(pid: int | None) -> float | None:
+    """User and system CPU seconds process ``pid`` has used, None where it cannot be read
+    (no pid, gone, or not ours to read)."""
+    import psutil
+
+    if pid is None:
+        return None
+    try:
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
+        return None
+    return times.user + times.system
 
 
 def _run_ranks(case: Case, ranks: int, path: str, config, max_batches,

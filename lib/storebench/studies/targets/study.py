@@ -140,7 +140,7 @@ def all_targets_table(results: Results) -> pd.DataFrame:
                "what": spec.description, "threshold": spec.threshold,
                "is_fraction": spec.is_fraction, "measured": measured is not None,
                "value": np.nan, "low": np.nan, "high": np.nan, "repeats": 0, "met": False,
-               "shortfall": np.nan, "limiting": ""}
+               "shortfall": np.nan, "limiting": spec.unmeasured}
         if measured is not None:
             row.update(value=measured.value, low=measured.low, high=measured.high,
                        repeats=measured.repeats, limiting=measured.limiting,
@@ -162,7 +162,8 @@ def _value_text(key: str) -> Callable[[float], str]:
 
 def _interval_text(fmt: Callable[[float], str], row) -> str:
     if not row["measured"]:
-        return "not measured in these results"
+        return (f"not measured: {row['limiting']}" if row["limiting"]
+                else "not measured in these results")
     if not np.isfinite(row["low"]) or row["repeats"] < MIN_DECISION_REPEATS:
         return (f"{fmt(row['value'])} (no interval: fewer than {MIN_DECISION_REPEATS} "
                 f"repeats, n={row['repeats']})")
