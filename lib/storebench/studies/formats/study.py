@@ -73,17 +73,65 @@ RANDOM_READ_SAMPLES = 1024
 # its whole group per random sample, the same in every batch. Cold reads are not cut: a
 # cold pass cut sooner is a colder one, and every format's must read the same samples.
 RANDOM_READ_SECONDS = 0.5
+# The ImageNet-like set's 150 KB raw samples: four batches of 64, since a random batch reads
+# about one chunk or row group per sample (9.6 MB at 64 samples each, 38 MB at 256).
+TRAINING_RANDOM_SAMPLES = 256
+RANDOM_BATCH = 64
+# The measures (``KNOB_EFFECTS`` columns) and the cases that take each.
+KNOB_CASES = {"size_ratio": (), "random_cold": (("shuffle", "cold"),),
+              "sequential_cold": (("sequential", "cold"),),
+              "sequential_warm": (("sequential", "warm"),)}
+
+
+def read_plan(path: Path, manifest: dict, *, compact: bool) -> tuple[tuple[str, str], ...]:
+    """The (access, cache) read cases of one build. A default build: a sequential read cold
+    and warm and, for raw arrays, random batches cold (and warm on full plans). A knob
+    variant of the synthetic sets likewise; one of an ImageNet-like set only the read its
+    knob is about (its format's ``knob_metrics``): each read of it is a 1.8 GB copy's.
+    Random batches of an ImageNet-like set are read cold only: its knobs' measure."""
+    from ...formats import get_format
+    from ..grid import is_training_set, is_variant
+
+    training = is_training_set(manifest)
+    if training and is_variant(path, manifest):
+        defaults = get_format(manifest["format"]).DEFAULT_KNOBS
+        knobs = [k for k, v in manifest["knobs"].items() if defaults.get(k) != v]
+        metrics = traits(manifest["format"]).knob_metrics
+        return tuple(dict.fromkeys(case for knob in knobs
+                                   for case in KNOB_CASES[metrics.get(knob, "sequential_warm")]))
+    cases = [("sequential", cache.value) for cache in CacheState]
+    if manifest["encoding"] == "raw":
+        randoms = (CacheState.COLD,) if compact or training else tuple(CacheState)
+        cases += [("shuffle", cache.value) for cache in randoms]
+    return tuple(cases)
+
+
+def built_for_family(path: Path, manifest: dict) -> bool:
+    """Whether a build is one its family's grid reads: a default build, or a knob variant
+    its format declares for that family (``KnobVariant.families``); an older build of a
+    variant since dropped for the family is left out."""
+    from ...formats import knob_variants
+    from ..grid import is_training_set, is_variant
+
+    if not is_variant(path, manifest):
+        return True
+    family = "imagenet" if is_training_set(manifest) else "synthetic"
+    return Path(path).name in {v.name for v in knob_variants((manifest["format"],),
+                                                             family=family)}
 
 
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
-    """Per built dataset (knob variants included): build cost, a sequential read cold and
-    warm, and for raw datasets shuffled batches, cold (and warm on full plans)."""
-    from ..grid import batch_size_for
+    """Per built dataset (knob variants included): build cost, then its reads
+    (``read_plan``): a sequential read cold and warm, and for raw datasets shuffled
+    batches, cold (and warm on full plans)."""
+    from ..grid import batch_size_for, is_training_set
 
     plan = plan_for(profile)
     repeats = repeat_fields(profile, repeats)
     cases = []
     for path, manifest in profile_datasets(profile, data_dir, variants=True):
+        if not built_for_family(path, manifest):
+            continue
         common = {
             "study": "formats",
             "format": manifest["format"],
@@ -94,25 +142,23 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
         cases.append(Case(function=f"{CASES}:build_cost_case", repeats=1, warmup=False,
                           **common))
         files = dataset_files(path)
-        for cache in CacheState:
-            cases.append(Case(
-                function=f"{CASES}:sequential_read_case", loader="reader",
-                access="sequential", batch_size=256, cache=cache.value, cache_files=files,
-                **repeats, **common,
-            ))
-        if manifest["encoding"] != "raw":
-            continue
         count = manifest["num_samples"]
-        random_caches = (CacheState.COLD,) if plan.compact else tuple(CacheState)
-        for cache in random_caches:
+        wanted = TRAINING_RANDOM_SAMPLES if is_training_set(manifest) else RANDOM_READ_SAMPLES
+        for access, cache in read_plan(path, manifest, compact=plan.compact):
+            if access == "sequential":
+                cases.append(Case(
+                    function=f"{CASES}:sequential_read_case", loader="reader",
+                    access="sequential", batch_size=256, cache=cache, cache_files=files,
+                    **repeats, **common,
+                ))
+                continue
             cases.append(Case(
                 function=f"{CASES}:random_read_case", loader="reader", access="shuffle",
-                batch_size=batch_size_for(count, 64), cache=cache.value, cache_files=files,
-                **repeats,
+                batch_size=batch_size_for(count, RANDOM_BATCH), cache=cache,
+                cache_files=files, **repeats,
                 **{**common, "params": {
-                    **common["params"], "random_samples": min(count, RANDOM_READ_SAMPLES),
-                    **({"random_seconds": RANDOM_READ_SECONDS}
-                       if cache == CacheState.WARM else {})}},
+                    **common["params"], "random_samples": min(count, wanted),
+                    **({"random_seconds": RANDOM_READ_SECONDS} if cache == "warm" else {})}},
             ))
     return cases
 
