@@ -49,6 +49,7 @@ from ...results import (
     ordered,
     params_of,
     ratio_interval,
+    reliable_peaks,
     select,
     sort_rows,
     stat,
@@ -184,8 +185,10 @@ def with_ram_order_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 def loader_table(df: pd.DataFrame, *, study: str = "lazy_vs_preloaded") -> pd.DataFrame:
     """Per dataset, loader, access order and cache state: medians of throughput, time to
-    first batch, preload time, peak PSS and USS; the resident fraction at start; repeats."""
-    rows = with_ram_order_rows(default_open(df[df["study"] == study]))
+    first batch, preload time, peak PSS and USS (of repeats long enough to sample a peak,
+    ``results.reliable_peaks``); the resident fraction at start; repeats."""
+    # Peaks of repeats too short to sample are no peaks (as every peak figure's).
+    rows = with_ram_order_rows(reliable_peaks(default_open(df[df["study"] == study])))
     keys = ["encoding", "format", "loader", "access", "cache"]
     tables = []
     for metric in LOADER_METRICS:
@@ -559,8 +562,15 @@ def plot_first_batch(df: pd.DataFrame) -> Figure:
 
 def plot_loader_memory(df: pd.DataFrame) -> Figure:
     """Peak PSS of each loader, with each encoding's dataset size marked (the median of its
-    default builds' apparent bytes); the takeaway: preloaded peaks over that size."""
-    rows = block_shuffled(df)
+    default builds' apparent bytes); the takeaway: preloaded peaks over that size. Repeats
+    timed too briefly to sample a peak are left out, as in every peak figure
+    (``results.reliable_peaks``); where that leaves none, the figure says so."""
+    sampled = block_shuffled(df)
+    rows = reliable_peaks(sampled)
+    if (rows["metric"] == "peak_pss_bytes").sum() == 0 and (
+            sampled["metric"] == "peak_pss_bytes").any():
+        return empty_figure("every repeat was timed for under five sampling periods: too "
+                            "briefly to sample a peak (see kernel_peak_bytes)")
     build = build_cost_table(df)
     build = build[build["dataset"] == build["format"] + "-" + build["encoding"]]
     sizes = build.groupby("encoding")["bytes_apparent"].median().to_dict()
