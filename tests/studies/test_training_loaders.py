@@ -164,3 +164,16 @@ def test_lazy_vs_preloaded_peak_figure_says_when_no_repeat_could_sample_a_peak()
     df = frame(peak_case("lazy", pss=50e6, reliable=0.0),
                peak_case("preloaded", pss=900e6, reliable=0.0))
     assert "too briefly to sample a peak" in figure_text(lazy.plot_loader_memory(df))
+
+
+def test_formats_counts_a_builds_samples_from_its_row_not_a_profile_shape():
+    """An ImageNet-like set has no one image shape: per-sample bytes divide by the build
+    row's ``samples`` (the synthetic ci raw shape would make 1 MB of pixels 325 samples)."""
+    rows = case_rows("formats", "build:rawfiles-jpeg", {
+        "write_seconds": [1.0], "bytes_apparent": [1.2e6], "bytes_allocated": [1.5e6],
+        "raw_bytes": [1e6], "size_ratio": [1.2], "file_count": [10], "samples": [10]},
+        format="rawfiles", encoding="jpeg")
+    df = frame(rows)
+    assert formats.allocated_per_sample(df, "rawfiles-jpeg").median == 150_000.0
+    table = formats.build_cost_table(df).iloc[0]
+    assert formats._per_sample(df, table) == 150_000.0

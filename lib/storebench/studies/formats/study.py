@@ -423,10 +423,13 @@ def build_cost_takeaway(table: pd.DataFrame) -> str:
 
 
 def _per_sample(df: pd.DataFrame, row: pd.Series) -> float:
-    """A build-cost row's allocated bytes per sample: over the profile's pixel bytes per
-    sample where the profile is known, else as ``allocated_per_sample`` counts samples."""
+    """A build-cost row's allocated bytes per sample: over the build's sample count where
+    its row has one (``samples``), else over the profile's pixel bytes per sample where the
+    profile is known, else as ``allocated_per_sample`` counts samples."""
     import data_gen
 
+    if select(df, "samples")["case_id"].isin(set(select(df, "raw_bytes")["case_id"])).any():
+        return allocated_per_sample(df, str(row["dataset"])).median
     try:
         spec = data_gen.get_profile(_profile_of(df)).spec_for(str(row["encoding"]))
     except KeyError:
@@ -700,13 +703,21 @@ def _dataset_stat(df: pd.DataFrame, dataset: str, metric: str) -> Stat:
 
 def allocated_per_sample(df: pd.DataFrame, dataset: str) -> Stat:
     """The bytes a build allocates on disk per sample: allocated bytes over its samples
-    (its raw pixel bytes over one sample's, from the profile's image shape)."""
+    (its build row's ``samples``; for results without it, its raw pixel bytes over one
+    sample's, from the profile's synthetic image shape)."""
     import data_gen
 
     allocated = _dataset_stat(df, dataset, "bytes_allocated")
     rows = select(df, "raw_bytes")
     rows = rows[dataset_names(rows) == dataset]
     raw = float(rows["value"].median())
+    counted = select(df, "samples")  # the build case's own count, not a read's
+    counted = counted[counted["case_id"].isin(set(rows["case_id"]))]
+    if not counted.empty:
+        samples = float(counted["value"].median())
+        return Stat(allocated.median / samples, allocated.low / samples,
+                    allocated.high / samples, allocated.count, "bytes",
+                    tuple(v / samples for v in allocated.values))
     try:
         spec = data_gen.get_profile(str(rows["profile"].iloc[0])).spec_for(
             str(rows["encoding"].iloc[0]))
