@@ -547,7 +547,7 @@ def plot_throughput(df: pd.DataFrame) -> Figure:
     rows = block_shuffled(df)
     return plot_loaders(rows, metric="samples_per_s",
                         question="Does preloading make a block-shuffled epoch faster? "
-                                 "(one thread)",
+                                 f"(one thread{transform_note(rows)})",
                         takeaway=loader_ratio_takeaway(rows, "samples_per_s", cache="warm",
                                                        verb="over"))
 
@@ -603,6 +603,10 @@ def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy") -> Figure:
     fig = Figure(figsize=(5 * len(caches), 4), layout="constrained")
     axes = fig.subplots(1, len(caches), squeeze=False, sharey=True)[0]
     width = 0.8 / len(orders)
+    # Bars from zero on a linear axis, a log axis only where rates span two decades.
+    log = rates_need_log(summarise(rows, "samples_per_s", ["format", "access", "cache"])
+                         ["median"])
+    labelled = set()
     for ax, cache in zip(axes, caches, strict=True):
         summary = summarise(rows[rows["cache"] == cache], "samples_per_s", ["format", "access"])
         for o, order in enumerate(orders):
@@ -612,17 +616,33 @@ def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy") -> Figure:
                     continue
                 median, low, high = (float(row[c].iloc[0]) for c in ("median", "low", "high"))
                 x = f + (o - (len(orders) - 1) / 2) * width
+                # Each order's first bar drawn names it: a format may lack some orders.
                 ax.bar(x, median, width * 0.95, color=PALETTE[o], edgecolor="black",
-                       linewidth=0.5, label=order.replace("_", " ") if f == 0 else None)
+                       linewidth=0.5,
+                       label=None if order in labelled else order.replace("_", " "))
+                labelled.add(order)
                 ax.errorbar(x, median, yerr=[[median - low], [high - median]], fmt="none",
                             ecolor="black", capsize=2, linewidth=0.8)
         ax.set_xticks(range(len(formats)), formats, rotation=30, ha="right")
-        log_axis(ax)
+        if log:
+            log_axis(ax)
+        else:
+            ax.set_ylim(bottom=0)
+            linear_axis(ax)
         ax.set_title(f"{cache} page cache")
     legend_below(fig, axes)
     axes[0].set_ylabel(metric_title("samples_per_s"))
-    fig.suptitle(f"Access order, {loader} loader, one thread ({profile_caption(rows)})")
+    fig.suptitle(f"Access order, {loader} loader, one thread{transform_note(rows)} "
+                 f"({profile_caption(rows)})")
     return fig
+
+
+def transform_note(rows: pd.DataFrame) -> str:
+    """``", through the training crop"`` where the rows read their samples through the
+    standard training transform (an ImageNet-like set's), else nothing."""
+    if rows.empty or not params_of(rows).map(lambda p: p.get("transform") == "train").any():
+        return ""
+    return ", through the training crop"
 
 
 def out_of_core_readahead(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:

@@ -202,13 +202,15 @@ def prefetch_rows(df: pd.DataFrame) -> pd.DataFrame:
     ``label`` (the registry's display label) columns."""
     rows = df[df["study"] == "prefetch"]
     if rows.empty:
-        return rows.assign(dataset=[], decode=[], start_method=[], path=[], label=[])
+        return rows.assign(dataset=[], decode=[], start_method=[], path=[], label=[],
+                           transform=[])
     params = params_of(rows)
     workers = rows["workers"].fillna(0).astype(int)
     method = params.map(lambda p: p.get("start_method") or "")
     return rows.assign(
         dataset=rows["format"] + "-" + rows["encoding"],
         decode=params.map(lambda p: p.get("decode") or "none"),
+        transform=params.map(lambda p: p.get("transform") or ""),
         workers=workers,
         start_method=method,
         path=[f"{p}/w{w}/{m}" for p, w, m in zip(rows["prefetcher"], workers, method)],
@@ -220,11 +222,24 @@ def decoded_label(dataset: str, decode: str) -> str:
     return dataset + ("" if decode == "none" else f", {decode} decoder")
 
 
+def bound_by(decode: str, transform: str) -> str:
+    """What a panel's rows spend their time on: decoding, the training crop of arrays
+    already decoded, or copying arrays."""
+    if decode != "none":
+        return "decode-bound"
+    return "crop-bound" if transform else "copy-bound"
+
+
+def transformed(rows: pd.DataFrame) -> bool:
+    """Whether the rows read their samples through the standard training transform."""
+    return "transform" in rows and bool((rows["transform"] == "train").any())
+
+
 def prefetch_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per dataset, decoder and path: throughput (median, spread, Stat), its speedup over
     one thread on the same dataset and decoder, CPU utilisation and peak PSS."""
     rows = prefetch_rows(df)
-    keys = ["dataset", "decode", "path", "label", "prefetcher", "workers"]
+    keys = ["dataset", "decode", "transform", "path", "label", "prefetcher", "workers"]
     columns = [*keys, "samples_per_s", "low", "high", "repeats", "stat", "speedup",
                "cpu_utilisation", "peak_pss_bytes"]
     if rows.empty:
@@ -269,7 +284,9 @@ def prefetch_findings(df: pd.DataFrame) -> list[str]:
     sentences = []
     for (dataset, decode), part in table.groupby(["dataset", "decode"], sort=False):
         label = decoded_label(dataset, decode)
-        kind = "copy-bound" if decode == "none" else "decode-bound"
+        kind = bound_by(decode, part["transform"].iloc[0])
+        if transformed(part):
+            kind += ", each sample through the training crop"
         best = best_row(part, "samples_per_s")
         serial = part[part["prefetcher"] == "none"]
         if not serial.empty:
@@ -317,7 +334,8 @@ def worker_sweep_findings(table: pd.DataFrame) -> list[str]:
 
 DECODER_PATHS = (("none", 0, None), ("thread", 2, None), ("process", 2, None))
 # The decoders compared, in figure order ("auto": an import's mixed JPEG/PNG set).
-DECODER_ORDER = ("pil", "simplejpeg", "auto")
+# "reduced": simplejpeg decoding at the smallest DCT scale that covers the training crop.
+DECODER_ORDER = ("pil", "simplejpeg", "reduced", "auto")
 
 
 def decoder_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -342,6 +360,24 @@ def decoder_findings(table: pd.DataFrame) -> list[str]:
                 f"{dataset}: two threads speed up GIL-releasing simplejpeg decoding "
                 f"{format_ratio(threads['simplejpeg']['speedup'])} over one thread, "
                 f"GIL-holding PIL decoding {format_ratio(threads['pil']['speedup'])}.")
+        sentences += reduced_decode_findings(dataset, part)
+    return sentences
+
+
+def reduced_decode_findings(dataset: str, part: pd.DataFrame) -> list[str]:
+    """The reduced-size decode against the full simplejpeg decode on the same paths."""
+    sentences = []
+    for prefetcher, workers in (("none", 0), ("thread", 2), ("process", 2)):
+        full, reduced = (_path(part[part["decode"] == d], prefetcher, workers)
+                         for d in ("simplejpeg", "reduced"))
+        if full is None or reduced is None:
+            continue
+        sentences.append(
+            f"{dataset}, {reduced['label']}: decoding each JPEG at the smallest DCT scale "
+            f"that covers its training crop (decode='reduced') runs "
+            f"{relative_text(reduced['samples_per_s'] / full['samples_per_s'])} the full "
+            f"simplejpeg decode ({format_value(reduced['samples_per_s'], 'samples/s')} vs "
+            f"{format_value(full['samples_per_s'], 'samples/s')}).")
     return sentences
 
 
@@ -356,9 +392,10 @@ def tf_data_findings(df: pd.DataFrame) -> list[str]:
                                            and LOADER_PATHS[p].family == "storebench")]
     if not native.empty and not ours.empty:
         tf_row, best = native.iloc[0], best_row(ours, "samples_per_s")
+        what = "decodes and crops" if tf_row["transform"] else "decodes"
         sentences.append(
             f"The same JPEG samples: {tf_row['label']} over {tf_row['dataset']} (TensorFlow "
-            f"decodes) delivers {format_value(tf_row['samples_per_s'], 'samples/s')}; our "
+            f"{what}) delivers {format_value(tf_row['samples_per_s'], 'samples/s')}; our "
             f"best, {best['label']} over {best['dataset']} with simplejpeg, "
             f"{format_value(best['samples_per_s'], 'samples/s')} "
             f"({format_ratio(best['samples_per_s'] / tf_row['samples_per_s'])} tf.data).")
@@ -502,6 +539,7 @@ def plot_decoders(df: pd.DataFrame) -> Figure:
                         ecolor="black", capsize=2)
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=0.8)
     names = {"pil": "PIL (holds the GIL)", "simplejpeg": "simplejpeg (releases the GIL)",
+             "reduced": "reduced-size DCT decode\n(simplejpeg, at the crop's scale)",
              "auto": "auto (simplejpeg for JPEG, else PIL)"}
     ax.set_xticks(range(len(decoders)), [names.get(d, d) for d in decoders])
     ax.set_ylabel("throughput / one thread, same decoder")
@@ -555,13 +593,14 @@ def guide(results: Results) -> list:
     for (dataset, decode), part in picked[picked["prefetcher"] != "tf_data"].groupby(
             ["dataset", "decode"], sort=False):
         encoding = part["encoding"].iloc[0]
+        crop = " through the training crop" if transformed(part) else ""
         if decode == "none":
-            question = (f"Decoded raw arrays from a cached {dataset}, one training process, "
-                        f"{cores} cores: which loader path?")
+            question = (f"Decoded raw arrays{crop} from a cached {dataset}, one training "
+                        f"process, {cores} cores: which loader path?")
         else:
-            question = (f"{ENCODING_NAMES.get(encoding, encoding)} decoded with {decode} from "
-                        f"a cached {dataset}, one training process, {cores} cores: which "
-                        "loader path?")
+            question = (f"{ENCODING_NAMES.get(encoding, encoding)} decoded with {decode}"
+                        f"{crop} from a cached {dataset}, one training process, {cores} "
+                        "cores: which loader path?")
         # A process path's start method is named: fork and spawn differ by tens of percent,
         # and a row measured under fork alone must not read as the path's answer.
         candidates = [Candidate(key, label + (f" ({method})" if method and method not in label
