@@ -222,6 +222,11 @@ def decoded_label(dataset: str, decode: str) -> str:
     return dataset + ("" if decode == "none" else f", {decode} decoder")
 
 
+def decoder_name(decode: str) -> str:
+    """A decoder as a question names it."""
+    return "reduced-size (DCT-scaled) simplejpeg" if decode == "reduced" else decode
+
+
 def bound_by(decode: str, transform: str) -> str:
     """What a panel's rows spend their time on: decoding, the training crop of arrays
     already decoded, or copying arrays."""
@@ -424,13 +429,18 @@ def _with_native_tf_data(rows: pd.DataFrame) -> pd.DataFrame:
 
 def plot_prefetch_scaling(df: pd.DataFrame) -> Figure:
     """Throughput against worker count for our thread and process prefetchers (fork), one
-    panel per dataset and decoder; one thread as a dashed line for reference."""
+    panel per dataset and decoder whose worker count was swept (two counts or more: one
+    point is no sweep); one thread as a dashed line for reference."""
     rows = prefetch_rows(df)
     rows = rows[rows["metric"] == "samples_per_s"]
     swept = rows[rows["prefetcher"].isin(["thread", "process"])]
     if swept.empty:
         return empty_figure("no prefetch rows")
-    panels = list(dict.fromkeys(zip(swept["dataset"], swept["decode"])))
+    counts = swept.groupby(["dataset", "decode"], sort=False)["workers"].nunique()
+    panels = [panel for panel in dict.fromkeys(zip(swept["dataset"], swept["decode"]))
+              if counts[panel] > 1]
+    if not panels:
+        return empty_figure("no worker count was swept")
     fig = Figure(figsize=(3.6 * len(panels), 3.6), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (dataset, decode) in zip(axes, panels, strict=True):
@@ -547,8 +557,9 @@ def plot_decoders(df: pd.DataFrame) -> Figure:
     legend_below(fig, [ax], ncols=3)
     rows = prefetch_rows(df)
     jpeg = rows[rows["decode"].isin(decoders)]
-    fig.suptitle(f"JPEG decoders under threads and processes ({profile_caption(jpeg)})",
-                 fontsize="medium")
+    crop = ", each through the training crop" if transformed(jpeg) else ""
+    fig.suptitle(f"JPEG decoders under threads and processes{crop} "
+                 f"({profile_caption(jpeg)})", fontsize="medium")
     return fig
 
 
@@ -598,7 +609,8 @@ def guide(results: Results) -> list:
             question = (f"Decoded raw arrays{crop} from a cached {dataset}, one training "
                         f"process, {cores} cores: which loader path?")
         else:
-            question = (f"{ENCODING_NAMES.get(encoding, encoding)} decoded with {decode}"
+            question = (f"{ENCODING_NAMES.get(encoding, encoding)} decoded with "
+                        f"{decoder_name(decode)}"
                         f"{crop} from a cached {dataset}, one training process, {cores} "
                         "cores: which loader path?")
         # A process path's start method is named: fork and spawn differ by tens of percent,
@@ -631,8 +643,10 @@ def first_batch_guide(results: Results, rows: pd.DataFrame, cores) -> list:
     for (dataset, decode), part in picked[picked["prefetcher"] != "tf_data"].groupby(
             ["dataset", "decode"], sort=False):
         encoding = part["encoding"].iloc[0]
-        what = ("decoded raw arrays" if decode == "none" else
-                f"{ENCODING_NAMES.get(encoding, encoding)} decoded with {decode}")
+        crop = " through the training crop" if transformed(part) else ""
+        what = (f"decoded raw arrays{crop}" if decode == "none" else
+                f"{ENCODING_NAMES.get(encoding, encoding)} decoded with "
+                f"{decoder_name(decode)}{crop}")
         both = pd.concat([part, native]) if decode in ("simplejpeg", "auto") else part
         # Start-up above all differs by start method: each process path names its own.
         candidates = [Candidate(key, label + (f" ({method})" if method and method not in label
