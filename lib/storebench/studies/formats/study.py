@@ -49,6 +49,7 @@ from ...results import (
     summary_table,
 )
 from ...text import (
+    DASH,
     ENCODING_NAMES,
     ENCODING_ORDER,
     MULTIPLY,
@@ -407,6 +408,50 @@ def knob_findings(df: pd.DataFrame) -> list[str]:
 
 
 # -- figures ------------------------------------------------------------------------
+def study_caption(df: pd.DataFrame, encoding: str | None = None,
+                  workloads: Mapping | None = None, *, width: int = 60) -> str:
+    """What the rows read, for a title: the study's recorded workload of ``encoding`` (its
+    entry of ``Results.workloads``: the set, its samples' stored size, the transform; all
+    its encodings' without one), wrapped at ``width``; for results that record none, the
+    profile's caption (``plots.profile_caption``), which knows the synthetic sets only."""
+    import textwrap
+
+    texts = []
+    if workloads:
+        texts = ([workloads[encoding]] if encoding in workloads
+                 else [] if encoding else list(workloads.values()))
+    if not texts:
+        return profile_caption(df, encoding)
+    return "\n".join(textwrap.fill(compact_workload(str(text)), width) for text in texts)
+
+
+def compact_workload(text: str) -> str:
+    """A workload's builds of one set, which differ by their stored size only, said once
+    with the range of sizes: "64 ImageNet-like JPEGs of many sizes, 104-106 KB stored per
+    sample; read through ..." (``grid.cases_workloads`` joins them with " or ")."""
+    import re
+
+    head, sep, how = text.partition("; ")
+    sets: dict[str, list[float]] = {}
+    for part in head.split(" or "):
+        found = re.fullmatch(r"(.*), ([\d,.]+) KB stored per sample", part)
+        if found is None:
+            return text
+        sets.setdefault(found[1], []).append(float(found[2].replace(",", "")))
+    said = [f"{name}, {min(kb):,.0f}{'' if min(kb) == max(kb) else DASH + f'{max(kb):,.0f}'}"
+            " KB stored per sample" for name, kb in sets.items()]
+    return " or ".join(said) + sep + how
+
+
+def question_caption(results: Results, study: str, df: pd.DataFrame, encoding: str) -> str:
+    """A guide question's parenthesis on its data, " (...)": the profile's caption where
+    the results record no workload; nothing where they do, since the guide row names its
+    workload then (``GuideRow.workload``)."""
+    if results.workload(study, encoding):
+        return ""
+    return f" ({profile_caption(df, encoding)})"
+
+
 def build_cost_takeaway(table: pd.DataFrame) -> str:
     """The build-cost figure's answer: the encoding whose largest layout allocates the most
     disk per sample over its smallest, and by how much."""
@@ -443,7 +488,7 @@ def _profile_of(df: pd.DataFrame) -> str:
     return str(profiles[0]) if profiles else ""
 
 
-def plot_build_cost(df: pd.DataFrame) -> Figure:
+def plot_build_cost(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """Build cost per built dataset, knob variants included: disk allocated per sample (kB,
     with the whole set's MB written on each bar) and write time, one row of panels per
     encoding; a dotted line marks one sample's raw pixel bytes where it fits the axis."""
@@ -478,8 +523,9 @@ def plot_build_cost(df: pd.DataFrame) -> Figure:
                          label="one sample's raw pixel bytes")
         size.set_yticks(y, part["dataset"])
         size.invert_yaxis()
-        size.set_title(f"{profile_caption(df[df['encoding'] == encoding], encoding)}; "
-                       f"pixels {pixels:.1f} kB per sample", fontsize="small", loc="left")
+        caption = study_caption(df[df["encoding"] == encoding], encoding, workloads, width=90)
+        size.set_title(f"{caption}; pixels {pixels:.1f} kB per sample", fontsize="small",
+                       loc="left")
         write.barh(y, part["write_seconds"], color=colour, edgecolor="black", linewidth=0.5)
         write.set_yticks(y, [])
         write.invert_yaxis()
@@ -493,7 +539,8 @@ def plot_build_cost(df: pd.DataFrame) -> Figure:
 
 
 def plot_sequential_read(df: pd.DataFrame, *, metric: str = "file_MBps",
-                         limits: Mapping | None = None) -> Figure:
+                         limits: Mapping | None = None,
+                         workloads: Mapping | None = None) -> Figure:
     """Full sequential read through the Reader, cold and warm, per format and encoding.
     With ``limits`` (env.json's), the same run's cold sequential and page-cache read limits
     are drawn as lines when the metric is in MB/s."""
@@ -517,7 +564,7 @@ def plot_sequential_read(df: pd.DataFrame, *, metric: str = "file_MBps",
                 if isinstance(limits.get(key), int | float):
                     ax.axhline(limits[key] * 1000.0, color="black", linestyle=style,
                                linewidth=0.9, label=label)
-        ax.set_title(profile_caption(part, encoding), fontsize="medium")
+        ax.set_title(study_caption(part, encoding, workloads, width=45), fontsize="medium")
         ax.set_ylabel(metric_title(metric) if ax is axes[0] else "")
     # One legend for every panel, below them, where it covers no point.
     handles, labels = axes[0].get_legend_handles_labels()
@@ -581,7 +628,7 @@ def knob_takeaway(table: pd.DataFrame) -> str:
     return f"Biggest effect: {what}, {good} against {bad}: {format_ratio(ratio)} on {effect}"
 
 
-def plot_knobs(df: pd.DataFrame) -> Figure:
+def plot_knobs(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """What each varied build knob changes, one panel per (format, encoding, knob): bars per
     setting (the default build included) on the measure that knob is about (the format's
     ``TRAITS.knob_metrics``, as in ``knob_findings``)."""
@@ -614,7 +661,8 @@ def plot_knobs(df: pd.DataFrame) -> Figure:
              summary, colours=[format_colours([fmt])[fmt]] * len(summary))
         ax.set_xticklabels(ax.get_xticklabels(), rotation=0, ha="center")
         linear_axis(ax)
-        ax.set_title(f"{fmt}, {knob}\n{profile_caption(part, encoding)}", fontsize="small")
+        ax.set_title(f"{fmt}, {knob}\n{study_caption(part, encoding, workloads, width=40)}",
+                     fontsize="small")
         ax.set_ylabel(KNOB_AXIS_TITLES[column], fontsize="small")
     titled(fig, "Which build knob changes what it is meant to? (median, min-max)",
            knob_takeaway(table))
@@ -639,14 +687,18 @@ def plot_formats_memory(df: pd.DataFrame) -> Figure:
 
 FIGURES = (
     FigureSpec("formats_build_cost", "Build cost and bytes on disk per format",
-               lambda r: plot_build_cost(r.study("formats"))),
+               lambda r: plot_build_cost(r.study("formats"),
+                                         workloads=r.workloads.get("formats"))),
     FigureSpec("formats_sequential_read",
                "Sequential read, cold vs warm, against the machine's limits",
-               lambda r: plot_sequential_read(r.study("formats"), limits=r.limits)),
+               lambda r: plot_sequential_read(r.study("formats"), limits=r.limits,
+                                              workloads=r.workloads.get("formats"))),
     FigureSpec("formats_sequential_read_samples", "Sequential read in samples per second",
-               lambda r: plot_sequential_read(r.study("formats"), metric="samples_per_s")),
+               lambda r: plot_sequential_read(r.study("formats"), metric="samples_per_s",
+                                              workloads=r.workloads.get("formats"))),
     FigureSpec("formats_knobs", "What each build knob changes",
-               lambda r: plot_knobs(r.study("formats"))),
+               lambda r: plot_knobs(r.study("formats"),
+                                    workloads=r.workloads.get("formats"))),
     FigureSpec("formats_resident_fraction", "Page-cache state before each repeat",
                lambda r: plot_resident_fraction(r.study("formats"))),
     FigureSpec("formats_peak_memory", "Peak memory per read case",
@@ -691,8 +743,9 @@ def guide(results: Results) -> list:
                       for fmt in ordered(part["format"], format_order())]
         rows.append(choose(
             "formats", f"Reading every sample once from a cold cache, undecoded, "
-            f"{ENCODING_NAMES.get(encoding, encoding)} ({profile_caption(part, encoding)})",
-            "samples_per_s", candidates))
+            f"{ENCODING_NAMES.get(encoding, encoding)}"
+            f"{question_caption(results, 'formats', part, encoding)}",
+            "samples_per_s", candidates, facets={"encoding": encoding}))
     return [row for row in rows if row is not None]
 
 

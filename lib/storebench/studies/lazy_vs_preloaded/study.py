@@ -34,7 +34,6 @@ from ...plots import (
     log_axis,
     metric_title,
     plot_resident_fraction,
-    profile_caption,
     rates_need_log,
     summarise,
     titled,
@@ -69,7 +68,7 @@ from ...text import (
     signed_bytes,
 )
 from ..base import FigureSpec, Study
-from ..formats.study import build_cost_table
+from ..formats.study import build_cost_table, question_caption, study_caption
 from ..grid import (
     batch_size_for,
     dataset_fields,
@@ -451,7 +450,8 @@ def loader_medians(df: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 def plot_loaders(df: pd.DataFrame, *, metric: str, question: str, takeaway: str = "",
                  scale: float = 1.0, unit: str = "",
-                 sizes: Mapping[str, float] | None = None) -> Figure:
+                 sizes: Mapping[str, float] | None = None,
+                 workloads: Mapping | None = None) -> Figure:
     """``metric`` per format, one panel per encoding: a mark per loader (colour) and cache
     (hatched bar or hollow dot: cold), medians with min-max bars. Bars from zero on a
     linear axis; dots on a log axis only in a panel whose values span over two decades.
@@ -495,8 +495,8 @@ def plot_loaders(df: pd.DataFrame, *, metric: str, question: str, takeaway: str 
         if sizes and finite(sizes.get(encoding, float("nan"))):
             ax.axhline(sizes[encoding] * scale, color="black", linestyle="--", linewidth=1,
                        label="the dataset's size on disk (median of the formats)")
-        ax.set_title(profile_caption(df[df["encoding"] == encoding], encoding),
-                     fontsize="small")
+        ax.set_title(study_caption(df[df["encoding"] == encoding], encoding, workloads,
+                                   width=40), fontsize="small")
     _loader_legend(fig, axes, series, dots=any(ax.get_yscale() == "log" for ax in axes))
     axes[0].set_ylabel(unit or metric_title(metric))
     titled(fig, question, takeaway)
@@ -543,24 +543,24 @@ def loader_ratio_takeaway(df: pd.DataFrame, metric: str, *, cache: str, verb: st
     return f"{cache}, preloaded {verb} lazy (median over formats): {', '.join(parts)}"
 
 
-def plot_throughput(df: pd.DataFrame) -> Figure:
+def plot_throughput(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     rows = block_shuffled(df)
-    return plot_loaders(rows, metric="samples_per_s",
+    return plot_loaders(rows, metric="samples_per_s", workloads=workloads,
                         question="Does preloading make a block-shuffled epoch faster? "
                                  f"(one thread{transform_note(rows)})",
                         takeaway=loader_ratio_takeaway(rows, "samples_per_s", cache="warm",
                                                        verb="over"))
 
 
-def plot_first_batch(df: pd.DataFrame) -> Figure:
+def plot_first_batch(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     rows = block_shuffled(df)
-    return plot_loaders(rows, metric="time_to_first_batch_s",
+    return plot_loaders(rows, metric="time_to_first_batch_s", workloads=workloads,
                         question="How long until the first batch? (a preload counts)",
                         takeaway=loader_ratio_takeaway(rows, "time_to_first_batch_s",
                                                        cache="cold", verb="over"))
 
 
-def plot_loader_memory(df: pd.DataFrame) -> Figure:
+def plot_loader_memory(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """Peak PSS of each loader, with each encoding's dataset size marked (the median of its
     default builds' apparent bytes); the takeaway: preloaded peaks over that size. Repeats
     timed too briefly to sample a peak are left out, as in every peak figure
@@ -585,12 +585,14 @@ def plot_loader_memory(df: pd.DataFrame) -> Figure:
                     f"({low['format']}-{low['encoding']}) to {sig(ratio.max(), 2)}{MULTIPLY} "
                     f"({high['format']}-{high['encoding']}) its dataset's size")
     return plot_loaders(rows, metric="peak_pss_bytes", scale=1e-6, sizes=sizes,
+                        workloads=workloads,
                         unit="peak PSS of the process tree (MB)", takeaway=takeaway,
                         question="How much memory does preloading cost, against the "
                                  "dataset's size?")
 
 
-def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy") -> Figure:
+def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy",
+                       workloads: Mapping | None = None) -> Figure:
     """One-thread epoch throughput of each raw-array dataset in each access order, read by
     ``loader``, cold and warm (one panel each); log axis."""
     rows = default_open(df[(df["encoding"] == "raw") & (df["loader"] == loader)
@@ -632,8 +634,8 @@ def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy") -> Figure:
         ax.set_title(f"{cache} page cache")
     legend_below(fig, axes)
     axes[0].set_ylabel(metric_title("samples_per_s"))
-    fig.suptitle(f"Access order, {loader} loader, one thread{transform_note(rows)} "
-                 f"({profile_caption(rows)})")
+    fig.suptitle(f"Access order, {loader} loader, one thread{transform_note(rows)}\n"
+                 f"{study_caption(rows, 'raw', workloads, width=100)}")
     return fig
 
 
@@ -695,7 +697,7 @@ def readahead_takeaway(fits: pd.DataFrame, larger: pd.DataFrame, k: int) -> str:
     return "The default setting: " + "; ".join(parts)
 
 
-def plot_readahead(df: pd.DataFrame) -> Figure:
+def plot_readahead(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """The memory-mapped formats' readahead knobs (open options) on and off: throughput of
     a cold, shuffled, lazy epoch where the set fits (this study), and, where the
     out_of_core study's rows are in ``df``, the same knobs with the set k times the memory
@@ -711,7 +713,8 @@ def plot_readahead(df: pd.DataFrame) -> Figure:
     rows = rows.assign(label=rows["format"] + ": " + rows["setting"])
     fits = summarise(rows, "samples_per_s", ["label", "format"])
     larger, k = out_of_core_readahead(df)
-    panels = [(fits, f"fits in RAM ({profile_caption(rows)}):\ncold, one thread",
+    panels = [(fits, f"fits in RAM ({study_caption(rows, 'raw', workloads, width=50)}):"
+                     "\ncold, one thread",
                "samples_per_s")]
     if not larger.empty:
         metric = str(larger["metric"].iloc[0])
@@ -749,17 +752,22 @@ def block_shuffled(df: pd.DataFrame) -> pd.DataFrame:
 
 FIGURES = (
     FigureSpec("lazy_vs_preloaded_throughput", "Lazy vs preloaded loading",
-               lambda r: plot_throughput(r.study("lazy_vs_preloaded"))),
+               lambda r: plot_throughput(r.study("lazy_vs_preloaded"),
+                                         workloads=r.workloads.get("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_first_batch", "Time to the first batch",
-               lambda r: plot_first_batch(r.study("lazy_vs_preloaded"))),
+               lambda r: plot_first_batch(r.study("lazy_vs_preloaded"),
+                                          workloads=r.workloads.get("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_peak_memory", "Peak memory, lazy vs preloaded",
                lambda r: plot_loader_memory(
-                   pd.concat([r.study("lazy_vs_preloaded"), r.study("formats")]))),
+                   pd.concat([r.study("lazy_vs_preloaded"), r.study("formats")]),
+                   workloads=r.workloads.get("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_access_orders", "Access orders",
-               lambda r: plot_access_orders(r.study("lazy_vs_preloaded"))),
+               lambda r: plot_access_orders(r.study("lazy_vs_preloaded"),
+                                            workloads=r.workloads.get("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_readahead", "Readahead knobs on and off",
                lambda r: plot_readahead(
-                   pd.concat([r.study("lazy_vs_preloaded"), r.study("out_of_core")]))),
+                   pd.concat([r.study("lazy_vs_preloaded"), r.study("out_of_core")]),
+                   workloads=r.workloads.get("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_resident_fraction", "Page-cache state before each repeat",
                lambda r: plot_resident_fraction(r.study("lazy_vs_preloaded"))),
 )
@@ -777,7 +785,7 @@ def guide(results: Results) -> list:
     for encoding in ordered(picked["encoding"], ENCODING_ORDER):
         name = ENCODING_NAMES.get(encoding, encoding)
         name = name[0].upper() + name[1:]
-        caption = profile_caption(picked, encoding)
+        caption = question_caption(results, "lazy_vs_preloaded", picked, encoding)
         part = picked[picked["encoding"] == encoding]
         pairs = list(dict.fromkeys(zip(part["format"], part["loader"])))
         pairs.sort(key=lambda p: (format_order().index(p[0])
@@ -790,7 +798,7 @@ def guide(results: Results) -> list:
         out.append(choose(
             "lazy_vs_preloaded",
             f"{name} that fit in RAM and are cached, one process, later epochs: which "
-            f"format, lazy or preloaded? ({caption})", "samples_per_s", candidates,
+            f"format, lazy or preloaded?{caption}", "samples_per_s", candidates,
             facets={"encoding": encoding, "epochs": "later"}))
         # A cold first epoch: a preload's own time counts, so compare seconds to the end
         # of the epoch (preload plus epoch), lower is better. A preload reads the whole set,
@@ -810,8 +818,8 @@ def guide(results: Results) -> list:
         out.append(choose(
             "lazy_vs_preloaded",
             f"{name}, the first epoch from a cold cache, one process: which format, lazy or "
-            f"preloaded? (time to the end of an epoch of the whole set, a preload included; "
-            f"{caption})",
+            f"preloaded? (time to the end of an epoch of the whole set, a preload "
+            f"included){caption}",
             "preload_plus_epoch_seconds", candidates, lower_is_better=True,
             facets={"encoding": encoding, "epochs": "first"}))
     return [row for row in out if row is not None]

@@ -10,6 +10,7 @@ the registry.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,14 +29,13 @@ from ...plots import (
     metric_title,
     path_colour,
     plot_peak_memory,
-    profile_caption,
     summarise,
     titled,
 )
 from ...results import Results, best_row, ordered, params_of, select, stat, summary_table
 from ...text import DASH, ENCODING_NAMES, finite, format_ratio, format_value, relative_text
 from ..base import FigureSpec, Study
-from ..formats.study import build_cost_table
+from ..formats.study import build_cost_table, question_caption, study_caption
 from ..grid import (
     DECODERS_FOR,
     batch_size_for,
@@ -421,13 +421,14 @@ def _with_native_tf_data(rows: pd.DataFrame) -> pd.DataFrame:
     if not native.any() or jpeg.empty:
         return rows
     moved = rows[native].assign(
-        label=[f"{label} (over {d}, TensorFlow decodes)"
-               for label, d in zip(rows.loc[native, "label"], rows.loc[native, "dataset"])],
+        label=[f"{label} (over {d}, TensorFlow decodes{' and crops' if crop else ''})"
+               for label, d, crop in zip(rows.loc[native, "label"], rows.loc[native, "dataset"],
+                                         rows.loc[native, "transform"])],
         dataset=jpeg["dataset"].iloc[0], decode="simplejpeg")
     return pd.concat([rows[~native], moved])
 
 
-def plot_prefetch_scaling(df: pd.DataFrame) -> Figure:
+def plot_prefetch_scaling(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """Throughput against worker count for our thread and process prefetchers (fork), one
     panel per dataset and decoder whose worker count was swept (two counts or more: one
     point is no sweep); one thread as a dashed line for reference."""
@@ -467,7 +468,8 @@ def plot_prefetch_scaling(df: pd.DataFrame) -> Figure:
         ax.set_xticks(sorted(part.loc[part["prefetcher"].isin(["thread", "process"]),
                                       "workers"].unique()))
         encoding = part["encoding"].iloc[0]
-        ax.set_title(f"{decoded_label(dataset, decode)}\n{profile_caption(part, encoding)}",
+        ax.set_title(f"{decoded_label(dataset, decode)}\n"
+                     f"{study_caption(part, encoding, workloads, width=45)}",
                      fontsize="small")
     legend_below(fig, axes, fontsize="x-small")
     axes[0].set_ylabel(metric_title("samples_per_s"))
@@ -475,7 +477,7 @@ def plot_prefetch_scaling(df: pd.DataFrame) -> Figure:
     return fig
 
 
-def plot_prefetch_paths(df: pd.DataFrame) -> Figure:
+def plot_prefetch_paths(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """Every loader path (ours, the frameworks', the naive baselines) side by side, one
     panel per dataset and decoder; log axis; colour by path from the registry."""
     rows = prefetch_rows(df)
@@ -506,7 +508,8 @@ def plot_prefetch_paths(df: pd.DataFrame) -> Figure:
         serial = summary.loc[summary["prefetcher"] == "none", "median"]
         gain = top["median"] / serial.iloc[0] if not serial.empty else np.nan
         encoding = part["encoding"].iloc[0]
-        ax.set_title(f"{decoded_label(dataset, decode)} ({profile_caption(part, encoding)})"
+        ax.set_title(f"{decoded_label(dataset, decode)}\n"
+                     f"{study_caption(part, encoding, workloads, width=90)}"
                      + (f"\nfastest: {top['label']}, {format_ratio(gain)} one thread"
                         if finite(gain) else ""), fontsize="medium")
         best.append((gain, top["label"], decoded_label(dataset, decode)))
@@ -522,7 +525,7 @@ def plot_prefetch_paths(df: pd.DataFrame) -> Figure:
     return fig
 
 
-def plot_decoders(df: pd.DataFrame) -> Figure:
+def plot_decoders(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """GIL-holding vs GIL-releasing decoding: one thread, 2 threads and 2 processes for
     each JPEG decoder, as speedup over one thread with the same decoder."""
     table = decoder_table(df)
@@ -558,8 +561,9 @@ def plot_decoders(df: pd.DataFrame) -> Figure:
     rows = prefetch_rows(df)
     jpeg = rows[rows["decode"].isin(decoders)]
     crop = ", each through the training crop" if transformed(jpeg) else ""
-    fig.suptitle(f"JPEG decoders under threads and processes{crop} "
-                 f"({profile_caption(jpeg)})", fontsize="medium")
+    encoding = str(jpeg["encoding"].iloc[0]) if not jpeg.empty else None
+    fig.suptitle(f"JPEG decoders under threads and processes{crop}\n"
+                 f"{study_caption(jpeg, encoding, workloads, width=100)}", fontsize="medium")
     return fig
 
 
@@ -577,11 +581,11 @@ def plot_prefetch_memory(df: pd.DataFrame) -> Figure:
 
 FIGURES = (
     FigureSpec("prefetch_paths", "Thread vs process vs framework loader paths",
-               lambda r: plot_prefetch_paths(r.df)),
+               lambda r: plot_prefetch_paths(r.df, workloads=r.workloads.get("prefetch"))),
     FigureSpec("prefetch_scaling", "Our prefetchers against worker count",
-               lambda r: plot_prefetch_scaling(r.df)),
+               lambda r: plot_prefetch_scaling(r.df, workloads=r.workloads.get("prefetch"))),
     FigureSpec("prefetch_decoders", "GIL-holding vs GIL-releasing JPEG decoders",
-               lambda r: plot_decoders(r.df)),
+               lambda r: plot_decoders(r.df, workloads=r.workloads.get("prefetch"))),
     FigureSpec("prefetch_peak_memory", "Peak memory of each loader path",
                lambda r: plot_prefetch_memory(r.df)),
 )
@@ -625,7 +629,8 @@ def guide(results: Results) -> list:
                                      stat(native, "samples_per_s", path=key))
                            for key, label, d in dict.fromkeys(
                                zip(native["path"], native["label"], native["dataset"]))]
-        out.append(choose("prefetch", f"{question} ({profile_caption(part, encoding)})",
+        out.append(choose("prefetch",
+                          f"{question}{question_caption(results, 'prefetch', part, encoding)}",
                           "samples_per_s", candidates,
                           facets={"encoding": encoding, "decode": decode, "dataset": dataset}))
     return [row for row in out if row is not None] + first_batch_guide(results, rows, cores)
@@ -656,8 +661,8 @@ def first_batch_guide(results: Results, rows: pd.DataFrame, cores) -> list:
                           both["path"], both["label"], both["start_method"], both["dataset"]))]
         out.append(choose(
             "prefetch", f"Fastest to first batch: {what} from a cached {dataset}, a fresh "
-            f"loader (workers started), {cores} cores: which loader path? "
-            f"({profile_caption(part, encoding)})", FIRST_BATCH, candidates,
+            f"loader (workers started), {cores} cores: which loader path?"
+            f"{question_caption(results, 'prefetch', part, encoding)}", FIRST_BATCH, candidates,
             lower_is_better=True, facets={"question": "first_batch", "encoding": encoding,
                                           "decode": decode, "dataset": dataset}))
     return [row for row in out if row is not None]
