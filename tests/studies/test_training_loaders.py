@@ -238,3 +238,27 @@ def test_prefetch_scaling_draws_only_panels_whose_workers_were_swept():
                   training_prefetch_case("thread", 2, 300.0, fmt="memmap", encoding="raw"))
     (ax,) = prefetch.plot_prefetch_scaling(swept).axes
     assert ax.get_title().startswith("lmdb-jpeg, simplejpeg decoder")
+
+
+def test_titles_and_questions_name_the_recorded_workload():
+    from storebench.results import Results
+
+    jpeg = ("64 ImageNet-like JPEGs of many sizes, 104 KB stored per sample or 64 "
+            "ImageNet-like JPEGs of many sizes, 106 KB stored per sample; read through the "
+            "training crop (random resized crop to 224, flip)")
+    assert formats.compact_workload(jpeg) == (
+        "64 ImageNet-like JPEGs of many sizes, 104\u2013106 KB stored per sample; read "
+        "through the training crop (random resized crop to 224, flip)")
+    assert formats.compact_workload("no sizes here") == "no sizes here"
+    df = training_prefetch_frame()
+    assert formats.study_caption(df, "jpeg", {"jpeg": jpeg}, width=1000) == (
+        formats.compact_workload(jpeg))
+    # Without a recorded workload: the profile's caption, as before.
+    assert formats.study_caption(df, "jpeg", None) == "256 samples, 64\u00d764\u00d73, jpeg"
+    recorded = Results(df, {"cpus_usable": 2}, workloads={"prefetch": {"jpeg": jpeg}})
+    assert formats.question_caption(recorded, "prefetch", df, "jpeg") == ""
+    assert formats.question_caption(Results(df, {}), "prefetch", df, "jpeg") == (
+        " (256 samples, 64\u00d764\u00d73, jpeg)")
+    rows = prefetch.guide(recorded)
+    assert all("64\u00d764" not in row.question for row in rows if
+               row.facets.get("encoding") == "jpeg")

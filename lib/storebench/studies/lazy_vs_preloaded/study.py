@@ -819,7 +819,7 @@ def guide(results: Results) -> list:
             "lazy_vs_preloaded",
             f"{name}, the first epoch from a cold cache, one process: which format, lazy or "
             f"preloaded? (time to the end of an epoch of the whole set, a preload "
-            f"included){caption}",
+            f"included{'; ' + caption[2:-1] if caption else ''})",
             "preload_plus_epoch_seconds", candidates, lower_is_better=True,
             facets={"encoding": encoding, "epochs": "first"}))
     return [row for row in out if row is not None]
