@@ -508,8 +508,8 @@ def plot_prefetch_paths(df: pd.DataFrame, *, workloads: Mapping | None = None) -
         serial = summary.loc[summary["prefetcher"] == "none", "median"]
         gain = top["median"] / serial.iloc[0] if not serial.empty else np.nan
         encoding = part["encoding"].iloc[0]
-        ax.set_title(f"{decoded_label(dataset, decode)}\n"
-                     f"{study_caption(part, encoding, workloads, width=90)}"
+        ax.set_title(f"{decoded_label(dataset, decode)} "
+                     f"({study_caption(part, encoding, workloads, width=90)})"
                      + (f"\nfastest: {top['label']}, {format_ratio(gain)} one thread"
                         if finite(gain) else ""), fontsize="medium")
         best.append((gain, top["label"], decoded_label(dataset, decode)))
