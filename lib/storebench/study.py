@@ -161,7 +161,8 @@ def build_profile(
             if spec.encoding not in modules[name].ENCODINGS:
                 say(f"skip   {name}-{spec.encoding}: {name} stores {modules[name].ENCODINGS} only")
         if knob_variants:
-            builds += [(v.format, dict(v.knobs), v.name) for v in variants_of(formats)
+            builds += [(v.format, dict(v.knobs), v.name)
+                       for v in variants_of(formats, family=family)
                        if v.encoding == spec.encoding]
         # One generation per spec, replayed for every format and knob variant.
         with SampleCache(spec, data_dir, workers=workers, progress=progress) as cache:

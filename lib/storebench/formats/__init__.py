@@ -98,11 +98,13 @@ def traits(name: str) -> FormatTraits:
     return get_format(name).TRAITS
 
 
-def knob_variants(formats: Iterable[str] | None = None) -> tuple[KnobVariant, ...]:
+def knob_variants(formats: Iterable[str] | None = None, *,
+                  family: str | None = None) -> tuple[KnobVariant, ...]:
     """The build variants the studies sweep, of ``formats`` (default: every format), in the
-    registry's order."""
+    registry's order; with ``family``, those built for that dataset family only."""
     return tuple(variant for name in (FORMATS if formats is None else formats)
-                 for variant in traits(name).knob_variants)
+                 for variant in traits(name).knob_variants
+                 if family is None or family in variant.families)
 
 
 def get_format(name: str) -> ModuleType:

@@ -21,11 +21,22 @@ KNOB_EFFECTS = {
 @dataclass(frozen=True)
 class KnobVariant:
     """A build of ``format`` x ``encoding`` with ``knobs`` other than the format's defaults,
-    stored beside the default build as ``<format>-<encoding>-<knob>=<value>``."""
+    stored beside the default build as ``<format>-<encoding>-<knob>=<value>``; built for the
+    dataset families in ``families`` (``data_gen.FAMILIES``) only: a variant that answers
+    nothing on a family's samples costs that family a whole copy of its set."""
 
     format: str
     encoding: str
     knobs: tuple[tuple[str, object], ...]
+    families: tuple[str, ...] = ("synthetic", "imagenet")
+
+    def __post_init__(self) -> None:
+        from data_gen import FAMILIES
+
+        unknown = set(self.families) - set(FAMILIES)
+        if unknown or not self.families:
+            raise ValueError(f"knob variant {self.name}: families must be among {FAMILIES}, "
+                             f"got {self.families}")
 
     @property
     def name(self) -> str:

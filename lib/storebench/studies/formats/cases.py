@@ -33,6 +33,8 @@ def build_cost_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         "raw_bytes": (raw, "bytes"),
         "size_ratio": (manifest["bytes_apparent"] / raw, "ratio"),
         "file_count": (manifest["file_count"], "count"),
+        # Per-sample figures divide by this: a set of many image sizes has no one shape.
+        "samples": (manifest["num_samples"], "count"),
     }
 
 

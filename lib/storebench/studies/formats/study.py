@@ -49,6 +49,7 @@ from ...results import (
     summary_table,
 )
 from ...text import (
+    DASH,
     ENCODING_NAMES,
     ENCODING_ORDER,
     MULTIPLY,
@@ -73,17 +74,65 @@ RANDOM_READ_SAMPLES = 1024
 # its whole group per random sample, the same in every batch. Cold reads are not cut: a
 # cold pass cut sooner is a colder one, and every format's must read the same samples.
 RANDOM_READ_SECONDS = 0.5
+# The ImageNet-like set's 150 KB raw samples: four batches of 64, since a random batch reads
+# about one chunk or row group per sample (9.6 MB at 64 samples each, 38 MB at 256).
+TRAINING_RANDOM_SAMPLES = 256
+RANDOM_BATCH = 64
+# The measures (``KNOB_EFFECTS`` columns) and the cases that take each.
+KNOB_CASES = {"size_ratio": (), "random_cold": (("shuffle", "cold"),),
+              "sequential_cold": (("sequential", "cold"),),
+              "sequential_warm": (("sequential", "warm"),)}
+
+
+def read_plan(path: Path, manifest: dict, *, compact: bool) -> tuple[tuple[str, str], ...]:
+    """The (access, cache) read cases of one build. A default build: a sequential read cold
+    and warm and, for raw arrays, random batches cold (and warm on full plans). A knob
+    variant of the synthetic sets likewise; one of an ImageNet-like set only the read its
+    knob is about (its format's ``knob_metrics``): each read of it is a 1.8 GB copy's.
+    Random batches of an ImageNet-like set are read cold only: its knobs' measure."""
+    from ...formats import get_format
+    from ..grid import is_training_set, is_variant
+
+    training = is_training_set(manifest)
+    if training and is_variant(path, manifest):
+        defaults = get_format(manifest["format"]).DEFAULT_KNOBS
+        knobs = [k for k, v in manifest["knobs"].items() if defaults.get(k) != v]
+        metrics = traits(manifest["format"]).knob_metrics
+        return tuple(dict.fromkeys(case for knob in knobs
+                                   for case in KNOB_CASES[metrics.get(knob, "sequential_warm")]))
+    cases = [("sequential", cache.value) for cache in CacheState]
+    if manifest["encoding"] == "raw":
+        randoms = (CacheState.COLD,) if compact or training else tuple(CacheState)
+        cases += [("shuffle", cache.value) for cache in randoms]
+    return tuple(cases)
+
+
+def built_for_family(path: Path, manifest: dict) -> bool:
+    """Whether a build is one its family's grid reads: a default build, or a knob variant
+    its format declares for that family (``KnobVariant.families``); an older build of a
+    variant since dropped for the family is left out."""
+    from ...formats import knob_variants
+    from ..grid import is_training_set, is_variant
+
+    if not is_variant(path, manifest):
+        return True
+    family = "imagenet" if is_training_set(manifest) else "synthetic"
+    return Path(path).name in {v.name for v in knob_variants((manifest["format"],),
+                                                             family=family)}
 
 
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
-    """Per built dataset (knob variants included): build cost, a sequential read cold and
-    warm, and for raw datasets shuffled batches, cold (and warm on full plans)."""
-    from ..grid import batch_size_for
+    """Per built dataset (knob variants included): build cost, then its reads
+    (``read_plan``): a sequential read cold and warm, and for raw datasets shuffled
+    batches, cold (and warm on full plans)."""
+    from ..grid import batch_size_for, is_training_set
 
     plan = plan_for(profile)
     repeats = repeat_fields(profile, repeats)
     cases = []
     for path, manifest in profile_datasets(profile, data_dir, variants=True):
+        if not built_for_family(path, manifest):
+            continue
         common = {
             "study": "formats",
             "format": manifest["format"],
@@ -94,25 +143,23 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
         cases.append(Case(function=f"{CASES}:build_cost_case", repeats=1, warmup=False,
                           **common))
         files = dataset_files(path)
-        for cache in CacheState:
-            cases.append(Case(
-                function=f"{CASES}:sequential_read_case", loader="reader",
-                access="sequential", batch_size=256, cache=cache.value, cache_files=files,
-                **repeats, **common,
-            ))
-        if manifest["encoding"] != "raw":
-            continue
         count = manifest["num_samples"]
-        random_caches = (CacheState.COLD,) if plan.compact else tuple(CacheState)
-        for cache in random_caches:
+        wanted = TRAINING_RANDOM_SAMPLES if is_training_set(manifest) else RANDOM_READ_SAMPLES
+        for access, cache in read_plan(path, manifest, compact=plan.compact):
+            if access == "sequential":
+                cases.append(Case(
+                    function=f"{CASES}:sequential_read_case", loader="reader",
+                    access="sequential", batch_size=256, cache=cache, cache_files=files,
+                    **repeats, **common,
+                ))
+                continue
             cases.append(Case(
                 function=f"{CASES}:random_read_case", loader="reader", access="shuffle",
-                batch_size=batch_size_for(count, 64), cache=cache.value, cache_files=files,
-                **repeats,
+                batch_size=batch_size_for(count, RANDOM_BATCH), cache=cache,
+                cache_files=files, **repeats,
                 **{**common, "params": {
-                    **common["params"], "random_samples": min(count, RANDOM_READ_SAMPLES),
-                    **({"random_seconds": RANDOM_READ_SECONDS}
-                       if cache == CacheState.WARM else {})}},
+                    **common["params"], "random_samples": min(count, wanted),
+                    **({"random_seconds": RANDOM_READ_SECONDS} if cache == "warm" else {})}},
             ))
     return cases
 
@@ -361,6 +408,50 @@ def knob_findings(df: pd.DataFrame) -> list[str]:
 
 
 # -- figures ------------------------------------------------------------------------
+def study_caption(df: pd.DataFrame, encoding: str | None = None,
+                  workloads: Mapping | None = None, *, width: int = 60) -> str:
+    """What the rows read, for a title: the study's recorded workload of ``encoding`` (its
+    entry of ``Results.workloads``: the set, its samples' stored size, the transform; all
+    its encodings' without one), wrapped at ``width``; for results that record none, the
+    profile's caption (``plots.profile_caption``), which knows the synthetic sets only."""
+    import textwrap
+
+    texts = []
+    if workloads:
+        texts = ([workloads[encoding]] if encoding in workloads
+                 else [] if encoding else list(workloads.values()))
+    if not texts:
+        return profile_caption(df, encoding)
+    return "\n".join(textwrap.fill(compact_workload(str(text)), width) for text in texts)
+
+
+def compact_workload(text: str) -> str:
+    """A workload's builds of one set, which differ by their stored size only, said once
+    with the range of sizes: "64 ImageNet-like JPEGs of many sizes, 104-106 KB stored per
+    sample; read through ..." (``grid.cases_workloads`` joins them with " or ")."""
+    import re
+
+    head, sep, how = text.partition("; ")
+    sets: dict[str, list[float]] = {}
+    for part in head.split(" or "):
+        found = re.fullmatch(r"(.*), ([\d,.]+) KB stored per sample", part)
+        if found is None:
+            return text
+        sets.setdefault(found[1], []).append(float(found[2].replace(",", "")))
+    said = [f"{name}, {min(kb):,.0f}{'' if min(kb) == max(kb) else DASH + f'{max(kb):,.0f}'}"
+            " KB stored per sample" for name, kb in sets.items()]
+    return " or ".join(said) + sep + how
+
+
+def question_caption(results: Results, study: str, df: pd.DataFrame, encoding: str) -> str:
+    """A guide question's parenthesis on its data, " (...)": the profile's caption where
+    the results record no workload; nothing where they do, since the guide row names its
+    workload then (``GuideRow.workload``)."""
+    if results.workload(study, encoding):
+        return ""
+    return f" ({profile_caption(df, encoding)})"
+
+
 def build_cost_takeaway(table: pd.DataFrame) -> str:
     """The build-cost figure's answer: the encoding whose largest layout allocates the most
     disk per sample over its smallest, and by how much."""
@@ -377,10 +468,13 @@ def build_cost_takeaway(table: pd.DataFrame) -> str:
 
 
 def _per_sample(df: pd.DataFrame, row: pd.Series) -> float:
-    """A build-cost row's allocated bytes per sample: over the profile's pixel bytes per
-    sample where the profile is known, else as ``allocated_per_sample`` counts samples."""
+    """A build-cost row's allocated bytes per sample: over the build's sample count where
+    its row has one (``samples``), else over the profile's pixel bytes per sample where the
+    profile is known, else as ``allocated_per_sample`` counts samples."""
     import data_gen
 
+    if select(df, "samples")["case_id"].isin(set(select(df, "raw_bytes")["case_id"])).any():
+        return allocated_per_sample(df, str(row["dataset"])).median
     try:
         spec = data_gen.get_profile(_profile_of(df)).spec_for(str(row["encoding"]))
     except KeyError:
@@ -394,7 +488,7 @@ def _profile_of(df: pd.DataFrame) -> str:
     return str(profiles[0]) if profiles else ""
 
 
-def plot_build_cost(df: pd.DataFrame) -> Figure:
+def plot_build_cost(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """Build cost per built dataset, knob variants included: disk allocated per sample (kB,
     with the whole set's MB written on each bar) and write time, one row of panels per
     encoding; a dotted line marks one sample's raw pixel bytes where it fits the axis."""
@@ -429,8 +523,9 @@ def plot_build_cost(df: pd.DataFrame) -> Figure:
                          label="one sample's raw pixel bytes")
         size.set_yticks(y, part["dataset"])
         size.invert_yaxis()
-        size.set_title(f"{profile_caption(df[df['encoding'] == encoding], encoding)}; "
-                       f"pixels {pixels:.1f} kB per sample", fontsize="small", loc="left")
+        caption = study_caption(df[df["encoding"] == encoding], encoding, workloads, width=90)
+        size.set_title(f"{caption}; pixels {pixels:.1f} kB per sample", fontsize="small",
+                       loc="left")
         write.barh(y, part["write_seconds"], color=colour, edgecolor="black", linewidth=0.5)
         write.set_yticks(y, [])
         write.invert_yaxis()
@@ -444,7 +539,8 @@ def plot_build_cost(df: pd.DataFrame) -> Figure:
 
 
 def plot_sequential_read(df: pd.DataFrame, *, metric: str = "file_MBps",
-                         limits: Mapping | None = None) -> Figure:
+                         limits: Mapping | None = None,
+                         workloads: Mapping | None = None) -> Figure:
     """Full sequential read through the Reader, cold and warm, per format and encoding.
     With ``limits`` (env.json's), the same run's cold sequential and page-cache read limits
     are drawn as lines when the metric is in MB/s."""
@@ -468,7 +564,7 @@ def plot_sequential_read(df: pd.DataFrame, *, metric: str = "file_MBps",
                 if isinstance(limits.get(key), int | float):
                     ax.axhline(limits[key] * 1000.0, color="black", linestyle=style,
                                linewidth=0.9, label=label)
-        ax.set_title(profile_caption(part, encoding), fontsize="medium")
+        ax.set_title(study_caption(part, encoding, workloads, width=45), fontsize="medium")
         ax.set_ylabel(metric_title(metric) if ax is axes[0] else "")
     # One legend for every panel, below them, where it covers no point.
     handles, labels = axes[0].get_legend_handles_labels()
@@ -532,7 +628,7 @@ def knob_takeaway(table: pd.DataFrame) -> str:
     return f"Biggest effect: {what}, {good} against {bad}: {format_ratio(ratio)} on {effect}"
 
 
-def plot_knobs(df: pd.DataFrame) -> Figure:
+def plot_knobs(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """What each varied build knob changes, one panel per (format, encoding, knob): bars per
     setting (the default build included) on the measure that knob is about (the format's
     ``TRAITS.knob_metrics``, as in ``knob_findings``)."""
@@ -565,7 +661,8 @@ def plot_knobs(df: pd.DataFrame) -> Figure:
              summary, colours=[format_colours([fmt])[fmt]] * len(summary))
         ax.set_xticklabels(ax.get_xticklabels(), rotation=0, ha="center")
         linear_axis(ax)
-        ax.set_title(f"{fmt}, {knob}\n{profile_caption(part, encoding)}", fontsize="small")
+        ax.set_title(f"{fmt}, {knob}\n{study_caption(part, encoding, workloads, width=40)}",
+                     fontsize="small")
         ax.set_ylabel(KNOB_AXIS_TITLES[column], fontsize="small")
     titled(fig, "Which build knob changes what it is meant to? (median, min-max)",
            knob_takeaway(table))
@@ -590,14 +687,18 @@ def plot_formats_memory(df: pd.DataFrame) -> Figure:
 
 FIGURES = (
     FigureSpec("formats_build_cost", "Build cost and bytes on disk per format",
-               lambda r: plot_build_cost(r.study("formats"))),
+               lambda r: plot_build_cost(r.study("formats"),
+                                         workloads=r.workloads.get("formats"))),
     FigureSpec("formats_sequential_read",
                "Sequential read, cold vs warm, against the machine's limits",
-               lambda r: plot_sequential_read(r.study("formats"), limits=r.limits)),
+               lambda r: plot_sequential_read(r.study("formats"), limits=r.limits,
+                                              workloads=r.workloads.get("formats"))),
     FigureSpec("formats_sequential_read_samples", "Sequential read in samples per second",
-               lambda r: plot_sequential_read(r.study("formats"), metric="samples_per_s")),
+               lambda r: plot_sequential_read(r.study("formats"), metric="samples_per_s",
+                                              workloads=r.workloads.get("formats"))),
     FigureSpec("formats_knobs", "What each build knob changes",
-               lambda r: plot_knobs(r.study("formats"))),
+               lambda r: plot_knobs(r.study("formats"),
+                                    workloads=r.workloads.get("formats"))),
     FigureSpec("formats_resident_fraction", "Page-cache state before each repeat",
                lambda r: plot_resident_fraction(r.study("formats"))),
     FigureSpec("formats_peak_memory", "Peak memory per read case",
@@ -642,8 +743,9 @@ def guide(results: Results) -> list:
                       for fmt in ordered(part["format"], format_order())]
         rows.append(choose(
             "formats", f"Reading every sample once from a cold cache, undecoded, "
-            f"{ENCODING_NAMES.get(encoding, encoding)} ({profile_caption(part, encoding)})",
-            "samples_per_s", candidates))
+            f"{ENCODING_NAMES.get(encoding, encoding)}"
+            f"{question_caption(results, 'formats', part, encoding)}",
+            "samples_per_s", candidates, facets={"encoding": encoding}))
     return [row for row in rows if row is not None]
 
 
@@ -654,13 +756,21 @@ def _dataset_stat(df: pd.DataFrame, dataset: str, metric: str) -> Stat:
 
 def allocated_per_sample(df: pd.DataFrame, dataset: str) -> Stat:
     """The bytes a build allocates on disk per sample: allocated bytes over its samples
-    (its raw pixel bytes over one sample's, from the profile's image shape)."""
+    (its build row's ``samples``; for results without it, its raw pixel bytes over one
+    sample's, from the profile's synthetic image shape)."""
     import data_gen
 
     allocated = _dataset_stat(df, dataset, "bytes_allocated")
     rows = select(df, "raw_bytes")
     rows = rows[dataset_names(rows) == dataset]
     raw = float(rows["value"].median())
+    counted = select(df, "samples")  # the build case's own count, not a read's
+    counted = counted[counted["case_id"].isin(set(rows["case_id"]))]
+    if not counted.empty:
+        samples = float(counted["value"].median())
+        return Stat(allocated.median / samples, allocated.low / samples,
+                    allocated.high / samples, allocated.count, "bytes",
+                    tuple(v / samples for v in allocated.values))
     try:
         spec = data_gen.get_profile(str(rows["profile"].iloc[0])).spec_for(
             str(rows["encoding"].iloc[0]))

@@ -34,7 +34,6 @@ from ...plots import (
     log_axis,
     metric_title,
     plot_resident_fraction,
-    profile_caption,
     rates_need_log,
     summarise,
     titled,
@@ -49,6 +48,7 @@ from ...results import (
     ordered,
     params_of,
     ratio_interval,
+    reliable_peaks,
     select,
     sort_rows,
     stat,
@@ -68,11 +68,12 @@ from ...text import (
     signed_bytes,
 )
 from ..base import FigureSpec, Study
-from ..formats.study import build_cost_table
+from ..formats.study import build_cost_table, question_caption, study_caption
 from ..grid import (
     batch_size_for,
     dataset_fields,
     decode_params,
+    is_training_set,
     profile_datasets,
     repeat_fields,
     steady_fields,
@@ -88,40 +89,77 @@ COMPACT_ENCODED_FORMATS = ("rawfiles", "lmdb")
 RAM_ORDERS = ("sequential", "shuffle")
 
 
+# The ImageNet-like set (``grid.is_training_set``), where every sample is decoded and
+# cropped (about 2 ms a JPEG on one core), so a repeat's steady window of 20 batches costs
+# 20 x batch / rate seconds: a per-GPU batch of 32 (ResNet-50's 256 over eight GPUs).
+TRAINING_BATCH_SIZE = 32
+# ... its raw copy's formats: an array file and a single-file store (lmdb, as on the JPEG
+# set, so "store decoded or encoded?" compares one format); the access orders on the first
+# only. The JPEG set's: ``COMPACT_ENCODED_FORMATS``. The read-ahead knobs are left to the
+# out_of_core study: on a set that fits in RAM, read through the crop, they decide nothing
+# that study does not measure where they matter.
+TRAINING_RAW_FORMATS = ("memmap", "lmdb")
+
+
+def training_cases(path: Path, manifest: dict) -> list[tuple[str, str, str, dict]]:
+    """(loader, access, cache, params) of one ImageNet-like build, or none where its format
+    is not among the few that stand for the rest. Each dataset's lazy and preloaded
+    block-shuffled epochs cold and warm; the raw copy's first format also lazy sequential
+    and shuffled, cold (the access-order question, where I/O can still show). A preload
+    serves every order alike, and the transform, not the gather, decides a preloaded
+    epoch: no ``ram_orders``."""
+    raw = manifest["encoding"] == "raw"
+    fmt = manifest["format"]
+    if fmt not in (TRAINING_RAW_FORMATS if raw else COMPACT_ENCODED_FORMATS):
+        return []
+    decoding = {k: v for k, v in decode_params(manifest).items() if v}
+    cases = [(loader, "block_shuffle", cache.value, decoding)
+             for loader in ("lazy", "preloaded") for cache in CacheState]
+    if raw and fmt == TRAINING_RAW_FORMATS[0]:
+        cases += [("lazy", access, "cold", decoding) for access in ("sequential", "shuffle")]
+    return cases
+
+
+def synthetic_cases(path: Path, manifest: dict, *,
+                    compact: bool) -> list[tuple[str, str, str, dict]]:
+    """(loader, access, cache, params) of one synthetic (or imported) build: see the
+    module docstring."""
+    raw = manifest["encoding"] == "raw"
+    if not raw and compact and manifest["format"] not in COMPACT_ENCODED_FORMATS:
+        return []
+    decoding = {k: v for k, v in decode_params(manifest).items() if v}
+    cases = []
+    for loader in ("lazy", "preloaded"):
+        orders = ACCESS_ORDERS if raw and loader == "lazy" else ("block_shuffle",)
+        # A preload reads the set in one order whatever the epoch's: one preloaded case
+        # per cache state reads its raw arrays in every order from the same preload.
+        more = ({"ram_orders": ",".join(RAM_ORDERS)}
+                if raw and loader == "preloaded" else {})
+        cases += [(loader, access, cache.value, {**decoding, **more})
+                  for access in orders for cache in CacheState]
+    option = traits(manifest["format"]).readahead_option
+    if option and raw:
+        cases += [("lazy", "shuffle", "cold", {f"open_{option}": on}) for on in (True, False)]
+    return cases
+
+
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
-    """See the module docstring."""
+    """See the module docstring; an ImageNet-like set's cases: ``training_cases``."""
     plan = plan_for(profile)
     repeats = {**repeat_fields(profile, repeats), **steady_fields(profile)}
     cases = []
     for path, manifest in profile_datasets(profile, data_dir):
-        raw = manifest["encoding"] == "raw"
-        if not raw and plan.compact and manifest["format"] not in COMPACT_ENCODED_FORMATS:
-            continue
         fields = dataset_fields("lazy_vs_preloaded", path, manifest)
-        decoding = {k: v for k, v in decode_params(manifest).items() if v}
-        batch_size = batch_size_for(manifest["num_samples"])
-        for loader in ("lazy", "preloaded"):
-            orders = ACCESS_ORDERS if raw and loader == "lazy" else ("block_shuffle",)
-            # A preload reads the set in one order whatever the epoch's: one preloaded case
-            # per cache state reads its raw arrays in every order from the same preload.
-            more = ({"ram_orders": ",".join(RAM_ORDERS)}
-                    if raw and loader == "preloaded" else {})
-            for access in orders:
-                for cache in CacheState:
-                    cases.append(Case(
-                        function=f"{CASES}:loader_epoch_case", loader=loader,
-                        prefetcher="none", workers=0, batch_size=batch_size, access=access,
-                        cache=cache.value, **repeats,
-                        params={**decoding, **more}, **fields,
-                    ))
-        option = traits(manifest["format"]).readahead_option
-        if option and raw:
-            for on in (True, False):
-                cases.append(Case(
-                    function=f"{CASES}:loader_epoch_case", loader="lazy", prefetcher="none",
-                    workers=0, batch_size=batch_size, access="shuffle", cache="cold",
-                    **repeats, params={f"open_{option}": on}, **fields,
-                ))
+        if is_training_set(manifest):
+            layout = training_cases(path, manifest)
+            batch_size = batch_size_for(manifest["num_samples"], TRAINING_BATCH_SIZE)
+        else:
+            layout = synthetic_cases(path, manifest, compact=plan.compact)
+            batch_size = batch_size_for(manifest["num_samples"])
+        cases += [Case(function=f"{CASES}:loader_epoch_case", loader=loader,
+                       prefetcher="none", workers=0, batch_size=batch_size, access=access,
+                       cache=cache, **repeats, params=params, **fields)
+                  for loader, access, cache, params in layout]
     return cases
 
 
@@ -146,8 +184,10 @@ def with_ram_order_rows(rows: pd.DataFrame) -> pd.DataFrame:
 
 def loader_table(df: pd.DataFrame, *, study: str = "lazy_vs_preloaded") -> pd.DataFrame:
     """Per dataset, loader, access order and cache state: medians of throughput, time to
-    first batch, preload time, peak PSS and USS; the resident fraction at start; repeats."""
-    rows = with_ram_order_rows(default_open(df[df["study"] == study]))
+    first batch, preload time, peak PSS and USS (of repeats long enough to sample a peak,
+    ``results.reliable_peaks``); the resident fraction at start; repeats."""
+    # Peaks of repeats too short to sample are no peaks (as every peak figure's).
+    rows = with_ram_order_rows(reliable_peaks(default_open(df[df["study"] == study])))
     keys = ["encoding", "format", "loader", "access", "cache"]
     tables = []
     for metric in LOADER_METRICS:
@@ -410,7 +450,8 @@ def loader_medians(df: pd.DataFrame, metric: str) -> pd.DataFrame:
 
 def plot_loaders(df: pd.DataFrame, *, metric: str, question: str, takeaway: str = "",
                  scale: float = 1.0, unit: str = "",
-                 sizes: Mapping[str, float] | None = None) -> Figure:
+                 sizes: Mapping[str, float] | None = None,
+                 workloads: Mapping | None = None) -> Figure:
     """``metric`` per format, one panel per encoding: a mark per loader (colour) and cache
     (hatched bar or hollow dot: cold), medians with min-max bars. Bars from zero on a
     linear axis; dots on a log axis only in a panel whose values span over two decades.
@@ -454,8 +495,8 @@ def plot_loaders(df: pd.DataFrame, *, metric: str, question: str, takeaway: str 
         if sizes and finite(sizes.get(encoding, float("nan"))):
             ax.axhline(sizes[encoding] * scale, color="black", linestyle="--", linewidth=1,
                        label="the dataset's size on disk (median of the formats)")
-        ax.set_title(profile_caption(df[df["encoding"] == encoding], encoding),
-                     fontsize="small")
+        ax.set_title(study_caption(df[df["encoding"] == encoding], encoding, workloads,
+                                   width=40), fontsize="small")
     _loader_legend(fig, axes, series, dots=any(ax.get_yscale() == "log" for ax in axes))
     axes[0].set_ylabel(unit or metric_title(metric))
     titled(fig, question, takeaway)
@@ -502,27 +543,34 @@ def loader_ratio_takeaway(df: pd.DataFrame, metric: str, *, cache: str, verb: st
     return f"{cache}, preloaded {verb} lazy (median over formats): {', '.join(parts)}"
 
 
-def plot_throughput(df: pd.DataFrame) -> Figure:
+def plot_throughput(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     rows = block_shuffled(df)
-    return plot_loaders(rows, metric="samples_per_s",
+    return plot_loaders(rows, metric="samples_per_s", workloads=workloads,
                         question="Does preloading make a block-shuffled epoch faster? "
-                                 "(one thread)",
+                                 f"(one thread{transform_note(rows)})",
                         takeaway=loader_ratio_takeaway(rows, "samples_per_s", cache="warm",
                                                        verb="over"))
 
 
-def plot_first_batch(df: pd.DataFrame) -> Figure:
+def plot_first_batch(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     rows = block_shuffled(df)
-    return plot_loaders(rows, metric="time_to_first_batch_s",
+    return plot_loaders(rows, metric="time_to_first_batch_s", workloads=workloads,
                         question="How long until the first batch? (a preload counts)",
                         takeaway=loader_ratio_takeaway(rows, "time_to_first_batch_s",
                                                        cache="cold", verb="over"))
 
 
-def plot_loader_memory(df: pd.DataFrame) -> Figure:
+def plot_loader_memory(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """Peak PSS of each loader, with each encoding's dataset size marked (the median of its
-    default builds' apparent bytes); the takeaway: preloaded peaks over that size."""
-    rows = block_shuffled(df)
+    default builds' apparent bytes); the takeaway: preloaded peaks over that size. Repeats
+    timed too briefly to sample a peak are left out, as in every peak figure
+    (``results.reliable_peaks``); where that leaves none, the figure says so."""
+    sampled = block_shuffled(df)
+    rows = reliable_peaks(sampled)
+    if (rows["metric"] == "peak_pss_bytes").sum() == 0 and (
+            sampled["metric"] == "peak_pss_bytes").any():
+        return empty_figure("every repeat was timed for under five sampling periods: too "
+                            "briefly to sample a peak (see kernel_peak_bytes)")
     build = build_cost_table(df)
     build = build[build["dataset"] == build["format"] + "-" + build["encoding"]]
     sizes = build.groupby("encoding")["bytes_apparent"].median().to_dict()
@@ -537,12 +585,14 @@ def plot_loader_memory(df: pd.DataFrame) -> Figure:
                     f"({low['format']}-{low['encoding']}) to {sig(ratio.max(), 2)}{MULTIPLY} "
                     f"({high['format']}-{high['encoding']}) its dataset's size")
     return plot_loaders(rows, metric="peak_pss_bytes", scale=1e-6, sizes=sizes,
+                        workloads=workloads,
                         unit="peak PSS of the process tree (MB)", takeaway=takeaway,
                         question="How much memory does preloading cost, against the "
                                  "dataset's size?")
 
 
-def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy") -> Figure:
+def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy",
+                       workloads: Mapping | None = None) -> Figure:
     """One-thread epoch throughput of each raw-array dataset in each access order, read by
     ``loader``, cold and warm (one panel each); log axis."""
     rows = default_open(df[(df["encoding"] == "raw") & (df["loader"] == loader)
@@ -555,6 +605,10 @@ def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy") -> Figure:
     fig = Figure(figsize=(5 * len(caches), 4), layout="constrained")
     axes = fig.subplots(1, len(caches), squeeze=False, sharey=True)[0]
     width = 0.8 / len(orders)
+    # Bars from zero on a linear axis, a log axis only where rates span two decades.
+    log = rates_need_log(summarise(rows, "samples_per_s", ["format", "access", "cache"])
+                         ["median"])
+    labelled = set()
     for ax, cache in zip(axes, caches, strict=True):
         summary = summarise(rows[rows["cache"] == cache], "samples_per_s", ["format", "access"])
         for o, order in enumerate(orders):
@@ -564,17 +618,33 @@ def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy") -> Figure:
                     continue
                 median, low, high = (float(row[c].iloc[0]) for c in ("median", "low", "high"))
                 x = f + (o - (len(orders) - 1) / 2) * width
+                # Each order's first bar drawn names it: a format may lack some orders.
                 ax.bar(x, median, width * 0.95, color=PALETTE[o], edgecolor="black",
-                       linewidth=0.5, label=order.replace("_", " ") if f == 0 else None)
+                       linewidth=0.5,
+                       label=None if order in labelled else order.replace("_", " "))
+                labelled.add(order)
                 ax.errorbar(x, median, yerr=[[median - low], [high - median]], fmt="none",
                             ecolor="black", capsize=2, linewidth=0.8)
         ax.set_xticks(range(len(formats)), formats, rotation=30, ha="right")
-        log_axis(ax)
+        if log:
+            log_axis(ax)
+        else:
+            ax.set_ylim(bottom=0)
+            linear_axis(ax)
         ax.set_title(f"{cache} page cache")
     legend_below(fig, axes)
     axes[0].set_ylabel(metric_title("samples_per_s"))
-    fig.suptitle(f"Access order, {loader} loader, one thread ({profile_caption(rows)})")
+    fig.suptitle(f"Access order, {loader} loader, one thread{transform_note(rows)}\n"
+                 f"{study_caption(rows, 'raw', workloads, width=100)}")
     return fig
+
+
+def transform_note(rows: pd.DataFrame) -> str:
+    """``", through the training crop"`` where the rows read their samples through the
+    standard training transform (an ImageNet-like set's), else nothing."""
+    if rows.empty or not params_of(rows).map(lambda p: p.get("transform") == "train").any():
+        return ""
+    return ", through the training crop"
 
 
 def out_of_core_readahead(df: pd.DataFrame) -> tuple[pd.DataFrame, int]:
@@ -627,7 +697,7 @@ def readahead_takeaway(fits: pd.DataFrame, larger: pd.DataFrame, k: int) -> str:
     return "The default setting: " + "; ".join(parts)
 
 
-def plot_readahead(df: pd.DataFrame) -> Figure:
+def plot_readahead(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """The memory-mapped formats' readahead knobs (open options) on and off: throughput of
     a cold, shuffled, lazy epoch where the set fits (this study), and, where the
     out_of_core study's rows are in ``df``, the same knobs with the set k times the memory
@@ -643,7 +713,8 @@ def plot_readahead(df: pd.DataFrame) -> Figure:
     rows = rows.assign(label=rows["format"] + ": " + rows["setting"])
     fits = summarise(rows, "samples_per_s", ["label", "format"])
     larger, k = out_of_core_readahead(df)
-    panels = [(fits, f"fits in RAM ({profile_caption(rows)}):\ncold, one thread",
+    panels = [(fits, f"fits in RAM ({study_caption(rows, 'raw', workloads, width=50)}):"
+                     "\ncold, one thread",
                "samples_per_s")]
     if not larger.empty:
         metric = str(larger["metric"].iloc[0])
@@ -681,17 +752,22 @@ def block_shuffled(df: pd.DataFrame) -> pd.DataFrame:
 
 FIGURES = (
     FigureSpec("lazy_vs_preloaded_throughput", "Lazy vs preloaded loading",
-               lambda r: plot_throughput(r.study("lazy_vs_preloaded"))),
+               lambda r: plot_throughput(r.study("lazy_vs_preloaded"),
+                                         workloads=r.workloads.get("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_first_batch", "Time to the first batch",
-               lambda r: plot_first_batch(r.study("lazy_vs_preloaded"))),
+               lambda r: plot_first_batch(r.study("lazy_vs_preloaded"),
+                                          workloads=r.workloads.get("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_peak_memory", "Peak memory, lazy vs preloaded",
                lambda r: plot_loader_memory(
-                   pd.concat([r.study("lazy_vs_preloaded"), r.study("formats")]))),
+                   pd.concat([r.study("lazy_vs_preloaded"), r.study("formats")]),
+                   workloads=r.workloads.get("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_access_orders", "Access orders",
-               lambda r: plot_access_orders(r.study("lazy_vs_preloaded"))),
+               lambda r: plot_access_orders(r.study("lazy_vs_preloaded"),
+                                            workloads=r.workloads.get("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_readahead", "Readahead knobs on and off",
                lambda r: plot_readahead(
-                   pd.concat([r.study("lazy_vs_preloaded"), r.study("out_of_core")]))),
+                   pd.concat([r.study("lazy_vs_preloaded"), r.study("out_of_core")]),
+                   workloads=r.workloads.get("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_resident_fraction", "Page-cache state before each repeat",
                lambda r: plot_resident_fraction(r.study("lazy_vs_preloaded"))),
 )
@@ -709,7 +785,7 @@ def guide(results: Results) -> list:
     for encoding in ordered(picked["encoding"], ENCODING_ORDER):
         name = ENCODING_NAMES.get(encoding, encoding)
         name = name[0].upper() + name[1:]
-        caption = profile_caption(picked, encoding)
+        caption = question_caption(results, "lazy_vs_preloaded", picked, encoding)
         part = picked[picked["encoding"] == encoding]
         pairs = list(dict.fromkeys(zip(part["format"], part["loader"])))
         pairs.sort(key=lambda p: (format_order().index(p[0])
@@ -722,7 +798,7 @@ def guide(results: Results) -> list:
         out.append(choose(
             "lazy_vs_preloaded",
             f"{name} that fit in RAM and are cached, one process, later epochs: which "
-            f"format, lazy or preloaded? ({caption})", "samples_per_s", candidates,
+            f"format, lazy or preloaded?{caption}", "samples_per_s", candidates,
             facets={"encoding": encoding, "epochs": "later"}))
         # A cold first epoch: a preload's own time counts, so compare seconds to the end
         # of the epoch (preload plus epoch), lower is better. A preload reads the whole set,
@@ -742,8 +818,8 @@ def guide(results: Results) -> list:
         out.append(choose(
             "lazy_vs_preloaded",
             f"{name}, the first epoch from a cold cache, one process: which format, lazy or "
-            f"preloaded? (time to the end of an epoch of the whole set, a preload included; "
-            f"{caption})",
+            f"preloaded? (time to the end of an epoch of the whole set, a preload "
+            f"included{'; ' + caption[2:-1] if caption else ''})",
             "preload_plus_epoch_seconds", candidates, lower_is_better=True,
             facets={"encoding": encoding, "epochs": "first"}))
     return [row for row in out if row is not None]

@@ -10,6 +10,7 @@ the registry.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,14 +29,13 @@ from ...plots import (
     metric_title,
     path_colour,
     plot_peak_memory,
-    profile_caption,
     summarise,
     titled,
 )
 from ...results import Results, best_row, ordered, params_of, select, stat, summary_table
 from ...text import DASH, ENCODING_NAMES, finite, format_ratio, format_value, relative_text
 from ..base import FigureSpec, Study
-from ..formats.study import build_cost_table
+from ..formats.study import build_cost_table, question_caption, study_caption
 from ..grid import (
     DECODERS_FOR,
     batch_size_for,
@@ -99,32 +99,86 @@ COMPACT_RAW = (*COMPACT_CORE, PrefetchVariant("pickled_baseline", 2, "fork"),
                PrefetchVariant("torch", 2, "fork"))
 
 
+# The ImageNet-like set (``grid.is_training_set``), decode-bound at about 2 ms a sample: the
+# worker sweep and the process start methods on the GIL-releasing decoder, the two-worker
+# core for PIL and for the reduced-size DCT decode (``decode="reduced"``), the copy-bound
+# core on its raw copy (through the same crop). Left out there: the paths whose question
+# the synthetic sets answer already (a consumer that reads too, the locked-list baseline,
+# torch in-process: one thread again, tf.data from_generator: GIL-bound).
+TRAINING_JPEG = (
+    PrefetchVariant("none", 0),
+    *(PrefetchVariant("thread", w) for w in WORKER_SWEEP),
+    *(PrefetchVariant("process", w, "fork") for w in WORKER_SWEEP),
+    PrefetchVariant("process", 2, "spawn"),
+    PrefetchVariant("pickled_baseline", 2, "fork"),
+    PrefetchVariant("torch", 2, "fork"),
+)
+TRAINING_DECODERS = ("simplejpeg", "pil", "reduced")
+
+
+def grid_plans(datasets, *, compact: bool) -> list:
+    """((path, manifest), decoder or None, variants) per panel of the study: the raw set
+    (copy-bound), then the encoded set with each of its decoders."""
+    from ..grid import is_training_set
+
+    raw = pick(datasets, "raw", ("memmap", "lmdb", "hdf5"))
+    encoded = encoded_pick(datasets, ("lmdb", "rawfiles", "hdf5"))
+    plans = []
+    if raw is not None:
+        plans.append((raw, None, COMPACT_RAW if compact or is_training_set(raw[1])
+                      else prefetch_grid()))
+    if encoded is not None and is_training_set(encoded[1]):
+        first, *others = TRAINING_DECODERS
+        plans.append((encoded, first, TRAINING_JPEG))
+        plans += [(encoded, other, COMPACT_CORE) for other in others]
+    elif encoded is not None:
+        first, *others = DECODERS_FOR[encoded[1]["encoding"]]
+        plans.append((encoded, first, prefetch_grid()))
+        plans += [(encoded, other, COMPACT_CORE if compact else prefetch_grid())
+                  for other in others]
+    return plans
+
+
+def loader_batch_size(manifest: dict) -> int:
+    """256 samples (fewer on tiny sets); on the ImageNet-like set a per-GPU batch of 32,
+    as in the lazy_vs_preloaded study."""
+    from ..grid import is_training_set
+    from ..lazy_vs_preloaded.study import TRAINING_BATCH_SIZE
+
+    preferred = TRAINING_BATCH_SIZE if is_training_set(manifest) else 256
+    return batch_size_for(manifest["num_samples"], preferred)
+
+
+# tf.data's shuffle buffer: 4096 samples; on the ImageNet-like set 1024, since the steady
+# window opens only after the batches the buffer took in (``steady.read_ahead_batches``),
+# each decoded: 4096 would cost about 4 s of decode per repeat before timing starts.
+SHUFFLE_BUFFER = 4096
+TRAINING_SHUFFLE_BUFFER = 1024
+
+
+def shuffle_buffer(manifest: dict) -> int:
+    from ..grid import is_training_set
+
+    return TRAINING_SHUFFLE_BUFFER if is_training_set(manifest) else SHUFFLE_BUFFER
+
+
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
-    """See the module docstring."""
+    """See the module docstring; on the ImageNet-like set, every row reads through the
+    training transform (``grid.decode_params``): the raw copy's too."""
     plan = plan_for(profile)
     repeats = {**repeat_fields(profile, repeats), **steady_fields(profile)}
     datasets = profile_datasets(profile, data_dir)
-    raw = pick(datasets, "raw", ("memmap", "lmdb", "hdf5"))
-    encoded = encoded_pick(datasets, ("lmdb", "rawfiles", "hdf5"))
-    full = prefetch_grid()
-    plans = []
-    if raw is not None:
-        plans.append((raw, None, COMPACT_RAW if plan.compact else full))
-    if encoded is not None:
-        first, *others = DECODERS_FOR[encoded[1]["encoding"]]
-        plans.append((encoded, first, full))
-        plans += [(encoded, other, COMPACT_CORE if plan.compact else full) for other in others]
     cases = []
-    for (path, manifest), decode, variants in plans:
+    for (path, manifest), decode, variants in grid_plans(datasets, compact=plan.compact):
         fields = dataset_fields("prefetch", path, manifest)
+        decoding = {k: v for k, v in decode_params(manifest).items() if v}
         for variant in variants:
             params = {"start_method": variant.start_method} if variant.start_method else {}
-            if decode:
-                params |= {**decode_params(manifest), "decode": decode}
+            params |= {**decoding, "decode": decode} if decode else decoding
             cases.append(Case(
                 function=f"{CASES}:loader_epoch_case", loader="lazy",
                 prefetcher=variant.prefetcher, workers=variant.workers,
-                batch_size=batch_size_for(manifest["num_samples"]), access="shuffle",
+                batch_size=loader_batch_size(manifest), access="shuffle",
                 cache="warm", **repeats, params=params, **fields,
             ))
     tfrecord = encoded_pick(datasets, ("tfrecord",))
@@ -132,9 +186,10 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
         path, manifest = tfrecord
         cases.append(Case(
             function=f"{CASES}:loader_epoch_case", loader="lazy", prefetcher="tf_data",
-            batch_size=batch_size_for(manifest["num_samples"]), access="shuffle",
+            batch_size=loader_batch_size(manifest), access="shuffle",
             cache="warm", **repeats,
-            params={**decode_params(manifest), "decode": "tf", "shuffle_buffer": 4096},
+            params={**decode_params(manifest), "decode": "tf",
+                    "shuffle_buffer": shuffle_buffer(manifest)},
             **dataset_fields("prefetch", path, manifest),
         ))
     return cases
@@ -147,13 +202,15 @@ def prefetch_rows(df: pd.DataFrame) -> pd.DataFrame:
     ``label`` (the registry's display label) columns."""
     rows = df[df["study"] == "prefetch"]
     if rows.empty:
-        return rows.assign(dataset=[], decode=[], start_method=[], path=[], label=[])
+        return rows.assign(dataset=[], decode=[], start_method=[], path=[], label=[],
+                           transform=[])
     params = params_of(rows)
     workers = rows["workers"].fillna(0).astype(int)
     method = params.map(lambda p: p.get("start_method") or "")
     return rows.assign(
         dataset=rows["format"] + "-" + rows["encoding"],
         decode=params.map(lambda p: p.get("decode") or "none"),
+        transform=params.map(lambda p: p.get("transform") or ""),
         workers=workers,
         start_method=method,
         path=[f"{p}/w{w}/{m}" for p, w, m in zip(rows["prefetcher"], workers, method)],
@@ -165,11 +222,29 @@ def decoded_label(dataset: str, decode: str) -> str:
     return dataset + ("" if decode == "none" else f", {decode} decoder")
 
 
+def decoder_name(decode: str) -> str:
+    """A decoder as a question names it."""
+    return "reduced-size (DCT-scaled) simplejpeg" if decode == "reduced" else decode
+
+
+def bound_by(decode: str, transform: str) -> str:
+    """What a panel's rows spend their time on: decoding, the training crop of arrays
+    already decoded, or copying arrays."""
+    if decode != "none":
+        return "decode-bound"
+    return "crop-bound" if transform else "copy-bound"
+
+
+def transformed(rows: pd.DataFrame) -> bool:
+    """Whether the rows read their samples through the standard training transform."""
+    return "transform" in rows and bool((rows["transform"] == "train").any())
+
+
 def prefetch_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per dataset, decoder and path: throughput (median, spread, Stat), its speedup over
     one thread on the same dataset and decoder, CPU utilisation and peak PSS."""
     rows = prefetch_rows(df)
-    keys = ["dataset", "decode", "path", "label", "prefetcher", "workers"]
+    keys = ["dataset", "decode", "transform", "path", "label", "prefetcher", "workers"]
     columns = [*keys, "samples_per_s", "low", "high", "repeats", "stat", "speedup",
                "cpu_utilisation", "peak_pss_bytes"]
     if rows.empty:
@@ -214,7 +289,9 @@ def prefetch_findings(df: pd.DataFrame) -> list[str]:
     sentences = []
     for (dataset, decode), part in table.groupby(["dataset", "decode"], sort=False):
         label = decoded_label(dataset, decode)
-        kind = "copy-bound" if decode == "none" else "decode-bound"
+        kind = bound_by(decode, part["transform"].iloc[0])
+        if transformed(part):
+            kind += ", each sample through the training crop"
         best = best_row(part, "samples_per_s")
         serial = part[part["prefetcher"] == "none"]
         if not serial.empty:
@@ -262,7 +339,8 @@ def worker_sweep_findings(table: pd.DataFrame) -> list[str]:
 
 DECODER_PATHS = (("none", 0, None), ("thread", 2, None), ("process", 2, None))
 # The decoders compared, in figure order ("auto": an import's mixed JPEG/PNG set).
-DECODER_ORDER = ("pil", "simplejpeg", "auto")
+# "reduced": simplejpeg decoding at the smallest DCT scale that covers the training crop.
+DECODER_ORDER = ("pil", "simplejpeg", "reduced", "auto")
 
 
 def decoder_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -287,6 +365,24 @@ def decoder_findings(table: pd.DataFrame) -> list[str]:
                 f"{dataset}: two threads speed up GIL-releasing simplejpeg decoding "
                 f"{format_ratio(threads['simplejpeg']['speedup'])} over one thread, "
                 f"GIL-holding PIL decoding {format_ratio(threads['pil']['speedup'])}.")
+        sentences += reduced_decode_findings(dataset, part)
+    return sentences
+
+
+def reduced_decode_findings(dataset: str, part: pd.DataFrame) -> list[str]:
+    """The reduced-size decode against the full simplejpeg decode on the same paths."""
+    sentences = []
+    for prefetcher, workers in (("none", 0), ("thread", 2), ("process", 2)):
+        full, reduced = (_path(part[part["decode"] == d], prefetcher, workers)
+                         for d in ("simplejpeg", "reduced"))
+        if full is None or reduced is None:
+            continue
+        sentences.append(
+            f"{dataset}, {reduced['label']}: decoding each JPEG at the smallest DCT scale "
+            f"that covers its training crop (decode='reduced') runs "
+            f"{relative_text(reduced['samples_per_s'] / full['samples_per_s'])} the full "
+            f"simplejpeg decode ({format_value(reduced['samples_per_s'], 'samples/s')} vs "
+            f"{format_value(full['samples_per_s'], 'samples/s')}).")
     return sentences
 
 
@@ -301,9 +397,10 @@ def tf_data_findings(df: pd.DataFrame) -> list[str]:
                                            and LOADER_PATHS[p].family == "storebench")]
     if not native.empty and not ours.empty:
         tf_row, best = native.iloc[0], best_row(ours, "samples_per_s")
+        what = "decodes and crops" if tf_row["transform"] else "decodes"
         sentences.append(
             f"The same JPEG samples: {tf_row['label']} over {tf_row['dataset']} (TensorFlow "
-            f"decodes) delivers {format_value(tf_row['samples_per_s'], 'samples/s')}; our "
+            f"{what}) delivers {format_value(tf_row['samples_per_s'], 'samples/s')}; our "
             f"best, {best['label']} over {best['dataset']} with simplejpeg, "
             f"{format_value(best['samples_per_s'], 'samples/s')} "
             f"({format_ratio(best['samples_per_s'] / tf_row['samples_per_s'])} tf.data).")
@@ -324,21 +421,27 @@ def _with_native_tf_data(rows: pd.DataFrame) -> pd.DataFrame:
     if not native.any() or jpeg.empty:
         return rows
     moved = rows[native].assign(
-        label=[f"{label} (over {d}, TensorFlow decodes)"
-               for label, d in zip(rows.loc[native, "label"], rows.loc[native, "dataset"])],
+        label=[f"{label} (over {d}, TensorFlow decodes{' and crops' if crop else ''})"
+               for label, d, crop in zip(rows.loc[native, "label"], rows.loc[native, "dataset"],
+                                         rows.loc[native, "transform"])],
         dataset=jpeg["dataset"].iloc[0], decode="simplejpeg")
     return pd.concat([rows[~native], moved])
 
 
-def plot_prefetch_scaling(df: pd.DataFrame) -> Figure:
+def plot_prefetch_scaling(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """Throughput against worker count for our thread and process prefetchers (fork), one
-    panel per dataset and decoder; one thread as a dashed line for reference."""
+    panel per dataset and decoder whose worker count was swept (two counts or more: one
+    point is no sweep); one thread as a dashed line for reference."""
     rows = prefetch_rows(df)
     rows = rows[rows["metric"] == "samples_per_s"]
     swept = rows[rows["prefetcher"].isin(["thread", "process"])]
     if swept.empty:
         return empty_figure("no prefetch rows")
-    panels = list(dict.fromkeys(zip(swept["dataset"], swept["decode"])))
+    counts = swept.groupby(["dataset", "decode"], sort=False)["workers"].nunique()
+    panels = [panel for panel in dict.fromkeys(zip(swept["dataset"], swept["decode"]))
+              if counts[panel] > 1]
+    if not panels:
+        return empty_figure("no worker count was swept")
     fig = Figure(figsize=(3.6 * len(panels), 3.6), layout="constrained")
     axes = fig.subplots(1, len(panels), squeeze=False)[0]
     for ax, (dataset, decode) in zip(axes, panels, strict=True):
@@ -365,7 +468,8 @@ def plot_prefetch_scaling(df: pd.DataFrame) -> Figure:
         ax.set_xticks(sorted(part.loc[part["prefetcher"].isin(["thread", "process"]),
                                       "workers"].unique()))
         encoding = part["encoding"].iloc[0]
-        ax.set_title(f"{decoded_label(dataset, decode)}\n{profile_caption(part, encoding)}",
+        ax.set_title(f"{decoded_label(dataset, decode)}\n"
+                     f"{study_caption(part, encoding, workloads, width=45)}",
                      fontsize="small")
     legend_below(fig, axes, fontsize="x-small")
     axes[0].set_ylabel(metric_title("samples_per_s"))
@@ -373,7 +477,7 @@ def plot_prefetch_scaling(df: pd.DataFrame) -> Figure:
     return fig
 
 
-def plot_prefetch_paths(df: pd.DataFrame) -> Figure:
+def plot_prefetch_paths(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """Every loader path (ours, the frameworks', the naive baselines) side by side, one
     panel per dataset and decoder; log axis; colour by path from the registry."""
     rows = prefetch_rows(df)
@@ -404,7 +508,8 @@ def plot_prefetch_paths(df: pd.DataFrame) -> Figure:
         serial = summary.loc[summary["prefetcher"] == "none", "median"]
         gain = top["median"] / serial.iloc[0] if not serial.empty else np.nan
         encoding = part["encoding"].iloc[0]
-        ax.set_title(f"{decoded_label(dataset, decode)} ({profile_caption(part, encoding)})"
+        ax.set_title(f"{decoded_label(dataset, decode)} "
+                     f"({study_caption(part, encoding, workloads, width=90)})"
                      + (f"\nfastest: {top['label']}, {format_ratio(gain)} one thread"
                         if finite(gain) else ""), fontsize="medium")
         best.append((gain, top["label"], decoded_label(dataset, decode)))
@@ -420,7 +525,7 @@ def plot_prefetch_paths(df: pd.DataFrame) -> Figure:
     return fig
 
 
-def plot_decoders(df: pd.DataFrame) -> Figure:
+def plot_decoders(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
     """GIL-holding vs GIL-releasing decoding: one thread, 2 threads and 2 processes for
     each JPEG decoder, as speedup over one thread with the same decoder."""
     table = decoder_table(df)
@@ -447,6 +552,7 @@ def plot_decoders(df: pd.DataFrame) -> Figure:
                         ecolor="black", capsize=2)
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=0.8)
     names = {"pil": "PIL (holds the GIL)", "simplejpeg": "simplejpeg (releases the GIL)",
+             "reduced": "reduced-size DCT decode\n(simplejpeg, at the crop's scale)",
              "auto": "auto (simplejpeg for JPEG, else PIL)"}
     ax.set_xticks(range(len(decoders)), [names.get(d, d) for d in decoders])
     ax.set_ylabel("throughput / one thread, same decoder")
@@ -454,8 +560,10 @@ def plot_decoders(df: pd.DataFrame) -> Figure:
     legend_below(fig, [ax], ncols=3)
     rows = prefetch_rows(df)
     jpeg = rows[rows["decode"].isin(decoders)]
-    fig.suptitle(f"JPEG decoders under threads and processes ({profile_caption(jpeg)})",
-                 fontsize="medium")
+    crop = ", each through the training crop" if transformed(jpeg) else ""
+    encoding = str(jpeg["encoding"].iloc[0]) if not jpeg.empty else None
+    fig.suptitle(f"JPEG decoders under threads and processes{crop}\n"
+                 f"{study_caption(jpeg, encoding, workloads, width=100)}", fontsize="medium")
     return fig
 
 
@@ -473,11 +581,11 @@ def plot_prefetch_memory(df: pd.DataFrame) -> Figure:
 
 FIGURES = (
     FigureSpec("prefetch_paths", "Thread vs process vs framework loader paths",
-               lambda r: plot_prefetch_paths(r.df)),
+               lambda r: plot_prefetch_paths(r.df, workloads=r.workloads.get("prefetch"))),
     FigureSpec("prefetch_scaling", "Our prefetchers against worker count",
-               lambda r: plot_prefetch_scaling(r.df)),
+               lambda r: plot_prefetch_scaling(r.df, workloads=r.workloads.get("prefetch"))),
     FigureSpec("prefetch_decoders", "GIL-holding vs GIL-releasing JPEG decoders",
-               lambda r: plot_decoders(r.df)),
+               lambda r: plot_decoders(r.df, workloads=r.workloads.get("prefetch"))),
     FigureSpec("prefetch_peak_memory", "Peak memory of each loader path",
                lambda r: plot_prefetch_memory(r.df)),
 )
@@ -500,13 +608,15 @@ def guide(results: Results) -> list:
     for (dataset, decode), part in picked[picked["prefetcher"] != "tf_data"].groupby(
             ["dataset", "decode"], sort=False):
         encoding = part["encoding"].iloc[0]
+        crop = " through the training crop" if transformed(part) else ""
         if decode == "none":
-            question = (f"Decoded raw arrays from a cached {dataset}, one training process, "
-                        f"{cores} cores: which loader path?")
+            question = (f"Decoded raw arrays{crop} from a cached {dataset}, one training "
+                        f"process, {cores} cores: which loader path?")
         else:
-            question = (f"{ENCODING_NAMES.get(encoding, encoding)} decoded with {decode} from "
-                        f"a cached {dataset}, one training process, {cores} cores: which "
-                        "loader path?")
+            question = (f"{ENCODING_NAMES.get(encoding, encoding)} decoded with "
+                        f"{decoder_name(decode)}"
+                        f"{crop} from a cached {dataset}, one training process, {cores} "
+                        "cores: which loader path?")
         # A process path's start method is named: fork and spawn differ by tens of percent,
         # and a row measured under fork alone must not read as the path's answer.
         candidates = [Candidate(key, label + (f" ({method})" if method and method not in label
@@ -519,7 +629,8 @@ def guide(results: Results) -> list:
                                      stat(native, "samples_per_s", path=key))
                            for key, label, d in dict.fromkeys(
                                zip(native["path"], native["label"], native["dataset"]))]
-        out.append(choose("prefetch", f"{question} ({profile_caption(part, encoding)})",
+        out.append(choose("prefetch",
+                          f"{question}{question_caption(results, 'prefetch', part, encoding)}",
                           "samples_per_s", candidates,
                           facets={"encoding": encoding, "decode": decode, "dataset": dataset}))
     return [row for row in out if row is not None] + first_batch_guide(results, rows, cores)
@@ -537,8 +648,10 @@ def first_batch_guide(results: Results, rows: pd.DataFrame, cores) -> list:
     for (dataset, decode), part in picked[picked["prefetcher"] != "tf_data"].groupby(
             ["dataset", "decode"], sort=False):
         encoding = part["encoding"].iloc[0]
-        what = ("decoded raw arrays" if decode == "none" else
-                f"{ENCODING_NAMES.get(encoding, encoding)} decoded with {decode}")
+        crop = " through the training crop" if transformed(part) else ""
+        what = (f"decoded raw arrays{crop}" if decode == "none" else
+                f"{ENCODING_NAMES.get(encoding, encoding)} decoded with "
+                f"{decoder_name(decode)}{crop}")
         both = pd.concat([part, native]) if decode in ("simplejpeg", "auto") else part
         # Start-up above all differs by start method: each process path names its own.
         candidates = [Candidate(key, label + (f" ({method})" if method and method not in label
@@ -548,8 +661,8 @@ def first_batch_guide(results: Results, rows: pd.DataFrame, cores) -> list:
                           both["path"], both["label"], both["start_method"], both["dataset"]))]
         out.append(choose(
             "prefetch", f"Fastest to first batch: {what} from a cached {dataset}, a fresh "
-            f"loader (workers started), {cores} cores: which loader path? "
-            f"({profile_caption(part, encoding)})", FIRST_BATCH, candidates,
+            f"loader (workers started), {cores} cores: which loader path?"
+            f"{question_caption(results, 'prefetch', part, encoding)}", FIRST_BATCH, candidates,
             lower_is_better=True, facets={"question": "first_batch", "encoding": encoding,
                                           "decode": decode, "dataset": dataset}))
     return [row for row in out if row is not None]
