@@ -598,8 +598,9 @@ def plot_peers(df: pd.DataFrame) -> Figure:
     epochs 2 and on with a tick at epoch 1; cold bars are epoch 1. Linear axes unless a
     row's rates span more than ``LOG_SPAN``."""
     rows = peers_rows(df)
+    # A panel wherever a rate was measured (an epoch of one batch has no epoch-1 rate).
     panels = [(enc, cache) for enc in ENCODINGS for cache in ("warm", "cold")
-              if candidates(df, enc, cache, COLD_RATE)]
+              if candidates(df, enc, cache, COLD_RATE) or candidates(df, enc, cache, RATE)]
     if not panels:
         return empty_figure("no peers rows")
     split = []
@@ -611,24 +612,29 @@ def plot_peers(df: pd.DataFrame) -> Figure:
                       [c for c in found if _over_peer_format(c[0])], metric))
     heights = [0.24 * max(len(own), len(over), 1) + 0.9 for own, over, _ in split]
     fig = Figure(figsize=(11, sum(heights) + 1.8), layout="constrained")
-    grid = fig.subplots(len(panels), 2, height_ratios=heights, squeeze=False,
-                        width_ratios=(1.15, 1))
-    for (left, right), (encoding, cache), (own, over, metric) in zip(grid, panels, split):
+    # The right column only where our loader read a peer's format (not on a training set).
+    both = any(over for _, over, _ in split)
+    grid = fig.subplots(len(panels), 2 if both else 1, height_ratios=heights, squeeze=False,
+                        **({"width_ratios": (1.15, 1)} if both else {}))
+    for axes, (encoding, cache), (own, over, metric) in zip(grid, panels, split):
+        left = axes[0]
         mine = rows[(rows["encoding"] == encoding) & (rows["cache"] == cache)]
         values = _rate_bars(left, mine, own, metric, epoch1=cache == "warm")
-        values += _rate_bars(right, mine, over, metric, epoch1=False,
-                             peer_own=_peer_own_rates(mine, own, metric))
         what = ENCODING_NAMES.get(encoding, encoding)
         epochs = "epochs 2 and on" if cache == "warm" else "epoch 1"
         left.set_title(f"{what}, {cache} cache, {epochs}: each library over its own format",
                        fontsize="small")
-        right.set_title(f"{what}, {cache}: our ProcessPrefetcher {MULTIPLY}{WORKERS} over the "
-                        "peers' formats", fontsize="small")
         left.set_yticks(range(len(own)), [c[1] for c in own], fontsize="x-small")
-        right.set_yticks(range(len(over)), [f"over {c[0].split(':', 1)[1]} files"
-                                            for c in over], fontsize="x-small")
+        if both:
+            right = axes[1]
+            values += _rate_bars(right, mine, over, metric, epoch1=False,
+                                 peer_own=_peer_own_rates(mine, own, metric))
+            right.set_title(f"{what}, {cache}: our ProcessPrefetcher {MULTIPLY}{WORKERS} over "
+                            "the peers' formats", fontsize="small")
+            right.set_yticks(range(len(over)), [f"over {c[0].split(':', 1)[1]} files"
+                                                for c in over], fontsize="x-small")
         finite = [v for v in values if np.isfinite(v) and v > 0]
-        for ax in (left, right):
+        for ax in axes:
             ax.invert_yaxis()
             ax.set_xlabel(f"samples per second ({sets_caption(rows, encoding)})",
                           fontsize="x-small")
