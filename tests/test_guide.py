@@ -158,9 +158,9 @@ def test_to_dict_has_every_candidate_with_its_median():
     assert data["interval"] == [row.low, row.high]
     assert data["candidates"] == [
         {"key": "fast", "label": "FAST", "median": 200.0, "low": 190.0, "high": 210.0,
-         "repeats": 5, "unit": "samples/s"},
+         "repeats": 5, "unit": "samples/s", "values": FAST, "sources": []},
         {"key": "slow", "label": "SLOW", "median": 100.0, "low": 95.0, "high": 105.0,
-         "repeats": 5, "unit": "samples/s"},
+         "repeats": 5, "unit": "samples/s", "values": SLOW, "sources": []},
     ]
     assert json.loads(json.dumps(data)) == data  # what `findings --json` prints
 
@@ -171,7 +171,8 @@ def test_guide_table_and_text_show_every_candidate():
             choose("formats", "least space?", "bytes_apparent",
                    [candidate("small", [1e6], "bytes")], lower_is_better=True)]
     table = guide.guide_table(rows)
-    assert list(table.columns) == ["question", "choice", "evidence"]
+    assert list(table.columns) == ["question", "workload", "choice", "evidence"]
+    assert table["workload"].tolist() == ["", ""]
     assert table["choice"].tolist() == ["FAST", "SMALL (the only candidate measured)"]
     shown = guide.guide_text(rows).splitlines()
     assert shown[:4] == ["* which path?", "  -> FAST", f"     {rows[0].evidence}",

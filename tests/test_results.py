@@ -116,6 +116,10 @@ def test_summary_table_groups_with_a_stat_per_group():
     by = table.set_index("cache")
     assert list(by.index) == ["warm", "cold"]  # as the rows came; the failed case is out
     assert by.loc["warm", "stat"] == Stat(20.0, 10.0, 30.0, 3, "samples/s", (10.0, 30.0, 20.0))
+    # each figure names the rows it came from, for a recompute from the CSV
+    assert by.loc["warm", "stat"].sources == (
+        (df.loc[df["cache"] == "warm", "study"].iloc[0],
+         df.loc[df["cache"] == "warm", "case_id"].iloc[0], "samples_per_s"),)
     assert (by.loc["cold", "median"], by.loc["cold", "repeats"]) == (2.0, 2)
     assert by.loc["cold", "resident_fraction"] == 0.0
     empty = results.summary_table(df, "peak_pss_bytes", ["format"])

@@ -47,6 +47,9 @@ class GuideRow:
     facets: Mapping = field(default_factory=dict)
     # ``VERDICTS``: the best named (``better``), or ``equivalent`` / ``undecided`` (``tie``).
     verdict: str = "better"
+    # What the candidates read and did (``Results.workload``): the data set, its samples'
+    # size and the transform; "" where the results do not record it.
+    workload: str = ""
 
     @property
     def best(self) -> Candidate:
@@ -131,9 +134,12 @@ class GuideRow:
             "tied_with_best": list(self.tied),
             "tie_rule": TIE_RULE,
             "facets": dict(self.facets),
+            "workload": self.workload,
             "candidates": [
                 {"key": c.key, "label": c.label, "median": c.stat.median, "low": c.stat.low,
-                 "high": c.stat.high, "repeats": c.stat.count, "unit": c.stat.unit}
+                 "high": c.stat.high, "repeats": c.stat.count, "unit": c.stat.unit,
+                 "values": list(c.stat.values),
+                 "sources": [list(source) for source in c.stat.sources]}
                 for c in self.candidates
             ],
         }
@@ -181,9 +187,10 @@ def compare(best: Stat, other: Stat, *, lower_is_better: bool
 
 
 def guide_table(rows: Sequence[GuideRow]) -> pd.DataFrame:
-    """question | choice | evidence, for markdown and notebooks."""
-    return pd.DataFrame([{"question": r.question, "choice": r.choice, "evidence": r.evidence}
-                         for r in rows], columns=["question", "choice", "evidence"])
+    """question | workload | choice | evidence, for markdown and notebooks."""
+    columns = ["question", "workload", "choice", "evidence"]
+    return pd.DataFrame([{"question": r.question, "workload": r.workload, "choice": r.choice,
+                          "evidence": r.evidence} for r in rows], columns=columns)
 
 
 def guide_text(rows: Sequence[GuideRow]) -> str:
@@ -191,6 +198,8 @@ def guide_text(rows: Sequence[GuideRow]) -> str:
     lines = []
     for row in rows:
         lines.append(f"* {row.question}")
+        if row.workload:
+            lines.append(f"  workload: {row.workload}")
         lines.append(f"  -> {row.choice}")
         lines.append(f"     {row.evidence}")
         shown = ", ".join(f"{c.label} {row.value_text(c.stat)}" for c in row.candidates)

@@ -50,6 +50,9 @@ class MissingResultError(LookupError):
     """The results hold no ok row for what a finding needs."""
 
 
+WORKLOADS_FILE = "workloads.json"
+
+
 @dataclass(frozen=True)
 class Results:
     """A results directory's rows (every ``*.csv``) and its ``env.json``."""
@@ -57,6 +60,9 @@ class Results:
     df: pd.DataFrame
     env: Mapping = field(default_factory=dict)
     directory: Path | None = None
+    # Study -> encoding -> what its cases read and did (``WORKLOADS_FILE``, written as
+    # each study runs): every guide row names the workload it measured.
+    workloads: Mapping = field(default_factory=dict)
 
     @classmethod
     def load(cls, results_dir: Path | str) -> Results:
@@ -70,7 +76,17 @@ class Results:
             raise FileNotFoundError(f"{results_dir}: no results (*.csv, *.csv.gz)")
         env_path = results_dir / "env.json"
         env = json.loads(env_path.read_text()) if env_path.exists() else {}
-        return cls(df, env, results_dir)
+        workloads_path = results_dir / WORKLOADS_FILE
+        workloads = json.loads(workloads_path.read_text()) if workloads_path.exists() else {}
+        return cls(df, env, results_dir, workloads)
+
+    def workload(self, study: str, encoding: str | None = None) -> str:
+        """What ``study``'s cases of ``encoding`` read (all its encodings' workloads, joined,
+        without one); "" where the results do not say."""
+        of_study = self.workloads.get(study) or {}
+        if encoding is not None and encoding in of_study:
+            return str(of_study[encoding])
+        return "; ".join(str(text) for text in of_study.values())
 
     def study(self, name: str) -> pd.DataFrame:
         """The rows of one study."""
@@ -154,6 +170,10 @@ class Stat:
     count: int
     unit: str
     values: tuple[float, ...] = ()
+    # The result rows behind ``values``: (study, case_id, metric) of each case read, so
+    # that anyone can recompute the figure from the CSVs; () where it is derived. Not part
+    # of equality: the same numbers are the same figure.
+    sources: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
 
     def __str__(self) -> str:
         return format_value(self.median, self.unit)
@@ -172,7 +192,16 @@ class Stat:
         values = ordered["value"].astype(float)
         return cls(float(values.median()), float(values.min()), float(values.max()),
                    int(values.size), str(ordered["unit"].iloc[0]),
-                   tuple(float(v) for v in values))
+                   tuple(float(v) for v in values), row_sources(ordered))
+
+
+def row_sources(rows: pd.DataFrame) -> tuple[tuple[str, str, str], ...]:
+    """(study, case_id, metric) of every case among ``rows``, in first-seen order."""
+    if not {"study", "case_id", "metric"} <= set(rows.columns):
+        return ()
+    return tuple(dict.fromkeys(
+        (str(study), str(case), str(metric))
+        for study, case, metric in zip(rows["study"], rows["case_id"], rows["metric"])))
 
 
 def stat(df: pd.DataFrame, metric: str, **where) -> Stat:

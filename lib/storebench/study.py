@@ -406,6 +406,7 @@ def run_study(
         record_environment(profile, data_dir, results_dir, run_id=run_id, drop_caches=drop_caches,
                            label=label)
     cases = planned_cases(name, profile, data_dir, repeats)
+    record_workloads(results_dir, name, cases)
     results_path = results_dir / f"{name}.csv"
     if not resume and results_path.exists():
         results_path.unlink()
@@ -427,6 +428,22 @@ def run_study(
         eta=eta,
         services=study.services,
     )
+
+
+def record_workloads(results_dir: Path, name: str, cases) -> dict:
+    """Write what study ``name``'s cases read, per encoding, into the results directory's
+    workloads file (``results.WORKLOADS_FILE``; the guide rows name it), replacing that
+    study's earlier entry."""
+    from .results import WORKLOADS_FILE
+    from .studies.grid import cases_workloads
+
+    path = Path(results_dir) / WORKLOADS_FILE
+    workloads = json.loads(path.read_text()) if path.exists() else {}
+    workloads[name] = cases_workloads(cases)
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(workloads, indent=2, sort_keys=True) + "\n")
+    temporary.replace(path)
+    return workloads
 
 
 def execute_notebooks(

@@ -4,6 +4,7 @@ read them, and the transform their loader cases apply (``studies.grid``, ``study
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 import data_gen
@@ -116,3 +117,55 @@ def test_tf_data_training_crop_refuses_raw_records(both_families):
         tfrecord_pipeline(root, batch_size=8, resize=(224, 224), random_crop=True)
     assert np.asarray(next(iter(tfrecord_pipeline(root, batch_size=8)))[0]).shape[1:] == (
         224, 224, 3)
+
+
+def test_a_build_is_named_by_what_it_holds(both_families):
+    from storebench.studies.grid import dataset_workload
+
+    found = {(m["format"], m["encoding"], m["spec"].get("kind")): m
+             for _, m in [*profile_datasets("ci", both_families),
+                          *profile_datasets("ci", family_data_dir(both_families, "imagenet"))]}
+    jpeg = found["lmdb", "jpeg", "photo"]
+    kb = jpeg["bytes_apparent"] / 64 / 1e3
+    assert dataset_workload(jpeg) == (
+        f"64 ImageNet-like JPEGs of many sizes, {kb:,.0f} KB stored per sample")
+    raw = found["lmdb", "raw", "photo"]
+    assert dataset_workload(raw).startswith(
+        "64 ImageNet-like images pre-decoded as 224x224x3 raw arrays, ")
+    assert dataset_workload(found["lmdb", "raw", None]).startswith(
+        "512 synthetic 32x32x3 raw arrays, ")
+    assert dataset_workload(found["lmdb", "jpeg", None]).startswith("256 synthetic 64x64 JPEGs, ")
+
+
+def test_every_guide_row_names_the_workload_its_study_recorded(both_families, tmp_path):
+    """What a study's cases read goes into the results directory as it runs, and the guide
+    rows of that study name it (by their encoding facet)."""
+    import json
+
+    from storebench.guide import Candidate, choose
+    from storebench.report.guide import with_workload
+    from storebench.results import WORKLOADS_FILE, Results, Stat
+    from storebench.study import planned_cases, record_workloads
+
+    def choose_row(study, facets):
+        only = Candidate("a", "A", Stat(1.0, 1.0, 1.0, 1, "samples/s", (1.0,)))
+        return choose(study, "which?", "samples_per_s", [only], facets=facets)
+
+    imagenet = family_data_dir(both_families, "imagenet")
+    cases = planned_cases("lazy_vs_preloaded", "ci", imagenet, None)
+    written = record_workloads(tmp_path, "lazy_vs_preloaded", cases)
+    assert json.loads((tmp_path / WORKLOADS_FILE).read_text()) == written
+    jpeg = written["lazy_vs_preloaded"]["jpeg"]
+    assert jpeg.startswith("64 ImageNet-like JPEGs of many sizes, ")
+    assert jpeg.endswith("; read through the training crop (random resized crop to 224, flip)")
+    record_workloads(tmp_path, "formats", planned_cases("formats", "ci", both_families, None))
+    again = json.loads((tmp_path / WORKLOADS_FILE).read_text())
+    assert sorted(again) == ["formats", "lazy_vs_preloaded"]
+    assert "read through" not in again["formats"]["raw"]  # the formats study reads bytes
+
+    results = Results(pd.DataFrame(), {}, tmp_path, again)
+    row = choose_row("lazy_vs_preloaded", {"encoding": "jpeg"})
+    assert with_workload(row, results).workload == jpeg
+    unknown = choose_row("lazy_vs_preloaded", {})
+    assert with_workload(unknown, results).workload == "; ".join(
+        again["lazy_vs_preloaded"].values())

@@ -60,10 +60,14 @@ def caveats(results: Results) -> list[str]:
 
 
 def guide_markdown(rows) -> str:
-    """The guide as a markdown table: question | choice | evidence."""
+    """The guide as a markdown table: question | workload | choice | evidence (without the
+    workload column where no row names one)."""
     from ..guide import guide_table
 
-    return markdown_table(guide_table(rows))
+    table = guide_table(rows)
+    if not table["workload"].astype(bool).any():
+        table = table.drop(columns="workload")
+    return markdown_table(table)
 
 
 def readme_findings_table(results_dir: Path | str) -> str:

@@ -203,3 +203,53 @@ def decode_params(manifest: dict) -> dict:
     elif not fixed_size(spec_from_dict(manifest["spec"])):
         params["resize"] = STUDY_RESIZE
     return params
+
+
+def dataset_workload(manifest: dict) -> str:
+    """The data a case over this build reads, in words: how many samples, of what, and
+    their stored size, e.g. "12,000 ImageNet-like JPEGs of many sizes, 110 KB stored per
+    sample"."""
+    from storebench.formats.specs import fixed_size, is_imported, spec_from_dict
+
+    spec = spec_from_dict(manifest["spec"])
+    count = int(manifest["num_samples"])
+    stored_kb = float(manifest["bytes_apparent"]) / max(count, 1) / 1e3
+    encoding = manifest["encoding"]
+    kind = "raw arrays" if encoding == "raw" else f"{encoding.upper()}s"
+    if fixed_size(spec):
+        height, width, channels = spec.image_shape
+        kind = f"{height}x{width}x{channels} {kind}" if encoding == "raw" else (
+            f"{height}x{width} {kind}")
+    else:
+        kind = f"{kind} of many sizes"
+    if is_training_set(manifest):
+        origin = ("ImageNet-like images pre-decoded as " if encoding == "raw"
+                  else "ImageNet-like ")
+    elif is_imported(spec):
+        origin = "imported images as " if encoding == "raw" else "imported "
+    else:
+        origin = "synthetic "
+    return f"{count:,} {origin}{kind}, {stored_kb:,.0f} KB stored per sample"
+
+
+def cases_workloads(cases) -> dict[str, str]:
+    """Encoding -> what ``cases`` read of it (``dataset_workload``) and how: the training
+    transform, the resize or a decode where their params say so. Several sets of one
+    encoding (cut and whole) are joined."""
+    from storebench.formats import read_manifest
+
+    seen: dict[str, dict[str, set]] = {}
+    for case in cases:
+        if not case.dataset or not (Path(case.dataset) / "manifest.json").is_file():
+            continue
+        manifest = read_manifest(case.dataset)
+        entry = seen.setdefault(manifest["encoding"], {"sets": {}, "how": set()})
+        entry["sets"][dataset_workload(manifest)] = None
+        params = dict(case.params or {})
+        if params.get("transform") == TRAINING_TRANSFORM:
+            entry["how"].add("the training crop (random resized crop to 224, flip)")
+        elif params.get("resize"):
+            entry["how"].add(f"a resize to {params['resize']}")
+    return {encoding: " or ".join(entry["sets"]) + (
+        f"; read through {' or '.join(sorted(entry['how']))}" if entry["how"] else "")
+        for encoding, entry in seen.items()}
