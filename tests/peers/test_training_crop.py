@@ -84,7 +84,7 @@ def test_a_peer_without_a_crop_op_delivers_storebench_s_crop(jpegs, path, fmt, m
 @pytest.mark.timeout(240)
 def test_spdl_crops_each_epoch_as_storebench_does(jpegs):
     pytest.importorskip("spdl.pipeline")
-    root = jpegs("lmdb")
+    root = jpegs("rawfiles")  # LMDB refuses a second open in one process: the reference
     reader = open_dataset(root, verify=False)
     dataset = LazyDataset(reader, decode="simplejpeg")
     sampler = ShuffleSampler(len(dataset), seed=SEED)
