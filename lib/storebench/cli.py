@@ -42,7 +42,9 @@ def _build(args: argparse.Namespace) -> int:
         if args.encodings or args.samples is not None:
             raise ValueError("--peer-sets builds the peers study's cut raw and JPEG sets: "
                              "it takes neither --encodings nor --samples")
-        build_peer_sets(profile.name, out, formats=args.formats, **options)
+        if not args.out:
+            out = family_data_dir(out, args.family)
+        build_peer_sets(profile.name, out, formats=args.formats, family=args.family, **options)
         return 0
     if not args.out:
         out = family_data_dir(out, args.family)  # its dataset names would clash otherwise

@@ -231,15 +231,16 @@ def _refuse_to_replace_whole_sets(spec, whole, data_dir: Path | str,
 
 
 def build_peer_sets(profile: str, data_dir: Path | str, *, formats: Sequence[str] | None = None,
-                    **options) -> list:
+                    family: str = "synthetic", **options) -> list:
     """Build the sets the peers study reads, in ``formats`` (default: every format): the
-    profile's raw and JPEG sets cut to one count (``bench.plan.peer_specs``), in
-    ``<data_dir>/peers``. ``options`` go to ``build_profile``."""
+    profile's raw and JPEG sets of ``family`` cut to one count (``bench.plan.peer_specs``),
+    in ``<data_dir>/peers``. ``options`` go to ``build_profile``."""
     from .bench.plan import peer_sets_dir, peer_specs
 
-    raw, _ = peer_specs(profile)
+    raw, _ = peer_specs(profile, family)
     return build_profile(profile, peer_sets_dir(data_dir), formats=formats,
-                         encodings=["raw", "jpeg"], samples=raw.num_samples, **options)
+                         encodings=["raw", "jpeg"], samples=raw.num_samples, family=family,
+                         **options)
 
 
 def planned_cases(name: str, profile: str, data_dir: Path, repeats: int | None) -> list:

@@ -270,3 +270,23 @@ def test_the_feed_figure_gives_each_loader_a_panel_and_splits_time_only_where_pa
         ends[round(bar.get_y(), 3)] = max(ends.get(round(bar.get_y(), 3), 0.0),
                                           bar.get_x() + bar.get_width())
     assert list(ends.values()) == pytest.approx([1.0, 1.0, 1.0])
+
+
+def test_on_the_imagenet_family_the_feed_reads_the_224_copy_and_its_caption_says_so(
+        tmp_path):
+    """No device here: every case copies into CPU memory, emulated; each case names the
+    arrays it feeds, and the figure's caption comes from them, not from the profile."""
+    from storebench.bench.plan import family_data_dir
+    from storebench.study import build_profile
+
+    data_dir = family_data_dir(tmp_path, "imagenet")
+    build_profile("ci", data_dir, formats=["memmap"], family="imagenet", knob_variants=False,
+                  progress=False)
+    cases = gpu_feed.grid(profile="ci", data_dir=data_dir)
+    assert cases and {c.param("sample_shape") for c in cases} == {"224x224x3"}
+    assert {(c.param("device"), c.param("emulated")) for c in cases} == {("cpu", True)}
+    rows = gpu_feed.feed_rows(frame(feed_case("process", 2, 10.0, au=0.9,
+                                              params={"sample_shape": "224x224x3"})))
+    caption = gpu_feed.feed_caption(rows)
+    assert caption.startswith("raw 224\u00d7224\u00d73 arrays as stored, batch ")
+    assert "64\u00d764" not in caption

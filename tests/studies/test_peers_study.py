@@ -4,6 +4,7 @@ synthetic rows whose values are chosen, and the parts of its case that need no p
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import sys
 from pathlib import Path
@@ -14,7 +15,15 @@ import pytest
 from result_rows import case_rows, frame
 
 import data_gen
-from storebench.bench.plan import EPOCH_SAMPLES, PEER_SETS_DIR
+from storebench.bench.plan import (
+    EPOCH_SAMPLES,
+    PEER_SETS_DIR,
+    PEER_TRAINING_SAMPLES,
+    data_dir_family,
+    family_data_dir,
+    peer_sets_dir,
+    peer_specs,
+)
 from storebench.results import Results
 from storebench.studies.peers import study as peers
 from storebench.studies.peers.cases import UNIFORM_SPREAD, shuffle_quality
@@ -323,3 +332,96 @@ def test_a_failed_peer_build_names_every_format_it_left_unbuilt(tmp_path, capfd)
     assert sorted(named) == sorted(peers.study_formats())
     assert all(line.endswith("their rows will be skipped") for line in failures)
     assert {p.pid for p in psutil.Process().children(recursive=True)} <= children_before
+
+
+# -- on a training-set family (the ImageNet-like JPEGs and their 224x224 raw copy) -----------
+
+
+def test_a_training_family_s_sets_are_its_first_images_cut_to_the_training_count():
+    raw, jpeg = peer_specs("small", "imagenet")
+    assert (raw.num_samples, jpeg.num_samples) == (PEER_TRAINING_SAMPLES,) * 2
+    assert raw.to_dict()["kind"] == jpeg.to_dict()["kind"] == "photo"
+    assert (raw.height, raw.width) == (224, 224)
+    # ci's ImageNet-like family has fewer images than the cut: all of them.
+    assert [s.num_samples for s in peer_specs("ci", "imagenet")] == [64, 64]
+    # The synthetic sets keep their cut.
+    assert [s.num_samples for s in peer_specs("ci")] == [256, 256]
+
+
+def test_a_data_directory_names_its_family(tmp_path):
+    assert data_dir_family(family_data_dir(tmp_path, "imagenet")) == "imagenet"
+    assert data_dir_family(family_data_dir(tmp_path, "synthetic")) == "synthetic"
+
+
+def training_grid(tmp_path):
+    """The grid over a directory of the ci ImageNet-like family with no peer set built:
+    every case is planned, those whose set is missing as skipped rows."""
+    from storebench.study import build_profile
+
+    data_dir = family_data_dir(tmp_path, "imagenet")
+    build_profile("ci", data_dir, formats=["lmdb"], encodings=["raw"], family="imagenet",
+                  knob_variants=False, progress=False)
+    return peers.peers_grid(profile="ci", data_dir=data_dir)
+
+
+def test_on_a_training_family_every_path_applies_the_training_transform(tmp_path):
+    cases = training_grid(tmp_path)
+    wanted = [(enc, path, fmt) for enc in peers.ENCODINGS
+              for path, fmt in peers.TRAINING_PATHS[enc]]
+    assert [(c.encoding, c.prefetcher, c.format) for c in cases] == wanted
+    assert {c.cache or c.param("cache_wanted") for c in cases} == {"warm"}
+    assert {c.param("transform") for c in cases} == {"train"}
+    # The library's own crop op where it has one, labelled; storebench's seeded crop else.
+    own = {(c.prefetcher, c.encoding) for c in cases if c.param("crop") == "library"}
+    assert own == {("dali_file", "jpeg"), ("ffcv", "jpeg"), ("ffcv", "raw")}
+    # Read from the family's own peers directory.
+    assert {str(peer_sets_dir(family_data_dir(tmp_path, "imagenet")))} == {
+        c.dataset.rsplit("/", 1)[0] for c in cases}
+
+
+def test_the_synthetic_grid_is_unchanged_by_the_training_family(ci_data_root):
+    cases = peers.peers_grid(profile="ci", data_dir=ci_data_root)
+    assert not [c for c in cases if c.param("transform") or c.param("crop")]
+    assert [(c.prefetcher, c.format) for c in cases] == [
+        p for enc in peers.ENCODINGS for p in peers.COMPACT[enc]]
+
+
+def test_a_training_family_builds_only_the_formats_its_paths_read():
+    formats = peers.study_formats("imagenet")
+    read = {fmt for enc in peers.ENCODINGS for _, fmt in peers.TRAINING_PATHS[enc]}
+    assert set(formats) == read
+    assert "lance" not in formats and "lance" in peers.study_formats()
+
+
+def training_rows(path, fmt, values, *, crop=""):
+    rows = peer_case(path, fmt, values)
+    for row in rows:
+        params = {**json.loads(row["params"]), "transform": "train"}
+        params.update({"crop": crop} if crop else {})
+        row["params"] = json.dumps(params)
+    return rows
+
+
+def test_the_target_counts_storebench_s_paths_over_its_own_formats_only():
+    """Our ProcessPrefetcher over a peer's format is not storebench's best: it measures that
+    format as much as our loader."""
+    over_peer = peer_case("process", "webdataset", [9000.0, 9100.0, 9050.0, 9060.0, 9040.0])
+    found = peers.best_against_peers(Results(frame(*all_rates(), over_peer), {}).df, "jpeg")
+    assert found[0][0] == "process:lmdb"
+
+
+def test_a_training_row_s_label_says_which_crop_and_the_target_its_limit():
+    groups = [training_rows("process", "lmdb", [900.0, 910.0, 905.0, 906.0, 904.0]),
+              training_rows("ffcv", "ffcv", [800.0, 810.0, 805.0, 806.0, 804.0],
+                            crop="library")]
+    df = Results(frame(*groups), {}).df
+    rows = peers.peers_rows(df)
+    assert set(rows["label"]) == {"ProcessPrefetcher \u00d72 (lmdb)",
+                                  "FFCV Loader \u00d72 (ffcv, own crop op)"}
+    measure = peers.ours_over_peers_target("jpeg")(Results(frame(*groups), {}))
+    assert measure.value == pytest.approx(905 / 805)
+    assert "FFCV Loader \u00d72 (ffcv, own crop op)" in measure.limiting
+    assert "decode and crop every sample (the training transform)" in measure.limiting
+    caption = peers.sets_caption(rows, "jpeg")
+    assert "ImageNet-like JPEGs of mixed sizes" in caption and "64\u00d764" not in caption
+    assert "224\u00d7224" in caption

@@ -39,7 +39,8 @@ def test_synthetic_only_studies_read_the_synthetic_sets_whatever_the_family():
     assert study_family("formats", "small") == "imagenet"
     assert study_family("formats", "small", "synthetic") == "synthetic"
     assert study_family("formats", "ci", "imagenet") == "imagenet"
-    for name in ("targets", "peers", "startup", "resume", "gpu_decode"):
+    assert study_family("peers", "small") == "imagenet"
+    for name in ("targets", "startup", "resume", "gpu_decode"):
         assert study_family(name, "small", "imagenet") == "synthetic"
     assert study_data_dir("prefetch", "small", "data/small") == family_data_dir(
         "data/small", "imagenet")

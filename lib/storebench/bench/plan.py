@@ -103,16 +103,24 @@ def case_timeout_s(profile: str) -> float:
     return plan_for(profile).timeout_s
 
 
-def peer_specs(profile: str) -> tuple:
+# The peers study's cut of a training-set family (the ImageNet-like JPEGs and their 224x224
+# raw copy): 20 batches of 64, so one whole later epoch holds the steady window's 20 batches
+# and, decoding and cropping at under 1,000 images/s on two cores, lasts over a second.
+PEER_TRAINING_SAMPLES = 1280
+
+
+def peer_specs(profile: str, family: str = "synthetic") -> tuple:
     """(raw, JPEG) specs of the sets the peers study reads: the profile's raw and JPEG sets
-    cut to one count, the smaller set's or ``EPOCH_SAMPLES``, whichever is less (their first
+    of ``family`` cut to one count, the smaller set's or ``EPOCH_SAMPLES``
+    (``PEER_TRAINING_SAMPLES`` for a training-set family), whichever is less (their first
     samples: a sample depends only on its spec's seed and index, so they are the whole
     sets' bytes), so that an epoch of either reads as many samples."""
     import data_gen
 
     chosen = data_gen.get_profile(profile)
-    specs = (chosen.spec_for("raw"), chosen.spec_for("jpeg"))
-    count = min(EPOCH_SAMPLES, *(spec.num_samples for spec in specs))
+    specs = (chosen.spec_for("raw", family), chosen.spec_for("jpeg", family))
+    cap = EPOCH_SAMPLES if family == "synthetic" else PEER_TRAINING_SAMPLES
+    count = min(cap, *(spec.num_samples for spec in specs))
     return tuple(dataclasses.replace(spec, num_samples=count) for spec in specs)
 
 
@@ -121,6 +129,15 @@ def family_data_dir(data_dir: Path | str, family: str) -> Path:
     ``data_dir`` itself, any other family in its own subdirectory (their format-encoding
     directory names would clash)."""
     return Path(data_dir) if family == "synthetic" else Path(data_dir) / family
+
+
+def data_dir_family(data_dir: Path | str) -> str:
+    """The dataset family whose sets ``data_dir`` holds: the inverse of
+    ``family_data_dir``."""
+    import data_gen
+
+    name = Path(data_dir).name
+    return name if name in data_gen.FAMILIES and name != "synthetic" else "synthetic"
 
 
 def peer_sets_dir(data_dir: Path | str) -> Path:

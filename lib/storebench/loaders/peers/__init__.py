@@ -7,6 +7,7 @@ are what several of them share.
 from __future__ import annotations
 
 import io
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -81,10 +82,11 @@ def open_peer_dataset(root: Path, format_name: str, *, what: str) -> tuple[dict,
 
 
 def decoded_arrays(root: Path, spec: Spec, decode: str | None,
-                   resize: tuple[int, int] | None) -> bool:
+                   resize: tuple[int, int] | None, *, cropped: bool = False) -> bool:
     """Whether batches are arrays (raw pixels, or decoded images), refusing what cannot make
     one uint8 array per batch: an unknown decoder, decoding raw pixels, simplejpeg on
-    another encoding, a resize without decoding, images of several sizes without a resize."""
+    another encoding, a resize or crop (``cropped``: the training crop) without decoding,
+    images of several sizes without a resize or crop."""
     from ..datasets import DECODERS
 
     encoding = spec.encoding
@@ -97,12 +99,47 @@ def decoded_arrays(root: Path, spec: Spec, decode: str | None,
             raise ValueError(f"{root}: simplejpeg decodes JPEG only, these samples are "
                              f"{encoding}; use decode='auto' or 'pil'")
     arrays = encoding == "raw" or decode is not None
-    if resize and not arrays:
-        raise ValueError(f"{root}: resizing needs decoded images; pass decode='auto'")
-    if arrays and not fixed_size(spec) and not resize:
+    if (resize or cropped) and not arrays:
+        raise ValueError(f"{root}: resizing or cropping needs decoded images; pass "
+                         "decode='auto'")
+    if arrays and not fixed_size(spec) and not (resize or cropped):
         raise ValueError(f"{root}: the images differ in size and a batch is one array; "
                          "pass resize=")
     return arrays
+
+
+# ``PathOptions.transform`` "train": the standard training crop (scale and ratio as
+# torchvision's RandomResizedCrop) and flip. DALI and FFCV apply their own crop ops with
+# these parameters; the other peers apply storebench's seeded ``RandomResizedCropFlip``.
+TRAIN = "train"
+CROP_SCALE = (0.08, 1.0)
+CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
+
+
+def training_crop(options):
+    """The standard training crop and flip (``loaders.RandomResizedCropFlip``, seeded by
+    ``options.seed``) for ``options.transform == "train"``; None without a transform. A peer
+    whose library has no crop op of its own applies it in its map step: the same work, and
+    the same pixels, as storebench's paths."""
+    if options.transform is None:
+        return None
+    if options.transform != TRAIN:
+        raise ValueError(f"unknown transform {options.transform!r}; known: {TRAIN!r}")
+    from ..train_transform import RandomResizedCropFlip
+
+    return RandomResizedCropFlip(seed=int(options.seed))
+
+
+@dataclass(frozen=True)
+class EpochCrop:
+    """``crop`` of one epoch as a picklable one-image map step: sample ``index``'s image of
+    epoch ``epoch`` cropped as every storebench path crops it."""
+
+    crop: object
+    epoch: int
+
+    def __call__(self, image: np.ndarray, index: int) -> np.ndarray:
+        return self.crop(image, index=int(index), epoch=self.epoch)
 
 
 def tracked_loader_class(base: type) -> type:

@@ -70,7 +70,9 @@ from ...formats.rawfiles import class_dirs
 from ...formats.specs import fixed_size, spec_from_dict
 from ...formats.tfrecord import dali_index_path, shard_paths
 from ..batching import Batch
-from ..paths import PathOptions
+from ..paths import TRAINING_CROP, PathOptions
+from ..train_transform import CROP_TRIES
+from . import CROP_RATIO, CROP_SCALE, TRAIN
 
 READER_NAME = "Reader"
 INITIAL_FILL = 1024  # DALI's default shuffle buffer, in samples
@@ -145,8 +147,10 @@ def _spec_and_manifest(root: Path):
 def _check_options(options: PathOptions, spec, root: Path) -> None:
     if options.batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {options.batch_size}")
-    if not fixed_size(spec) and options.resize is None:
+    if not fixed_size(spec) and options.resize is None and options.transform is None:
         raise ValueError(f"{root}: images of different sizes need options.resize to batch")
+    if options.transform not in (None, TRAIN):
+        raise ValueError(f"unknown transform {options.transform!r}; known: {TRAIN!r}")
 
 
 def _pipeline_kwargs(options: PathOptions) -> dict:
@@ -159,9 +163,33 @@ def _reader_kwargs(options: PathOptions) -> dict:
             "pad_last_batch": True, "name": READER_NAME}
 
 
+def _train_crop_kwargs() -> dict:
+    """DALI's random resized crop drawn as torchvision's (``RandomResizedCropFlip``'s)."""
+    return {"random_area": list(CROP_SCALE), "random_aspect_ratio": list(CROP_RATIO),
+            "num_attempts": CROP_TRIES}
+
+
+def _flip(images):
+    """A horizontal flip with probability one half, as DALI's ImageNet examples flip:
+    ``crop_mirror_normalize`` with a coin flip (``fn.flip`` drops the samples' source info,
+    which names each sample's file)."""
+    from nvidia.dali import fn, types
+
+    return fn.crop_mirror_normalize(images, mirror=fn.random.coin_flip(probability=0.5),
+                                    dtype=types.UINT8, output_layout="HWC")
+
+
 def _decode(encoded, options: PathOptions):
     from nvidia.dali import fn, types
 
+    if options.transform == TRAIN:
+        # DALI's own crop op: it decodes only the crop's region (libjpeg-turbo's
+        # partial decode), then resizes and flips: the training transform in DALI's ops.
+        images = fn.decoders.image_random_crop(encoded, device="cpu", output_type=types.RGB,
+                                               **_train_crop_kwargs())
+        images = fn.resize(images, resize_x=TRAINING_CROP, resize_y=TRAINING_CROP,
+                           dtype=types.UINT8)
+        return _flip(images)
     images = fn.decoders.image(encoded, device="cpu", output_type=types.RGB)
     if options.resize is not None:
         height, width = options.resize
@@ -230,6 +258,11 @@ def dali_file_batches(dataset, sampler, options: PathOptions):
 
     @pipeline_def(**_pipeline_kwargs(options))
     def pipeline():
+        if raw and options.transform == TRAIN:
+            images = fn.reshape(fn.readers.numpy(files=files, **_reader_kwargs(options)),
+                                layout="HWC")
+            return _flip(fn.random_resized_crop(images, size=[TRAINING_CROP, TRAINING_CROP],
+                                                **_train_crop_kwargs()))
         if raw:
             return fn.readers.numpy(files=files, **_reader_kwargs(options))
         encoded, label = fn.readers.file(files=files, labels=labels.tolist(),

@@ -46,7 +46,8 @@ import numpy as np
 from ...formats import DatasetError, ffcv_beton, open_dataset, read_manifest
 from ...formats.specs import fixed_size, spec_from_dict
 from ..batching import Batch
-from ..paths import Batches, PathOptions
+from ..paths import TRAINING_CROP, Batches, PathOptions
+from . import CROP_RATIO, CROP_SCALE, TRAIN
 
 # How long close() waits for FFCV's epoch thread to end (it polls its stop flag every 0.5 s).
 _JOIN_SECONDS = 10.0
@@ -65,7 +66,9 @@ def ffcv_batches(dataset, sampler, options: PathOptions) -> Batches:
         raise DatasetError(
             f"{root}: FFCV decodes JPEG (libjpeg-turbo) and raw pixels only; this dataset is "
             f"{spec.encoding} (stored as a BytesField, which FFCV has no image decoder for)")
-    if not fixed_size(spec):
+    if options.transform not in (None, TRAIN):
+        raise ValueError(f"unknown transform {options.transform!r}; known: {TRAIN!r}")
+    if not fixed_size(spec) and options.transform is None:
         raise DatasetError(
             f"{root}: images of mixed sizes: FFCV's SimpleRGBImageDecoder needs one size, and "
             "its resizing decoders crop")
@@ -76,8 +79,22 @@ def ffcv_batches(dataset, sampler, options: PathOptions) -> Batches:
     return batches, batches.close
 
 
+def _image_pipeline(options: PathOptions) -> list:
+    """FFCV's image pipeline: the plain decode, or with ``options.transform`` "train" FFCV's
+    own training ops (its random resized crop decoder, scale and ratio as torchvision's, and
+    its random flip): the same work as storebench's seeded crop, FFCV's own random draws."""
+    from ffcv.fields.decoders import RandomResizedCropRGBImageDecoder, SimpleRGBImageDecoder
+    from ffcv.transforms import RandomHorizontalFlip
+
+    if options.transform == TRAIN:
+        return [RandomResizedCropRGBImageDecoder((TRAINING_CROP, TRAINING_CROP),
+                                                 scale=CROP_SCALE, ratio=CROP_RATIO),
+                RandomHorizontalFlip()]
+    return [SimpleRGBImageDecoder()]
+
+
 def _make_loader(path: Path, options: PathOptions):
-    from ffcv.fields.decoders import IntDecoder, SimpleRGBImageDecoder
+    from ffcv.fields.decoders import IntDecoder
     from ffcv.loader import Loader, OrderOption
 
     return Loader(
@@ -89,7 +106,7 @@ def _make_loader(path: Path, options: PathOptions):
         drop_last=False,
         os_cache=True,
         pipelines={
-            "image": [SimpleRGBImageDecoder()],
+            "image": _image_pipeline(options),
             "label": [IntDecoder()],
             "index": [IntDecoder()],
         },

@@ -67,6 +67,7 @@ from . import (
     open_peer_dataset,
     shut_down_dataloader_workers,
     tracked_loader_class,
+    training_crop,
 )
 
 DATASET_CLASS = "DecodingStreamingDataset"
@@ -88,11 +89,13 @@ def _make_dataset_class():
         """LitData's StreamingDataset, decoding each ``(index, image, label)`` sample in
         ``__getitem__`` (in the DataLoader's workers) as LitData's README shows."""
 
-        def __init__(self, *args, decode: str | None, channels: int, resize=None, **kwargs):
+        def __init__(self, *args, decode: str | None, channels: int, resize=None, crop=None,
+                     **kwargs):
             super().__init__(*args, **kwargs)
             self.decode = decode
             self.channels = channels
             self.resize = resize
+            self.crop = crop
 
         def __getitem__(self, index):
             stored_index, image, label = super().__getitem__(index)
@@ -102,16 +105,18 @@ def _make_dataset_class():
                     f"{self._chunk_file(index)}: sample {expected}: the item holds sample "
                     f"{stored_index}: chunk damaged or out of place"
                 )
-            if isinstance(image, np.ndarray):  # raw pixels, already a copy
-                return stored_index, image, label
-            try:
-                image = decode_image(image, self.decode, self.channels)
-            except (ValueError, OSError, SyntaxError) as err:
-                raise DatasetError(
-                    f"{self._chunk_file(index)}: sample {stored_index}: cannot decode: {err}"
-                ) from err
-            if self.resize is not None:
-                image = self.resize(image)
+            if not isinstance(image, np.ndarray):  # raw pixels are already a copy
+                try:
+                    image = decode_image(image, self.decode, self.channels)
+                except (ValueError, OSError, SyntaxError) as err:
+                    raise DatasetError(
+                        f"{self._chunk_file(index)}: sample {stored_index}: cannot decode: "
+                        f"{err}") from err
+                if self.resize is not None:
+                    image = self.resize(image)
+            if self.crop is not None:
+                # LitData counts epochs from 1; storebench's transform from 0.
+                image = self.crop(image, index=int(stored_index), epoch=self.current_epoch - 1)
             return stored_index, image, label
 
         def _chunk_file(self, index) -> str:
@@ -149,7 +154,9 @@ class LitDataBatches:
         self.root = root
         self.options = options
         decode = options.decode
-        decoded_arrays(root, self.spec, decode, options.resize)  # refuses what cannot batch
+        crop = training_crop(options)
+        # refuses what cannot batch
+        decoded_arrays(root, self.spec, decode, options.resize, cropped=crop is not None)
         resize = None
         if options.resize:
             from ..transforms import Resize
@@ -160,7 +167,7 @@ class LitDataBatches:
             self.dataset = _make_dataset_class()(
                 input_dir=str(root), cache_dir=self._cache_dir, shuffle=bool(options.shuffle),
                 seed=int(options.seed), drop_last=False, decode=decode,
-                channels=self.spec.channels, resize=resize,
+                channels=self.spec.channels, resize=resize, crop=crop,
             )
             world_size = self.dataset.distributed_env.world_size
             if world_size != 1:

@@ -83,6 +83,7 @@ from . import (
     open_peer_dataset,
     shut_down_dataloader_workers,
     tracked_loader_class,
+    training_crop,
 )
 
 DATASET_CLASS = "DecodingStreamingDataset"
@@ -118,11 +119,13 @@ def _make_dataset_class():
         """streaming's StreamingDataset, decoding each sample in ``__getitem__`` (in the
         DataLoader's workers) as streaming's docs show; yields ``(image, label, index)``."""
 
-        def __init__(self, *, decode: str | None, channels: int, resize=None, **kwargs):
+        def __init__(self, *, decode: str | None, channels: int, resize=None, crop=None,
+                     **kwargs):
             super().__init__(**kwargs)
             self.decode = decode
             self.channels = channels
             self.resize = resize
+            self.crop = crop
 
         def __getitem__(self, idx: int):
             try:
@@ -145,6 +148,10 @@ def _make_dataset_class():
                         f"{self.shard_file(idx)}: sample {idx}: cannot decode: {err}") from err
             if self.resize is not None:
                 image = self.resize(image)
+            if self.crop is not None:
+                # streaming starts epoch e by setting its shared counter to e + 1.
+                image = self.crop(image, index=int(stored_index),
+                                  epoch=int(self.next_epoch) - 1)
             return image, label, stored_index
 
         def shard_file(self, idx: int) -> str:
@@ -186,6 +193,7 @@ class MDSBatches:
             shuffle_algo=SHUFFLE_ALGO, shuffle_seed=int(options.seed),
             batch_size=int(options.batch_size), num_canonical_nodes=1,
             decode=decode, channels=self.spec.channels, resize=resize,
+            crop=training_crop(options),
         )
         try:
             ranks = self.dataset._unique_rank_world.num_ranks
@@ -209,7 +217,8 @@ class MDSBatches:
         """``(decode, resize transform)`` for this dataset, refusing combinations that
         cannot make one uint8 array per batch."""
         decode = options.decode
-        decoded_arrays(self.root, self.spec, decode, options.resize)
+        decoded_arrays(self.root, self.spec, decode, options.resize,
+                       cropped=options.transform is not None)
         if not options.resize:
             return decode, None
         from ..transforms import Resize

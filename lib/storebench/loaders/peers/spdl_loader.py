@@ -36,7 +36,7 @@ import numpy as np
 
 from ..batching import Batch
 from ..paths import PathOptions
-from . import decode_image
+from . import decode_image, training_crop
 
 SINK_BUFFER = 2
 # swscale flags that bring FFmpeg's YUV -> RGB closest to libjpeg-turbo's (see the doc).
@@ -45,9 +45,9 @@ DECODERS = ("simplejpeg", "spdl.io")
 
 
 class EpochSource:
-    """The batches of one epoch, as index arrays, each pass the next epoch's order. It keeps
-    its own epoch count: in SPDL's subprocess the pickled sampler never sees the main
-    process's ``set_epoch``."""
+    """The batches of one epoch, as ``(epoch, index array)``, each pass the next epoch's
+    order. It keeps its own epoch count: in SPDL's subprocess the pickled sampler never sees
+    the main process's ``set_epoch``; the decode stage's training crop takes it from here."""
 
     def __init__(self, sampler, batch_size: int) -> None:
         self.sampler = sampler
@@ -57,11 +57,12 @@ class EpochSource:
     def __iter__(self):
         from ..samplers import BatchSampler
 
+        epoch = self.epoch
         if hasattr(self.sampler, "set_epoch"):
-            self.sampler.set_epoch(self.epoch)
+            self.sampler.set_epoch(epoch)
         self.epoch += 1
         for indices in BatchSampler(self.sampler, self.batch_size):
-            yield np.asarray(indices, dtype=np.int64)
+            yield epoch, np.asarray(indices, dtype=np.int64)
 
 
 class StageError:
@@ -88,38 +89,44 @@ class ReadStage:
     def __init__(self, reader) -> None:
         self.reader = reader
 
-    def __call__(self, indices: np.ndarray):
+    def __call__(self, item: tuple[int, np.ndarray]):
         from ...formats import DatasetError
 
+        epoch, indices = item
         try:
             images, labels = self.reader.read_many(indices)
         except DatasetError as err:
             return StageError(str(err))
-        return indices, images, np.asarray(labels, dtype=np.int64)
+        return epoch, indices, images, np.asarray(labels, dtype=np.int64)
 
 
 class DecodeStage:
-    """Stage ``decode``: one batch's encoded images into one (B, H, W, C) uint8 array."""
+    """Stage ``decode``: one batch's encoded images into one (B, H, W, C) uint8 array, each
+    image through ``crop`` (the training crop, seeded by sample and epoch) where given."""
 
-    def __init__(self, decoder: str, channels: int) -> None:
+    def __init__(self, decoder: str, channels: int, crop=None) -> None:
         if decoder not in DECODERS:
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
         self.decoder = decoder
         self.channels = channels
+        self.crop = crop
 
     def __call__(self, item) -> Batch | StageError:
         if isinstance(item, StageError):
             return item
-        indices, images, labels = item
-        if isinstance(images, np.ndarray):  # raw pixels: nothing to decode
+        epoch, indices, images, labels = item
+        if isinstance(images, np.ndarray) and self.crop is None:  # raw pixels: nothing to do
             return Batch(images, labels, indices)
         decoded = []
         for index, data in zip(indices.tolist(), images):
             try:
-                decoded.append(spdl_io_decode(data) if self.decoder == "spdl.io"
-                               else decode_image(data, "simplejpeg", self.channels))
+                image = (data if isinstance(images, np.ndarray) else spdl_io_decode(data)
+                         if self.decoder == "spdl.io" else
+                         decode_image(data, "simplejpeg", self.channels))
             except (ValueError, RuntimeError, OSError) as err:
                 return StageError(f"sample {index}: {self.decoder} cannot decode it: {err}")
+            decoded.append(image if self.crop is None
+                           else self.crop(image, index=index, epoch=epoch))
         return Batch(np.stack(decoded), labels, indices)
 
 
@@ -166,7 +173,8 @@ class SpdlBatches:
                        .add_source(self.source)
                        .pipe(ReadStage(dataset.reader), concurrency=workers,
                              output_order="input", name="read")
-                       .pipe(DecodeStage(decoder, dataset.spec.channels),
+                       .pipe(DecodeStage(decoder, dataset.spec.channels,
+                                         crop=training_crop(options)),
                              concurrency=workers, output_order="input", name="decode")
                        .add_sink(SINK_BUFFER)
                        .get_config())

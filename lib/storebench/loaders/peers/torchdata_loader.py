@@ -124,8 +124,8 @@ def stateful_dataloader(dataset, sampler, options: PathOptions):
     import torch
     from torchdata.stateful_dataloader import StatefulDataLoader
 
-    from ..samplers import BatchSampler, SequentialSampler
-    from ..torch_adapter import seed_worker
+    from ..samplers import SequentialSampler
+    from ..torch_adapter import EpochBatchSampler, seed_worker
 
     if dataset is None:
         raise ValueError("the torchdata path reads through our dataset: dataset is None")
@@ -138,7 +138,9 @@ def stateful_dataloader(dataset, sampler, options: PathOptions):
                    "worker_init_fn": seed_worker}
     return StatefulDataLoader(
         WorkerSafeBatchDataset(dataset),
-        batch_sampler=BatchSampler(sampler, options.batch_size),
+        # Batches tagged with the sampler's epoch: a seeded training crop in the workers'
+        # dataset copies crops as every storebench path does.
+        batch_sampler=EpochBatchSampler(sampler, options.batch_size),
         collate_fn=collate_with_indices,
         num_workers=options.workers,
         generator=generator,

@@ -61,7 +61,13 @@ from ...formats.webdataset_tar import IMAGE_EXTS, LABEL_EXT, shard_paths
 from ...formats.webdataset_tar import NAME as FORMAT_NAME
 from ..batching import Batch
 from ..paths import PathOptions
-from . import decoded_arrays, open_peer_dataset, shut_down_dataloader_workers
+from . import (
+    EpochCrop,
+    decoded_arrays,
+    open_peer_dataset,
+    shut_down_dataloader_workers,
+    training_crop,
+)
 
 SHUFFLE_BUFFER = 1000  # samples: the size WebDataset's README uses
 
@@ -113,6 +119,18 @@ def _identity(x):
     return x
 
 
+class CroppedSample:
+    """An ``(image, label, index)`` sample with its image through ``crop``; picklable for
+    spawned workers."""
+
+    def __init__(self, crop: EpochCrop) -> None:
+        self.crop = crop
+
+    def __call__(self, sample: tuple) -> tuple:
+        image, label, index = sample
+        return self.crop(image, index), label, index
+
+
 class WebDatasetBatches:
     """Re-iterable epochs of ``Batch``es from WebDataset's pipeline (see the module doc)."""
 
@@ -124,7 +142,9 @@ class WebDatasetBatches:
         self.urls = [str(path) for path in shard_paths(root, manifest)]
         self.workers = min(max(int(options.workers), 0), len(self.urls))
         encoding, decode = self.spec.encoding, options.decode
-        arrays = decoded_arrays(root, self.spec, decode, options.resize)
+        self._crop = training_crop(options)
+        arrays = decoded_arrays(root, self.spec, decode, options.resize,
+                                cropped=self._crop is not None)
         self._handlers = image_handlers(decode, self.spec.channels)
         self._arrays = arrays
         self._image_field = ";".join(IMAGE_EXTS[encoding])
@@ -147,12 +167,13 @@ class WebDatasetBatches:
             from ..transforms import Resize
 
             transform = Resize(*self.options.resize)
-        return (
-            dataset.decode(*self._handlers)
-            .to_tuple(self._image_field, LABEL_EXT, "__key__")
-            .map_tuple(transform, _identity, int)
-            .batched(self.options.batch_size)
-        )
+        samples = (dataset.decode(*self._handlers)
+                   .to_tuple(self._image_field, LABEL_EXT, "__key__")
+                   .map_tuple(transform, _identity, int))
+        if self._crop is not None:
+            # The training crop in WebDataset's map step, keyed by the sample's index.
+            samples = samples.map(CroppedSample(EpochCrop(self._crop, epoch)))
+        return samples.batched(self.options.batch_size)
 
     def __iter__(self) -> Iterator[Batch]:
         from torch.utils.data import DataLoader

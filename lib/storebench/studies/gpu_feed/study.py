@@ -146,6 +146,12 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
             f"discarded); the dataset has {manifest['num_samples']}")
     batches = manifest["num_samples"] // batch_size
     fields = dataset_fields("gpu_feed", path, manifest)
+    # What each batch holds, for the captions (the set's arrays, as stored: a training-set
+    # family's 224x224 copy is fed uncropped, its crop left to the device, so that what
+    # the feed moves, not a CPU crop, decides the study's question).
+    from ...formats.specs import spec_from_dict
+
+    shape = "x".join(str(n) for n in spec_from_dict(manifest["spec"]).image_shape)
     cuda = cuda_info()
     if cuda["torch_cuda_available"]:
         device = {"device": "cuda", "emulated": False,
@@ -170,7 +176,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None,
             for copy in loader_copies:
                 if copy.get("pin_memory") and not path.pins_memory:
                     continue
-                params = {"compute_ms": ms, **device, **copy}
+                params = {"compute_ms": ms, "sample_shape": shape, **device, **copy}
                 if workers and path.start_method:
                     params["start_method"] = path.start_method
                 cases.append(Case(
@@ -547,9 +553,22 @@ def plot_feed(df: pd.DataFrame) -> Figure:
     where = (f"copies to {', '.join(real)}" if real
              else "no CUDA device: copies into CPU memory, accelerator emulated")
     question_title(fig, "Up to what demand does each loader keep the accelerator busy? "
-                        f"({where}; {profile_caption(feed_rows(df))})",
+                        f"({where}; {feed_caption(feed_rows(df))})",
                    feed_takeaway(demand))
     return fig
+
+
+def feed_caption(rows: pd.DataFrame) -> str:
+    """What the rows fed: ``"raw 224×224×3 arrays, batch 256"`` from their params
+    (``sample_shape``), else the profile's caption (rows from before the param)."""
+    params = rows["params"].map(json.loads) if not rows.empty else pd.Series(dtype=object)
+    shapes = sorted({p["sample_shape"] for p in params if p.get("sample_shape")})
+    if not shapes:
+        return profile_caption(rows)
+    batches = sorted({int(b) for b in rows["batch_size"].dropna()})
+    sizes = ", ".join(shape.replace("x", MULTIPLY) for shape in shapes)
+    return (f"{', '.join(sorted(set(rows['encoding'])))} {sizes} arrays as stored, batch "
+            f"{', '.join(str(b) for b in batches)}")
 
 
 def _time_split(ax, parts: pd.DataFrame, compute_ms: float, fed: int) -> None:

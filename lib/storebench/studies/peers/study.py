@@ -34,6 +34,7 @@ MDS's vision zoo imports, is recorded as unavailable (``UNAVAILABLE_HERE``).
 
 from __future__ import annotations
 
+import json
 import math
 import subprocess
 from pathlib import Path
@@ -43,9 +44,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ...bench.case import Case
+from ...bench.plan import data_dir_family, peer_specs, plan_for
 from ...bench.plan import peer_sets_dir as sets_dir
-from ...bench.plan import peer_specs, plan_for
-from ...loaders.paths import LOADER_PATHS, get_loader_path
+from ...loaders.paths import LOADER_PATHS, TRAINING_CROP, get_loader_path
 from ...plots import (
     empty_figure,
     family_handles,
@@ -64,7 +65,13 @@ from ...text import (
     format_value,
 )
 from ..base import FigureSpec, Study, TargetMeasure, TargetSpec
-from ..grid import dataset_fields, profile_datasets, repeat_fields, steady_fields
+from ..grid import (
+    TRAINING_TRANSFORM,
+    dataset_fields,
+    profile_datasets,
+    repeat_fields,
+    steady_fields,
+)
 
 NAME = "peers"
 CASES = "storebench.studies.peers.cases"
@@ -93,6 +100,29 @@ PEER_PATHS = {
 # Our ProcessPrefetcher over every peer format that holds the encoding: the same files,
 # our loader.
 OUR_LOADER_OVER_PEER_FORMATS = "process"
+# On a training-set family (the ImageNet-like JPEGs, decoded and cropped; the 224x224 raw
+# copy, cropped): the cases that decide the guide rows and the target within the study's
+# budget (``TRAINING_BUDGET_S``; the note on issue 46 has the arithmetic). Both sides of the
+# target: our two prefetchers over a core format, the common default, and each peer that
+# runs here over its own format. Left out: the cold rows (a cold read of the cut JPEG set,
+# 134 MB at 2 GB/s, is a few percent of its decode: the out_of_core study measures cold),
+# torchdata (torch's DataLoader over our dataset: the default's loop again), SPDL's
+# spdl.io and subprocess variants, DALI over TFRecord (DALI over files decides for DALI),
+# tf.data (the formats study's), and our loader over the peers' formats (a question about
+# their files, not about which loader).
+TRAINING_PATHS = {
+    "jpeg": (("process", "lmdb"), ("thread", "lmdb"), DEFAULT_PATH,
+             ("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "mds"),
+             ("dali_file", "rawfiles"), ("ffcv", "ffcv"), ("spdl", "lmdb")),
+    "raw": (("process", "memmap"), ("thread", "memmap"), ("litdata", "litdata"),
+            ("ffcv", "ffcv")),
+}
+TRAINING_BUDGET_S = 250
+# Peer paths whose library has a random resized crop op of its own (DALI's
+# decoders.image_random_crop / random_resized_crop, FFCV's RandomResizedCropRGBImageDecoder):
+# they crop with it (param ``crop="library"``: the same work, the library's own random
+# draws); every other path applies storebench's seeded RandomResizedCropFlip.
+OWN_CROP_PATHS = ("dali_file", "dali_tfrecord", "ffcv")
 COMPACT_LATER_EPOCHS_MIN_S = 0.25
 COMPACT = {"jpeg": (("process", "lmdb"), ("webdataset", "webdataset"), ("ffcv", "ffcv"),
                     ("dali_tfrecord", "tfrecord"), ("spdl", "lmdb")),
@@ -110,12 +140,16 @@ RATE = "later_epochs_samples_per_s"  # epochs 2 and on: the steady state
 COLD_RATE = "epoch1_samples_per_s"
 
 
-def study_formats() -> tuple[str, ...]:
+def study_formats(family: str = "synthetic") -> tuple[str, ...]:
     """Every format the study reads: the core formats its own paths and the peers' read
     (torchdata over memmap and LMDB, DALI over raw files and TFRecord), then every peer
-    format."""
+    format; on a training-set family, those ``TRAINING_PATHS`` read only."""
     from ...formats import FORMATS
 
+    if family != "synthetic":
+        read = {fmt for encoding in ENCODINGS for _, fmt in TRAINING_PATHS[encoding]}
+        return (*sorted(read & set(FORMATS.core)),
+                *(fmt for fmt in peer_formats() if fmt in read))
     paths = [path for encoding in ENCODINGS
              for path in STOREBENCH_PATHS[encoding] + PEER_PATHS[encoding]]
     ours = {fmt for _, fmt in paths} & set(FORMATS.core)
@@ -145,6 +179,8 @@ def _case(path: str, fmt: str, encoding: str, cache: str, built: dict, fields: d
     from ...formats import FORMATS
 
     params = {"decode": decode_for(encoding), **extra}
+    if params.get("transform") and path in OWN_CROP_PATHS:
+        params["crop"] = "library"
     if cache == "cold":
         # Epoch 1 only: its later epochs would read a cached set, the warm row's measurement.
         params["later_epochs"] = False
@@ -176,6 +212,7 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
     plans (ci): ``COMPACT``, warm only. JPEG decode against the cores' one-thread rate is
     the targets study's (``DECODE_TARGET``), not measured again here."""
     plan = plan_for(profile)
+    family = data_dir_family(data_dir)
     # Whole epochs (no ``epoch_fields``): a peer's loader stopped mid-epoch pays for its own
     # stop (FFCV polls its stop flag every 0.5 s), which no whole epoch does, and each
     # case's later epochs would be many short ones, each stopped so.
@@ -188,25 +225,32 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
                      "timeout_s": plan.timeout_s, **steady_fields(profile)}
     # Sets from their own directory only: where a profile's set is no longer than the cut,
     # its whole builds beside the directory have the same spec.
-    datasets = profile_datasets(profile, data_dir, peers=True, specs=peer_specs(profile))
+    datasets = profile_datasets(profile, data_dir, peers=True,
+                                specs=peer_specs(profile, family))
     built = {(m["format"], m["encoding"]): (p, m) for p, m in datasets
              if Path(p).parent == sets_dir(data_dir)}
     # ci-sized epochs: a quarter second of later epochs shows the path works.
     extra = {"later_epochs_min_s": COMPACT_LATER_EPOCHS_MIN_S} if plan.compact else {}
+    training = family != "synthetic"
+    if training:
+        # Every path applies the standard training transform (``decode_params``).
+        extra["transform"] = TRAINING_TRANSFORM
     from ...formats import FORMATS
 
     cases = []
     for encoding in ENCODINGS:
         ours_over_peers: tuple = ()
-        if plan.compact:
+        if training:
+            paths = TRAINING_PATHS[encoding]
+        elif plan.compact:
             paths = COMPACT[encoding]
         else:
             ours_over_peers = tuple(
                 (OUR_LOADER_OVER_PEER_FORMATS, fmt) for fmt in peer_formats()
                 if encoding in getattr(FORMATS.get(fmt), "ENCODINGS", ()))
             paths = STOREBENCH_PATHS[encoding] + PEER_PATHS[encoding] + ours_over_peers
-        caches = ("warm", "cold") if encoding in COLD_ENCODINGS and not plan.compact else (
-            "warm",)
+        caches = ("warm", "cold") if (encoding in COLD_ENCODINGS and not plan.compact
+                                      and not training) else ("warm",)
         for cache in caches:
             for path, fmt in paths:
                 targeted = cache == "warm" and (path, fmt) not in ours_over_peers
@@ -219,13 +263,13 @@ def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = T
                        jobs: int | None = None, formats: tuple[str, ...] | None = None
                        ) -> None:
     """Build the study's sets with the peers environment's interpreter (where it is missing
-    the grid's rows say so): the raw and JPEG sets, cut (``peer_specs``), in every format of
-    ``study_formats()`` that holds them, in ``sets_dir`` (``storebench build --peer-sets``).
-    The formats are split among ``jobs`` processes (default: one per core, at most two),
-    each building both sets of its formats: importing the peer libraries, not writing the
-    samples, is most of a small build, and nothing is measured meanwhile. A failed build is
-    reported, not fatal: its rows become ``skipped``. ``formats``: these only (the resume
-    study's)."""
+    the grid's rows say so): the raw and JPEG sets of ``data_dir``'s family, cut
+    (``peer_specs``), in every format of ``study_formats()`` that holds them, in
+    ``sets_dir`` (``storebench build --peer-sets``). The formats are split among ``jobs``
+    processes (default: one per core, at most two), each building both sets of its formats:
+    importing the peer libraries, not writing the samples, is most of a small build, and
+    nothing is measured meanwhile. A failed build is reported, not fatal: its rows become
+    ``skipped``. ``formats``: these only (the resume study's)."""
     import os
     import sys
 
@@ -236,13 +280,15 @@ def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = T
     except EnvironmentUnavailableError as err:
         print(f"storebench: peers study: {err}", file=sys.stderr)
         return
-    formats = formats or study_formats()
+    family = data_dir_family(data_dir)
+    formats = formats or study_formats(family)
     jobs = max(1, min(jobs or min(2, os.cpu_count() or 1), len(formats)))
     processes = []
     try:
         for share in range(jobs):
             command = [str(python), "-m", "storebench", "build", "--profile", profile,
-                       "--out", str(data_dir), "--peer-sets", "--formats", *formats[share::jobs]]
+                       "--out", str(data_dir), "--peer-sets", "--family", family,
+                       "--formats", *formats[share::jobs]]
             processes.append(subprocess.Popen(command + ([] if progress else ["--quiet"])))
         failed = [(formats[share::jobs], process.wait())
                   for share, process in enumerate(processes)]
@@ -263,19 +309,26 @@ def peers_rows(df: pd.DataFrame) -> pd.DataFrame:
     rows have no path: empty strings)."""
     rows = df[df["study"] == NAME].copy()
     if rows.empty:
-        return rows.assign(path="", family="", label="")
+        return rows.assign(path="", family="", label="", transform="", crop="")
     rows["path"] = rows["prefetcher"].fillna("")
     rows["family"] = rows["path"].map(
         lambda p: LOADER_PATHS[p].family if p in LOADER_PATHS else "")
-    rows["label"] = [path_text(p, f) for p, f in zip(rows["path"], rows["format"])]
+    params = [p if isinstance(p, dict) else json.loads(p) if isinstance(p, str) and p else {}
+              for p in rows["params"]]
+    rows["transform"] = [str(p.get("transform") or "") for p in params]
+    rows["crop"] = [str(p.get("crop") or "") for p in params]
+    rows["label"] = [path_text(p, f, crop=c)
+                     for p, f, c in zip(rows["path"], rows["format"], rows["crop"])]
     return rows
 
 
-def path_text(path: str, fmt: str) -> str:
-    """``"WebDataset + DataLoader ×2 (webdataset)"``: the path, its workers, what it reads."""
+def path_text(path: str, fmt: str, *, crop: str = "") -> str:
+    """``"WebDataset + DataLoader ×2 (webdataset)"``: the path, its workers, what it reads;
+    ``", own crop op"`` where it crops with its library's op (``crop="library"``)."""
     loader = LOADER_PATHS.get(path)
     label = loader.label if loader else path
-    return f"{label} {MULTIPLY}{WORKERS} ({fmt})"
+    own = ", own crop op" if crop == "library" else ""
+    return f"{label} {MULTIPLY}{WORKERS} ({fmt}{own})"
 
 
 def candidates(df: pd.DataFrame, encoding: str, cache: str, metric: str):
@@ -286,7 +339,7 @@ def candidates(df: pd.DataFrame, encoding: str, cache: str, metric: str):
     for (path, fmt), part in rows.groupby(["path", "format"], sort=False):
         if select(part, metric).empty:
             continue
-        found.append((f"{path}:{fmt}", path_text(path, fmt), part["family"].iloc[0],
+        found.append((f"{path}:{fmt}", part["label"].iloc[0], part["family"].iloc[0],
                       stat(part, metric)))
     return sorted(found, key=lambda c: -c[3].median)
 
@@ -299,17 +352,28 @@ def skipped_paths(df: pd.DataFrame) -> list[tuple[str, str]]:
     whole = rows[(rows["metric"] == "case_seconds") & (rows["status"] != "ok")]
     seen = {}
     for _, row in whole.iterrows():
-        label = path_text(row["path"], row["format"]) + f", {row['encoding']}"
+        label = f"{row['label']}, {row['encoding']}"
         reason = str(row["error"]).splitlines()[0] if row["error"] else row["status"]
         seen.setdefault(label, f"{row['status']}: {reason}")
     return list(seen.items())
 
 
+def is_storebench_over_core(key: str, family: str) -> bool:
+    """Whether a candidate is storebench's: one of its loader paths over one of its (core)
+    formats. Our loader over a peer's format measures that format as much as our loader."""
+    from ...formats import FORMATS
+
+    return family == "storebench" and key.split(":", 1)[1] in FORMATS.core
+
+
 def best_against_peers(df: pd.DataFrame, encoding: str):
-    """(ours, peer, (ratio, low, high)) for storebench's best path against the best peer
-    path, warm, epochs 2 and on; None where either side is missing."""
+    """(ours, peer, (ratio, low, high)) for storebench's best path over a storebench format
+    against the best peer library's own pipeline, warm, epochs 2 and on; None where either
+    side is missing."""
     found = candidates(df, encoding, "warm", RATE)
-    ours = [c for c in found if c[2] == "storebench"]
+    ours = [c for c in found if is_storebench_over_core(c[0], c[2])]
+    # A peer library's own pipeline, over its own format or the core one it reads (DALI
+    # over raw files, SPDL over LMDB).
     peers = [c for c in found if c[2] == "peer"]
     if not ours or not peers:
         return None
@@ -323,7 +387,7 @@ def versus_default(df: pd.DataFrame, encoding: str):
     from ...guide import compare
 
     found = candidates(df, encoding, "warm", RATE)
-    ours = [c for c in found if c[2] == "storebench"]
+    ours = [c for c in found if is_storebench_over_core(c[0], c[2])]
     default = [c for c in found if c[0] == ":".join(DEFAULT_PATH)]
     if not ours or not default:
         return None
@@ -341,14 +405,33 @@ def ours_over_peers_target(encoding: str):
         ours, peer, (ratio, low, high) = found
         return TargetMeasure(
             value=ratio, low=low, high=high, repeats=min(ours[3].count, peer[3].count),
-            limiting=f"{ours[1]} at {ours[3]} against {peer[1]} at {peer[3]}")
+            limiting=f"{ours[1]} at {ours[3]} against {peer[1]} at {peer[3]}; "
+                     f"{limiting_factor(results.df, encoding)}")
 
     return measure
 
 
+def limiting_factor(df: pd.DataFrame, encoding: str) -> str:
+    """What bounds the ratio, from the rows: where every path decodes and crops each sample
+    (the training transform), that work on the same cores bounds both sides, and the ratio
+    can only come from how each loader keeps the cores busy; over small cached arrays, each
+    loader's per-batch overhead."""
+    rows = peers_rows(df)
+    rows = rows[(rows["encoding"] == encoding) & (rows["transform"] != "")]
+    if not rows.empty:
+        work = "decode and crop" if encoding == "jpeg" else "crop"
+        return (f"both sides {work} every sample (the training transform) on the same "
+                f"{WORKERS} workers' cores: that work bounds both, the ratio is how fully "
+                "each loader keeps the cores on it")
+    if encoding == "jpeg":
+        return "both sides decode every sample on the same cores: decode bounds both"
+    return "small cached arrays: each loader's per-batch overhead decides"
+
+
 PEER_TARGETS = tuple(
     TargetSpec(key=f"peers_{encoding}", name=f"Ours vs the best peer, {encoding}",
-               description=f"storebench's best path over the best peer library's, "
+               description=f"storebench's best path over a storebench format against the "
+                           f"best peer library's own pipeline, "
                            f"{ENCODING_NAMES.get(encoding, encoding)}, warm, epochs 2 and on",
                threshold=TARGET_RATIO, is_fraction=False,
                measure=ours_over_peers_target(encoding))
@@ -415,9 +498,17 @@ def peers_table(df: pd.DataFrame) -> pd.DataFrame:
 def sets_caption(rows: pd.DataFrame, encoding: str) -> str:
     """``profile_caption`` with the sample count the rows' epochs read (epoch 1 reads the
     whole set): the raw set here is cut shorter than the profile's."""
-    counts = select(rows[rows["encoding"] == encoding], "samples")["value"]
-    return profile_caption(rows, encoding,
-                           samples=int(counts.max()) if not counts.empty else None)
+    mine = rows[rows["encoding"] == encoding]
+    counts = select(mine, "samples")["value"]
+    samples = int(counts.max()) if not counts.empty else None
+    if "transform" in mine and (mine["transform"] != "").any():
+        side = f"{TRAINING_CROP}{MULTIPLY}{TRAINING_CROP}"
+        what = (f"ImageNet-like JPEGs of mixed sizes, decoded, crop-resized to {side}, flipped"
+                if encoding == "jpeg" else
+                f"ImageNet-like images stored decoded at {side}{MULTIPLY}3, crop-resized, "
+                "flipped")
+        return f"{samples:,} {what}" if samples else what
+    return profile_caption(rows, encoding, samples=samples)
 
 
 # -- figures ----------------------------------------------------------------------------
@@ -507,8 +598,9 @@ def plot_peers(df: pd.DataFrame) -> Figure:
     epochs 2 and on with a tick at epoch 1; cold bars are epoch 1. Linear axes unless a
     row's rates span more than ``LOG_SPAN``."""
     rows = peers_rows(df)
+    # A panel wherever a rate was measured (an epoch of one batch has no epoch-1 rate).
     panels = [(enc, cache) for enc in ENCODINGS for cache in ("warm", "cold")
-              if candidates(df, enc, cache, COLD_RATE)]
+              if candidates(df, enc, cache, COLD_RATE) or candidates(df, enc, cache, RATE)]
     if not panels:
         return empty_figure("no peers rows")
     split = []
@@ -520,24 +612,29 @@ def plot_peers(df: pd.DataFrame) -> Figure:
                       [c for c in found if _over_peer_format(c[0])], metric))
     heights = [0.24 * max(len(own), len(over), 1) + 0.9 for own, over, _ in split]
     fig = Figure(figsize=(11, sum(heights) + 1.8), layout="constrained")
-    grid = fig.subplots(len(panels), 2, height_ratios=heights, squeeze=False,
-                        width_ratios=(1.15, 1))
-    for (left, right), (encoding, cache), (own, over, metric) in zip(grid, panels, split):
+    # The right column only where our loader read a peer's format (not on a training set).
+    both = any(over for _, over, _ in split)
+    grid = fig.subplots(len(panels), 2 if both else 1, height_ratios=heights, squeeze=False,
+                        **({"width_ratios": (1.15, 1)} if both else {}))
+    for axes, (encoding, cache), (own, over, metric) in zip(grid, panels, split):
+        left = axes[0]
         mine = rows[(rows["encoding"] == encoding) & (rows["cache"] == cache)]
         values = _rate_bars(left, mine, own, metric, epoch1=cache == "warm")
-        values += _rate_bars(right, mine, over, metric, epoch1=False,
-                             peer_own=_peer_own_rates(mine, own, metric))
         what = ENCODING_NAMES.get(encoding, encoding)
         epochs = "epochs 2 and on" if cache == "warm" else "epoch 1"
         left.set_title(f"{what}, {cache} cache, {epochs}: each library over its own format",
                        fontsize="small")
-        right.set_title(f"{what}, {cache}: our ProcessPrefetcher {MULTIPLY}{WORKERS} over the "
-                        "peers' formats", fontsize="small")
         left.set_yticks(range(len(own)), [c[1] for c in own], fontsize="x-small")
-        right.set_yticks(range(len(over)), [f"over {c[0].split(':', 1)[1]} files"
-                                            for c in over], fontsize="x-small")
+        if both:
+            right = axes[1]
+            values += _rate_bars(right, mine, over, metric, epoch1=False,
+                                 peer_own=_peer_own_rates(mine, own, metric))
+            right.set_title(f"{what}, {cache}: our ProcessPrefetcher {MULTIPLY}{WORKERS} over "
+                            "the peers' formats", fontsize="small")
+            right.set_yticks(range(len(over)), [f"over {c[0].split(':', 1)[1]} files"
+                                                for c in over], fontsize="x-small")
         finite = [v for v in values if np.isfinite(v) and v > 0]
-        for ax in (left, right):
+        for ax in axes:
             ax.invert_yaxis()
             ax.set_xlabel(f"samples per second ({sets_caption(rows, encoding)})",
                           fontsize="x-small")
@@ -665,7 +762,7 @@ def spdl_findings(df: pd.DataFrame) -> list[str]:
     out = []
     for encoding in ENCODINGS:
         found = candidates(df, encoding, "warm", RATE)
-        ours = [c for c in found if c[2] == "storebench"]
+        ours = [c for c in found if is_storebench_over_core(c[0], c[2])]
         spdl = [c for c in found if c[0].split(":", 1)[0] in SPDL_PATHS]
         if not ours or not spdl:
             continue
@@ -691,18 +788,18 @@ def findings(results: Results) -> list[str]:
     rows = peers_rows(df)
     jpeg = rows[(rows["encoding"] == "jpeg") & (rows["cache"] == "warm")]
     starts = []
-    for (path, fmt), mine in jpeg.groupby(["path", "format"], sort=False):
+    for _, mine in jpeg.groupby(["path", "format"], sort=False):
         if not select(mine, "fresh_process_first_batch_s").empty:
-            starts.append((stat(mine, "fresh_process_first_batch_s"), path_text(path, fmt)))
+            starts.append((stat(mine, "fresh_process_first_batch_s"), mine["label"].iloc[0]))
     if len(starts) > 1:
         starts.sort(key=lambda s: s[0].median)
         out.append(f"Time to the first batch in a fresh process (imports and JIT included; "
                    f"JPEG, warm) runs from {starts[0][0]} ({starts[0][1]}) to "
                    f"{starts[-1][0]} ({starts[-1][1]}); the rates above exclude it.")
     spreads = []
-    for (path, fmt), mine in jpeg.groupby(["path", "format"], sort=False):
+    for _, mine in jpeg.groupby(["path", "format"], sort=False):
         if not select(mine, "shuffle_spread").empty:
-            spreads.append((stat(mine, "shuffle_spread").median, path_text(path, fmt)))
+            spreads.append((stat(mine, "shuffle_spread").median, mine["label"].iloc[0]))
     if spreads:
         spreads.sort()
         out.append(f"Shuffle quality, measured from the delivered order: the least spread "
@@ -763,7 +860,6 @@ STUDY = Study(
     notebook="08_peers.ipynb",
     readme_figures=("peers_rate",),
     readme_text=readme_text,
-    synthetic_only=True,
     prepare=build_peer_formats,
     targets=PEER_TARGETS,
 )
