@@ -157,6 +157,7 @@ def test_every_guide_row_names_the_workload_its_study_recorded(both_families, tm
     assert json.loads((tmp_path / WORKLOADS_FILE).read_text()) == written
     jpeg = written["lazy_vs_preloaded"]["jpeg"]
     assert jpeg.startswith("64 ImageNet-like JPEGs of many sizes, ")
+    assert " or " not in jpeg  # its builds in several formats are one set, said once
     assert jpeg.endswith("; read through the training crop (random resized crop to 224, flip)")
     record_workloads(tmp_path, "formats", planned_cases("formats", "ci", both_families, None))
     again = json.loads((tmp_path / WORKLOADS_FILE).read_text())
@@ -169,3 +170,18 @@ def test_every_guide_row_names_the_workload_its_study_recorded(both_families, tm
     unknown = choose_row("lazy_vs_preloaded", {})
     assert with_workload(unknown, results).workload == "; ".join(
         again["lazy_vs_preloaded"].values())
+
+
+def test_one_set_built_in_several_formats_is_named_once_with_its_size_range(both_families):
+    from storebench.studies.grid import cases_workloads
+
+    root = family_data_dir(both_families, "imagenet")
+    builds = [root / "lmdb-jpeg", root / "tfrecord-jpeg"]
+    sizes = [read_manifest(p)["bytes_apparent"] / 64 / 1e3 for p in builds]
+    cases = [Case(study="prefetch", function="m:f", dataset=str(p),
+                  params={"transform": "train"}) for p in builds]
+    low, high = f"{min(sizes):,.0f}", f"{max(sizes):,.0f}"
+    stored = low if low == high else f"{low}\u2013{high}"
+    assert cases_workloads(cases) == {"jpeg": (
+        f"64 ImageNet-like JPEGs of many sizes, {stored} KB stored per sample; read through "
+        "the training crop (random resized crop to 224, flip)")}

@@ -205,15 +205,17 @@ def decode_params(manifest: dict) -> dict:
     return params
 
 
-def dataset_workload(manifest: dict) -> str:
+def dataset_workload(manifest: dict, stored_kb: Sequence[float] | None = None) -> str:
     """The data a case over this build reads, in words: how many samples, of what, and
-    their stored size, e.g. "12,000 ImageNet-like JPEGs of many sizes, 110 KB stored per
-    sample"."""
+    their stored size (or the range ``stored_kb`` of several builds of it), e.g. "12,000
+    ImageNet-like JPEGs of many sizes, 110-114 KB stored per sample"."""
     from storebench.formats.specs import fixed_size, is_imported, spec_from_dict
 
     spec = spec_from_dict(manifest["spec"])
     count = int(manifest["num_samples"])
-    stored_kb = float(manifest["bytes_apparent"]) / max(count, 1) / 1e3
+    sizes = list(stored_kb or [float(manifest["bytes_apparent"]) / max(count, 1) / 1e3])
+    stored = (f"{min(sizes):,.0f}" if f"{min(sizes):,.0f}" == f"{max(sizes):,.0f}"
+              else f"{min(sizes):,.0f}\u2013{max(sizes):,.0f}")
     encoding = manifest["encoding"]
     kind = "raw arrays" if encoding == "raw" else f"{encoding.upper()}s"
     if fixed_size(spec):
@@ -229,27 +231,34 @@ def dataset_workload(manifest: dict) -> str:
         origin = "imported images as " if encoding == "raw" else "imported "
     else:
         origin = "synthetic "
-    return f"{count:,} {origin}{kind}, {stored_kb:,.0f} KB stored per sample"
+    return f"{count:,} {origin}{kind}, {stored} KB stored per sample"
 
 
 def cases_workloads(cases) -> dict[str, str]:
-    """Encoding -> what ``cases`` read of it (``dataset_workload``) and how: the training
-    transform, the resize or a decode where their params say so. Several sets of one
-    encoding (cut and whole) are joined."""
+    """Encoding -> what ``cases`` read of it (``dataset_workload``: each set once, with the
+    range of its builds' stored sizes) and how: the training transform or the resize where
+    their params say so. Different sets of one encoding (cut and whole) are joined."""
+    import json
+
     from storebench.formats import read_manifest
 
-    seen: dict[str, dict[str, set]] = {}
+    seen: dict[str, dict] = {}
     for case in cases:
         if not case.dataset or not (Path(case.dataset) / "manifest.json").is_file():
             continue
         manifest = read_manifest(case.dataset)
         entry = seen.setdefault(manifest["encoding"], {"sets": {}, "how": set()})
-        entry["sets"][dataset_workload(manifest)] = None
+        key = json.dumps(manifest["spec"], sort_keys=True)
+        first, sizes = entry["sets"].setdefault(key, (manifest, {}))
+        sizes[str(case.dataset)] = (float(manifest["bytes_apparent"])
+                                    / max(int(manifest["num_samples"]), 1) / 1e3)
         params = dict(case.params or {})
         if params.get("transform") == TRAINING_TRANSFORM:
             entry["how"].add("the training crop (random resized crop to 224, flip)")
         elif params.get("resize"):
             entry["how"].add(f"a resize to {params['resize']}")
-    return {encoding: " or ".join(entry["sets"]) + (
+    return {encoding: " or ".join(
+        dataset_workload(manifest, list(sizes.values()))
+        for manifest, sizes in entry["sets"].values()) + (
         f"; read through {' or '.join(sorted(entry['how']))}" if entry["how"] else "")
         for encoding, entry in seen.items()}
