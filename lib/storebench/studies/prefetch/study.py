@@ -312,6 +312,7 @@ def prefetch_findings(df: pd.DataFrame) -> list[str]:
                 f" {b['label']} ({format_value(a['samples_per_s'], 'samples/s')}"
                 f" vs {format_value(b['samples_per_s'], 'samples/s')}).")
     sentences += worker_sweep_findings(table)
+    sentences += threads_vs_processes_findings(table)
     sentences += decoder_findings(table)
     return sentences
 
@@ -361,11 +362,75 @@ def decoder_findings(table: pd.DataFrame) -> list[str]:
         threads = {decode: _path(rows, "thread", 2)
                    for decode, rows in part.groupby("decode")}
         if all(threads.get(d) is not None for d in ("pil", "simplejpeg")):
-            sentences.append(
-                f"{dataset}: two threads speed up GIL-releasing simplejpeg decoding "
-                f"{format_ratio(threads['simplejpeg']['speedup'])} over one thread, "
-                f"GIL-holding PIL decoding {format_ratio(threads['pil']['speedup'])}.")
+            sentences.append(decoder_scaling_sentence(dataset, part, threads))
         sentences += reduced_decode_findings(dataset, part)
+    return sentences
+
+
+def cpu_ms_per_sample(row: pd.Series) -> float:
+    """CPU time the path's whole process tree spent per sample delivered, in ms."""
+    return float(row["cpu_utilisation"]) / float(row["samples_per_s"]) * 1e3
+
+
+def time_text(ms: float) -> str:
+    """``"0.47 ms"``, or ``"8.2 µs"`` under a tenth of a millisecond."""
+    return f"{ms:.2f} ms" if ms >= 0.1 else f"{ms * 1e3:.1f} \u00b5s"
+
+
+def decoder_scaling_sentence(dataset: str, part: pd.DataFrame, threads: Mapping) -> str:
+    """How much a second thread gains each decoder, and what the rows say of why: the CPU
+    one and two threads spend per sample and the cores two keep busy (both decoders
+    release the GIL while they decode; the rest of each sample's work does not scale)."""
+    serial = {d: _path(part[part["decode"] == d], "none", 0) for d in ("pil", "simplejpeg")}
+    gains = {d: threads[d]["speedup"] for d in ("pil", "simplejpeg")}
+    more, less = sorted(gains, key=lambda d: gains[d], reverse=True)
+    text = (f"{dataset}: two threads speed up {more} decoding "
+            f"{format_ratio(gains[more])} over one thread and {less} "
+            f"{format_ratio(gains[less])}.")
+    measured = [serial[d] is not None and not pd.isna(serial[d]["cpu_utilisation"])
+                and not pd.isna(threads[d]["cpu_utilisation"]) for d in serial]
+    if not all(measured):
+        return text
+    one = {d: cpu_ms_per_sample(serial[d]) for d in serial}
+    two = {d: cpu_ms_per_sample(threads[d]) for d in serial}
+    busy = {d: float(threads[d]["cpu_utilisation"]) for d in serial}
+    return (text + f" CPU per sample, one thread then two: {more} {time_text(one[more])} "
+            f"then {time_text(two[more])} ({two[more] / one[more] - 1:+.0%}), {less} "
+            f"{time_text(one[less])} then {time_text(two[less])} "
+            f"({two[less] / one[less] - 1:+.0%}); two threads keep {busy[more]:.2f} and "
+            f"{busy[less]:.2f} cores busy." + (
+                " On as many busy cores, the decoder whose second thread costs less extra CPU "
+                "per sample gains more." if abs(busy[more] - busy[less]) <= 0.1 * max(
+                    busy.values()) else ""))
+
+
+def threads_vs_processes_findings(table: pd.DataFrame) -> list[str]:
+    """Why threads or processes win on each panel, from the rows: CPU spent per sample
+    delivered and cores kept busy by two of each (``cpu_utilisation``)."""
+    sentences = []
+    for (dataset, decode), part in table.groupby(["dataset", "decode"], sort=False):
+        thread, process = _path(part, "thread", 2), _path(part, "process", 2)
+        if thread is None or process is None or pd.isna(
+                [thread["cpu_utilisation"], process["cpu_utilisation"]]).any():
+            continue
+        cpu = {"thread": cpu_ms_per_sample(thread), "process": cpu_ms_per_sample(process)}
+        busy = {"thread": float(thread["cpu_utilisation"]),
+                "process": float(process["cpu_utilisation"])}
+        winner, loser = ((thread, process) if thread["samples_per_s"] >= process["samples_per_s"]
+                         else (process, thread))
+        why = []
+        if cpu["process"] > cpu["thread"] * 1.05:
+            why.append(f"processes spend {time_text(cpu['process'] - cpu['thread'])} more CPU "
+                       "per sample, handing every batch from the workers to the consumer")
+        if busy["thread"] < busy["process"] - 0.2:
+            why.append(f"threads keep only {busy['thread']:.2f} cores busy against "
+                       f"{busy['process']:.2f}: what holds the GIL runs one thread at a time")
+        sentences.append(
+            f"{decoded_label(dataset, decode)}: {winner['label']} delivers "
+            f"{format_value(winner['samples_per_s'], 'samples/s')} against "
+            f"{format_value(loser['samples_per_s'], 'samples/s')} for {loser['label']}; "
+            f"CPU per sample: threads {time_text(cpu['thread'])}, processes "
+            f"{time_text(cpu['process'])}" + (f" ({'; '.join(why)})." if why else "."))
     return sentences
 
 
