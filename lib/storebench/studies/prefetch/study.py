@@ -1,11 +1,11 @@
 """The prefetch study: one thread, threads or processes (and the frameworks' loaders)?
 
 Every loader path of ``storebench.loaders.paths`` over the same shuffled epochs, warm cache:
-on a raw set (copy-bound) and on a JPEG set (decode-bound) decoded by GIL-holding PIL and by
-GIL-releasing simplejpeg; our thread and process prefetchers swept over worker counts; plus
-tf.data's native TFRecord pipeline (AUTOTUNE, TensorFlow decoding) on the TFRecord JPEG set.
-Rows key on registry names (``prefetcher``, ``workers``, ``start_method``); labels come from
-the registry.
+on a raw set (copy-bound) and on a JPEG set (decode-bound) decoded by PIL and by simplejpeg
+(both release the GIL while they decode); our thread and process prefetchers swept over
+worker counts; plus tf.data's native TFRecord pipeline (AUTOTUNE, TensorFlow decoding) on
+the TFRecord JPEG set. Rows key on registry names (``prefetcher``, ``workers``,
+``start_method``); labels come from the registry.
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def prefetch_grid(*, sweep: tuple[int, ...] = WORKER_SWEEP) -> tuple[PrefetchVar
     )
 
 
-# Compact plans: the full grid on the decode-bound set with the GIL-releasing decoder (the
+# Compact plans: the full grid on the decode-bound set with simplejpeg (the
 # case the prefetchers exist for), and the two-worker core of it elsewhere.
 COMPACT_CORE = (
     PrefetchVariant("none", 0),
@@ -100,7 +100,7 @@ COMPACT_RAW = (*COMPACT_CORE, PrefetchVariant("pickled_baseline", 2, "fork"),
 
 
 # The ImageNet-like set (``grid.is_training_set``), decode-bound at about 2 ms a sample: the
-# worker sweep and the process start methods on the GIL-releasing decoder, the two-worker
+# worker sweep and the process start methods on simplejpeg, the two-worker
 # core for PIL and for the reduced-size DCT decode (``decode="reduced"``), the copy-bound
 # core on its raw copy (through the same crop). Left out there: the paths whose question
 # the synthetic sets answer already (a consumer that reads too, the locked-list baseline,
@@ -591,7 +591,7 @@ def plot_prefetch_paths(df: pd.DataFrame, *, workloads: Mapping | None = None) -
 
 
 def plot_decoders(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
-    """GIL-holding vs GIL-releasing decoding: one thread, 2 threads and 2 processes for
+    """The JPEG decoders: one thread, 2 threads and 2 processes for
     each JPEG decoder, as speedup over one thread with the same decoder."""
     table = decoder_table(df)
     decoders = ordered(table["decode"], DECODER_ORDER)
@@ -649,7 +649,7 @@ FIGURES = (
                lambda r: plot_prefetch_paths(r.df, workloads=r.workloads.get("prefetch"))),
     FigureSpec("prefetch_scaling", "Our prefetchers against worker count",
                lambda r: plot_prefetch_scaling(r.df, workloads=r.workloads.get("prefetch"))),
-    FigureSpec("prefetch_decoders", "GIL-holding vs GIL-releasing JPEG decoders",
+    FigureSpec("prefetch_decoders", "PIL vs simplejpeg (and its reduced-size decode)",
                lambda r: plot_decoders(r.df, workloads=r.workloads.get("prefetch"))),
     FigureSpec("prefetch_peak_memory", "Peak memory of each loader path",
                lambda r: plot_prefetch_memory(r.df)),
