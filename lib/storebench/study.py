@@ -283,7 +283,6 @@ def run_estimate(names, profile: str, data_dir: Path, repeats: int | None,
     from .bench.eta import StudyEta, expected_case_seconds
     from .bench.schema import finished_case_ids
     from .studies import get_study
-    from .studies.grid import StudyNotApplicableError
 
     expected = expected_case_seconds(REPO_ROOT / "results" / "reference", label)
     expected.update(expected_case_seconds(results_dir, label))
@@ -297,9 +296,10 @@ def run_estimate(names, profile: str, data_dir: Path, repeats: int | None,
             own_dir = data_dir if label != profile else study_data_dir(name, profile, data_dir,
                                                                          family)
             ids = [c.case_id for c in planned_cases(name, profile, own_dir, repeats)]
-        except StudyNotApplicableError:
-            # Its datasets are built when it starts (the peers study's sets): until then,
-            # the cases an earlier run of it measured; the study replans when it starts.
+        except FileNotFoundError:  # StudyNotApplicableError, or its family's directory
+            # Its datasets are built when it starts (the peers study's sets, a family not
+            # built yet): until then, the cases an earlier run of it measured; the study
+            # replans when it starts.
             ids = [case_id for study, case_id in expected if study == name]
         planned[name] = [case_id for case_id in ids if case_id not in done]
     return StudyEta(planned, expected)
