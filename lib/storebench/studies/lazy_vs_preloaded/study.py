@@ -230,7 +230,7 @@ def lazy_vs_preloaded_findings(df: pd.DataFrame, env: Mapping | None = None, *,
                 )
         cold = part[part["cache"] == "cold"].pivot_table(
             index="format", columns="loader",
-            values=["time_to_first_batch_s", "peak_pss_bytes", "samples_per_s"])
+            values=["time_to_first_batch_s", "samples_per_s"])
         if ("time_to_first_batch_s", "preloaded") in cold and (
                 "time_to_first_batch_s", "lazy") in cold:
             first = cold["time_to_first_batch_s"]
@@ -241,8 +241,10 @@ def lazy_vs_preloaded_findings(df: pd.DataFrame, env: Mapping | None = None, *,
                 f"{format_value(first.loc[slowest, 'lazy'], 's')} when reading lazily "
                 f"({format_ratio(first.loc[slowest, 'preloaded'] / first.loc[slowest, 'lazy'])})."
             )
-        memory = part.pivot_table(index="format", columns="loader",
-                                  values=["peak_pss_bytes", "peak_uss_bytes"], aggfunc="median")
+        # Peaks only where a repeat was long enough to sample one (``reliable_peaks``).
+        peaks = [c for c in ("peak_pss_bytes", "peak_uss_bytes") if c in part]
+        memory = part.pivot_table(index="format", columns="loader", values=peaks,
+                                  aggfunc="median") if len(peaks) == 2 else pd.DataFrame()
         if ("peak_pss_bytes", "preloaded") in memory and ("peak_pss_bytes", "lazy") in memory:
             pss, uss = memory["peak_pss_bytes"], memory["peak_uss_bytes"]
             extra = (pss["preloaded"] - pss["lazy"]).median()

@@ -67,7 +67,9 @@ from ...text import (
 from ..base import FigureSpec, Study, TargetMeasure, TargetSpec
 from ..grid import (
     TRAINING_TRANSFORM,
+    StudyNotApplicableError,
     dataset_fields,
+    is_imported_manifest,
     profile_datasets,
     repeat_fields,
     steady_fields,
@@ -227,6 +229,11 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
     # its whole builds beside the directory have the same spec.
     datasets = profile_datasets(profile, data_dir, peers=True,
                                 specs=peer_specs(profile, family))
+    if any(is_imported_manifest(manifest) for _, manifest in datasets):
+        raise StudyNotApplicableError(
+            f"{data_dir}: the peers study reads its sets in the peer libraries' formats, "
+            "built from a profile's sets (storebench build --peer-sets); storebench import "
+            "writes storebench's formats only")
     built = {(m["format"], m["encoding"]): (p, m) for p, m in datasets
              if Path(p).parent == sets_dir(data_dir)}
     # ci-sized epochs: a quarter second of later epochs shows the path works.
