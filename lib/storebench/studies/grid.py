@@ -217,7 +217,8 @@ def dataset_workload(manifest: dict, stored_kb: Sequence[float] | None = None) -
     stored = (f"{min(sizes):,.0f}" if f"{min(sizes):,.0f}" == f"{max(sizes):,.0f}"
               else f"{min(sizes):,.0f}\u2013{max(sizes):,.0f}")
     encoding = manifest["encoding"]
-    kind = "raw arrays" if encoding == "raw" else f"{encoding.upper()}s"
+    kind = {"raw": "raw arrays", "mixed": "images (JPEG, PNG and others)"}.get(
+        encoding, f"{encoding.upper()}s")
     if fixed_size(spec):
         height, width, channels = spec.image_shape
         kind = f"{height}x{width}x{channels} {kind}" if encoding == "raw" else (
