@@ -61,6 +61,19 @@ def expected(root, epoch: int):
     return dataset
 
 
+def assert_storebench_crops(batches, root, what: str) -> None:
+    """Every sample of each epoch of ``batches`` is storebench's seeded crop of it for that
+    epoch, pixel for pixel, with its label."""
+    for number, epoch in enumerate(epochs(batches, 64)):
+        with expected(root, number) as want:
+            for indices, labels, images in epoch:
+                assert images.shape[1:] == (224, 224, 3)
+                for k, index in enumerate(indices.tolist()):
+                    image, label = want[index]
+                    assert labels[k] == label
+                    assert np.array_equal(images[k], image), (what, number, index)
+
+
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize(("path", "fmt", "module"), [
     ("webdataset", "webdataset", "webdataset"), ("litdata", "litdata", "litdata")])
@@ -69,14 +82,7 @@ def test_a_peer_without_a_crop_op_delivers_storebench_s_crop(jpegs, path, fmt, m
     root = jpegs(fmt)
     batches, close = get_loader_path(path).open(None, None, options(root))
     try:
-        for number, epoch in enumerate(epochs(batches, 64)):
-            with expected(root, number) as want:
-                for indices, labels, images in epoch:
-                    assert images.shape[1:] == (224, 224, 3)
-                    for k, index in enumerate(indices.tolist()):
-                        image, label = want[index]
-                        assert labels[k] == label
-                        assert np.array_equal(images[k], image), (path, number, index)
+        assert_storebench_crops(batches, root, path)
     finally:
         close()
 
@@ -90,11 +96,7 @@ def test_spdl_crops_each_epoch_as_storebench_does(jpegs):
     sampler = ShuffleSampler(len(dataset), seed=SEED)
     batches, close = get_loader_path("spdl").open(dataset, sampler, options(root))
     try:
-        for number, epoch in enumerate(epochs(batches, 64)):
-            with expected(root, number) as want:
-                for indices, _, images in epoch:
-                    for k, index in enumerate(indices.tolist()):
-                        assert np.array_equal(images[k], want[index][0]), (number, index)
+        assert_storebench_crops(batches, root, "spdl")
     finally:
         close()
         dataset.close()
