@@ -244,10 +244,13 @@ def cases_workloads(cases) -> dict[str, str]:
     from storebench.formats import read_manifest
 
     seen: dict[str, dict] = {}
+    manifests: dict[str, dict] = {}  # many cases read one build: its manifest once
     for case in cases:
         if not case.dataset or not (Path(case.dataset) / "manifest.json").is_file():
             continue
-        manifest = read_manifest(case.dataset)
+        if case.dataset not in manifests:
+            manifests[case.dataset] = read_manifest(case.dataset)
+        manifest = manifests[case.dataset]
         entry = seen.setdefault(manifest["encoding"], {"sets": {}, "how": set()})
         key = json.dumps(manifest["spec"], sort_keys=True)
         first, sizes = entry["sets"].setdefault(key, (manifest, {}))
