@@ -34,9 +34,14 @@ of the JPEG set with the same seed and quality, decoded, its shorter side resize
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import functools
 import io
+import itertools
+import multiprocessing
+import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -247,3 +252,48 @@ def photo_sample(spec: PhotoSpec, index: int) -> tuple[np.ndarray | bytes, int]:
     if spec.encoding == "jpeg":
         return data, label
     return resize_to_training(data, spec.height, spec.width), label
+
+
+def _training_chunk(args: tuple[int, int, list[tuple[bytes, int]]]) -> list[tuple[np.ndarray, int]]:
+    height, width, items = args
+    return [(resize_to_training(data, height, width), label) for data, label in items]
+
+
+def training_copies(spec: PhotoSpec, encoded: Iterable[tuple[bytes, int]], *,
+                    workers: int | None = None, chunk_size: int = 64,
+                    ) -> Iterator[tuple[np.ndarray, int]]:
+    """The raw ``spec``'s samples, in index order, made from its source set's samples
+    (``encoded``: ``(JPEG bytes, label)`` of ``spec.source``, in index order): what
+    ``photo_sample`` gives for ``spec``, without drawing and encoding each image again,
+    which is most of its cost. A build that has just generated the JPEG set makes its raw
+    copy from it. With ``workers > 1`` the resizes run in spawned processes, a few chunks
+    ahead of the consumer, so the source is read as it is used."""
+    from .generate import WorkersFailedToStartError, _broken_pool_message
+
+    if spec.encoding != "raw":
+        raise ValueError(f"training copies are raw samples; the spec's encoding is "
+                         f"{spec.encoding!r}")
+    workers = workers if workers is not None else (os.cpu_count() or 1)
+    source = iter(encoded)
+    chunks = iter(lambda: list(itertools.islice(source, chunk_size)), [])
+    if workers <= 1:
+        for chunk in chunks:
+            yield from _training_chunk((spec.height, spec.width, chunk))
+        return
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pending: collections.deque = collections.deque()
+        try:
+            for chunk in chunks:
+                pending.append(pool.submit(_training_chunk, (spec.height, spec.width, chunk)))
+                if len(pending) >= 2 * workers:
+                    yield from pending.popleft().result()
+            while pending:
+                yield from pending.popleft().result()
+        except BrokenProcessPool as err:
+            raise WorkersFailedToStartError(_broken_pool_message()) from err
+        finally:
+            for future in pending:
+                future.cancel()

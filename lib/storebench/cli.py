@@ -1,5 +1,5 @@
 """Command line: ``storebench build | import | verify | upload | download | run | study |
-findings | consistency | compare | advise | plot | readme``."""
+topup | findings | consistency | compare | advise | plot | readme``."""
 
 from __future__ import annotations
 
@@ -221,6 +221,27 @@ def _consistency(args: argparse.Namespace) -> int:
     return code
 
 
+def _topup(args: argparse.Namespace) -> int:
+    from .study import top_up_timed
+
+    results_dir = Path(args.results_dir)
+    profile = args.profile
+    if profile is None:
+        env = results_dir / "env.json"
+        if not env.exists():
+            raise FileNotFoundError(f"{env}: no such file; name the run's --profile")
+        import json
+
+        recorded = json.loads(env.read_text())
+        profile = recorded.get("plan") or recorded.get("profile")
+    if profile not in data_gen.PROFILES:
+        raise ValueError(f"{results_dir}: profile {profile!r} is not a synthetic profile; "
+                         f"name one of {sorted(data_gen.PROFILES)} with --profile")
+    top_up_timed(results_dir, profile=profile, data_root=args.data, family=args.family,
+                 budget_s=args.budget, drop_caches=args.drop_caches)
+    return 0
+
+
 def _compare(args: argparse.Namespace) -> int:
     from .report.compare import compare_command
 
@@ -370,6 +391,20 @@ def parser() -> argparse.ArgumentParser:
                                           "one study gives one figure (within 10%%)")
     c.add_argument("results_dir", help="e.g. results/reference")
     c.set_defaults(func=_consistency)
+
+    t = sub.add_parser("topup", help="more repeats for the two best candidates of every "
+                                     "undecided guide question of a finished study")
+    t.add_argument("results_dir", help="a finished study's results, e.g. results/small")
+    t.add_argument("--profile", choices=sorted(data_gen.PROFILES), default=None,
+                   help="the profile it ran (default: the one its env.json records)")
+    t.add_argument("--data", type=Path, default=DEFAULT_DATA_ROOT, help="dataset root")
+    t.add_argument("--family", choices=data_gen.FAMILIES, default=None,
+                   help="the sets its training-set studies read (default: the profile's)")
+    t.add_argument("--budget", type=float, default=None,
+                   help="planned case seconds to spend (default: the profile's plan)")
+    t.add_argument("--drop-caches", action="store_true",
+                   help="also write /proc/sys/vm/drop_caches for cold cases (root only)")
+    t.set_defaults(func=_topup)
 
     cm = sub.add_parser("compare", help="which of RUN_A's guide decisions hold in RUN_B")
     cm.add_argument("run_a", help="a results directory, e.g. results/reference")

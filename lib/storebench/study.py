@@ -3,6 +3,7 @@ execute the notebooks. ``storebench run`` and ``storebench study`` call these.""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -129,8 +130,7 @@ def build_profile(
     formats itself, in the peers environment (``Study.prepare``). ``family`` chooses the
     profile's synthetic sets or its ImageNet-like ones (``data_gen.FAMILIES``); before
     anything is written, the whole build's estimated size is checked against the free disk."""
-    from .formats import FORMATS, build_dataset, get_format, unavailable_reason
-    from .formats import knob_variants as variants_of
+    from .formats import FORMATS, get_format, unavailable_reason
     from .formats.build import SampleCache
 
     chosen = data_gen.get_profile(profile)
@@ -152,33 +152,58 @@ def build_profile(
     Path(data_dir).mkdir(parents=True, exist_ok=True)
     check_build_space(specs, modules, data_dir, what=f"the {profile} profile's {family} sets")
     results = []
-    for spec in specs:
-        builds = [(name, {}, None) for name in formats if spec.encoding in modules[name].ENCODINGS]
-        whole = chosen.spec_for(spec.encoding, family)
-        if spec != whole and not force:
-            _refuse_to_replace_whole_sets(spec, whole, data_dir, [name for name, _, _ in builds])
-        for name in formats:
-            if spec.encoding not in modules[name].ENCODINGS:
-                say(f"skip   {name}-{spec.encoding}: {name} stores {modules[name].ENCODINGS} only")
-        if knob_variants:
-            builds += [(v.format, dict(v.knobs), v.name)
-                       for v in variants_of(formats, family=family)
-                       if v.encoding == spec.encoding]
-        # One generation per spec, replayed for every format and knob variant.
-        with SampleCache(spec, data_dir, workers=workers, progress=progress) as cache:
-            for name, knobs, dirname in builds:
-                result = build_dataset(
-                    spec, name, data_dir, knobs=knobs, name=dirname, workers=workers,
-                    progress=progress, source=cache, force=force,
-                )
-                results.append(result)
-                m = result.manifest
-                say(
-                    f"{'exists' if result.skipped else 'built '} {result.path}  "
-                    f"{m['num_samples']} samples  {m['bytes_apparent'] / 1e6:.1f} MB apparent, "
-                    f"{m['bytes_allocated'] / 1e6:.1f} MB allocated, {m['file_count']} files, "
-                    f"written in {m['write_seconds']:.2f} s"
-                )
+    # An ImageNet-like raw copy is made from its JPEG set's samples (``training_copies``):
+    # a JPEG spec's sample cache stays open until the raw spec after it has used it.
+    sources = {spec.source for spec in specs
+               if spec.encoding == "raw" and hasattr(spec, "source")}
+    specs = sorted(specs, key=lambda spec: spec not in sources)  # stable: sources first
+    caches: dict = {}
+    with contextlib.ExitStack() as keep:
+        for spec in specs:
+            source = (caches.get(getattr(spec, "source", None)) if spec.encoding == "raw"
+                      else None)
+            samples = None if source is None else (
+                lambda spec=spec, source=source: data_gen.photo.training_copies(
+                    spec, source, workers=workers))
+            with contextlib.ExitStack() as own:
+                cache = (keep if spec in sources else own).enter_context(
+                    SampleCache(spec, data_dir, workers=workers, progress=progress,
+                                samples=samples))
+                caches[spec] = cache
+                results += _build_spec(spec, chosen.spec_for(spec.encoding, family), cache,
+                                       formats, modules, data_dir, knob_variants=knob_variants,
+                                       family=family, workers=workers, progress=progress,
+                                       force=force, say=say)
+    return results
+
+
+def _build_spec(spec, whole, cache, formats, modules, data_dir, *, knob_variants, family,
+                workers, progress, force, say) -> list:
+    """``build_profile``'s builds of one spec, every format and knob variant replayed from
+    one generation of its samples, ``cache``."""
+    from .formats import build_dataset
+    from .formats import knob_variants as variants_of
+
+    builds = [(name, {}, None) for name in formats if spec.encoding in modules[name].ENCODINGS]
+    if spec != whole and not force:
+        _refuse_to_replace_whole_sets(spec, whole, data_dir, [name for name, _, _ in builds])
+    for name in formats:
+        if spec.encoding not in modules[name].ENCODINGS:
+            say(f"skip   {name}-{spec.encoding}: {name} stores {modules[name].ENCODINGS} only")
+    if knob_variants:
+        builds += [(v.format, dict(v.knobs), v.name)
+                   for v in variants_of(formats, family=family)
+                   if v.encoding == spec.encoding]
+    results = []
+    for name, knobs, dirname in builds:
+        result = build_dataset(spec, name, data_dir, knobs=knobs, name=dirname, workers=workers,
+                               progress=progress, source=cache, force=force)
+        results.append(result)
+        m = result.manifest
+        say(f"{'exists' if result.skipped else 'built '} {result.path}  "
+            f"{m['num_samples']} samples  {m['bytes_apparent'] / 1e6:.1f} MB apparent, "
+            f"{m['bytes_allocated'] / 1e6:.1f} MB allocated, {m['file_count']} files, "
+            f"written in {m['write_seconds']:.2f} s")
     return results
 
 
@@ -592,6 +617,7 @@ def run_full_study(
     ``family`` chooses the profile's sets the training-set studies read (``study_family``).
     """
     from .bench import runner
+    from .bench.plan import plan_for
     from .report.figures import plot_all
     from .studies import STUDIES, get_study
     from .studies.grid import StudyNotApplicableError
@@ -639,6 +665,14 @@ def run_full_study(
             times.failed_cases[name] = list(summary.failed)
         times.ran_cases[name] = len(summary.ran)
         times.reused_cases[name] = len(summary.skipped)
+    ran = [name for name in names if name not in times.skipped_studies]
+    budget_s = plan_for(profile).topup_budget_s
+    if budget_s > 0 and ran:
+        stage("topup", top_up_results, results_dir, profile=profile,
+              data_dir_of=lambda name: (data_dir if dataset is not None else
+                                        study_data_dir(name, profile, data_dir, family)),
+              budget_s=budget_s, studies=ran, drop_caches=drop_caches,
+              done_text=topup_text)
     stage("plots", plot_all, results_dir)
     if notebooks:
         stage("notebooks", execute_notebooks, results_dir, profile=profile,
@@ -647,6 +681,60 @@ def run_full_study(
     os.sync()
     (log or (lambda text: print(text, flush=True)))(study_summary(results_dir, times))
     return times
+
+
+def top_up_results(results_dir: Path, *, profile: str, data_dir_of, budget_s: float,
+                   studies: Sequence[str] | None = None, drop_caches: bool = False):
+    """``storebench.topup.top_up`` of ``results_dir`` under ``profile``'s case timeout, one
+    line per case it repeats (a log gets them too: a case takes seconds)."""
+    from .bench.plan import case_timeout_s
+    from .topup import top_up
+
+    return top_up(results_dir, profile=profile, data_dir_of=data_dir_of, budget_s=budget_s,
+                  studies=studies, timeout_s=case_timeout_s(profile), drop_caches=drop_caches,
+                  log=lambda text: print(f"storebench topup: {text}", file=sys.stderr,
+                                         flush=True))
+
+
+def topup_text(record) -> str:
+    """What a top-up did (a ``storebench.topup.TopupLog``), in a line."""
+    entries = record.questions.values()
+    decided = sum(1 for e in entries if e.get("after", {}).get("verdict") not in
+                  ("undecided", None))
+    per_case: dict = {}  # a case behind two questions is counted once
+    for e in entries:
+        for case_id, count in e["repeats_added"].items():
+            key = (e["study"], case_id)
+            per_case[key] = max(per_case.get(key, 0), count)
+    added = sum(per_case.values())
+    return (f"{len(record.questions)} undecided question(s) topped up with {added} repeats, "
+            f"{decided} now decided; {len(record.failed)} case(s) failed")
+
+
+def top_up_timed(results_dir: Path, *, profile: str, data_root: Path | str = "data",
+                 family: str | None = None, budget_s: float | None = None,
+                 drop_caches: bool = False):
+    """Top up a finished full study's results (``storebench topup``): the ``topup`` stage
+    ``storebench study`` runs, added to its ``timing.json`` so that the study's time counts
+    it."""
+    from .bench.plan import plan_for
+
+    results_dir = Path(results_dir)
+    timing_path = results_dir / TIMING_FILE
+    if not timing_path.exists():
+        raise FileNotFoundError(f"{timing_path}: no such file; top up the results of a "
+                                "finished storebench study")
+    timing = json.loads(timing_path.read_text())
+    times = StudyTimes(timing["profile"], timing["run_id"], dict(timing["stage_seconds"]),
+                       timing["failed_cases"], timing["ran_cases"], timing["reused_cases"],
+                       timing["skipped_studies"])
+    data_dir = data_dir_for(profile, data_root)
+    studies = [name for name in times.ran_cases if name not in times.skipped_studies]
+    stage = StageLog(times, results_dir)
+    return stage("topup", top_up_results, results_dir, profile=profile,
+                 data_dir_of=lambda name: study_data_dir(name, profile, data_dir, family),
+                 budget_s=plan_for(profile).topup_budget_s if budget_s is None else budget_s,
+                 studies=studies, drop_caches=drop_caches, done_text=topup_text)
 
 
 def duration_text(seconds: float) -> str:

@@ -117,3 +117,26 @@ def test_the_tfrecord_pipeline_resizes_the_variable_sizes(root, expected):
     decoded = np.asarray(Image.open(io.BytesIO(expected["jpeg"][0][0])).convert("RGB"))
     want = tf.image.resize(decoded, (64, 48), antialias=False).numpy()
     np.testing.assert_array_equal(images[0], np.clip(np.round(want), 0, 255).astype(np.uint8))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_the_raw_copy_made_from_the_jpeg_samples_is_the_generated_raw_set(workers):
+    jpegs = [data_gen.sample(JPEG, i) for i in range(NUM)]
+    made = list(data_gen.photo.training_copies(RAW, iter(jpegs), workers=workers,
+                                               chunk_size=3))
+    assert [label for _, label in made] == [label for _, label in jpegs]
+    for i, (image, _) in enumerate(made):
+        np.testing.assert_array_equal(image, data_gen.sample(RAW, i)[0])
+    with pytest.raises(ValueError, match="training copies are raw samples"):
+        next(data_gen.photo.training_copies(JPEG, iter(jpegs)))
+
+
+def test_a_profile_build_makes_its_raw_copy_from_the_jpeg_set_and_it_verifies(tmp_path):
+    built = build_profile("ci", tmp_path, formats=["memmap", "rawfiles"], family="imagenet",
+                          knob_variants=False, workers=2, progress=False,
+                          encodings=["raw", "jpeg"])
+    # The JPEG set is generated first, whatever order the encodings were named in.
+    assert [r.path.name for r in built] == ["rawfiles-jpeg", "memmap-raw", "rawfiles-raw"]
+    for result in built:
+        assert verify_dataset(result.path, workers=1).ok, result.path
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

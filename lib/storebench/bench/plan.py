@@ -43,6 +43,9 @@ IMAGENET_TRAIN_SAMPLES = 1_281_167
 # times little more than its loader's start and a few batches.
 STEADY_BATCHES = 20
 STEADY_SECONDS = 1.0
+# Case time a full study may spend, after every study has run, on more repeats of the two
+# best candidates of questions still undecided (``storebench.topup``).
+TOPUP_BUDGET_S = 180.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,8 @@ class StudyPlan:
     # ``STEADY_SECONDS``).
     steady_batches: int = STEADY_BATCHES
     steady_seconds: float = STEADY_SECONDS
+    # Planned case seconds for top-up repeats (``storebench.topup``); 0: none.
+    topup_budget_s: float = TOPUP_BUDGET_S
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -78,16 +83,19 @@ class StudyPlan:
         if self.steady_batches < 1 or not self.steady_seconds >= 0:
             raise ValueError(f"steady_batches must be positive and steady_seconds >= 0, got "
                              f"{self.steady_batches} and {self.steady_seconds}")
+        if not self.topup_budget_s >= 0:
+            raise ValueError(f"topup_budget_s must be >= 0, got {self.topup_budget_s}")
 
 
 # Profiles not named here get StudyPlan().
 PLANS: dict[str, StudyPlan] = {
     # Fixed 3 repeats: ci exercises every path quickly, its numbers are not the reference.
     # Whole epochs: its sets (a few hundred samples) are smaller than any cap. A steady
-    # window of a few batches and no minimum time: every path runs in seconds.
+    # window of a few batches and no minimum time: every path runs in seconds. A top-up
+    # budget of a few cases, so that the top-up runs too.
     "ci": StudyPlan(repeats=3, adaptive=None, timeout_s=300.0, compact=True,
                     epoch_samples=None, index_entries=50_000, steady_batches=3,
-                    steady_seconds=0.0),
+                    steady_seconds=0.0, topup_budget_s=20.0),
 }
 
 

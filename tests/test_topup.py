@@ -1,0 +1,90 @@
+"""Top-up repeats (``storebench.topup``): which questions a round takes, how the new
+repeats join their case's run, and what the ci study's top-up wrote."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import pytest
+
+from storebench.cli import main
+from storebench.topup import (
+    TOPUP_FILE,
+    CaseCost,
+    Question,
+    plan_round,
+    topped_up_rows,
+)
+
+
+def cost(case_id: str, overhead_s: float, repeat_s: float, repeats: int = 5) -> CaseCost:
+    return CaseCost("demo", case_id, "r1", "small", repeats, repeats, overhead_s, repeat_s)
+
+
+def test_new_repeats_continue_the_case_s_run_and_drop_its_whole_case_rows():
+    rows = [
+        {"run_id": "topup", "case_id": "a", "repeat": 0, "metric": "samples_per_s"},
+        {"run_id": "topup", "case_id": "a", "repeat": 1, "metric": "samples_per_s"},
+        {"run_id": "topup", "case_id": "a", "repeat": 1, "metric": "peak_rss_bytes"},
+        {"run_id": "topup", "case_id": "a", "repeat": -1, "metric": "repeats_run"},
+        {"run_id": "topup", "case_id": "a", "repeat": -1, "metric": "case_seconds"},
+    ]
+    assert topped_up_rows(rows, run_id="r1", first_repeat=7) == [
+        {"run_id": "r1", "case_id": "a", "repeat": 7, "metric": "samples_per_s"},
+        {"run_id": "r1", "case_id": "a", "repeat": 8, "metric": "samples_per_s"},
+        {"run_id": "r1", "case_id": "a", "repeat": 8, "metric": "peak_rss_bytes"},
+    ]
+
+
+def test_a_round_takes_the_cheapest_questions_that_fit_counting_a_shared_case_once():
+    a, b, c, d = cost("a", 1.0, 1.0), cost("b", 2.0, 1.0), cost("c", 10.0, 5.0), cost("d", 0, 2)
+    cheap = Question("demo", "cheap", "undecided", (a, b))        # 5 + 6 = 11 s
+    shares = Question("demo", "shares a", "undecided", (a, d))    # 5 + 8, a already planned
+    dear = Question("demo", "dear", "undecided", (b, c))          # 6 + 30 = 36 s
+    assert cheap.cost_s(4) == 11.0
+    chosen = plan_round([dear, shares, cheap], budget_left_s=20.0, repeats=4)
+    assert [q.question for q in chosen] == ["cheap", "shares a"]
+    # 13 s: "cheap" leaves 2 s, too little for d.
+    assert plan_round([dear, shares, cheap], budget_left_s=13.0, repeats=4) == [cheap]
+    assert plan_round([dear], budget_left_s=35.9, repeats=4) == []
+
+
+def test_topup_of_a_directory_without_a_finished_study_is_one_clear_line(tmp_path, capsys):
+    assert main(["topup", str(tmp_path), "--profile", "ci"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"storebench topup: {tmp_path / 'timing.json'}: no such file; top up the "
+                   "results of a finished storebench study\n")
+
+
+def test_the_ci_study_topped_up_undecided_questions_as_more_repeats_of_their_cases(ci_study):
+    results, _ = ci_study
+    timing = json.loads((results / "timing.json").read_text())
+    assert "topup" in timing["stage_seconds"]
+    record = json.loads((results / TOPUP_FILE).read_text())
+    assert record["budget_s"] == 20.0
+    assert record["questions"], "the ci study, at 3 repeats a case, has undecided questions"
+    topped = 0
+    for entry in record["questions"]:
+        assert entry["before"]["verdict"] == "undecided"
+        assert entry["after"]["verdict"] in ("better", "equivalent", "undecided")
+        df = pd.read_csv(results / f"{entry['study']}.csv")
+        for case_id, added in entry["repeats_added"].items():
+            rows = df[(df["case_id"] == case_id) & (df["repeat"] >= 0)]
+            assert rows["run_id"].nunique() == 1, case_id
+            for metric, group in rows.groupby("metric"):
+                repeats = sorted(group["repeat"])
+                assert repeats == list(range(len(repeats))), (case_id, metric)
+            if added:
+                topped += 1
+                # The first pass ran 3 (the ci plan's fixed count); the top-up added more.
+                assert rows["repeat"].max() + 1 >= 3 + added, case_id
+    assert topped
+
+
+@pytest.mark.parametrize("budget", ["-1", "nan"])
+def test_a_negative_or_missing_top_up_budget_is_refused(budget):
+    from storebench.bench.plan import StudyPlan
+
+    with pytest.raises(ValueError, match="topup_budget_s must be >= 0"):
+        StudyPlan(topup_budget_s=float(budget))
