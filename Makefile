@@ -55,7 +55,8 @@ peers: $(PEERS_STAMP)
 study: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/storebench study --profile $(PROFILE)
 
-# ruff, the layers contract (import-linter, pyproject's [tool.importlinter]), the docs site
+# ruff, the layers contract (import-linter, pyproject's [tool.importlinter]), one figure per
+# measurement across the reference's studies (storebench consistency), the docs site
 # built --strict into a temporary directory (a broken link or an unresolved API reference
 # fails), then the whole suite (which also executes every notebook on the ci profile and
 # regenerates every figure from results/reference), then the tests marked `peers` again in the
@@ -63,6 +64,7 @@ study: $(STAMP) $(PEERS_STAMP)
 test: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
+	$(BIN)/storebench consistency results/reference
 	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet \
 	  --site-dir $$site; \
 	rc=$$?; rm -rf $$site; test $$rc -eq 0

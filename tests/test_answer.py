@@ -10,6 +10,7 @@ import pytest
 from storebench.report import advise as adv
 from storebench.report import answer
 from storebench.results import Results
+from storebench.text import ENCODING_NAMES
 
 REFERENCE = Path(__file__).resolve().parents[1] / "results" / "reference"
 
@@ -37,9 +38,16 @@ def test_a_choice_in_a_cell_collapses_equivalents_and_names_an_undecided_pair():
 def test_each_row_is_what_advise_answers_for_its_situation(reference):
     table = answer.answer_rows(reference)
     assert len(table) == len(answer.ANSWER_SITUATIONS) <= answer.MAX_ANSWER_ROWS
+    measured = set(reference.df["encoding"].dropna())
     for row, (_, shown) in zip(answer.ANSWER_SITUATIONS, table.iterrows(), strict=True):
-        advice = adv.advise(answer.situation_for(row, reference), reference)
         assert shown["your situation"] == row.text
+        if row.images not in measured:
+            kinds = ", ".join(name for e, name in ENCODING_NAMES.items() if e in measured)
+            assert shown["store as"] == (f"not measured: no study of these results read "
+                                         f"{ENCODING_NAMES[row.images]} (they read {kinds})")
+            assert shown["load with"] == shown["how sure"] == ""
+            continue
+        advice = adv.advise(answer.situation_for(row, reference), reference)
         assert shown["store as"] == answer.short_choice(advice.store)
         assert shown["load with"].startswith(answer.short_choice(advice.loader))
         assert f", {advice.workers} workers" in shown["load with"]
@@ -77,3 +85,13 @@ def test_the_default_effect_is_the_peers_study_query(reference):
             assert shown == "not measured"
         else:
             assert shown.startswith(f"{format_ratio(found[2][0])} (")
+
+
+def test_a_situation_no_study_read_is_a_not_measured_row(reference):
+    # The reference reads the ImageNet-like set (JPEG and its raw copy): no PNG.
+    without_jpeg = Results(reference.df[reference.df["encoding"] != "jpeg"], reference.env)
+    table = answer.answer_rows(without_jpeg)
+    jpeg_rows = table[table["your situation"].str.startswith("JPEG")]
+    assert len(jpeg_rows) == 3
+    assert jpeg_rows["store as"].str.startswith(
+        "not measured: no study of these results read JPEG (they read raw arrays").all()

@@ -113,8 +113,18 @@ def answer_rows(results: Results) -> pd.DataFrame:
     default, whether one accelerator of the workload is kept busy, how sure, the evidence."""
     workload = get_workload(WORKLOAD)
     out = []
+    measured = set(results.df["encoding"].dropna())
     for row in ANSWER_SITUATIONS:
         base = {"your situation": row.text}
+        if row.images not in measured:
+            # A run on sets without this kind of sample (the ImageNet-like set has no PNG).
+            kinds = ", ".join(ENCODING_NAMES[e] for e in ENCODING_NAMES if e in measured)
+            out.append({**base, "store as": f"not measured: no study of these results read "
+                                            f"{ENCODING_NAMES[row.images]} (they read "
+                                            f"{kinds})", "load with": "",
+                        "vs torch DataLoader over files": "", "busy": "", "how sure": "",
+                        "evidence": ""})
+            continue
         try:
             advice = advise(situation_for(row, results), results)
         except (AdviceError, LookupError) as err:

@@ -283,7 +283,8 @@ def _by_cores(table: pd.DataFrame, metric: str, *, height: float):
         part = table[table["label"] == label].sort_values("workers")
         ax.plot(part["workers"], part[metric], label=label, **style)
     counts = sorted(set(table["workers"]))
-    ax.set_xscale("log", base=2)
+    if len(counts) >= 3:  # doubling core counts (1, 2, 4, 8...) sit evenly on a log axis
+        ax.set_xscale("log", base=2)
     ax.set_xticks(counts, [str(c) for c in counts])
     ax.minorticks_off()
     ax.set_xlabel("CPU cores decoding (prefetch workers)")

@@ -644,20 +644,24 @@ def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
     table = table[(table["loader"] == "lazy") & (table["encoding"] == "raw")]
     knobbed = table[table["setting"] != "default"]
     caption = set_caption(ooc_rows(df).query("encoding == 'raw'"))
-    if knobbed.empty:
+    unmeasured = _unmeasured_cases(df)
+    # A knob case with no rate (failed, skipped) keeps its row, saying why.
+    missing = [(fmt, access, setting, k) for (encoding, fmt, access, setting, k)
+               in unmeasured if encoding == "raw" and setting != "default"]
+    if knobbed.empty and not missing:
         return empty_figure("no out-of-core knob rows")
     column = f"epoch{DEFAULT_EPOCHS}.samples_per_s"
     keys = ["format", "access", "setting", "k"]
     repeats = summary_table(ooc_rows(df).query("encoding == 'raw' and loader == 'lazy'"),
                             column, keys).set_index(keys)["repeats"]
-    groups = list(dict.fromkeys(zip(knobbed["format"], knobbed["access"])))
-    ks = sorted(knobbed["k"].unique())
-    unmeasured = _unmeasured_cases(df)
+    knobs = [*zip(knobbed["format"], knobbed["access"], knobbed["setting"], knobbed["k"]),
+             *missing]
+    groups = list(dict.fromkeys((fmt, access) for fmt, access, _, _ in knobs))
+    ks = sorted({k for *_, k in knobs})
     labels, values, formats, notes, counts = [], {k: [] for k in ks}, [], [], []
     for fmt, access in groups:
-        settings = ["default", *dict.fromkeys(knobbed.loc[(knobbed["format"] == fmt)
-                                                          & (knobbed["access"] == access),
-                                                          "setting"])]
+        settings = ["default", *dict.fromkeys(setting for f, a, setting, _ in knobs
+                                              if (f, a) == (fmt, access))]
         for shown in settings:
             counts.append([int(repeats.get((fmt, access, shown, k), 0)) for k in ks])
             labels.append(f"{fmt}, {access.replace('_', ' ')}: {shown}")
