@@ -89,3 +89,14 @@ def test_a_run_without_rule_rows_takes_its_rules_from_the_grid_with_the_budget_i
     budgets = {(study, rule.budget_s) for (study, _), rule in rules.items()}
     assert budgets == {("prefetch", 4.0), ("targets", None)}
     assert sum(study == "prefetch" for study, _ in rules) > 1
+
+
+def test_the_replay_keeps_the_workloads_that_name_the_questions():
+    # A question names its workload; the replayed rows once lost it, so every row of the
+    # reference read as "(no row)" under any budget.
+    from pathlib import Path
+
+    reference = Results.load(Path(__file__).resolve().parents[1] / "results" / "reference")
+    assert reference.workloads
+    effect = budget_effect(reference, 1e9, plan_budget_s=1.5)
+    assert effect.cut.empty and effect.changed.empty and effect.guide_rows > 0

@@ -129,7 +129,8 @@ def budget_effect(results: Results, budget_s: float, *, plan_budget_s: float,
                       for key in zip(df["study"], df["case_id"])])
     shorter_df = df[(df["repeat"] < limit) | (df["repeat"] == -1)]
     stored = guide_choices(results)
-    under = guide_choices(Results(shorter_df, results.env, results.directory))
+    # Everything but the rows as stored (the workloads name the questions' sets).
+    under = guide_choices(replace(results, df=shorter_df))
     changed = pd.DataFrame(
         [(study, question, choice, under.get((study, question), "(no row)"))
          for (study, question), choice in stored.items()
