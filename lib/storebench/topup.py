@@ -251,9 +251,11 @@ def top_up(
             entry = record.questions.setdefault(question.key, {
                 "study": question.study, "question": question.question,
                 "before": now[question.key], "rounds": 0,
-                "repeats_added": {case.case_id: 0 for case in question.cases},
-                "seconds": 0.0})
+                "repeats_added": {}, "seconds": 0.0})
             entry["rounds"] += 1
+            # A round's top two may differ from an earlier round's: each case gets a count.
+            for case in question.cases:
+                entry["repeats_added"].setdefault(case.case_id, 0)
         by_study: dict[str, list[CaseCost]] = {}
         for case in {c for q in chosen for c in q.cases if c.repeats < max_repeats}:
             by_study.setdefault(case.study, []).append(case)
