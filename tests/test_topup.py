@@ -89,3 +89,51 @@ def test_a_negative_or_missing_top_up_budget_is_refused(budget):
 
     with pytest.raises(ValueError, match="topup_budget_s must be >= 0"):
         StudyPlan(topup_budget_s=float(budget))
+
+
+def test_the_floor_takes_every_top_two_case_to_the_decision_repeats_and_no_other(
+        ci_study, tmp_path):
+    """The floor (``decision_repeats``) on a copy of the ci study's gpu_feed results, whose
+    cases ran 3 repeats: each case behind a question's best and runner-up is taken to 5,
+    outside the budget (0 here), as more repeats of its own run; the other cases keep 3."""
+    import shutil
+
+    from storebench.report.guide import decision_guide
+    from storebench.results import Results
+    from storebench.study import data_dir_for, study_data_dir
+    from storebench.topup import row_cases, top_up
+
+    results, _ = ci_study
+    copy = tmp_path / "results"
+    copy.mkdir()
+    shutil.copy(results / "gpu_feed.csv", copy / "gpu_feed.csv")
+    data_dir = data_dir_for("ci", results.parent.parent / "data")
+
+    def top_two(directory):
+        rows = [row for row in decision_guide(Results.load(directory))
+                if row.study == "gpu_feed" and row.runner_up is not None]
+        assert rows, "the ci study's gpu_feed results answer a guide question"
+        return {case_id for row in rows for _, case_id in row_cases(row)}
+
+    def timed_repeats(directory):
+        df = pd.read_csv(directory / "gpu_feed.csv")
+        timed = df[(df["repeat"] >= 0) & (df["status"] == "ok")]
+        return timed.groupby("case_id")["repeat"].apply(lambda r: sorted(set(r))).to_dict()
+
+    before = timed_repeats(copy)
+    assert set(map(len, before.values())) == {3}
+    record = top_up(copy, profile="ci", budget_s=0.0, studies=["gpu_feed"],
+                    data_dir_of=lambda name: study_data_dir(name, "ci", data_dir),
+                    decision_repeats=5)
+    after = timed_repeats(copy)
+    floored = {entry["case_id"] for entry in record.floor}
+    assert floored == top_two(copy) and floored
+    for case_id, repeats in after.items():
+        assert repeats == list(range(5 if case_id in floored else 3)), case_id
+    assert all(entry["repeats_before"] == 3 and entry["repeats_added"] == 2
+               for entry in record.floor)
+    assert record.case_seconds == 0.0 < record.floor_case_seconds
+    assert record.questions == {}
+    written = json.loads((copy / TOPUP_FILE).read_text())
+    assert written["decision_repeats"] == 5
+    assert {entry["case_id"] for entry in written["floor"]} == floored

@@ -667,7 +667,7 @@ def run_full_study(
         times.reused_cases[name] = len(summary.skipped)
     ran = [name for name in names if name not in times.skipped_studies]
     budget_s = plan_for(profile).topup_budget_s
-    if budget_s > 0 and ran:
+    if (budget_s > 0 or plan_for(profile).decision_repeats) and ran:
         stage("topup", top_up_results, results_dir, profile=profile,
               data_dir_of=lambda name: (data_dir if dataset is not None else
                                         study_data_dir(name, profile, data_dir, family)),
@@ -685,13 +685,15 @@ def run_full_study(
 
 def top_up_results(results_dir: Path, *, profile: str, data_dir_of, budget_s: float,
                    studies: Sequence[str] | None = None, drop_caches: bool = False):
-    """``storebench.topup.top_up`` of ``results_dir`` under ``profile``'s case timeout, one
-    line per case it repeats (a log gets them too: a case takes seconds)."""
-    from .bench.plan import case_timeout_s
+    """``storebench.topup.top_up`` of ``results_dir`` under ``profile``'s case timeout and
+    floor of decision repeats, one line per case it repeats (a log gets them too: a case
+    takes seconds)."""
+    from .bench.plan import case_timeout_s, plan_for
     from .topup import top_up
 
     return top_up(results_dir, profile=profile, data_dir_of=data_dir_of, budget_s=budget_s,
                   studies=studies, timeout_s=case_timeout_s(profile), drop_caches=drop_caches,
+                  decision_repeats=plan_for(profile).decision_repeats,
                   log=lambda text: print(f"storebench topup: {text}", file=sys.stderr,
                                          flush=True))
 
@@ -707,8 +709,10 @@ def topup_text(record) -> str:
             key = (e["study"], case_id)
             per_case[key] = max(per_case.get(key, 0), count)
     added = sum(per_case.values())
-    return (f"{len(record.questions)} undecided question(s) topped up with {added} repeats, "
-            f"{decided} now decided; {len(record.failed)} case(s) failed")
+    floor = (f"{len(record.floor)} top-two case(s) taken to {record.decision_repeats} "
+             f"repeats; " if record.decision_repeats else "")
+    return (f"{floor}{len(record.questions)} undecided question(s) topped up with {added} "
+            f"repeats, {decided} now decided; {len(record.failed)} case(s) failed")
 
 
 def top_up_timed(results_dir: Path, *, profile: str, data_root: Path | str = "data",

@@ -1,19 +1,28 @@
 """Top-up repeats: spend a run's spare time where it decides a question.
 
-Every case first repeats by its own rule (``bench.plan``). Then each guide question whose
-two best candidates are still *undecided* (fewer than five repeats on a side, or a ratio
-interval across the 5% margin) gets ``ROUND_REPEATS`` more timed repeats of exactly the cases
-those two were measured by, and the guide is read again; round after round, until the
-question is decided (a winner, or equivalent within the margin), its cases hold
-``MAX_REPEATS`` repeats, or the run's top-up budget is spent. Questions are taken cheapest
-first, so the budget decides as many as it can; a question already decided costs nothing.
+Every case first repeats by its own rule (``bench.plan``: at least ``SCREEN_REPEATS``).
+Then, before anything else, the cases behind every guide question's two best candidates
+that hold fewer than the plan's ``decision_repeats`` (``MIN_DECISION_REPEATS``, the fewest
+a side names a winner with) are taken to that many, outside the budget: the *floor*. Read
+again, a question may have a new top two; the floor repeats until no top two falls short.
+So a candidate no question is close on keeps its first pass's repeats, and the repeats go
+where a question is decided.
+
+Then each guide question whose two best candidates are still *undecided* (fewer than five
+repeats on a side, or a ratio interval across the 5% margin) gets ``ROUND_REPEATS`` more
+timed repeats of exactly the cases those two were measured by, and the guide is read again;
+round after round, until the question is decided (a winner, or equivalent within the
+margin), its cases hold ``MAX_REPEATS`` repeats, or the run's top-up budget is spent.
+Questions are taken cheapest first, so the budget decides as many as it can; a question
+already decided costs nothing.
 
 The new repeats join their case's rows in the case's own run (same run id, repeat numbers
 after its last), so every query reads them as repeats of that case; the case's whole-case
-rows (its first pass's time and repeat count) stay as they were. ``topup.json`` records each
-question topped up: its cases, the repeats added, their seconds, and the verdict before and
-after. A case whose whole-case rows summarise its repeats (``Case.summarise``) is never
-topped up: its summary would no longer describe its repeats.
+rows (its first pass's time and repeat count) stay as they were. ``topup.json`` records the
+floor's cases and each question topped up: its cases, the repeats added, their seconds, and
+the verdict before and after. A case whose whole-case rows summarise its repeats
+(``Case.summarise``) is never topped up: its summary would no longer describe its repeats
+(such cases take the decision's repeats in their first pass).
 """
 
 from __future__ import annotations
@@ -94,11 +103,18 @@ class TopupLog:
     case_seconds: float = 0.0
     questions: dict[tuple[str, str], dict] = field(default_factory=dict)
     failed: list[dict] = field(default_factory=list)
+    # The floor (module docstring): the repeats it takes top-two cases to (None: no floor),
+    # each case it repeated, and the seconds those cases ran (outside the budget).
+    decision_repeats: int | None = None
+    floor: list[dict] = field(default_factory=list)
+    floor_case_seconds: float = 0.0
 
     def to_dict(self) -> dict:
         return {"budget_s": self.budget_s, "round_repeats": self.round_repeats,
                 "max_repeats": self.max_repeats, "seconds": self.seconds,
                 "case_seconds": self.case_seconds,
+                "decision_repeats": self.decision_repeats, "floor": self.floor,
+                "floor_case_seconds": self.floor_case_seconds,
                 "questions": list(self.questions.values()), "failed": self.failed}
 
     def write(self, results_dir: Path) -> Path:
@@ -167,6 +183,25 @@ def undecided_questions(results: Results, rows: Sequence[GuideRow], *,
     return questions
 
 
+def short_of_decision(results: Results, rows: Sequence[GuideRow], *, repeats: int,
+                      studies: Sequence[str] | None = None,
+                      can_top_up: Callable[[str, str], bool] = lambda study, case: True,
+                      ) -> list[tuple[CaseCost, int]]:
+    """The cases behind the best and runner-up of every row of ``rows`` (``results``'
+    guide) that hold fewer than ``repeats`` timed repeats, finished ok, may be topped up
+    and belong to one of ``studies`` (all when None); each with the repeats it lacks."""
+    costs = case_costs(results.df)
+    short: dict[tuple[str, str], CaseCost] = {}
+    for row in rows:
+        if row.runner_up is None:
+            continue
+        for key in row_cases(row):
+            if (key in costs and costs[key].repeats < repeats and can_top_up(*key)
+                    and (studies is None or key[0] in studies)):
+                short[key] = costs[key]
+    return [(short[key], repeats - short[key].repeats) for key in sorted(short)]
+
+
 def plan_round(questions: Sequence[Question], budget_left_s: float,
                repeats: int) -> list[Question]:
     """The questions one round tops up: cheapest first, each while its cases (those not
@@ -212,14 +247,16 @@ def top_up(
     max_repeats: int = MAX_REPEATS,
     timeout_s: float | None = None,
     drop_caches: bool = False,
+    decision_repeats: int | None = None,
     log: Callable[[str], None] = lambda text: None,
 ) -> TopupLog:
-    """Top up ``results_dir``'s undecided questions (module docstring) within ``budget_s``
-    seconds of planned case time; ``data_dir_of(study)`` is where a study's cases read their
-    sets, ``profile`` plans their grid. Writes ``topup.json`` after every round, so an
-    interrupted top-up keeps what it measured."""
+    """Top up ``results_dir``: with ``decision_repeats``, the floor first, then its
+    undecided questions (module docstring) within ``budget_s`` seconds of planned case
+    time; ``data_dir_of(study)`` is where a study's cases read their sets, ``profile``
+    plans their grid. Writes ``topup.json`` after every pass, so an interrupted top-up
+    keeps what it measured."""
     results_dir = Path(results_dir)
-    record = TopupLog(budget_s, round_repeats, max_repeats)
+    record = TopupLog(budget_s, round_repeats, max_repeats, decision_repeats=decision_repeats)
     grids: dict[str, dict[str, Case]] = {}
 
     def grid(study: str) -> dict[str, Case]:
@@ -233,6 +270,30 @@ def top_up(
         return case is not None and not case.summarise
 
     started = time.perf_counter()
+    if decision_repeats:
+        tried: set[tuple[str, str]] = set()
+        while True:
+            results = Results.load(results_dir)
+            short = [(cost, lacking) for cost, lacking in short_of_decision(
+                results, decision_guide(results), repeats=decision_repeats, studies=studies,
+                can_top_up=can_top_up) if (cost.study, cost.case_id) not in tried]
+            if not short:
+                break
+            tried.update((cost.study, cost.case_id) for cost, _ in short)
+            for study in sorted({cost.study for cost, _ in short}):
+                mine = [(cost, lacking) for cost, lacking in short if cost.study == study]
+
+                def floored(cost: CaseCost, added: int, seconds: float) -> None:
+                    record.floor_case_seconds += seconds
+                    record.floor.append({"study": cost.study, "case_id": cost.case_id,
+                                         "repeats_before": cost.repeats,
+                                         "repeats_added": added, "seconds": seconds})
+
+                _run_repeats(results_dir, study, mine, grid(study), timeout_s=timeout_s,
+                             drop_caches=drop_caches, record=record, on_added=floored,
+                             log=log)
+            record.seconds = time.perf_counter() - started
+            record.write(results_dir)
     exhausted: set[tuple[str, str]] = set()
     while True:
         results = Results.load(results_dir)
@@ -260,11 +321,23 @@ def top_up(
         for case in {c for q in chosen for c in q.cases if c.repeats < max_repeats}:
             by_study.setdefault(case.study, []).append(case)
         failed_cases = set()
+
+        def added_to_questions(cost: CaseCost, added: int, seconds: float,
+                               chosen: Sequence[Question] = chosen) -> None:
+            record.case_seconds += seconds
+            for question in chosen:
+                if cost in question.cases:
+                    entry = record.questions[question.key]
+                    entry["repeats_added"][cost.case_id] += added
+                    entry["seconds"] += seconds
+
         for study, costs in sorted(by_study.items()):
-            failed_cases |= _run_study_round(
-                results_dir, study, sorted(costs, key=lambda c: c.case_id), grid(study),
-                round_repeats=round_repeats, max_repeats=max_repeats, timeout_s=timeout_s,
-                drop_caches=drop_caches, record=record, chosen=chosen, log=log)
+            planned = [(cost, min(round_repeats, max_repeats - cost.repeats))
+                       for cost in sorted(costs, key=lambda c: c.case_id)]
+            failed_cases |= _run_repeats(
+                results_dir, study, planned, grid(study), timeout_s=timeout_s,
+                drop_caches=drop_caches, record=record, on_added=added_to_questions,
+                log=log)
         for question in chosen:
             if any((c.study, c.case_id) in failed_cases for c in question.cases):
                 exhausted.add(question.key)
@@ -275,39 +348,34 @@ def top_up(
     return record
 
 
-def _run_study_round(results_dir: Path, study: str, costs: Sequence[CaseCost],
-                     cases: Mapping[str, Case], *, round_repeats: int, max_repeats: int,
-                     timeout_s: float | None, drop_caches: bool, record: TopupLog,
-                     chosen: Sequence[Question], log) -> set[tuple[str, str]]:
-    """One round's repeats of ``study``'s cases, appended to its results file (inside the
-    study's services, an S3 server say, where it has them); the cases that failed."""
+def _run_repeats(results_dir: Path, study: str, planned: Sequence[tuple[CaseCost, int]],
+                 cases: Mapping[str, Case], *, timeout_s: float | None, drop_caches: bool,
+                 record: TopupLog, on_added: Callable[[CaseCost, int, float], None],
+                 log) -> set[tuple[str, str]]:
+    """``planned``'s repeats (case, how many) of ``study``'s cases, appended to its results
+    file (inside the study's services, an S3 server say, where it has them); each case that
+    ran goes to ``on_added(case, repeats added, seconds)``, each that failed to
+    ``record.failed``. Returns the cases that failed."""
     services = get_study(study).services
     failed = set()
-    planned = [dataclasses.replace(cases[cost.case_id],
-                                   repeats=min(round_repeats, max_repeats - cost.repeats),
-                                   min_repeats=None)
-               for cost in costs]
+    runs = [dataclasses.replace(cases[cost.case_id], repeats=repeats, min_repeats=None)
+            for cost, repeats in planned]
     with contextlib.ExitStack() as stack:
-        env = stack.enter_context(services(planned)) if services is not None else {}
+        env = stack.enter_context(services(runs)) if services is not None else {}
         with ResultsWriter(results_dir / f"{study}.csv") as writer:
-            for cost, case in zip(costs, planned):
+            for (cost, _), case in zip(planned, runs):
                 log(f"{study} {cost.case_id}: {case.repeats} more repeats")
                 outcome = run_case(case, drop_caches=drop_caches, timeout_s=timeout_s,
                                    env=env)
-                record.case_seconds += outcome.seconds
                 if outcome.status != "ok":
                     failed.add((study, cost.case_id))
                     record.failed.append({"study": study, "case_id": cost.case_id,
                                           "status": outcome.status, "error": outcome.error})
+                    on_added(cost, 0, outcome.seconds)
                     continue
                 rows = case_rows(case, outcome, run_id=cost.run_id, profile=cost.profile)
                 new = topped_up_rows(rows, run_id=cost.run_id,
                                      first_repeat=cost.next_repeat)
                 writer.write_rows(new)
-                added = len({row["repeat"] for row in new})
-                for question in chosen:
-                    if cost in question.cases:
-                        entry = record.questions[question.key]
-                        entry["repeats_added"][cost.case_id] += added
-                        entry["seconds"] += outcome.seconds
+                on_added(cost, len({row["repeat"] for row in new}), outcome.seconds)
     return failed

@@ -46,19 +46,24 @@ STEADY_SECONDS = 1.0
 # Case time a full study may spend, after every study has run, on more repeats of the two
 # best candidates of questions still undecided (``storebench.topup``).
 TOPUP_BUDGET_S = 180.0
+# A case's first pass takes at least this many repeats; the top-up then takes the cases
+# behind every guide question's two best candidates to ``MIN_DECISION_REPEATS``
+# (``storebench.topup``), so repeats go to the candidates a question is decided between,
+# not to the ones it is not close on.
+SCREEN_REPEATS = 3
 
 
 @dataclass(frozen=True)
 class StudyPlan:
     """``repeats``: timed repeats per case where a fixed count is used; ``adaptive``: the
-    rule most cases repeat by instead (at least 3, until the median's interval is narrow or
-    the repeat budget is spent, at most 9), None for fixed counts; ``timeout_s``: how long
-    one case may run; ``compact``: trim grid dimensions that only add more of the same kind
-    of case; ``epoch_samples``: the most samples one timed repeat of a loader epoch reads
-    (None: the whole set)."""
+    rule most cases repeat by instead (at least ``SCREEN_REPEATS``, until the median's
+    interval is narrow or the repeat budget is spent, at most 9), None for fixed counts;
+    ``timeout_s``: how long one case may run; ``compact``: trim grid dimensions that only
+    add more of the same kind of case; ``epoch_samples``: the most samples one timed repeat
+    of a loader epoch reads (None: the whole set)."""
 
     repeats: int = DEFAULT_REPEATS
-    adaptive: AdaptiveRepeats | None = AdaptiveRepeats(minimum=MIN_DECISION_REPEATS,
+    adaptive: AdaptiveRepeats | None = AdaptiveRepeats(minimum=SCREEN_REPEATS,
                                                        budget_s=REPEAT_BUDGET_S)
     timeout_s: float = DEFAULT_TIMEOUT_S
     compact: bool = False
@@ -72,6 +77,9 @@ class StudyPlan:
     steady_seconds: float = STEADY_SECONDS
     # Planned case seconds for top-up repeats (``storebench.topup``); 0: none.
     topup_budget_s: float = TOPUP_BUDGET_S
+    # The repeats the top-up takes the cases behind each question's two best candidates to,
+    # outside its budget (``storebench.topup``); None: no such floor.
+    decision_repeats: int | None = MIN_DECISION_REPEATS
 
     def __post_init__(self) -> None:
         if self.repeats < 1:
@@ -85,6 +93,8 @@ class StudyPlan:
                              f"{self.steady_batches} and {self.steady_seconds}")
         if not self.topup_budget_s >= 0:
             raise ValueError(f"topup_budget_s must be >= 0, got {self.topup_budget_s}")
+        if self.decision_repeats is not None and self.decision_repeats < 1:
+            raise ValueError(f"decision_repeats must be positive, got {self.decision_repeats}")
 
 
 # Profiles not named here get StudyPlan().
@@ -92,10 +102,10 @@ PLANS: dict[str, StudyPlan] = {
     # Fixed 3 repeats: ci exercises every path quickly, its numbers are not the reference.
     # Whole epochs: its sets (a few hundred samples) are smaller than any cap. A steady
     # window of a few batches and no minimum time: every path runs in seconds. A top-up
-    # budget of a few cases, so that the top-up runs too.
+    # budget of a few cases, so that the top-up runs too, and no floor of decision repeats.
     "ci": StudyPlan(repeats=3, adaptive=None, timeout_s=300.0, compact=True,
                     epoch_samples=None, index_entries=50_000, steady_batches=3,
-                    steady_seconds=0.0, topup_budget_s=20.0),
+                    steady_seconds=0.0, topup_budget_s=20.0, decision_repeats=None),
 }
 
 

@@ -24,18 +24,21 @@ def repeats_for(profile: str, repeats: int | None) -> int:
 
 def repeat_fields(profile: str, repeats: int | None, *,
                   budget_s: float | None | str = "plan",
-                  threshold: float | None = None) -> dict:
+                  threshold: float | None = None, minimum: int | None = None) -> dict:
     """The Case fields that set a case's repeats: exactly ``repeats`` when given (the CLI's
     ``--repeats``), else the plan's: adaptive (``stats.AdaptiveRepeats``) or a fixed count.
     ``budget_s`` replaces the rule's time budget (``"plan"``: keep it); None drops it, so
     repeats stop on the interval's width or the maximum only (the targets, whose verdict is
     the interval's lower end). ``threshold``: a target's, which an interval that contains it
-    may not stop short of deciding (adaptive repeats only)."""
+    may not stop short of deciding (adaptive repeats only). ``minimum`` raises the rule's
+    minimum: for cases the top-up cannot repeat (a target's, whose verdict needs
+    ``MIN_DECISION_REPEATS`` from its first pass)."""
     plan = plan_for(profile)
     if repeats is not None or plan.adaptive is None:
         return {"repeats": repeats_for(profile, repeats)}
     rule = plan.adaptive
-    return {"repeats": rule.maximum, "min_repeats": rule.minimum,
+    return {"repeats": rule.maximum,
+            "min_repeats": rule.minimum if minimum is None else max(minimum, rule.minimum),
             "stop_halfwidth": rule.halfwidth,
             "repeat_budget_s": rule.budget_s if budget_s == "plan" else budget_s,
             "stop_threshold": threshold}

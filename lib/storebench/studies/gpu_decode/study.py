@@ -58,6 +58,11 @@ PREFETCHERS = ("thread", "process")
 COMPACT_PREFETCHERS = ("process",)
 BATCH_SIZE = 256
 COMPACT_BATCH_SIZE = 32
+# Batches of BATCH_SIZE a cores case drains and then feeds (``cases.timed_batches`` takes
+# at least four per worker): 1,024 ImageNet-like samples take over a second to decode on
+# two cores, the steady minimum every loader case holds (``bench.plan.STEADY_SECONDS``).
+CPU_TIMED_BATCHES = 4
+COMPACT_CPU_TIMED_BATCHES = 2
 # MLPerf Storage counts a run as keeping the accelerator fed at >= 90% utilisation.
 AU_THRESHOLD = 0.9
 FAMILIES = ("device", "demand", "cpu")
@@ -109,7 +114,9 @@ def cores_cases(fields: dict, *, compact: bool, demand: float, source: str) -> l
             path = get_loader_path(prefetcher)
             for workers in core_counts(len(os.sched_getaffinity(0))):
                 params = {"decode": decode, "demand_samples_per_s": round(float(demand), 1),
-                          "demand_source": source, "timed_batches": 2 if compact else 8}
+                          "demand_source": source,
+                          "timed_batches": COMPACT_CPU_TIMED_BATCHES if compact
+                          else CPU_TIMED_BATCHES}
                 if path.start_method:
                     params["start_method"] = path.start_method
                 cases.append(Case(function=f"{CASES}:{FUNCTIONS['cpu']}", loader="lazy",

@@ -222,8 +222,10 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
               **steady_fields(profile)}
     # The warm target rows compare ours with the peers' own pipelines by the ratio's
     # interval: a longer budget, within which the fast candidates that decide it (a repeat
-    # of a second or two) still reach a narrow interval, and a slow peer stops early.
-    target_fields = {**repeat_fields(profile, repeats, budget_s=TARGET_REPEAT_BUDGET_S),
+    # of a second or two) still reach a narrow interval, and a slow peer stops early. A
+    # target's repeats come from the first pass: the top-up repeats guide questions only.
+    target_fields = {**repeat_fields(profile, repeats, budget_s=TARGET_REPEAT_BUDGET_S,
+                                     minimum=MIN_PAIRED_REPEATS),
                      "timeout_s": plan.timeout_s, **steady_fields(profile)}
     # Sets from their own directory only: where a profile's set is no longer than the cut,
     # its whole builds beside the directory have the same spec.

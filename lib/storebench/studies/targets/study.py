@@ -56,8 +56,10 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
             access="shuffle", cache="warm", warmup=target.warmup,
             # No time budget: a target is met by its interval's lower end, so it gets every
             # repeat the width rule asks for, and all of them while the interval still holds
-            # its threshold.
-            **repeat_fields(profile, repeats, budget_s=None, threshold=target.threshold),
+            # its threshold; the decision's repeats from the first pass (no top-up repeats a
+            # summarised case).
+            **repeat_fields(profile, repeats, budget_s=None, threshold=target.threshold,
+                            minimum=MIN_DECISION_REPEATS),
             params={"target": target.key, **dict(target.params)},
             **dataset_fields("targets", path, manifest),
         ))
