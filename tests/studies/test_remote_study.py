@@ -1,5 +1,6 @@
 """The remote study's parts that need no S3 server: the capacity model's arithmetic, the
-study's services reaching its cases, and a missing server becoming skipped rows."""
+study's services reaching its cases, a missing server becoming skipped rows, and the rate
+and checks of an epoch's rank results (start-up apart from the steady rate)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from storebench.bench.case import Case
@@ -15,7 +17,7 @@ from storebench.bench.schema import read_results
 from storebench.remote import seaweed
 from storebench.remote.capacity import Pipeline, predicted_rate, scale_out, workers_to_keep
 from storebench.studies.remote import study as remote
-from storebench.studies.remote.cases import REMOTE_ROOT_ENV, REMOTE_UNAVAILABLE_ENV
+from storebench.studies.remote.cases import REMOTE_ROOT_ENV, REMOTE_UNAVAILABLE_ENV, _metrics
 
 HERE = Path(__file__).resolve().parent.parent / "bench"
 PIPELINE = Pipeline(rate0=1000.0, workers=2, batch_size=100, samples_per_request=1.0,
@@ -190,3 +192,91 @@ def test_on_the_imagenet_like_set_the_grid_reads_at_the_targets_rtts_in_small_ba
     assert [c.param("bandwidth_mbit") for c in capped] == [remote.TRAINING_CAPPED_MBIT]
     assert {(c.format, c.access, c.param("concurrency"), c.workers)
             for c in s3} == {p for p in remote.TRAINING_PATHS if p[0] == "tfrecord"}
+
+
+# -- start-up apart from the steady rate (``cases._metrics``), on fabricated rank results ---
+def rank_result(indices, *, expected, stopped=False, open_seconds=0.5,
+                first_batch_seconds=0.5, seconds=3.0, steady_samples=640,
+                steady_seconds=1.0, steady_batches=10, num_samples=4096):
+    """What ``read_epoch_share`` returns for one rank, made up: ``indices`` delivered."""
+    indices = np.asarray(indices, dtype=np.int64)
+    return {"samples": len(indices), "delivered_bytes": 1000 * len(indices),
+            "seconds": seconds, "open_seconds": open_seconds,
+            "first_batch_seconds": first_batch_seconds, "steady_samples": steady_samples,
+            "steady_bytes": 1000 * steady_samples, "steady_seconds": steady_seconds,
+            "steady_batches": steady_batches, "read_ahead_batches": 4, "stopped": stopped,
+            "requests": 10, "fetched_bytes": 20_000, "indices": indices,
+            "expected": expected, "num_samples": num_samples}
+
+
+REMOTE_CASE = Case(study="remote", function="storebench.studies.remote.cases:remote_epoch_case",
+                   dataset="tfrecord-jpeg", batch_size=64, access="shuffle")
+
+
+def test_a_slow_start_stays_out_of_the_remote_rate():
+    # 2 s to open and 8 s more to the first batch (round trips, workers starting), then
+    # 1,280 samples in a 2 s steady window: the rate is the window's, start-up its own row.
+    share = rank_result(np.arange(2048), expected=4096, open_seconds=2.0,
+                        first_batch_seconds=8.0, seconds=11.0, steady_samples=1280,
+                        steady_seconds=2.0, steady_batches=20)
+    metrics = _metrics(REMOTE_CASE, [share], 1, 32)
+    assert metrics["samples_per_s"] == (640.0, "samples/s")
+    assert metrics["per_rank_samples_per_s"][0] == 640.0
+    assert metrics["read_MBps"][0] == pytest.approx(1280 * 1000 / 2.0 / 1e6)
+    assert metrics["time_to_first_batch_s"] == (10.0, "s")
+    assert metrics["open_seconds"] == (2.0, "s")
+    assert metrics["epoch_seconds"] == (11.0, "s")
+    assert metrics["steady_batches"] == (20, "count")
+    assert metrics["steady_seconds"] == (2.0, "s")
+    # The whole pass's traffic: 2,048 samples over 10 requests.
+    assert metrics["samples_per_request"][0] == pytest.approx(204.8)
+
+
+def test_ranks_steady_rate_is_their_window_samples_over_the_slowest_window():
+    fast = rank_result(np.arange(0, 1024), expected=2048, first_batch_seconds=9.0,
+                       seconds=12.0, steady_samples=640, steady_seconds=1.0)
+    slow = rank_result(np.arange(2048, 3072), expected=2048, first_batch_seconds=3.0,
+                       seconds=12.0, steady_samples=640, steady_seconds=1.25)
+    metrics = _metrics(REMOTE_CASE, [fast, slow], 2, 16)
+    assert metrics["samples_per_s"][0] == pytest.approx(1280 / 1.25)
+    assert metrics["per_rank_samples_per_s"][0] == pytest.approx((640 + 512) / 2)
+    assert metrics["time_to_first_batch_s"][0] == pytest.approx(9.5)
+    assert metrics["steady_seconds"] == (1.25, "s")
+
+
+def test_an_epoch_its_window_stopped_may_be_short_an_unstopped_one_may_not():
+    # Capped at 32 batches of 64 (2,048 samples): stopped by its window at 1,600.
+    stopped = rank_result(np.arange(1600), expected=4096, stopped=True)
+    assert _metrics(REMOTE_CASE, [stopped], 1, 32)["samples"] == (1600, "count")
+    with pytest.raises(RuntimeError, match="delivered 1600 samples of 32 batches"):
+        _metrics(REMOTE_CASE, [rank_result(np.arange(1600), expected=4096)], 1, 32)
+    # A whole epoch (no cap) stopped inside: fine; an unstopped one short of its share: not.
+    whole = rank_result(np.arange(1600), expected=4096, stopped=True)
+    assert _metrics(REMOTE_CASE, [whole], 1, None)["samples"] == (1600, "count")
+    with pytest.raises(RuntimeError, match="delivered 1600 samples of its share"):
+        _metrics(REMOTE_CASE, [rank_result(np.arange(1600), expected=4096)], 1, None)
+
+
+def test_a_stopped_epoch_delivers_no_sample_twice_across_ranks():
+    first = rank_result(np.arange(0, 640), expected=2048, stopped=True)
+    overlapping = rank_result(np.arange(600, 1240), expected=2048, stopped=True)
+    with pytest.raises(RuntimeError, match="a sample twice"):
+        _metrics(REMOTE_CASE, [first, overlapping], 2, None)
+    with pytest.raises(RuntimeError, match="a sample twice"):
+        _metrics(REMOTE_CASE, [rank_result(np.r_[0:600, 0:40], expected=4096, stopped=True)],
+                 1, 32)
+    # The one sample a padded epoch of an odd set repeats on its last rank is allowed.
+    odd = 4095
+    head = rank_result(np.arange(0, 64), expected=2048, stopped=True, num_samples=odd)
+    tail = rank_result(np.r_[2048:odd, 0], expected=2048, num_samples=odd)
+    assert _metrics(REMOTE_CASE, [head, tail], 2, None)["samples"] == (2112, "count")
+
+
+def test_an_unstopped_whole_epoch_still_covers_the_dataset():
+    halves = [rank_result(np.arange(0, 2048), expected=2048),
+              rank_result(np.arange(2048, 4096), expected=2048)]
+    assert _metrics(REMOTE_CASE, halves, 2, None)["samples"] == (4096, "count")
+    twice = [rank_result(np.arange(0, 2048), expected=2048),
+             rank_result(np.arange(0, 2048), expected=2048)]
+    with pytest.raises(RuntimeError, match="do not cover the dataset"):
+        _metrics(REMOTE_CASE, twice, 2, None)

@@ -423,19 +423,27 @@ def check_run(case: Case, run: LoaderRun, num_samples: int, max_batches: int | N
         check_epoch(case, tally, num_samples, max_batches)
 
 
+def steady_span(first: EpochTally, window: SteadyWindow, *,
+                ready: float) -> tuple[int, int, float]:
+    """(samples, image bytes, seconds) a run's throughput is timed over: its steady window;
+    where that holds no batch (a cold epoch shorter than the read-ahead), its first epoch
+    after its first batch (``first.ended_at`` set); one batch alone, from ``ready``."""
+    if window.batches:
+        return window.samples, window.nbytes, window.seconds
+    if first.batches > 1:
+        return (first.samples - first.first_samples, first.delivered - first.first_bytes,
+                first.ended_at - first.first_batch_at)
+    # one batch: nothing after it to time
+    return first.samples, first.delivered, first.ended_at - ready
+
+
 def run_metrics(run: LoaderRun, *, started: float, ready: float,
                 set_samples: int) -> dict[str, tuple[float, str]]:
     """A run's throughput over its steady window and what that window covered. A run whose
     window holds no batch (a cold epoch shorter than the read-ahead) falls back to its first
     epoch after its first batch, and says so with ``steady_batches`` 0."""
     first, window = run.epochs[0], run.window
-    if window.batches:
-        samples, nbytes, seconds = window.samples, window.nbytes, window.seconds
-    elif first.batches > 1:
-        samples, nbytes = first.samples - first.first_samples, first.delivered - first.first_bytes
-        seconds = first.ended_at - first.first_batch_at
-    else:  # one batch: nothing after it to time
-        samples, nbytes, seconds = first.samples, first.delivered, first.ended_at - ready
+    samples, nbytes, seconds = steady_span(first, window, ready=ready)
     rate = samples / seconds
     return {
         "samples_per_s": (rate, "samples/s"),

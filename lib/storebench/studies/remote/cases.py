@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from ...bench.case import Case, CaseSkipped, Trial
-from ..shared_cases import warmup_samples
+from ..shared_cases import steady_minimum, warmup_samples
+from ..steady import SteadyMinimum
 
 REMOTE_ROOT_ENV = "STOREBENCH_REMOTE_ROOT"
 REMOTE_UNAVAILABLE_ENV = "STOREBENCH_REMOTE_UNAVAILABLE"
@@ -53,12 +54,18 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     a link of ``rtt_ms`` (param; ``bandwidth_mbit`` optional), or from local disk when
     param ``source`` is ``local``.
 
-    Rates are timed inside the ranks, from a barrier to each rank's last batch: the
-    aggregate is all samples over the slowest rank's time. ``time_to_first_batch_s`` runs
-    from opening the dataset (manifest, listing, fingerprints, indexes: several round trips)
-    to the first batch. Rows record the measured RTT (the configured one and the bandwidth are
-    params), and the GET requests and bytes each epoch cost. The untimed warm-up reads
-    through the same proxy without its delay.
+    Start-up apart from steady state (``storebench.studies.steady``): each rank times its
+    own steady window (the batches after its loader's read-ahead) and, in a timed repeat,
+    stops once that holds the case's ``steady_batches`` and ``steady_seconds`` (or at the
+    epoch's cap, ``Trial.batches_wanted``). ``samples_per_s`` and ``read_MBps`` are the
+    ranks' window samples and bytes over the slowest rank's window, since synchronous
+    data-parallel steps wait for the slowest rank; ``per_rank_samples_per_s`` is the median
+    rank's window rate. ``time_to_first_batch_s`` runs from opening the dataset (manifest,
+    listing, fingerprints, indexes: several round trips) to the first batch, and
+    ``epoch_seconds`` from the barrier to the slowest rank's last batch: neither is inside a
+    rate. Rows record the measured RTT (the configured one and the bandwidth are params),
+    and the GET requests and bytes the whole pass cost. The untimed warm-up reads its few
+    batches through the same proxy without its delay.
     """
     from dataclasses import replace
     from urllib.parse import urlsplit
@@ -74,8 +81,9 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
     max_batches = trial.batches_wanted(
         None, samples=int(read_manifest(case.dataset)["num_samples"]), ranks=ranks)
     first = warmup_samples(case, trial, max_batches)  # each rank's
+    minimum = steady_minimum(case, trial)  # None in the warm-up: it reads its few batches
     if local:
-        per_rank = _run_ranks(case, ranks, url, None, max_batches, first)
+        per_rank = _run_ranks(case, ranks, url, None, max_batches, first, minimum)
         return _metrics(case, per_rank, ranks, max_batches)
     config = S3Config.from_env(concurrency=int(case.param("concurrency", DEFAULT_CONCURRENCY)))
     endpoint = urlsplit(config.endpoint_url)
@@ -101,7 +109,7 @@ def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         helpers = {"server": _server_pid(), "proxy": proxy.pid}
         before = {name: _cpu_seconds(pid) for name, pid in helpers.items()}
         began = time.monotonic()
-        per_rank = _run_ranks(case, ranks, url, through, max_batches, first)
+        per_rank = _run_ranks(case, ranks, url, through, max_batches, first, minimum)
         wall = time.monotonic() - began
         after = {name: _cpu_seconds(pid) for name, pid in helpers.items()}
     # The configured RTT and bandwidth are the case's params (in every row already).
@@ -135,9 +143,9 @@ def _cpu_seconds(pid: int | None) -> float | None:
 
 
 def _run_ranks(case: Case, ranks: int, path: str, config, max_batches,
-               first: int | None) -> list[dict]:
+               first: int | None, minimum: SteadyMinimum | None) -> list[dict]:
     job = {"case": case.to_dict(), "path": path, "s3": config, "max_batches": max_batches,
-           "first": first}
+           "first": first, "minimum": minimum}
     if ranks == 1:
         # One rank needs no process group: it reads here, and the case does not import
         # torch (a second per case).
@@ -154,7 +162,8 @@ def _run_ranks(case: Case, ranks: int, path: str, config, max_batches,
 
 def read_epoch_share(rank: int, world_size: int, job: dict) -> dict:
     """One rank's share of an epoch (runs in a rank process, or in the case's own for a
-    single rank; see ``remote_epoch_case``)."""
+    single rank; see ``remote_epoch_case``), its steady window timed apart from its start,
+    the epoch stopped once that window holds ``job["minimum"]`` (None: never)."""
     from ...opening import open_dataset
     from ..shared_cases import (
         drain,
@@ -163,7 +172,9 @@ def read_epoch_share(rank: int, world_size: int, job: dict) -> dict:
         make_sampler,
         open_batches,
         release,
+        steady_span,
     )
+    from ..steady import SteadyWindow, read_ahead_batches
 
     case = Case.from_dict(job["case"])
     options = {"s3": job["s3"]} if job["s3"] is not None else {}
@@ -180,47 +191,68 @@ def read_epoch_share(rank: int, world_size: int, job: dict) -> dict:
             dist.barrier()
         began = time.perf_counter()
         loader, close = open_batches(case, dataset, sampler)
-        tally = drain(loader, started=began, max_batches=job["max_batches"])
-        ended = epoch_ended(tally, job["max_batches"])
+        skip = read_ahead_batches(
+            loader, prefetcher=case.prefetcher, batch_size=case.batch_size or 256,
+            shuffle_buffer=min(int(case.param("shuffle_buffer", 4096)), len(reader)),
+            shuffle=case.access != "sequential")
+        window = SteadyWindow(skip=skip)
+        tally = drain(loader, started=began, max_batches=job["max_batches"], window=window,
+                      minimum=job["minimum"])
+        tally.ended_at = epoch_ended(tally, job["max_batches"])
+        # The whole pass's GETs, start-up's included: per request, what a read costs.
         store = getattr(reader, "store", None)
         requests, fetched = store.traffic() if store is not None else (0, 0)
     finally:
         release(reader, dataset=dataset, close=close)
+    steady_samples, steady_bytes, steady_seconds = steady_span(tally, window, ready=began)
     return {
         "samples": tally.samples, "delivered_bytes": tally.delivered,
-        "seconds": ended - began, "open_seconds": opened - started,
+        "seconds": tally.ended_at - began, "open_seconds": opened - started,
         "first_batch_seconds": tally.first_batch_seconds,
+        "steady_samples": steady_samples, "steady_bytes": steady_bytes,
+        "steady_seconds": steady_seconds, "steady_batches": window.batches,
+        "read_ahead_batches": skip, "stopped": tally.stopped,
         "requests": requests, "fetched_bytes": fetched, "indices": tally.indices(),
         "expected": len(sampler), "num_samples": len(reader),
     }
 
 
-def _metrics(case: Case, per_rank: list[dict], ranks: int, max_batches) -> dict:
-    samples = sum(r["samples"] for r in per_rank)
-    if max_batches is None:
-        for rank, r in enumerate(per_rank):
-            if r["samples"] != r["expected"]:
-                raise RuntimeError(f"{case.dataset}: rank {rank} delivered {r['samples']} "
-                                   f"samples, its share is {r['expected']}")
-        everything = np.concatenate([r["indices"] for r in per_rank])
+def check_shares(case: Case, per_rank: list[dict], max_batches: int | None) -> None:
+    """Each rank delivered its share (``max_batches`` None) or its capped batches' samples,
+    except a rank its steady window stopped (``stopped``), which delivered fewer; a whole
+    epoch no rank stopped covers the dataset, any other delivered no sample twice."""
+    for rank, r in enumerate(per_rank):
+        wanted = (r["expected"] if max_batches is None
+                  else min(max_batches * (case.batch_size or 256), r["expected"]))
+        if r["samples"] > wanted or (r["samples"] < wanted and not r["stopped"]):
+            of = "its share" if max_batches is None else f"{max_batches} batches"
+            raise RuntimeError(f"{case.dataset}: rank {rank} delivered {r['samples']} samples"
+                               f" of {of}, expected {wanted}")
+    everything = np.concatenate([r["indices"] for r in per_rank])
+    if max_batches is None and not any(r["stopped"] for r in per_rank):
         if len(everything) and not np.array_equal(np.unique(everything),
                                                   np.arange(per_rank[0]["num_samples"])):
             raise RuntimeError(f"{case.dataset}: the ranks' epochs do not cover the dataset")
-    else:
-        for rank, r in enumerate(per_rank):
-            wanted = min(max_batches * (case.batch_size or 256), r["expected"])
-            if r["samples"] != wanted:
-                raise RuntimeError(f"{case.dataset}: rank {rank} delivered {r['samples']} "
-                                   f"samples of {max_batches} batches, expected {wanted}")
-        everything = np.concatenate([r["indices"] for r in per_rank])
-        if len(np.unique(everything)) != len(everything):
-            raise RuntimeError(f"{case.dataset}: the ranks delivered a sample twice")
-    slowest = max(r["seconds"] for r in per_rank)
+        return
+    # A share padded as DistributedSampler pads repeats that many of the order's first
+    # samples on the last rank: the only samples two ranks may both deliver.
+    padding = max(0, sum(r["expected"] for r in per_rank) - per_rank[0]["num_samples"])
+    if len(everything) - len(np.unique(everything)) > padding:
+        raise RuntimeError(f"{case.dataset}: the ranks delivered a sample twice")
+
+
+def _metrics(case: Case, per_rank: list[dict], ranks: int, max_batches) -> dict:
+    check_shares(case, per_rank, max_batches)
+    samples = sum(r["samples"] for r in per_rank)
+    # Synchronous data-parallel steps wait for the slowest rank: the group's steady rate is
+    # every rank's window samples over the slowest window.
+    slowest_window = max(r["steady_seconds"] for r in per_rank)
     requests = sum(r["requests"] for r in per_rank)
     fetched = sum(r["fetched_bytes"] for r in per_rank)
-    per_rank_rates = [r["samples"] / r["seconds"] for r in per_rank]
+    per_rank_rates = [r["steady_samples"] / r["steady_seconds"] for r in per_rank]
     # Requests are counted where storebench makes them (TFRecord, raw files); pyarrow and
-    # libhdf5 make their own (Parquet, HDF5) and local disk none: no traffic rows then.
+    # libhdf5 make their own (Parquet, HDF5) and local disk none: no traffic rows then. They
+    # count the whole pass (start-up too), over all the samples it delivered.
     traffic = {
         "requests": (requests, "count"),
         "samples_per_request": (samples / requests, "ratio"),
@@ -228,14 +260,17 @@ def _metrics(case: Case, per_rank: list[dict], ranks: int, max_batches) -> dict:
     } if requests else {}
     return traffic | {
         "samples": (samples, "count"),
-        "samples_per_s": (samples / slowest, "samples/s"),
+        "samples_per_s": (sum(r["steady_samples"] for r in per_rank) / slowest_window,
+                          "samples/s"),
         "per_rank_samples_per_s": (float(np.median(per_rank_rates)), "samples/s"),
-        "read_MBps": (sum(r["delivered_bytes"] for r in per_rank) / slowest / MB, "MB/s"),
-        "epoch_seconds": (slowest, "s"),
+        "read_MBps": (sum(r["steady_bytes"] for r in per_rank) / slowest_window / MB, "MB/s"),
+        "epoch_seconds": (max(r["seconds"] for r in per_rank), "s"),
         "time_to_first_batch_s": (
             max(r["open_seconds"] + r["first_batch_seconds"] for r in per_rank), "s"),
         "open_seconds": (max(r["open_seconds"] for r in per_rank), "s"),
+        # The least any rank's window held (0: one fell back, as ``run_metrics`` says).
+        "steady_batches": (min(r["steady_batches"] for r in per_rank), "count"),
+        "steady_seconds": (slowest_window, "s"),
+        "read_ahead_batches": (max(r["read_ahead_batches"] for r in per_rank), "count"),
         "ranks": (ranks, "count"),
     }
-
-

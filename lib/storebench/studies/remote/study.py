@@ -10,8 +10,10 @@ through a delaying TCP proxy (``remote.network``) at an emulated round-trip time
 same epochs from local disk give the reference.
 
 Per path (format, access order, requests in flight) the rows give the aggregate and per-rank
-throughput, time to first batch (opening included: manifest, listing, fingerprints and
-indexes are round trips too), GET requests and bytes per request, and the measured RTT.
+steady throughput (each rank's batches after its loader's read-ahead, its epoch stopped once
+that window holds the plan's steady minimum: ``studies.steady``), time to first batch apart
+from it (opening included: manifest, listing, fingerprints and indexes are round trips too),
+GET requests and bytes per request over the whole pass, and the measured RTT.
 The capacity model (``remote.capacity``) predicts each path's rate at 2 and 20 ms from its
 0 ms measurement; the figure draws both.
 """
