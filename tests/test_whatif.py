@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from result_rows import frame, prefetch_case
 
@@ -94,9 +96,42 @@ def test_a_run_without_rule_rows_takes_its_rules_from_the_grid_with_the_budget_i
 def test_the_replay_keeps_the_workloads_that_name_the_questions():
     # A question names its workload; the replayed rows once lost it, so every row of the
     # reference read as "(no row)" under any budget.
-    from pathlib import Path
-
     reference = Results.load(Path(__file__).resolve().parents[1] / "results" / "reference")
     assert reference.workloads
     effect = budget_effect(reference, 1e9, plan_budget_s=1.5)
     assert effect.cut.empty and effect.changed.empty and effect.guide_rows > 0
+
+
+PROCESS = [1200.0, 1250.0, 1220.0, 1230.0, 1210.0, 1240.0, 1260.0, 1190.0, 1225.0]
+SLOW = [1000.0, 1100.0, 900.0, 1080.0, 920.0, 1010.0, 990.0, 1005.0, 995.0]
+
+
+def test_a_screened_run_keeps_three_repeats_but_floors_the_top_two_at_five(capsys):
+    """Three candidates of 9 repeats (0.5 s each) under today's rule (at least 3, a 1 s
+    budget: each stops at 3); the floor takes the two best by their first three back to 5,
+    and the slowest keeps 3."""
+    from storebench.whatif import main, screen_effect
+
+    cases = {name: with_summary(prefetch_case(name, workers, values), seconds=4.5, rule=PLAN)
+             for name, workers, values in (("thread", 2, THREAD), ("process", 2, PROCESS),
+                                           ("none", 0, SLOW))}
+    results = Results(frame(*cases.values()), {"cpus_usable": 2})
+    today = AdaptiveRepeats(minimum=3, maximum=9, halfwidth=0.05, budget_s=1.0)
+    rules = {("prefetch", rows[0]["case_id"]): today for rows in cases.values()}
+    effect = screen_effect(results, rules, decision_repeats=5)
+    kept = {row.case_id: (row.repeats, row.repeats_screened, row.repeats_after_floor)
+            for row in effect.cases.itertuples()}
+    assert kept == {cases["thread"][0]["case_id"]: (9, 3, 5),
+                    cases["process"][0]["case_id"]: (9, 3, 5),
+                    cases["none"][0]["case_id"]: (9, 3, 3)}
+    # 18 repeats of 0.5 s saved by the first pass, 4 spent again by the floor.
+    assert effect.cases["first_pass_saved_s"].sum() == pytest.approx(9.0)
+    assert effect.cases["floor_spent_s"].sum() == pytest.approx(2.0)
+    assert effect.seconds_saved == pytest.approx(7.0)
+    assert "The floor takes 2 of them back to their decision repeats: 4 repeats" in (
+        effect.summary())
+
+    with pytest.raises(SystemExit) as raised:
+        main([str(Path(__file__).parent), "--screen"])
+    assert raised.value.code == 2
+    assert "--screen replays today's grid: give the run's --data" in capsys.readouterr().err

@@ -11,6 +11,13 @@ peers study's target rows (their own) keep theirs. A repeat's cost is the case's
 
 ``python -m storebench.whatif RESULTS_DIR --budget 2 [--data data/small]``: ``--data`` gives
 the grid whose rules the rows lack (runs before ``repeat_rule`` rows).
+
+``--screen --data data/small`` replays the run under today's grid's rules instead (a first
+pass of ``bench.plan.SCREEN_REPEATS``) and the top-up's floor (``storebench.topup``): every
+case behind a question's best and runner-up taken back to ``MIN_DECISION_REPEATS`` of its
+stored repeats, the guide read again until no top two falls short; it prints the seconds
+the first pass saves, what the floor spends again (its repeats and each floored case's
+start-up), and the guide rows that choose otherwise.
 """
 
 from __future__ import annotations
@@ -139,11 +146,137 @@ def budget_effect(results: Results, budget_s: float, *, plan_budget_s: float,
     return BudgetEffect(budget_s, cut_frame, changed, len(stored))
 
 
-def grid_rules(results: Results, data_dir: Path | str, *, plan_budget_s: float
+@dataclass(frozen=True)
+class ScreenEffect:
+    """A run replayed under a screening first pass and the top-up's floor: ``cases``, one
+    row per case the first pass cut (study, case_id, repeats stored, repeats screened,
+    repeats after the floor, seconds saved by the first pass, seconds the floor spends
+    again); ``changed`` and ``guide_rows`` as in ``BudgetEffect``."""
+
+    cases: pd.DataFrame
+    changed: pd.DataFrame
+    guide_rows: int
+
+    @property
+    def seconds_saved(self) -> float:
+        return float(self.cases["first_pass_saved_s"].sum()
+                     - self.cases["floor_spent_s"].sum())
+
+    def summary(self) -> str:
+        cases = self.cases
+        floored = cases[cases["repeats_after_floor"] > cases["repeats_screened"]]
+        lines = [
+            f"A screening first pass stops {len(cases)} cases sooner: "
+            f"{int((cases['repeats'] - cases['repeats_screened']).sum())} repeats, "
+            f"{cases['first_pass_saved_s'].sum():.1f} s.",
+            f"The floor takes {len(floored)} of them back to their decision repeats: "
+            f"{int((floored['repeats_after_floor'] - floored['repeats_screened']).sum())} "
+            f"repeats and their start-up, {cases['floor_spent_s'].sum():.1f} s.",
+            f"Saved in all: {self.seconds_saved:.1f} s.",
+            f"Decision guide: {len(self.changed)} of {self.guide_rows} rows choose otherwise.",
+        ]
+        for row in self.changed.itertuples():
+            lines.append(f"  {row.study}: {row.question}\n    stored: {row.choice}\n"
+                         f"    screened: {row.choice_under_budget}")
+        return "\n".join(lines)
+
+
+ROLES = ("top two", "other candidate", "no guide question")
+
+
+def case_roles(results: Results) -> pd.DataFrame:
+    """Per study, the case seconds of its cases as run (``case_seconds``, top-up repeats at
+    their case's pace included) by role in the decision guide: behind a question's best or
+    runner-up, behind another candidate only, or behind no guide question (a figure's, a
+    target's or a finding's alone)."""
+    from .report.guide import decision_guide
+    from .topup import case_costs, row_cases
+
+    roles: dict[tuple[str, str], str] = {}
+    for row in decision_guide(results):
+        top = row_cases(row)
+        for candidate in row.candidates:
+            for study, case_id, _metric in candidate.stat.sources:
+                role = ROLES[0] if (study, case_id) in top else ROLES[1]
+                if roles.get((study, case_id)) != ROLES[0]:
+                    roles[(study, case_id)] = role
+    spent = [(study, roles.get((study, case_id), ROLES[2]), cost.seconds(cost.repeats))
+             for (study, case_id), cost in case_costs(results.df).items()]
+    table = pd.DataFrame(spent, columns=["study", "role", "seconds"]).pivot_table(
+        index="study", columns="role", values="seconds", aggfunc="sum", fill_value=0.0)
+    return table.reindex(columns=list(ROLES), fill_value=0.0)
+
+
+def screen_effect(results: Results, rules: Mapping[tuple[str, str], AdaptiveRepeats], *,
+                  decision_repeats: int) -> ScreenEffect:
+    """Replay every case of ``results`` under its rule of ``rules`` (today's grid's, whose
+    minimum may be below the repeats the run took), then the top-up's floor at
+    ``decision_repeats`` (module docstring). A floored case spends again its start-up
+    (``case_seconds`` less ``repeats_seconds``: a top-up runs it afresh)."""
+    from .report.guide import decision_guide
+    from .topup import row_cases
+
+    df = results.df
+    whole = df[df["repeat"] == -1].pivot_table(index=["study", "case_id"], columns="metric",
+                                                values="value", aggfunc="first")
+    timed = dict(list(df[(df["repeat"] >= 0) & (df["status"] == "ok")].groupby(
+        ["study", "case_id"])))
+    screened: dict[tuple[str, str], tuple[int, int, float, float]] = {}
+    for key, rule in rules.items():
+        if key not in whole.index or not np.isfinite(whole.loc[key].get("repeats_run", np.nan)):
+            continue
+        ran = int(whole.loc[key, "repeats_run"])
+        pace = float(whole.loc[key, "repeats_seconds"]) / ran
+        start = max(0.0, float(whole.loc[key].get("case_seconds", np.nan)) - pace * ran)
+        start = start if np.isfinite(start) else 0.0
+        rows = timed.get(key)
+        metric = None if rows is None else stop_metric(dict.fromkeys(rows["metric"]))
+        if metric is None:
+            continue
+        values = rows[rows["metric"] == metric].sort_values("repeat")["value"].to_numpy()
+        stop = next((n for n in range(1, ran + 1)
+                     if rule.done(values[:n], elapsed_s=pace * n)), ran)
+        if stop < ran:
+            screened[key] = (ran, stop, pace, start)
+    keep = {key: stop for key, (_, stop, _, _) in screened.items()}
+
+    def replayed() -> Results:
+        limit = np.array([keep.get(key, np.iinfo(np.int64).max)
+                          for key in zip(df["study"], df["case_id"])])
+        return replace(results, df=df[(df["repeat"] < limit) | (df["repeat"] == -1)])
+
+    floored: set[tuple[str, str]] = set()
+    while True:
+        short = {key for row in decision_guide(replayed()) if row.runner_up is not None
+                 for key in row_cases(row)
+                 if key in screened and keep[key] < min(decision_repeats, screened[key][0])}
+        if not short:
+            break
+        for key in short:
+            keep[key] = min(decision_repeats, screened[key][0])
+        floored |= short
+    rows = [(*key, ran, stop, keep[key], (ran - stop) * pace,
+             (keep[key] - stop) * pace + (start if key in floored else 0.0))
+            for key, (ran, stop, pace, start) in sorted(screened.items())]
+    cases = pd.DataFrame(rows, columns=["study", "case_id", "repeats", "repeats_screened",
+                                        "repeats_after_floor", "first_pass_saved_s",
+                                        "floor_spent_s"])
+    stored = guide_choices(results)
+    under = guide_choices(replayed())
+    changed = pd.DataFrame(
+        [(study, question, choice, under.get((study, question), "(no row)"))
+         for (study, question), choice in stored.items()
+         if under.get((study, question)) != choice],
+        columns=["study", "question", "choice", "choice_under_budget"])
+    return ScreenEffect(cases, changed, len(stored))
+
+
+def grid_rules(results: Results, data_dir: Path | str, *, plan_budget_s: float | None
                ) -> dict[tuple[str, str], AdaptiveRepeats]:
     """The rules of the grids of the run's studies over ``data_dir``, for rows without
     ``repeat_rule`` rows: today's grids, with today's plan budget read as the one the run
-    had (``plan_budget_s``); a case's own budget (none, or the peers targets') stays."""
+    had (``plan_budget_s``; None: today's as it is); a case's own budget (none, or the peers
+    targets') stays."""
     from .bench.plan import REPEAT_BUDGET_S
     from .study import planned_cases
 
@@ -154,7 +287,8 @@ def grid_rules(results: Results, data_dir: Path | str, *, plan_budget_s: float
             rule = case.adaptive_repeats
             if rule is None:
                 continue
-            if rule.budget_s is not None and math.isclose(rule.budget_s, REPEAT_BUDGET_S):
+            if (plan_budget_s is not None and rule.budget_s is not None
+                    and math.isclose(rule.budget_s, REPEAT_BUDGET_S)):
                 rule = replace(rule, budget_s=plan_budget_s)
             rules[(name, case.case_id)] = rule
     return rules
@@ -166,13 +300,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m storebench.whatif",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("results_dir")
-    parser.add_argument("--budget", type=float, required=True, help="seconds")
+    chosen = parser.add_mutually_exclusive_group(required=True)
+    chosen.add_argument("--budget", type=float, help="seconds")
+    chosen.add_argument("--screen", action="store_true",
+                        help="today's grid's first pass and the top-up's floor (needs --data)")
     parser.add_argument("--plan-budget", type=float, default=REPEAT_BUDGET_S,
                         help="the budget the run's cases had (default: the plan's)")
     parser.add_argument("--data", help="dataset root of the run's profile, for rows that "
                         "record no repeat rule")
     args = parser.parse_args(argv)
+    if args.screen and not args.data:
+        parser.error("--screen replays today's grid: give the run's --data")
     results = Results.load(args.results_dir)
+    if args.screen:
+        from .bench.stats import MIN_DECISION_REPEATS
+
+        rules = grid_rules(results, args.data, plan_budget_s=None)
+        print(screen_effect(results, rules, decision_repeats=MIN_DECISION_REPEATS).summary())
+        roles = case_roles(results)
+        print("\nCase minutes as run, by role in the decision guide:")
+        print((roles / 60).round(1).to_string())
+        print(f"all studies: {(roles.sum() / 60).round(1).to_dict()}")
+        return 0
     rules = (grid_rules(results, args.data, plan_budget_s=args.plan_budget) if args.data
              else None)
     print(budget_effect(results, args.budget, plan_budget_s=args.plan_budget,

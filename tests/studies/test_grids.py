@@ -12,7 +12,13 @@ import pytest
 
 from data_gen import PROFILES
 from storebench.bench.case import Case, Trial
-from storebench.bench.plan import REPEAT_BUDGET_S, case_timeout_s, default_repeats, plan_for
+from storebench.bench.plan import (
+    REPEAT_BUDGET_S,
+    SCREEN_REPEATS,
+    case_timeout_s,
+    default_repeats,
+    plan_for,
+)
 from storebench.bench.runner import run_case
 from storebench.bench.stats import MIN_DECISION_REPEATS, AdaptiveRepeats  # noqa: E402
 from storebench.formats import FORMATS, build_dataset, knob_variants
@@ -32,7 +38,11 @@ def test_repeats_and_timeout_depend_on_the_profile(ci_data_root):
     assert plan_for("ci").compact and not plan_for("small").compact
     assert plan_for("ci").adaptive is None
     assert plan_for("small").adaptive == AdaptiveRepeats(
-        minimum=MIN_DECISION_REPEATS, maximum=9, halfwidth=0.05, budget_s=REPEAT_BUDGET_S)
+        minimum=SCREEN_REPEATS, maximum=9, halfwidth=0.05, budget_s=REPEAT_BUDGET_S)
+    # The top-up's floor takes the top two of every question to the decision's repeats;
+    # not on ci, whose numbers decide nothing.
+    assert plan_for("small").decision_repeats == MIN_DECISION_REPEATS
+    assert plan_for("ci").decision_repeats is None
     for name, study in STUDIES.items():
         if name == "out_of_core":
             continue  # two epochs per case: its own repeats rule (tested with its grid)
@@ -50,8 +60,10 @@ def test_repeats_and_timeout_depend_on_the_profile(ci_data_root):
 
 def test_default_plan_repeats_adaptively(ci_data_root, monkeypatch):
     """What make study runs (the default plan, here on the ci data): every timed case of
-    the studies that follow the plan repeats adaptively (5..9, until the median's interval
-    is within 5 % or the repeat budget is spent; the targets without the budget)."""
+    the studies that follow the plan repeats adaptively (3..9, until the median's interval
+    is within 5 % or the repeat budget is spent; the targets without the budget, and the
+    cases whose verdicts the top-up does not repeat, a target's or the remote study's one
+    rank over S3, from 5)."""
     from storebench.bench import plan
 
     monkeypatch.setitem(plan.PLANS, "ci", plan.StudyPlan(compact=True))
@@ -59,8 +71,13 @@ def test_default_plan_repeats_adaptively(ci_data_root, monkeypatch):
         timed = [c for c in STUDIES[name].grid(profile="ci", data_dir=ci_data_root)
                  if not c.function.endswith(":build_cost_case")]
         budget = None if name == "targets" else REPEAT_BUDGET_S
-        assert {(c.min_repeats, c.repeats, c.stop_halfwidth, c.repeat_budget_s)
-                for c in timed} == {(MIN_DECISION_REPEATS, 9, 0.05, budget)}, name
+        for case in timed:
+            decides_a_target = name == "targets" or (
+                name == "remote" and case.param("source") == "s3"
+                and case.param("ranks") == 1 and not case.param("bandwidth_mbit"))
+            minimum = MIN_DECISION_REPEATS if decides_a_target else SCREEN_REPEATS
+            assert (case.min_repeats, case.repeats, case.stop_halfwidth,
+                    case.repeat_budget_s) == (minimum, 9, 0.05, budget), case.case_id
         # A target's repeats know its threshold, which an undecided interval holds.
         thresholds = {c.case_id: c.stop_threshold for c in timed}
         if name == "targets":
