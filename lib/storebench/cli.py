@@ -392,8 +392,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("results_dir", help="e.g. results/reference")
     c.set_defaults(func=_consistency)
 
-    t = sub.add_parser("topup", help="more repeats for the two best candidates of every "
-                                     "undecided guide question of a finished study")
+    t = sub.add_parser("topup", help="a finished study's two best candidates of every guide "
+                                     "question taken to the plan's decision repeats, then "
+                                     "more repeats where a question is undecided")
     t.add_argument("results_dir", help="a finished study's results, e.g. results/small")
     t.add_argument("--profile", choices=sorted(data_gen.PROFILES), default=None,
                    help="the profile it ran (default: the one its env.json records)")
