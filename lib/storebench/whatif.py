@@ -65,10 +65,7 @@ class BudgetEffect:
             f"({cut['halfwidth_under_budget'].quantile(0.9):.3f}) without.",
             f"Decision guide: {len(self.changed)} of {self.guide_rows} rows choose otherwise.",
         ]
-        for row in self.changed.itertuples():
-            lines.append(f"  {row.study}: {row.question}\n    stored: {row.choice}\n"
-                         f"    under the budget: {row.choice_under_budget}")
-        return "\n".join(lines)
+        return "\n".join(lines + changed_lines(self.changed, "under the budget"))
 
 
 def stored_rules(df: pd.DataFrame) -> dict[tuple[str, str], AdaptiveRepeats]:
@@ -95,6 +92,27 @@ def guide_choices(results: Results) -> dict[tuple[str, str], str]:
         for row in study.guide(results):
             choices[(name, row.question)] = row.choice
     return choices
+
+
+def changed_choices(results: Results, replayed: Results) -> tuple[pd.DataFrame, int]:
+    """The guide rows whose choice differs between ``results`` and the same run
+    ``replayed`` with fewer repeats (study, question, choice, choice_under_budget), and how
+    many rows were compared."""
+    stored = guide_choices(results)
+    under = guide_choices(replayed)
+    changed = pd.DataFrame(
+        [(study, question, choice, under.get((study, question), "(no row)"))
+         for (study, question), choice in stored.items()
+         if under.get((study, question)) != choice],
+        columns=["study", "question", "choice", "choice_under_budget"])
+    return changed, len(stored)
+
+
+def changed_lines(changed: pd.DataFrame, replayed_as: str) -> list[str]:
+    """A line per guide row of ``changed``: its question, the stored choice and the one
+    the replay (``replayed_as``) makes."""
+    return [f"  {row.study}: {row.question}\n    stored: {row.choice}\n"
+            f"    {replayed_as}: {row.choice_under_budget}" for row in changed.itertuples()]
 
 
 def budget_effect(results: Results, budget_s: float, *, plan_budget_s: float,
@@ -135,15 +153,9 @@ def budget_effect(results: Results, budget_s: float, *, plan_budget_s: float,
     limit = np.array([keep.get(key, np.iinfo(np.int64).max)
                       for key in zip(df["study"], df["case_id"])])
     shorter_df = df[(df["repeat"] < limit) | (df["repeat"] == -1)]
-    stored = guide_choices(results)
     # Everything but the rows as stored (the workloads name the questions' sets).
-    under = guide_choices(replace(results, df=shorter_df))
-    changed = pd.DataFrame(
-        [(study, question, choice, under.get((study, question), "(no row)"))
-         for (study, question), choice in stored.items()
-         if under.get((study, question)) != choice],
-        columns=["study", "question", "choice", "choice_under_budget"])
-    return BudgetEffect(budget_s, cut_frame, changed, len(stored))
+    changed, compared = changed_choices(results, replace(results, df=shorter_df))
+    return BudgetEffect(budget_s, cut_frame, changed, compared)
 
 
 @dataclass(frozen=True)
@@ -175,10 +187,7 @@ class ScreenEffect:
             f"Saved in all: {self.seconds_saved:.1f} s.",
             f"Decision guide: {len(self.changed)} of {self.guide_rows} rows choose otherwise.",
         ]
-        for row in self.changed.itertuples():
-            lines.append(f"  {row.study}: {row.question}\n    stored: {row.choice}\n"
-                         f"    screened: {row.choice_under_budget}")
-        return "\n".join(lines)
+        return "\n".join(lines + changed_lines(self.changed, "screened"))
 
 
 ROLES = ("top two", "other candidate", "no guide question")
@@ -261,14 +270,8 @@ def screen_effect(results: Results, rules: Mapping[tuple[str, str], AdaptiveRepe
     cases = pd.DataFrame(rows, columns=["study", "case_id", "repeats", "repeats_screened",
                                         "repeats_after_floor", "first_pass_saved_s",
                                         "floor_spent_s"])
-    stored = guide_choices(results)
-    under = guide_choices(replayed())
-    changed = pd.DataFrame(
-        [(study, question, choice, under.get((study, question), "(no row)"))
-         for (study, question), choice in stored.items()
-         if under.get((study, question)) != choice],
-        columns=["study", "question", "choice", "choice_under_budget"])
-    return ScreenEffect(cases, changed, len(stored))
+    changed, compared = changed_choices(results, replayed())
+    return ScreenEffect(cases, changed, compared)
 
 
 def grid_rules(results: Results, data_dir: Path | str, *, plan_budget_s: float | None
