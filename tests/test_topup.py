@@ -137,3 +137,16 @@ def test_the_floor_takes_every_top_two_case_to_the_decision_repeats_and_no_other
     written = json.loads((copy / TOPUP_FILE).read_text())
     assert written["decision_repeats"] == 5
     assert {entry["case_id"] for entry in written["floor"]} == floored
+
+
+def test_a_study_s_top_up_takes_its_plan_s_floor(monkeypatch, tmp_path):
+    """``storebench study`` and ``storebench topup`` top up through ``top_up_results``: the
+    default plan's floor (5) reaches ``top_up``; ci's is none."""
+    from storebench import study, topup
+
+    seen = []
+    monkeypatch.setattr(topup, "top_up", lambda *args, **kwargs: seen.append(kwargs))
+    for profile in ("small", "ci"):
+        study.top_up_results(tmp_path, profile=profile, data_dir_of=lambda name: tmp_path,
+                             budget_s=1.0)
+    assert [kwargs["decision_repeats"] for kwargs in seen] == [5, None]
