@@ -270,6 +270,12 @@ def top_up(
         return case is not None and not case.summarise
 
     started = time.perf_counter()
+    def floored(cost: CaseCost, added: int, seconds: float) -> None:
+        record.floor_case_seconds += seconds
+        record.floor.append({"study": cost.study, "case_id": cost.case_id,
+                             "repeats_before": cost.repeats, "repeats_added": added,
+                             "seconds": seconds})
+
     if decision_repeats:
         tried: set[tuple[str, str]] = set()
         while True:
@@ -282,13 +288,6 @@ def top_up(
             tried.update((cost.study, cost.case_id) for cost, _ in short)
             for study in sorted({cost.study for cost, _ in short}):
                 mine = [(cost, lacking) for cost, lacking in short if cost.study == study]
-
-                def floored(cost: CaseCost, added: int, seconds: float) -> None:
-                    record.floor_case_seconds += seconds
-                    record.floor.append({"study": cost.study, "case_id": cost.case_id,
-                                         "repeats_before": cost.repeats,
-                                         "repeats_added": added, "seconds": seconds})
-
                 _run_repeats(results_dir, study, mine, grid(study), timeout_s=timeout_s,
                              drop_caches=drop_caches, record=record, on_added=floored,
                              log=log)

@@ -115,46 +115,78 @@ def changed_lines(changed: pd.DataFrame, replayed_as: str) -> list[str]:
             f"    {replayed_as}: {row.choice_under_budget}" for row in changed.itertuples()]
 
 
+@dataclass(frozen=True)
+class StoredCase:
+    """A case as a run stored it: its first pass's ``repeats``, their mean ``pace`` (s a
+    repeat), its ``start`` outside them (``case_seconds`` less ``repeats_seconds``; 0 where
+    unknown) and its stop metric's ``values`` in repeat order."""
+
+    repeats: int
+    pace: float
+    start: float
+    values: np.ndarray
+
+    def stop(self, rule: AdaptiveRepeats) -> int:
+        """The repeat ``rule`` would have stopped this case at (its repeats if none)."""
+        return next((n for n in range(1, self.repeats + 1)
+                     if rule.done(self.values[:n], elapsed_s=self.pace * n)), self.repeats)
+
+
+def stored_cases(df: pd.DataFrame) -> dict[tuple[str, str], StoredCase]:
+    """(study, case_id) -> its ``StoredCase``, for every case with a repeat count, a pace
+    and a stop metric in ``df``."""
+    whole = df[df["repeat"] == -1].pivot_table(index=["study", "case_id"], columns="metric",
+                                                values="value", aggfunc="first")
+    cases = {}
+    for key, rows in df[(df["repeat"] >= 0) & (df["status"] == "ok")].groupby(
+            ["study", "case_id"]):
+        if key not in whole.index or not np.isfinite(whole.loc[key].get("repeats_run", np.nan)):
+            continue
+        metric = stop_metric(dict.fromkeys(rows["metric"]))
+        if metric is None:
+            continue
+        ran = int(whole.loc[key, "repeats_run"])
+        pace = float(whole.loc[key, "repeats_seconds"]) / ran
+        start = float(whole.loc[key].get("case_seconds", np.nan)) - pace * ran
+        cases[key] = StoredCase(
+            ran, pace, max(0.0, start) if np.isfinite(start) else 0.0,
+            rows[rows["metric"] == metric].sort_values("repeat")["value"].to_numpy())
+    return cases
+
+
+def cut_to(results: Results, keep: Mapping[tuple[str, str], int]) -> Results:
+    """``results`` with each case of ``keep`` cut to its first that many timed repeats;
+    everything but the rows as stored (the workloads name the questions' sets)."""
+    df = results.df
+    limit = np.array([keep.get(key, np.iinfo(np.int64).max)
+                      for key in zip(df["study"], df["case_id"])])
+    return replace(results, df=df[(df["repeat"] < limit) | (df["repeat"] == -1)])
+
+
 def budget_effect(results: Results, budget_s: float, *, plan_budget_s: float,
                   rules: Mapping[tuple[str, str], AdaptiveRepeats] | None = None
                   ) -> BudgetEffect:
     """Replay every case whose rule had ``plan_budget_s`` under ``budget_s`` instead (see
     the module docstring). ``rules`` fills in the cases whose rows record none."""
-    df = results.df
-    known = {**(rules or {}), **stored_rules(df)}
-    whole = df[df["repeat"] == -1].pivot_table(index=["study", "case_id"], columns="metric",
-                                                values="value", aggfunc="first")
-    timed = dict(list(df[(df["repeat"] >= 0) & (df["status"] == "ok")].groupby(
-        ["study", "case_id"])))
+    known = {**(rules or {}), **stored_rules(results.df)}
+    stored = stored_cases(results.df)
     keep: dict[tuple[str, str], int] = {}
     cut = []
     for key, rule in known.items():
         if rule.budget_s is None or not math.isclose(rule.budget_s, plan_budget_s):
             continue
-        if key not in whole.index or not np.isfinite(whole.loc[key].get("repeats_run", np.nan)):
+        case = stored.get(key)
+        if case is None:
             continue
-        ran = int(whole.loc[key, "repeats_run"])
-        pace = float(whole.loc[key, "repeats_seconds"]) / ran
-        rows = timed.get(key)
-        metric = None if rows is None else stop_metric(dict.fromkeys(rows["metric"]))
-        if metric is None:
-            continue
-        values = rows[rows["metric"] == metric].sort_values("repeat")["value"].to_numpy()
-        shorter = replace(rule, budget_s=budget_s)
-        stop = next((n for n in range(1, ran + 1)
-                     if shorter.done(values[:n], elapsed_s=pace * n)), ran)
-        if stop < ran:
+        stop = case.stop(replace(rule, budget_s=budget_s))
+        if stop < case.repeats:
             keep[key] = stop
-            cut.append((*key, ran, stop, (ran - stop) * pace, relative_halfwidth(values),
-                        relative_halfwidth(values[:stop])))
+            cut.append((*key, case.repeats, stop, (case.repeats - stop) * case.pace,
+                        relative_halfwidth(case.values), relative_halfwidth(case.values[:stop])))
     cut_frame = pd.DataFrame(cut, columns=[
         "study", "case_id", "repeats", "repeats_under_budget", "seconds_saved", "halfwidth",
         "halfwidth_under_budget"])
-    limit = np.array([keep.get(key, np.iinfo(np.int64).max)
-                      for key in zip(df["study"], df["case_id"])])
-    shorter_df = df[(df["repeat"] < limit) | (df["repeat"] == -1)]
-    # Everything but the rows as stored (the workloads name the questions' sets).
-    changed, compared = changed_choices(results, replace(results, df=shorter_df))
+    changed, compared = changed_choices(results, cut_to(results, keep))
     return BudgetEffect(budget_s, cut_frame, changed, compared)
 
 
@@ -225,52 +257,31 @@ def screen_effect(results: Results, rules: Mapping[tuple[str, str], AdaptiveRepe
     from .report.guide import decision_guide
     from .topup import row_cases
 
-    df = results.df
-    whole = df[df["repeat"] == -1].pivot_table(index=["study", "case_id"], columns="metric",
-                                                values="value", aggfunc="first")
-    timed = dict(list(df[(df["repeat"] >= 0) & (df["status"] == "ok")].groupby(
-        ["study", "case_id"])))
-    screened: dict[tuple[str, str], tuple[int, int, float, float]] = {}
-    for key, rule in rules.items():
-        if key not in whole.index or not np.isfinite(whole.loc[key].get("repeats_run", np.nan)):
-            continue
-        ran = int(whole.loc[key, "repeats_run"])
-        pace = float(whole.loc[key, "repeats_seconds"]) / ran
-        start = max(0.0, float(whole.loc[key].get("case_seconds", np.nan)) - pace * ran)
-        start = start if np.isfinite(start) else 0.0
-        rows = timed.get(key)
-        metric = None if rows is None else stop_metric(dict.fromkeys(rows["metric"]))
-        if metric is None:
-            continue
-        values = rows[rows["metric"] == metric].sort_values("repeat")["value"].to_numpy()
-        stop = next((n for n in range(1, ran + 1)
-                     if rule.done(values[:n], elapsed_s=pace * n)), ran)
-        if stop < ran:
-            screened[key] = (ran, stop, pace, start)
-    keep = {key: stop for key, (_, stop, _, _) in screened.items()}
-
-    def replayed() -> Results:
-        limit = np.array([keep.get(key, np.iinfo(np.int64).max)
-                          for key in zip(df["study"], df["case_id"])])
-        return replace(results, df=df[(df["repeat"] < limit) | (df["repeat"] == -1)])
+    stored = stored_cases(results.df)
+    screened = {key: stored[key] for key, rule in rules.items()
+                if key in stored and stored[key].stop(rule) < stored[key].repeats}
+    keep = {key: case.stop(rules[key]) for key, case in screened.items()}
+    first_pass = dict(keep)
 
     floored: set[tuple[str, str]] = set()
     while True:
-        short = {key for row in decision_guide(replayed()) if row.runner_up is not None
-                 for key in row_cases(row)
-                 if key in screened and keep[key] < min(decision_repeats, screened[key][0])}
+        short = {key for row in decision_guide(cut_to(results, keep))
+                 if row.runner_up is not None for key in row_cases(row)
+                 if key in screened
+                 and keep[key] < min(decision_repeats, screened[key].repeats)}
         if not short:
             break
         for key in short:
-            keep[key] = min(decision_repeats, screened[key][0])
+            keep[key] = min(decision_repeats, screened[key].repeats)
         floored |= short
-    rows = [(*key, ran, stop, keep[key], (ran - stop) * pace,
-             (keep[key] - stop) * pace + (start if key in floored else 0.0))
-            for key, (ran, stop, pace, start) in sorted(screened.items())]
+    rows = [(*key, case.repeats, first_pass[key], keep[key],
+             (case.repeats - first_pass[key]) * case.pace,
+             (keep[key] - first_pass[key]) * case.pace + (case.start if key in floored else 0.0))
+            for key, case in sorted(screened.items())]
     cases = pd.DataFrame(rows, columns=["study", "case_id", "repeats", "repeats_screened",
                                         "repeats_after_floor", "first_pass_saved_s",
                                         "floor_spent_s"])
-    changed, compared = changed_choices(results, replayed())
+    changed, compared = changed_choices(results, cut_to(results, keep))
     return ScreenEffect(cases, changed, compared)
 
 
