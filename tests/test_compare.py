@@ -72,3 +72,27 @@ def test_a_run_against_itself_holds_every_decision_and_lists_undecided_rows(tmp_
     assert text.splitlines()[-1] == ("3 of 3 decisions of RUN_A hold in RUN_B (100%); "
                                      "0 flipped to another winner")
     assert sum(line.endswith("| was undecided in RUN_A") for line in text.splitlines()) == 1
+
+
+def test_a_question_whose_text_changed_is_matched_by_its_facets(tmp_path):
+    from dataclasses import replace
+
+    from storebench.report.compare import compare_guides
+    from storebench.report.guide import decision_guide
+    from storebench.results import Results
+
+    a = run(tmp_path / "a", memmap=800.0, rawfiles=100.0, thread=200.0, none=100.0,
+            process=300.0)
+    rows = decision_guide(Results.load(a))
+    cold = next(row for row in rows if row.study == "formats")
+    assert cold.facets  # the fallback needs a row's situation as data
+    renamed = [replace(row, question=row.question + " (reworded)") if row is cold else row
+               for row in rows]
+    by_text = {c.question: c for c in compare_guides(rows, renamed)}
+    assert by_text[cold.question].outcome == "same decision"
+    assert by_text[cold.question].decision_b == cold.best.label
+    # Two rows of one situation are ambiguous: no match rather than a guess.
+    twin = replace(cold, question="another wording")
+    both = [twin if row is cold else row for row in rows] + [replace(twin, question="a third")]
+    assert {c.question: c for c in compare_guides(rows, both)}[cold.question].outcome == (
+        "missing in RUN_B")

@@ -1,7 +1,8 @@
 """``storebench compare RUN_A RUN_B``: do RUN_A's decisions hold in RUN_B?
 
 Both results directories' decision guides (``report.guide.decision_guide``) are matched
-question by question (study and question text). A decision of RUN_A is a row that names a
+question by question (study and question text; where the text changed, the one row of
+the same study, metric and facets). A decision of RUN_A is a row that names a
 winner or declares equivalence; an undecided row decides nothing and is listed only. Each
 decision either holds (the same winner, or equivalence again), became a tie (equivalent),
 became undecided, flipped to another winner (an equivalence: became decided), or is
@@ -67,14 +68,33 @@ def outcome_of(a: GuideRow, b: GuideRow | None) -> str:
     return "became undecided"
 
 
+def situation(row: GuideRow) -> tuple:
+    """What a row answers as data: its study, metric and facets (not its text, which may
+    hold a measured figure)."""
+    return (row.study, row.metric, tuple(sorted((k, str(v)) for k, v in row.facets.items())))
+
+
+def same_question(a: GuideRow, rows_b: list[GuideRow]) -> GuideRow | None:
+    """RUN_B's row asking ``a``'s question: the same study and text, else the one row of
+    the same study, metric and facets (a question whose text changed between versions)."""
+    for row in rows_b:
+        if (row.study, row.question) == (a.study, a.question):
+            return row
+    if not a.facets:
+        return None
+    alike = [row for row in rows_b if situation(row) == situation(a)]
+    return alike[0] if len(alike) == 1 else None
+
+
 def compare_guides(rows_a: list[GuideRow], rows_b: list[GuideRow]
                    ) -> list[QuestionComparison]:
     """RUN_A's questions in its order, each with RUN_B's answer to the same question."""
-    by_question = {(row.study, row.question): row for row in rows_b}
-    return [QuestionComparison(a.study, a.question, decision_text(a),
-                               decision_text(by_question.get((a.study, a.question))),
-                               outcome_of(a, by_question.get((a.study, a.question))))
-            for a in rows_a]
+    out = []
+    for a in rows_a:
+        b = same_question(a, rows_b)
+        out.append(QuestionComparison(a.study, a.question, decision_text(a),
+                                      decision_text(b), outcome_of(a, b)))
+    return out
 
 
 def compare_text(comparisons: list[QuestionComparison], run_a: str, run_b: str) -> str:

@@ -692,7 +692,8 @@ def guide(results: Results) -> list:
                 candidates.append(Candidate(path, path, stat(mine, "samples_per_s")))
         out.append(choose(
             NAME, f"Data in object storage at {rtt:g} ms round trip, one rank: which format, "
-            f"order and concurrency? ({sample_caption(part)})", "samples_per_s", candidates,
+            f"order and concurrency? ({', '.join(dict.fromkeys(part['encoding'].dropna()))})",
+            "samples_per_s", candidates,
             facets={"rtt_ms": float(rtt)}))
     return [row for row in out if row is not None]
 
