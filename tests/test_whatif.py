@@ -135,3 +135,54 @@ def test_a_screened_run_keeps_three_repeats_but_floors_the_top_two_at_five(capsy
         main([str(Path(__file__).parent), "--screen"])
     assert raised.value.code == 2
     assert "--screen replays today's grid: give the run's --data" in capsys.readouterr().err
+
+
+def test_the_least_time_floors_the_top_two_cuts_windows_and_drops_unasked_cases(
+        tmp_path, capsys):
+    """A prefetch question of three candidates and one targets case behind no question.
+    The best (thread) holds a 3 s steady window of 60 batches: its least window is
+    max(1 s, 20 batches = 1 s), 2 s shorter a repeat."""
+    import json
+
+    from result_rows import case_rows
+
+    from storebench.whatif import least_time, main
+
+    def whole(rows, *, repeats_s: float, case_s: float) -> list[dict]:
+        rows = with_summary(rows, seconds=repeats_s, rule=None)
+        return rows + [dict(rows[0], repeat=-1, metric="case_seconds", value=case_s, unit="s")]
+
+    thread = prefetch_case("thread", 2, [2000.0, 2010.0, 1990.0, 2005.0, 1995.0])
+    first = thread[0]
+    thread += [dict(first, repeat=r, metric=metric, value=value, unit=unit)
+               for r in range(5) for metric, value, unit in (
+                   ("steady_seconds", 3.0, "s"), ("steady_batches", 60.0, "count"))]
+    groups = [whole(thread, repeats_s=20.0, case_s=22.0),
+              whole(prefetch_case("process", 2, [1500.0, 1510.0, 1490.0, 1505.0, 1495.0]),
+                    repeats_s=10.0, case_s=11.0),
+              whole(prefetch_case("none", 0, [500.0, 510.0, 490.0, 505.0, 495.0]),
+                    repeats_s=5.0, case_s=5.5),
+              whole(case_rows("targets", "target:x", {"samples_per_s": [1.0]}),
+                    repeats_s=6.0, case_s=6.0)]
+    (tmp_path / "timing.json").write_text(json.dumps({"total_seconds": 100.0}))
+    results = Results(frame(*groups), {"cpus_usable": 2}, directory=tmp_path)
+
+    least = least_time(results)
+    # thread: 2 s overhead + 5 x (4 - 3 + 1) s; process: 1 + 5 x 2; none: 0.5 + 3 x 1.
+    assert least.by_study.loc["prefetch"].to_dict() == pytest.approx(
+        {"as run": 38.5 / 60, "no question dropped": 26.5 / 60,
+         "no question kept": 26.5 / 60})
+    # The targets case ran 1 repeat: kept, it needs no more than it ran.
+    assert least.by_study.loc["targets"].to_dict() == pytest.approx(
+        {"as run": 0.1, "no question dropped": 0.0, "no question kept": 0.1})
+    assert least.outside_cases_min == pytest.approx((100.0 - 44.5) / 60)
+    # No other candidate measured: only the top two's 23 s remain.
+    assert least_time(results, other_repeats=0).by_study["no question kept"].sum() == (
+        pytest.approx(23.0 / 60))
+    # (26.5 + 55.5) s: the least with nothing behind no question.
+    assert "the least a whole study takes is 1.4 min" in least.summary()
+
+    with pytest.raises(SystemExit) as raised:
+        main([str(tmp_path), "--budget", "1", "--other-repeats", "1"])
+    assert raised.value.code == 2
+    assert "--other-repeats goes with --least" in capsys.readouterr().err

@@ -18,6 +18,14 @@ case behind a question's best and runner-up taken back to ``MIN_DECISION_REPEATS
 stored repeats, the guide read again until no top two falls short; it prints the seconds
 the first pass saves, what the floor spends again (its repeats and each floored case's
 start-up), and the guide rows that choose otherwise.
+
+``--least`` prints the least case time the run's decision guide needs under today's rules,
+from the run's own paces: every repeat's steady window cut to its minimum (``max(1 s, 20
+batches)``, ``bench.plan.STEADY_SECONDS`` and ``STEADY_BATCHES``), each question's top two
+at ``MIN_DECISION_REPEATS``, every other candidate at ``SCREEN_REPEATS`` (or fewer, with
+``--other-repeats``), and the cases behind no guide question dropped or kept at that
+number; beside it, the run's time outside its cases (build, plots, notebooks, each study's
+set-up), which no repeat rule shortens.
 """
 
 from __future__ import annotations
@@ -225,13 +233,11 @@ class ScreenEffect:
 ROLES = ("top two", "other candidate", "no guide question")
 
 
-def case_roles(results: Results) -> pd.DataFrame:
-    """Per study, the case seconds of its cases as run (``case_seconds``, top-up repeats at
-    their case's pace included) by role in the decision guide: behind a question's best or
-    runner-up, behind another candidate only, or behind no guide question (a figure's, a
-    target's or a finding's alone)."""
+def guide_roles(results: Results) -> dict[tuple[str, str], str]:
+    """(study, case id) -> ``ROLES[0]`` or ``ROLES[1]`` for every case behind a guide row's
+    candidate; a case behind no guide question is absent."""
     from .report.guide import decision_guide
-    from .topup import case_costs, row_cases
+    from .topup import row_cases
 
     roles: dict[tuple[str, str], str] = {}
     for row in decision_guide(results):
@@ -241,6 +247,17 @@ def case_roles(results: Results) -> pd.DataFrame:
                 role = ROLES[0] if (study, case_id) in top else ROLES[1]
                 if roles.get((study, case_id)) != ROLES[0]:
                     roles[(study, case_id)] = role
+    return roles
+
+
+def case_roles(results: Results) -> pd.DataFrame:
+    """Per study, the case seconds of its cases as run (``case_seconds``, top-up repeats at
+    their case's pace included) by role in the decision guide: behind a question's best or
+    runner-up, behind another candidate only, or behind no guide question (a figure's, a
+    target's or a finding's alone)."""
+    from .topup import case_costs
+
+    roles = guide_roles(results)
     spent = [(study, roles.get((study, case_id), ROLES[2]), cost.seconds(cost.repeats))
              for (study, case_id), cost in case_costs(results.df).items()]
     table = pd.DataFrame(spent, columns=["study", "role", "seconds"]).pivot_table(
@@ -285,6 +302,75 @@ def screen_effect(results: Results, rules: Mapping[tuple[str, str], AdaptiveRepe
     return ScreenEffect(cases, changed, compared)
 
 
+@dataclass(frozen=True)
+class LeastTime:
+    """``by_study``: per study, case minutes as run, and the least the guide needs with the
+    cases behind no guide question dropped or kept (at ``other_repeats``);
+    ``outside_cases_min``: the run's minutes outside its cases (``timing.json``'s total
+    less every case's seconds), NaN where the run has no ``timing.json``."""
+
+    by_study: pd.DataFrame
+    top_repeats: int
+    other_repeats: int
+    outside_cases_min: float
+
+    def summary(self) -> str:
+        totals = self.by_study.sum()
+        lines = [f"Least case minutes the decision guide needs: each question's top two at "
+                 f"{self.top_repeats} repeats, every other candidate at "
+                 f"{self.other_repeats}, every steady window at its minimum.",
+                 (self.by_study.round(1)).to_string(),
+                 f"all studies: {totals.round(1).to_dict()}"]
+        if np.isfinite(self.outside_cases_min):
+            least = totals["no question dropped"] + self.outside_cases_min
+            lines.append(f"Outside the cases (build, set-up, plots, notebooks): "
+                         f"{self.outside_cases_min:.1f} min as run; with it, the least a "
+                         f"whole study takes is {least:.1f} min.")
+        return "\n".join(lines)
+
+
+def least_time(results: Results, *, other_repeats: int | None = None) -> LeastTime:
+    """What the run's guide needs at the least (``LeastTime``), from its own paces: a
+    repeat's time less its steady window plus that window cut to max(``STEADY_SECONDS``,
+    ``STEADY_BATCHES`` of its batches); each case's overhead once where it runs at all."""
+    from .bench.plan import SCREEN_REPEATS, STEADY_BATCHES, STEADY_SECONDS
+    from .bench.stats import MIN_DECISION_REPEATS
+    from .results import latest_runs
+    from .study import TIMING_FILE
+    from .topup import case_costs
+
+    other_repeats = SCREEN_REPEATS if other_repeats is None else other_repeats
+    roles = guide_roles(results)
+    timed = latest_runs(results.df)
+    timed = timed[(timed["status"] == "ok") & (timed["repeat"] >= 0)]
+    by_case = timed.groupby(["study", "case_id", "metric"])["value"].median()
+    out = []
+    for key, cost in case_costs(results.df).items():
+        window = by_case.get((*key, "steady_seconds"), np.nan)
+        batches = by_case.get((*key, "steady_batches"), np.nan)
+        repeat_s = cost.repeat_s
+        if np.isfinite(window) and np.isfinite(batches) and batches > 0:
+            least_window = max(STEADY_SECONDS, STEADY_BATCHES * window / batches)
+            repeat_s = cost.repeat_s - window + min(window, least_window)
+        role = roles.get(key, ROLES[2])
+        # A case outside the top two never needs more than it ran (resume's 1 repeat).
+        need = (MIN_DECISION_REPEATS if role == ROLES[0]
+                else min(other_repeats, cost.repeats))
+        least = cost.overhead_s + need * repeat_s if need else 0.0
+        out.append((key[0], cost.seconds(cost.repeats), 0.0 if role == ROLES[2] else least,
+                    least))
+    table = pd.DataFrame(out, columns=["study", "as run", "no question dropped",
+                                       "no question kept"]).groupby("study").sum() / 60
+    outside = np.nan
+    timing = results.directory / TIMING_FILE if results.directory else None
+    if timing is not None and timing.exists():
+        import json
+
+        outside = (json.loads(timing.read_text())["total_seconds"] / 60
+                   - table["as run"].sum())
+    return LeastTime(table, MIN_DECISION_REPEATS, other_repeats, outside)
+
+
 def grid_rules(results: Results, data_dir: Path | str, *, plan_budget_s: float | None
                ) -> dict[tuple[str, str], AdaptiveRepeats]:
     """The rules of the grids of the run's studies over ``data_dir``, for rows without
@@ -318,6 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     chosen.add_argument("--budget", type=float, help="seconds")
     chosen.add_argument("--screen", action="store_true",
                         help="today's grid's first pass and the top-up's floor (needs --data)")
+    chosen.add_argument("--least", action="store_true",
+                        help="the least case time the run's decision guide needs")
+    parser.add_argument("--other-repeats", type=int, default=None,
+                        help="with --least: repeats of a candidate outside a question's top "
+                        "two (default: the first pass's)")
     parser.add_argument("--plan-budget", type=float, default=REPEAT_BUDGET_S,
                         help="the budget the run's cases had (default: the plan's)")
     parser.add_argument("--data", help="dataset root of the run's profile, for rows that "
@@ -325,7 +416,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.screen and not args.data:
         parser.error("--screen replays today's grid: give the run's --data")
+    if args.other_repeats is not None and (not args.least or args.other_repeats < 0):
+        parser.error("--other-repeats goes with --least and counts repeats (0 or more)")
     results = Results.load(args.results_dir)
+    if args.least:
+        print(least_time(results, other_repeats=args.other_repeats).summary())
+        return 0
     if args.screen:
         from .bench.stats import MIN_DECISION_REPEATS
 
