@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from result_rows import frame, prefetch_case
+from result_rows import frame, prefetch_case, write_results
 
 from storebench.bench.stats import AdaptiveRepeats, relative_halfwidth
 from storebench.results import Results
@@ -186,3 +186,14 @@ def test_the_least_time_floors_the_top_two_cuts_windows_and_drops_unasked_cases(
         main([str(tmp_path), "--budget", "1", "--other-repeats", "1"])
     assert raised.value.code == 2
     assert "--other-repeats goes with --least" in capsys.readouterr().err
+
+    # A timing.json from someone else: a clear error naming it, no traceback.
+    write_results(tmp_path, *groups)
+    for text in ('{"total_seconds": "soon"}', "[1]", "{"):
+        (tmp_path / "timing.json").write_text(text)
+        with pytest.raises(SystemExit) as raised:
+            main([str(tmp_path), "--least"])
+        assert raised.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"python -m storebench.whatif: {tmp_path / 'timing.json'}: ")
+        assert "Traceback" not in err

@@ -31,6 +31,7 @@ set-up), which no repeat rule shortens.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -342,7 +343,8 @@ def least_time(results: Results, *, other_repeats: int | None = None) -> LeastTi
     other_repeats = SCREEN_REPEATS if other_repeats is None else other_repeats
     roles = guide_roles(results)
     timed = latest_runs(results.df)
-    timed = timed[(timed["status"] == "ok") & (timed["repeat"] >= 0)]
+    timed = timed[(timed["status"] == "ok") & (timed["repeat"] >= 0)
+                  & timed["metric"].isin(["steady_seconds", "steady_batches"])]
     by_case = timed.groupby(["study", "case_id", "metric"])["value"].median()
     out = []
     for key, cost in case_costs(results.df).items():
@@ -364,11 +366,20 @@ def least_time(results: Results, *, other_repeats: int | None = None) -> LeastTi
     outside = np.nan
     timing = results.directory / TIMING_FILE if results.directory else None
     if timing is not None and timing.exists():
-        import json
-
-        outside = (json.loads(timing.read_text())["total_seconds"] / 60
-                   - table["as run"].sum())
+        outside = total_seconds(timing) / 60 - table["as run"].sum()
     return LeastTime(table, MIN_DECISION_REPEATS, other_repeats, outside)
+
+
+def total_seconds(timing: Path) -> float:
+    """``timing.json``'s ``total_seconds``; ``ValueError`` naming the file where it holds
+    no finite number (a results directory may come from someone else)."""
+    try:
+        total = json.loads(timing.read_text())["total_seconds"]
+    except (ValueError, KeyError, TypeError) as err:
+        raise ValueError(f"{timing}: no total_seconds ({err})") from None
+    if isinstance(total, bool) or not isinstance(total, int | float) or not math.isfinite(total):
+        raise ValueError(f"{timing}: total_seconds is not a finite number: {total!r}")
+    return float(total)
 
 
 def grid_rules(results: Results, data_dir: Path | str, *, plan_budget_s: float | None
@@ -418,10 +429,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--screen replays today's grid: give the run's --data")
     if args.other_repeats is not None and (not args.least or args.other_repeats < 0):
         parser.error("--other-repeats goes with --least and counts repeats (0 or more)")
-    results = Results.load(args.results_dir)
-    if args.least:
-        print(least_time(results, other_repeats=args.other_repeats).summary())
-        return 0
+    try:
+        results = Results.load(args.results_dir)
+        if args.least:
+            print(least_time(results, other_repeats=args.other_repeats).summary())
+            return 0
+    except (FileNotFoundError, ValueError) as err:
+        parser.exit(2, f"python -m storebench.whatif: {err}\n")
     if args.screen:
         from .bench.stats import MIN_DECISION_REPEATS
 
