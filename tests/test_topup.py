@@ -58,16 +58,26 @@ def test_topup_of_a_directory_without_a_finished_study_is_one_clear_line(tmp_pat
 
 
 def test_the_ci_study_topped_up_undecided_questions_as_more_repeats_of_their_cases(ci_study):
+    """What the ci study's top-up (a 20 s budget) guarantees on any machine: which questions
+    it takes, and how many rounds, depend on the machine's noise and speed, so the test
+    checks each question it took, whatever they are: the new repeats continue their case's
+    run, and each question taken gained repeats. Forced to the rule's minimum
+    (``STOREBENCH_REPEAT_RULE``), it takes none."""
+    from storebench.bench.stats import forced_repeat_rule
+
     results, _ = ci_study
     timing = json.loads((results / "timing.json").read_text())
     assert "topup" in timing["stage_seconds"]
     record = json.loads((results / TOPUP_FILE).read_text())
     assert record["budget_s"] == 20.0
-    assert record["questions"], "the ci study, at 3 repeats a case, has undecided questions"
-    topped = 0
+    forcing = forced_repeat_rule()
+    if forcing == "minimum":
+        assert record["questions"] == []
     for entry in record["questions"]:
-        assert entry["before"]["verdict"] == "undecided"
+        if forcing != "maximum":  # forced to the maximum, decided questions are taken too
+            assert entry["before"]["verdict"] == "undecided"
         assert entry["after"]["verdict"] in ("better", "equivalent", "undecided")
+        assert sum(entry["repeats_added"].values()) > 0, entry["question"]
         df = pd.read_csv(results / f"{entry['study']}.csv")
         for case_id, added in entry["repeats_added"].items():
             first_pass = df[(df["case_id"] == case_id) & (df["metric"] == "repeats_run")]
@@ -76,11 +86,8 @@ def test_the_ci_study_topped_up_undecided_questions_as_more_repeats_of_their_cas
             for metric, group in rows.groupby("metric"):
                 repeats = sorted(group["repeat"])
                 assert repeats == list(range(len(repeats))), (case_id, metric)
-            if added:
-                topped += 1
-                # The top-up's repeats follow the first pass's (one whole-case row).
-                assert rows["repeat"].max() + 1 >= first_pass["value"].iloc[0] + added, case_id
-    assert topped
+            # The top-up's repeats follow the first pass's (one whole-case row).
+            assert rows["repeat"].max() + 1 >= first_pass["value"].iloc[0] + added, case_id
 
 
 @pytest.mark.parametrize("budget", ["-1", "nan"])
@@ -93,9 +100,13 @@ def test_a_negative_or_missing_top_up_budget_is_refused(budget):
 
 def test_the_floor_takes_every_top_two_case_to_the_decision_repeats_and_no_other(
         ci_study, tmp_path):
-    """The floor (``decision_repeats``) on a copy of the ci study's gpu_feed results, whose
-    cases ran 3 repeats: each case behind a question's best and runner-up is taken to 5,
-    outside the budget (0 here), as more repeats of its own run; the other cases keep 3."""
+    """The floor (``decision_repeats``) on a copy of the ci study's gpu_feed results cut to
+    each case's first 3 timed repeats (the ci plan's fixed count; the study's own top-up may
+    have added more, as many as the machine's noise and speed led it to): each case behind
+    a question's best and runner-up is taken to 5, outside the budget (0 here), as more
+    repeats of its own run; no other case gains any. The floor repeats until no top two falls
+    short, and which cases are the top two depends on what was measured, so the test checks
+    what holds whichever they are."""
     import shutil
 
     from storebench.report.guide import decision_guide
@@ -107,6 +118,8 @@ def test_the_floor_takes_every_top_two_case_to_the_decision_repeats_and_no_other
     copy = tmp_path / "results"
     copy.mkdir()
     shutil.copy(results / "gpu_feed.csv", copy / "gpu_feed.csv")
+    first_pass = pd.read_csv(copy / "gpu_feed.csv")
+    first_pass[first_pass["repeat"] < 3].to_csv(copy / "gpu_feed.csv", index=False)
     data_dir = data_dir_for("ci", results.parent.parent / "data")
 
     def top_two(directory):
@@ -127,7 +140,7 @@ def test_the_floor_takes_every_top_two_case_to_the_decision_repeats_and_no_other
                     decision_repeats=5)
     after = timed_repeats(copy)
     floored = {entry["case_id"] for entry in record.floor}
-    assert floored == top_two(copy) and floored
+    assert floored >= top_two(copy) and floored
     for case_id, repeats in after.items():
         assert repeats == list(range(5 if case_id in floored else 3)), case_id
     assert all(entry["repeats_before"] == 3 and entry["repeats_added"] == 2

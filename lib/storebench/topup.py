@@ -40,6 +40,7 @@ import pandas as pd
 from .bench.case import Case
 from .bench.runner import case_rows, run_case
 from .bench.schema import ResultsWriter
+from .bench.stats import forced_repeat_rule
 from .guide import GuideRow
 from .report.guide import decision_guide
 from .results import Results, latest_runs
@@ -161,15 +162,16 @@ def undecided_questions(results: Results, rows: Sequence[GuideRow], *,
                         studies: Sequence[str] | None = None,
                         max_repeats: int = MAX_REPEATS,
                         can_top_up: Callable[[str, str], bool] = lambda study, case: True,
+                        decided_too: bool = False,
                         ) -> list[Question]:
-    """The undecided ``rows`` (``results``' guide) that more repeats can still move: every
-    case behind their top two is known, finished ok, may be topped up (``can_top_up``) and
-    belongs to one of ``studies`` (all when None), and one of them holds fewer than
-    ``max_repeats``."""
+    """The undecided ``rows`` (``results``' guide; every row with a runner-up where
+    ``decided_too``) that more repeats can still move: every case behind their top two is
+    known, finished ok, may be topped up (``can_top_up``) and belongs to one of ``studies``
+    (all when None), and one of them holds fewer than ``max_repeats``."""
     costs = case_costs(results.df)
     questions = []
     for row in rows:
-        if not row.undecided or row.runner_up is None:
+        if (not row.undecided and not decided_too) or row.runner_up is None:
             continue
         keys = row_cases(row)
         if not keys or not all(key in costs and can_top_up(*key) for key in keys):
@@ -256,6 +258,9 @@ def top_up(
     plans their grid. Writes ``topup.json`` after every pass, so an interrupted top-up
     keeps what it measured."""
     results_dir = Path(results_dir)
+    # STOREBENCH_REPEAT_RULE: ``minimum`` adds no rounds, ``maximum`` takes decided questions
+    # too; neither touches the floor, which is a guarantee, not an adaptive rule.
+    forcing = forced_repeat_rule()
     record = TopupLog(budget_s, round_repeats, max_repeats, decision_repeats=decision_repeats)
     grids: dict[str, dict[str, Case]] = {}
 
@@ -302,8 +307,9 @@ def top_up(
             entry["after"] = now.get(key, {"verdict": "absent"})
         questions = [q for q in undecided_questions(results, rows, studies=studies,
                                                     max_repeats=max_repeats,
-                                                    can_top_up=can_top_up)
-                     if q.key not in exhausted]
+                                                    can_top_up=can_top_up,
+                                                    decided_too=forcing == "maximum")
+                     if q.key not in exhausted and forcing != "minimum"]
         chosen = plan_round(questions, budget_s - record.case_seconds, round_repeats)
         if not chosen:
             break

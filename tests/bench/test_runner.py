@@ -469,11 +469,21 @@ def test_the_next_case_removes_what_a_killed_runner_left(tmp_path):
     assert _case_dirs_of(os.getpid()) == []
 
 
+@pytest.fixture
+def adaptive_rule(monkeypatch):
+    """The adaptive rule as designed, for the tests of the rule itself: a suite run with
+    ``STOREBENCH_REPEAT_RULE`` forced to either end leaves these tests' inputs fixed."""
+    from storebench.bench.stats import REPEAT_RULE_ENV
+
+    monkeypatch.delenv(REPEAT_RULE_ENV, raising=False)
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("rates, expected", [
     ("100,101,100,150,50", 3),        # narrow after the minimum: stops at 3
     ("100,150,60,140,70,130,80,120,90", 9),  # wide throughout: goes on to the maximum
 ])
+@pytest.mark.usefixtures("adaptive_rule")
 def test_adaptive_repeats_stop_when_the_median_interval_is_narrow(tmp_path, rates, expected):
     from storebench.bench.stats import AdaptiveRepeats, relative_halfwidth
 
@@ -496,6 +506,7 @@ def test_adaptive_repeats_stop_when_the_median_interval_is_narrow(tmp_path, rate
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("adaptive_rule")
 def test_a_repeat_budget_stops_costly_wide_repeats_at_the_minimum(tmp_path):
     # Wide throughout (9 repeats without a budget), but each repeat sleeps 0.4 s: after 3,
     # a fourth would take the repeats past 1.5 s.
@@ -514,6 +525,7 @@ def test_a_repeat_budget_stops_costly_wide_repeats_at_the_minimum(tmp_path):
 
 
 @pytest.mark.timeout(120)
+@pytest.mark.usefixtures("adaptive_rule")
 def test_a_targets_threshold_is_recorded_with_its_rule():
     case = Case(study="adaptive", function=f"{FNS}:scripted_rate_case", repeats=9,
                 min_repeats=3, stop_halfwidth=0.05, stop_threshold=50.0,
@@ -525,6 +537,41 @@ def test_a_targets_threshold_is_recorded_with_its_rule():
     assert whole["repeats_run"] == (3, "count")  # decided: the interval clears 50
     assert whole["repeat_rule.threshold"] == (50.0, "ratio")
     assert "repeat_rule.budget_s" not in whole
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("forcing, expected", [("minimum", 3), ("maximum", 9)])
+def test_a_forced_repeat_rule_runs_exactly_its_end_and_records_it(monkeypatch, forcing,
+                                                                  expected):
+    """``STOREBENCH_REPEAT_RULE`` forces the adaptive rule to one end, whatever the values:
+    narrow repeats that would stop at 3 run to 9 under ``maximum``, wide ones that would
+    run to 9 stop at 3 under ``minimum``; the case's rows record the rule it ran under."""
+    from storebench.bench.stats import REPEAT_RULE_ENV
+
+    monkeypatch.setenv(REPEAT_RULE_ENV, forcing)
+    rates = "100,101,100,100,101,100,100,101,100" if forcing == "maximum" else (
+        "100,150,60,140,70,130,80,120,90")
+    case = Case(study="adaptive", function=f"{FNS}:scripted_rate_case", repeats=9,
+                min_repeats=3, stop_halfwidth=0.05, params={"rates": rates})
+    outcome = run_case(case, python_path=[HERE])
+    assert outcome.status == "ok", outcome.error
+    assert [r["repeat"] for r in outcome.records if r["metric"] == "samples_per_s"] == list(
+        range(expected))
+    whole = {r["metric"]: r["value"] for r in outcome.records if r["repeat"] == -1}
+    assert whole["repeats_run"] == expected
+    assert whole["repeat_rule.minimum"] == whole["repeat_rule.maximum"] == expected
+
+
+def test_an_unknown_forced_repeat_rule_is_one_clear_error(monkeypatch):
+    from storebench.bench.stats import REPEAT_RULE_ENV
+
+    monkeypatch.setenv(REPEAT_RULE_ENV, "most")
+    case = Case(study="fixed", function=f"{FNS}:scripted_rate_case", repeats=1,
+                params={"rates": "100"})
+    with pytest.raises(ValueError) as raised:
+        run_case(case, python_path=[HERE])
+    assert str(raised.value) == (
+        "STOREBENCH_REPEAT_RULE='most': expected one of adaptive, minimum, maximum")
 
 
 @pytest.mark.timeout(60)

@@ -6,7 +6,10 @@ import numpy as np
 import pytest
 
 from storebench.bench.stats import (
+    REPEAT_RULE_ENV,
     AdaptiveRepeats,
+    forced,
+    forced_repeat_rule,
     median_interval,
     relative_halfwidth,
     stop_metric,
@@ -98,3 +101,22 @@ def test_a_case_with_epoch_1_only_stops_on_its_rate_not_its_wall_time():
     assert stop_metric({"wall_seconds": 1, "epoch1_samples_per_s": 2}) == "epoch1_samples_per_s"
     assert stop_metric({"epoch1_samples_per_s": 2, "later_epochs_samples_per_s": 3,
                         "wall_seconds": 1}) == "later_epochs_samples_per_s"
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("", None), ("adaptive", None), ("minimum", "minimum"), (" Maximum ", "maximum")])
+def test_the_forced_repeat_rule_is_read_from_the_environment(monkeypatch, value, expected):
+    monkeypatch.setenv(REPEAT_RULE_ENV, value)
+    assert forced_repeat_rule() == expected
+    monkeypatch.delenv(REPEAT_RULE_ENV)
+    assert forced_repeat_rule() is None
+
+
+def test_a_forced_rule_runs_exactly_its_end_whatever_the_values():
+    rule = AdaptiveRepeats(minimum=3, maximum=9, halfwidth=0.05, budget_s=10.0)
+    narrow, wide = [100.0] * 9, [100.0, 150.0, 60.0] * 3
+    least, most = forced(rule, "minimum"), forced(rule, "maximum")
+    assert (least.minimum, least.maximum, most.minimum, most.maximum) == (3, 3, 9, 9)
+    assert [least.done(wide[:n], elapsed_s=0.1) for n in (2, 3)] == [False, True]
+    assert [most.done(narrow[:n], elapsed_s=1e9) for n in (8, 9)] == [False, True]
+    assert forced(rule, None) is rule and forced(None, "maximum") is None

@@ -373,7 +373,9 @@ def run_case(
     when it times out, and on KeyboardInterrupt (which is re-raised).
     """
     from ..environments import EnvironmentUnavailableError, python_for
+    from .stats import forced_repeat_rule
 
+    forced_repeat_rule()  # a bad STOREBENCH_REPEAT_RULE is one clear error, not a failed case
     timeout_s = case.timeout_s or timeout_s or DEFAULT_TIMEOUT_S
     try:
         python = python_for(case.param("environment", ""))

@@ -7,6 +7,8 @@ everywhere.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -114,6 +116,35 @@ class AdaptiveRepeats:
     def _contains_threshold(self, values: Sequence[float]) -> bool:
         _, low, high = median_interval(values)
         return low < self.threshold <= high
+
+
+# Forces every rule that depends on how noisy or fast the machine is to one of its ends:
+# ``minimum`` (adaptive repeats stop at their minimum; the top-up adds no rounds) or
+# ``maximum`` (adaptive repeats run to their maximum; the top-up treats every question as
+# undecided). Unset or ``adaptive``: the rules as designed. A test suite run both ways shows
+# the tests whose outcome depends on the machine they ran on.
+REPEAT_RULE_ENV = "STOREBENCH_REPEAT_RULE"
+REPEAT_RULES = ("adaptive", "minimum", "maximum")
+
+
+def forced_repeat_rule() -> str | None:
+    """``minimum`` or ``maximum`` where ``STOREBENCH_REPEAT_RULE`` forces the adaptive rules
+    to that end; None where it is unset, empty or ``adaptive``."""
+    value = os.environ.get(REPEAT_RULE_ENV, "").strip().lower() or "adaptive"
+    if value not in REPEAT_RULES:
+        raise ValueError(f"{REPEAT_RULE_ENV}={os.environ[REPEAT_RULE_ENV]!r}: expected one of "
+                         f"{', '.join(REPEAT_RULES)}")
+    return None if value == "adaptive" else value
+
+
+def forced(rule: AdaptiveRepeats | None, forcing: str | None) -> AdaptiveRepeats | None:
+    """``rule`` as ``forcing`` (``forced_repeat_rule``) fixes it: ``minimum`` makes its
+    maximum its minimum, ``maximum`` its minimum its maximum; either way, it then runs
+    exactly that many repeats, whatever the values."""
+    if rule is None or forcing is None:
+        return rule
+    ends = rule.minimum if forcing == "minimum" else rule.maximum
+    return dataclasses.replace(rule, minimum=ends, maximum=ends)
 
 
 def stop_metric(metrics: Mapping[str, object]) -> str | None:

@@ -35,7 +35,7 @@ from ..processes import die_with_parent
 from .cache import prepare
 from .case import Case, CaseResources, CaseSkipped, Trial
 from .schema import CASE_REPEAT, METRIC_UNITS, UNITS
-from .stats import relative_halfwidth, stop_metric
+from .stats import forced, forced_repeat_rule, relative_halfwidth, stop_metric
 
 
 def resolve_function(path: str):
@@ -91,8 +91,9 @@ def repeat_rule_metrics(case: Case) -> dict[str, tuple[float, str]]:
     """The rule the case's repeats ran under, as whole-case metrics: ``repeat_rule.minimum``
     and ``.maximum`` (both the count for fixed repeats), and for adaptive repeats the
     ``.halfwidth`` they stop at, the ``.budget_s`` and a target's ``.threshold`` where the
-    rule has them (``stats.AdaptiveRepeats``)."""
-    adaptive = case.adaptive_repeats
+    rule has them (``stats.AdaptiveRepeats``), as ``STOREBENCH_REPEAT_RULE`` forces it
+    (``stats.forced_repeat_rule``)."""
+    adaptive = forced(case.adaptive_repeats, forced_repeat_rule())
     if adaptive is None:
         return {"repeat_rule.minimum": (float(case.repeats), "count"),
                 "repeat_rule.maximum": (float(case.repeats), "count")}
@@ -118,7 +119,7 @@ def run_job(job: dict) -> list[dict]:
     phase_path = Path(job["phase_path"])
     function = resolve_function(case.function)
     startup = time.time() - job["spawned_at"] if "spawned_at" in job else math.nan
-    adaptive = case.adaptive_repeats
+    adaptive = forced(case.adaptive_repeats, forced_repeat_rule())
     records = []
     judged: list[float] = []
 
