@@ -71,7 +71,8 @@ def test_failing_source_leaves_nothing(tmp_path):
 
 @pytest.mark.timeout(120)
 def test_killed_build_leaves_no_manifest_and_is_cleaned_up(tmp_path):
-    spec = data_gen.DatasetSpec(4000, 64, 64, encoding="png", seed=9)
+    # Far more samples than are written before the kill, on a machine of any speed.
+    spec = data_gen.DatasetSpec(400_000, 64, 64, encoding="png", seed=9)
     code = (
         "import data_gen, sys\n"
         "from storebench.formats import build_dataset\n"
@@ -81,10 +82,11 @@ def test_killed_build_leaves_no_manifest_and_is_cleaned_up(tmp_path):
     )
     child = subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
     deadline = time.monotonic() + 60
-    while not any(p.name.startswith(TMP_PREFIX) for p in tmp_path.iterdir()):
+    # Killed once it has written samples into its temporary directory.
+    while not any(p.name.startswith(TMP_PREFIX) and any(p.rglob("*.png"))
+                  for p in tmp_path.iterdir()):
         assert time.monotonic() < deadline and child.poll() is None, "build never started"
         time.sleep(0.05)
-    time.sleep(0.5)
     os.killpg(child.pid, signal.SIGKILL)
     child.wait(timeout=30)
     leftovers = list(tmp_path.iterdir())

@@ -610,7 +610,11 @@ def test_a_pass_cut_short_starts_no_batch_after_its_deadline(memmap_raw, batches
         assert 1 <= len(got) < len(want)
         assert_same(got, want[: len(got)])
         started = reads(log)
-        assert all(when <= deadline for first, when in started if first != firsts[0])
+        # A read is logged just after its worker checked the deadline, so a preempted
+        # worker may log it a little late; one that ignored the deadline would start its
+        # next 0.2 s batch at least 0.1 s past it.
+        assert all(when <= deadline + 0.08 for first, when in started
+                   if first != firsts[0])
         assert {first for first, _ in started} <= set(firsts)
     assert our_children() == set()
 
