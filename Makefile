@@ -14,7 +14,7 @@ FFCV_APT := libopencv-dev libturbojpeg0-dev pkg-config
 SPDL_APT := libavcodec59 libavformat59 libavfilter8 libavdevice59 libavutil57 libswscale6 \
 	libswresample4
 
-.PHONY: setup peers study test lint docs clean-data gpu-study gpu-wheels
+.PHONY: setup peers study test test-fast lint docs clean-data gpu-study gpu-wheels
 
 # lib/storebench/_rows.c: the C row gather, built into the checkout by `pip install -e`.
 $(STAMP): pyproject.toml lib/storebench/_rows.c
@@ -55,6 +55,12 @@ peers: $(PEERS_STAMP)
 study: $(STAMP) $(PEERS_STAMP)
 	$(BIN)/storebench study --profile $(PROFILE)
 
+# The slowest tests, reported after each run so that their cost is seen.
+DURATIONS ?= --durations=25
+# STOREBENCH_REPEAT_RULE=minimum (or maximum) runs the suite with every adaptive repeat
+# rule forced to that end (docs/contributing.md): a test that passes only at the repeat
+# counts this machine's noise gives then fails on any machine.
+#
 # ruff, the layers contract (import-linter, pyproject's [tool.importlinter]), one figure per
 # measurement across the reference's studies (storebench consistency), the docs site
 # built --strict into a temporary directory (a broken link or an unresolved API reference
@@ -68,12 +74,20 @@ test: $(STAMP) $(PEERS_STAMP)
 	site=$$(mktemp -d) && NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet \
 	  --site-dir $$site; \
 	rc=$$?; rm -rf $$site; test $$rc -eq 0
-	$(BIN)/python -m pytest; rc=$$?; \
+	$(BIN)/python -m pytest $(DURATIONS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: pytest collected no tests" >&2; exit 1; fi; \
 	test $$rc -eq 0 || exit $$rc; \
-	$(PEERS_BIN)/python -m pytest -m peers; rc=$$?; \
+	$(PEERS_BIN)/python -m pytest -m peers $(DURATIONS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no peers tests collected" >&2; exit 1; fi; \
 	exit $$rc
+
+# The tier to run before every commit: ruff, the layers contract, and the main
+# environment's tests that run no whole product command (the `slow` marker,
+# tests/conftest.py); the peers environment is not needed.
+test-fast: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/lint-imports
+	$(BIN)/python -m pytest -m "not slow" $(DURATIONS)
 
 # Serve the docs site (mkdocs.yml, docs/) at http://127.0.0.1:8000, rebuilt on every edit.
 docs: $(STAMP)

@@ -14,12 +14,22 @@ from storebench.formats import FORMATS, build_dataset, unavailable_reason
 CI_STUDY_TIMEOUT_S = 880
 
 
+# Session fixtures that run a whole product command (a study), and the test modules that
+# run one themselves: their tests are the `slow` tier, left out of `make test-fast`.
+PRODUCT_RUN_FIXTURES = frozenset({"ci_study"})
+PRODUCT_RUN_MODULES = frozenset({"test_own_images_walkthrough.py", "test_notebooks.py"})
+
+
 def pytest_collection_modifyitems(items) -> None:
     """pytest-timeout counts a session fixture's setup against the first test that asks for
-    it: a test that may start the ci study gets the study's own limit plus its own share."""
+    it: a test that may start the ci study gets the study's own limit plus its own share.
+    A test that runs a product command, through a fixture or itself, is marked ``slow``."""
     for item in items:
-        if "ci_study" in getattr(item, "fixturenames", ()):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if "ci_study" in fixtures:
             item.add_marker(pytest.mark.timeout(CI_STUDY_TIMEOUT_S + 120))
+        if fixtures & PRODUCT_RUN_FIXTURES or item.path.name in PRODUCT_RUN_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 CHILD_EXIT_GRACE_S = 10.0
