@@ -14,7 +14,7 @@ FFCV_APT := libopencv-dev libturbojpeg0-dev pkg-config
 SPDL_APT := libavcodec59 libavformat59 libavfilter8 libavdevice59 libavutil57 libswscale6 \
 	libswresample4
 
-.PHONY: setup peers study test test-fast lint docs clean-data gpu-study gpu-wheels
+.PHONY: setup peers study test test-fast test-durations lint docs clean-data gpu-study gpu-wheels
 
 # lib/storebench/_rows.c: the C row gather, built into the checkout by `pip install -e`.
 $(STAMP): pyproject.toml lib/storebench/_rows.c
@@ -82,12 +82,16 @@ test: $(STAMP) $(PEERS_STAMP)
 	exit $$rc
 
 # The tier to run before every commit: ruff, the layers contract, and the main
-# environment's tests that run no whole product command (the `slow` marker,
-# tests/conftest.py); the peers environment is not needed.
+# environment's tests not marked `slow` (tests/conftest.py: those that run a whole product
+# command, and those tests/slow_tests.txt lists); the peers environment is not needed.
 test-fast: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -m "not slow" $(DURATIONS)
+
+# Measure every main-environment test again and rewrite tests/slow_tests.txt from it.
+test-durations: $(STAMP)
+	$(BIN)/python -m pytest --write-slow-tests $(DURATIONS)
 
 # Serve the docs site (mkdocs.yml, docs/) at http://127.0.0.1:8000, rebuilt on every edit.
 docs: $(STAMP)

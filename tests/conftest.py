@@ -18,18 +18,67 @@ CI_STUDY_TIMEOUT_S = 880
 # run one themselves: their tests are the `slow` tier, left out of `make test-fast`.
 PRODUCT_RUN_FIXTURES = frozenset({"ci_study"})
 PRODUCT_RUN_MODULES = frozenset({"test_own_images_walkthrough.py", "test_notebooks.py"})
+# The other tests that took at least SLOW_TEST_S (setup, call and teardown) in a whole run,
+# one node id a line: `make test-durations` measures them again and rewrites the file.
+SLOW_TESTS_FILE = Path(__file__).with_name("slow_tests.txt")
+SLOW_TEST_S = 1.0
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--write-slow-tests", action="store_true",
+                     help=f"rewrite {SLOW_TESTS_FILE.name} from this run's durations "
+                          f"(tests that took at least {SLOW_TEST_S:g} s)")
+
+
+def slow_tests() -> frozenset[str]:
+    if not SLOW_TESTS_FILE.exists():
+        return frozenset()
+    lines = SLOW_TESTS_FILE.read_text().splitlines()
+    return frozenset(line for line in lines if line and not line.startswith("#"))
 
 
 def pytest_collection_modifyitems(items) -> None:
     """pytest-timeout counts a session fixture's setup against the first test that asks for
     it: a test that may start the ci study gets the study's own limit plus its own share.
-    A test that runs a product command, through a fixture or itself, is marked ``slow``."""
+    A test that runs a product command, through a fixture or itself, or that is listed in
+    ``slow_tests.txt``, is marked ``slow``."""
+    listed = slow_tests()
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if "ci_study" in fixtures:
             item.add_marker(pytest.mark.timeout(CI_STUDY_TIMEOUT_S + 120))
-        if fixtures & PRODUCT_RUN_FIXTURES or item.path.name in PRODUCT_RUN_MODULES:
+        if (fixtures & PRODUCT_RUN_FIXTURES or item.path.name in PRODUCT_RUN_MODULES
+                or item.nodeid in listed):
             item.add_marker(pytest.mark.slow)
+
+
+class _Durations:
+    """Each test's seconds over its phases, for ``--write-slow-tests``."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+        self.failed = False
+
+    def pytest_runtest_logreport(self, report) -> None:
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        self.failed |= report.failed
+
+    def pytest_sessionfinish(self, session) -> None:
+        options = session.config.option
+        if self.failed or options.markexpr or options.keyword or options.file_or_dir:
+            print(f"\n{SLOW_TESTS_FILE.name} left as it was: only a whole run that passed "
+                  "rewrites it")
+            return
+        slow = sorted(node for node, seconds in self.seconds.items() if seconds >= SLOW_TEST_S)
+        SLOW_TESTS_FILE.write_text(
+            f"# Tests that took at least {SLOW_TEST_S:g} s in a whole run (make "
+            "test-durations);\n# tests/conftest.py marks them slow.\n"
+            + "".join(f"{node}\n" for node in slow))
+
+
+def pytest_configure(config) -> None:
+    if config.getoption("--write-slow-tests"):
+        config.pluginmanager.register(_Durations(), "storebench-durations")
 
 
 CHILD_EXIT_GRACE_S = 10.0
