@@ -66,3 +66,20 @@ def test_the_readme_links_into_the_docs_and_its_links_resolve():
     links = re.findall(r"\]\((docs/[^)#]+)", readme)
     assert "docs/index.md" in links
     assert all((ROOT / link).exists() for link in links), links
+
+
+# How the project was built, not what the user reads: issue numbers, short run ids quoted as
+# "run 1a2b3c", the sessions that built it, machines lent to it.
+PROJECT_HISTORY = re.compile(
+    r"\bissues? #?\d+\b|\bruns? [0-9a-f]{6}\b|\bthe issue\b|\bthe session\b|\bborrowed\b",
+    flags=re.I)
+
+
+def test_the_readme_and_the_docs_speak_to_the_user_not_of_the_project_s_history():
+    pages = [ROOT / "README.md", *sorted(DOCS.rglob("*.md"))]
+    found = [f"{page.relative_to(ROOT)}:{number}: {match.group(0)}"
+             for page in pages
+             for number, line in enumerate(page.read_text().splitlines(), start=1)
+             for match in PROJECT_HISTORY.finditer(line)]
+    assert found == []
+    assert PROJECT_HISTORY.search("in the H200 run a18d21, as issue 46 asks")

@@ -1,4 +1,4 @@
-"""The gpu_decode study in one command, for a GPU machine borrowed for minutes:
+"""The gpu_decode study in one command, for a GPU machine used for minutes:
 ``make gpu-study`` runs ``python -m storebench.gpu_study``. It sits above the studies
 (it records the environment as ``storebench.study`` does), beside the command line.
 
