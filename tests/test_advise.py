@@ -93,6 +93,18 @@ def test_jpegs_on_local_disk_larger_than_ram_one_gpu_at_1800_on_16_cores(referen
         assert f"avoid {worst.label}" in text
 
 
+def test_the_decoder_is_chosen_among_loader_rates_never_times_to_a_first_batch(
+        reference, guides):
+    rows = rows_of(guides, "prefetch", encoding="jpeg")
+    rates = [r for r in rows if r.best.stat.unit == "samples/s"]
+    assert rates and len(rates) < len(rows), "the reference asks first-batch questions too"
+    answer = adv.advise(situation(), reference)
+    slowest = min(rates, key=lambda r: r.best.stat.median)
+    assert answer.decoder.unit == "samples/s"
+    assert answer.decoder.worst == slowest.facets["decode"]
+    assert answer.decoder.worst_median == slowest.best.stat.median
+
+
 def test_jpegs_that_fit_in_ram_take_the_in_ram_rows_and_the_loaders_rate(reference, guides):
     s = situation(count=10_000, cores=2, demand=50_000)
     answer = adv.advise(s, reference)

@@ -448,7 +448,13 @@ def _loader(results, kind: str, draft: _Draft) -> tuple[Choice, Choice | None]:
     prefetch study's paths, and among decoders by their best paths."""
     from ..guide import Candidate, choose
 
-    rows = rows_for_kind(results, "prefetch", kind, draft.notes)
+    # The prefetch study also asks which path is fastest to a first batch: its rows are
+    # seconds, not rates, and no loader or decoder is chosen by them here.
+    rows = [row for row in rows_for_kind(results, "prefetch", kind, draft.notes)
+            if row.best.stat.unit == "samples/s"]
+    if not rows:
+        raise AdviceError(f"{results.directory}: the prefetch study has no loader rates "
+                          f"(samples/s) for {ENCODING_NAMES[kind]}")
     decoders = DECODER_FOR[kind] if rows[0].facets["encoding"] != kind else ()
     rows = [r for r in rows if not decoders or r.facets["decode"] in decoders] or rows
     if rows[0].facets["decode"] == "none":
