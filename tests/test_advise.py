@@ -60,7 +60,7 @@ def expected_busy(reference, basis_row, s: adv.Situation, bound: float = math.in
     per_core = (basis_row.best.stat.median / reference_cores(reference)
                 * reference_bytes(reference, encoding) / s.mean_bytes)
     per_accelerator = min(per_core * s.cores / s.accelerators, bound / s.accelerators)
-    return per_core, per_accelerator, per_accelerator / s.demand >= adv.BUSY_TARGET
+    return per_core, per_accelerator, per_accelerator / s.demand >= adv.BUSY_HEADROOM
 
 
 def best_decoder_row(rows):
@@ -120,7 +120,7 @@ def test_jpegs_that_fit_in_ram_take_the_in_ram_rows_and_the_loaders_rate(referen
 
 
 def test_raw_arrays_have_no_decoder(reference, guides):
-    s = situation(images="raw", count=20_000, mean_bytes=12_288, cores=8, accelerators=2)
+    s = situation(images="raw", count=20_000, mean_bytes=150_528, cores=8, accelerators=2)
     answer = adv.advise(s, reference)
     assert answer.decoder is None
     raw = rows_of(guides, "prefetch", encoding="raw")[0]
@@ -130,17 +130,41 @@ def test_raw_arrays_have_no_decoder(reference, guides):
                                           / reference_cores(reference)))
 
 
-def test_png_larger_than_ram_stands_in_the_nearest_kind_and_says_so(reference, guides):
+def test_png_is_not_answered_from_jpeg_rates(reference, guides):
     s = situation(images="png", mean_bytes=50e3)
     if rows_of(guides, "out_of_core", encoding="png"):
         pytest.skip("the reference measured PNG out of core")
-    answer = adv.advise(s, reference)
-    assert answer.store.facets["encoding"] == "jpeg"
-    assert any("measured no PNG" in note for note in answer.notes)
-    assert answer.decoder.key == "pil"  # the PNG decoder, on JPEG rows
+    with pytest.raises(adv.AdviceError) as refused:
+        adv.advise(s, reference)
+    assert str(refused.value) == (
+        f"PNG: not measured (the out_of_core study of {REFERENCE} read none); nearest "
+        "measured: JPEG, whose rates are not PNG's; measure yours: storebench import "
+        "YOUR_IMAGES --out data/mine, then storebench study --dataset data/mine")
 
 
-@pytest.mark.parametrize("rtt", [0.0, 10.0, 500.0])
+@pytest.mark.parametrize("mean_bytes", [20e3, 2e6])
+def test_samples_far_from_the_measured_size_are_not_extrapolated(reference, mean_bytes):
+    with pytest.raises(adv.AdviceError, match=r"^samples of .*: not measured, more than 4× "
+                                              r"from the measured set's .*nearest measured"):
+        adv.advise(situation(mean_bytes=mean_bytes), reference)
+    low, high = reference_bytes(reference, "jpeg") / 4, reference_bytes(reference, "jpeg") * 4
+    for edge in (low * 1.01, high * 0.99):
+        adv.advise(situation(mean_bytes=edge), reference)
+
+
+def test_busy_is_marginal_below_the_headroom_the_gpu_evidence_covers(reference):
+    per_accelerator = adv.advise(situation(), reference).per_accelerator
+    for headroom, verdict in ((1.3, "yes"), (1.12, "marginal"), (0.95, "marginal"),
+                              (0.8, "no")):
+        answer = adv.advise(situation(demand=per_accelerator / headroom), reference)
+        assert answer.headroom == pytest.approx(headroom)
+        assert answer.busy == verdict
+        assert answer.keeps_busy is (verdict == "yes")
+    text = adv.advise(situation(demand=per_accelerator / 1.12), reference).text()
+    assert "marginal: the feed is 1.12× the demand, and the GPU evidence covers 1.25×" in text
+
+
+@pytest.mark.parametrize("rtt", [0.0, 10.0, 30.0])
 def test_object_storage_takes_the_nearest_measured_round_trip_at_or_beyond(
         reference, guides, rtt):
     s = situation(storage="s3", rtt_ms=rtt, nodes=4, accelerators=8, cores=64)
@@ -159,10 +183,23 @@ def test_object_storage_takes_the_nearest_measured_round_trip_at_or_beyond(
     assert any("own link" in a for a in answer.assumptions)
 
 
-def test_nfs_is_answered_from_the_object_storage_rows_with_the_assumption(reference):
-    answer = adv.advise(situation(storage="nfs", rtt_ms=1), reference)
-    assert answer.store.study == "remote"
-    assert any("network file system" in a for a in answer.assumptions)
+def test_nfs_is_not_answered_from_object_storage_rates(reference, guides):
+    rtts = sorted({r.facets["rtt_ms"] for r in guides["remote"]})
+    with pytest.raises(adv.AdviceError) as refused:
+        adv.advise(situation(storage="nfs", rtt_ms=1), reference)
+    assert str(refused.value) == (
+        "a network file system: not measured; nearest measured: object storage (S3) at "
+        f"{', '.join(f'{r:g}' for r in rtts)} ms round trips, whose rates are not a file "
+        "system's; measure yours: storebench import YOUR_IMAGES --out data/mine, then "
+        "storebench study --dataset data/mine")
+
+
+def test_a_round_trip_past_twice_the_farthest_measured_is_not_extrapolated(reference, guides):
+    farthest = max(r.facets["rtt_ms"] for r in guides["remote"])
+    adv.advise(situation(storage="s3", rtt_ms=2 * farthest), reference)
+    with pytest.raises(adv.AdviceError, match=rf"^a round trip of {2 * farthest + 1:g} ms: not "
+                                              r"measured, and more than 2× the farthest"):
+        adv.advise(situation(storage="s3", rtt_ms=2 * farthest + 1), reference)
 
 
 def test_a_named_workload_gives_its_demand(reference):
@@ -185,7 +222,9 @@ def test_json_is_one_object_with_the_same_answer(capsys, reference):
     assert data["loader"]["workers"] == answer.workers
     assert data["loader"]["decoder"]["best"] == answer.decoder.key
     assert data["busy"] == {"utilisation": answer.utilisation, "target": adv.BUSY_TARGET,
-                            "keeps_busy": answer.keeps_busy,
+                            "keeps_busy": answer.keeps_busy, "verdict": answer.busy,
+                            "headroom": answer.headroom,
+                            "headroom_needed": adv.BUSY_HEADROOM,
                             "samples_per_s_per_accelerator": answer.per_accelerator,
                             "samples_per_s_per_core": answer.per_core}
     assert {n["kind"] for n in data["numbers"]} == {"measured", "extrapolated"}
@@ -203,7 +242,8 @@ def test_dataset_reads_kind_count_and_mean_bytes_from_an_import(tmp_path, capsys
         folder = source / ("cat" if i % 2 else "dog")
         folder.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
-        pixels = np.random.default_rng(i).integers(0, 255, (32 + i, 40, 3), dtype=np.uint8)
+        # Noise at 200 x 250: about the measured set's bytes a sample, so it is answered.
+        pixels = np.random.default_rng(i).integers(0, 255, (200 + i, 250, 3), dtype=np.uint8)
         Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
         (folder / f"{i}.jpg").write_bytes(buffer.getvalue())
         sizes.append(len(buffer.getvalue()))
@@ -216,6 +256,11 @@ def test_dataset_reads_kind_count_and_mean_bytes_from_an_import(tmp_path, capsys
     text = capsys.readouterr().out
     assert f"storebench study --dataset {out}" in text
     assert "storebench import" not in text
+    # The same import's samples 20x smaller: refused, pointing at the import's own study.
+    err = refusal(capsys, "--dataset", str(out), "--mean-bytes", str(sum(sizes) / 6 / 20),
+                  "--ram-gb", "64", "--cores", "16", "--demand", "1800",
+                  "--results", str(REFERENCE))
+    assert err.endswith(f"; measure yours: storebench study --dataset {out}\n")
 
 
 def refusal(capsys, *args) -> str:

@@ -25,17 +25,30 @@ IMAGE_KINDS = ("jpeg", "png", "raw")
 STORAGES = ("local", "nfs", "s3")
 # MLPerf Storage's rule: a run is valid while the accelerators are at least 90% busy.
 BUSY_TARGET = 0.90
+# "Busy: yes" needs a feed at least this many times the demand: the gpu_feed study's
+# evidence is of paths that deliver 1.25x the accelerator's rate and more (all of them 95%
+# busy and more). From BUSY_TARGET up to this, the answer is "marginal".
+BUSY_HEADROOM = 1.25
+# How far advise extrapolates from what was measured, and no farther: round trips up to
+# this many times the farthest measured, and samples within this factor of the measured
+# set's mean stored bytes, either way.
+MAX_RTT_FACTOR = 2.0
+MAX_BYTES_FACTOR = 4.0
 # A set counts as fitting in RAM while it takes at most this share of it: the rest is the
 # training process's, its decoded batches' and the kernel's.
 FIT_FRACTION = 0.5
-# Where a measured row of another image kind stands in for one never measured.
+# The kind named as the nearest measured where a kind was not measured: its rates are never
+# turned into another encoding's (a PNG decodes at a different cost per byte than a JPEG).
 NEAREST_KIND = {"png": ("jpeg",), "jpeg": ("png",), "raw": ()}
-# The decoder a kind's loader rows are read with where the kind was not measured itself.
-DECODER_FOR = {"png": ("pil",), "jpeg": (), "raw": ()}
 
 
 class AdviceError(ValueError):
     """A situation or a results directory that advise cannot answer; one line."""
+
+
+class NotMeasuredError(AdviceError):
+    """A situation farther from what was measured than advise extrapolates: it names the
+    nearest measured, and ``advise`` adds how to measure the user's own."""
 
 
 @dataclass(frozen=True)
@@ -275,8 +288,22 @@ class Advice:
     commands: tuple[str, ...]
 
     @property
+    def headroom(self) -> float:
+        """The feed per accelerator over the demand."""
+        return self.per_accelerator / self.situation.demand
+
+    @property
+    def busy(self) -> str:
+        """``yes`` (the feed has the headroom the GPU evidence covers, ``BUSY_HEADROOM``),
+        ``marginal`` (it reaches ``BUSY_TARGET`` of the demand, short of that headroom) or
+        ``no``."""
+        if self.headroom >= BUSY_HEADROOM:
+            return "yes"
+        return "marginal" if self.headroom >= BUSY_TARGET else "no"
+
+    @property
     def keeps_busy(self) -> bool:
-        return self.utilisation >= BUSY_TARGET
+        return self.busy == "yes"
 
     def to_dict(self) -> dict:
         return {
@@ -285,7 +312,8 @@ class Advice:
             "loader": {**self.loader.to_dict(), "workers": self.workers,
                        "decoder": None if self.decoder is None else self.decoder.to_dict()},
             "busy": {"utilisation": self.utilisation, "target": BUSY_TARGET,
-                     "keeps_busy": self.keeps_busy,
+                     "keeps_busy": self.keeps_busy, "verdict": self.busy,
+                     "headroom": self.headroom, "headroom_needed": BUSY_HEADROOM,
                      "samples_per_s_per_accelerator": self.per_accelerator,
                      "samples_per_s_per_core": self.per_core},
             "cores_per_accelerator_needed": self.cores_needed,
@@ -299,7 +327,10 @@ class Advice:
 
     def text(self) -> str:
         s = self.situation
-        verdict = "yes" if self.keeps_busy else "no"
+        verdict = self.busy
+        if verdict == "marginal":
+            verdict = (f"marginal: the feed is {self.headroom:.2f}\u00d7 the demand, and the "
+                       f"GPU evidence covers {BUSY_HEADROOM:g}\u00d7 and more")
         decoder = "" if self.decoder is None else f", decoding with {self.decoder.text}"
         lines = [
             f"Situation: {s.text()}.",
@@ -358,18 +389,18 @@ def guide_rows(results, study: str, **facets) -> list:
             if row is not None and all(row.facets.get(k) == v for k, v in facets.items())]
 
 
-def rows_for_kind(results, study: str, kind: str, notes: list[str], **facets) -> list:
-    """``study``'s rows for image ``kind``, else for the nearest kind measured (with a note
-    saying so)."""
-    for encoding in (kind, *NEAREST_KIND[kind]):
-        rows = guide_rows(results, study, encoding=encoding, **facets)
-        if rows:
-            if encoding != kind:
-                notes.append(f"the {study} study measured no {ENCODING_NAMES[kind]}; its "
-                             f"{ENCODING_NAMES[encoding]} rows stand in for them")
-            return rows
-    raise AdviceError(f"{results.directory}: the {study} study has no rows for "
-                      f"{ENCODING_NAMES[kind]}")
+def rows_for_kind(results, study: str, kind: str, **facets) -> list:
+    """``study``'s rows for image ``kind``; refused (``AdviceError``, naming the nearest kind
+    measured) where it has none: one encoding's rates never stand in for another's."""
+    rows = guide_rows(results, study, encoding=kind, **facets)
+    if rows:
+        return rows
+    nearest = [ENCODING_NAMES[e] for e in NEAREST_KIND[kind]
+               if guide_rows(results, study, encoding=e, **facets)]
+    raise NotMeasuredError(
+        f"{ENCODING_NAMES[kind]}: not measured (the {study} study of {results.directory} read "
+        f"none)" + (f"; nearest measured: {', '.join(nearest)}, whose rates are not "
+                    f"{ENCODING_NAMES[kind]}'s" if nearest else ""))
 
 
 def sample_bytes(results, encoding: str) -> float:
@@ -395,14 +426,13 @@ class _Draft:
 def _store_local(results, s: Situation, draft: _Draft) -> tuple[Choice, float]:
     """(the format choice, the samples/s node bound beyond the cores) on local disk."""
     if s.fits_in_ram:
-        rows = rows_for_kind(results, "lazy_vs_preloaded", s.images, draft.notes,
-                             epochs="later")
+        rows = rows_for_kind(results, "lazy_vs_preloaded", s.images, epochs="later")
         first = guide_rows(results, "lazy_vs_preloaded", epochs="first",
                            encoding=rows[0].facets["encoding"])
         if first:
             draft.notes.append(f"for the first epoch from a cold cache: {Choice.of(first[0]).text}")
         return Choice.of(rows[0]), math.inf
-    rows = rows_for_kind(results, "out_of_core", s.images, draft.notes)
+    rows = rows_for_kind(results, "out_of_core", s.images)
     by_k = sorted(rows, key=lambda r: r.facets["k"])
     row = next((r for r in by_k if r.facets["k"] >= s.ram_ratio), by_k[-1])
     if row.facets["k"] < s.ram_ratio:
@@ -426,18 +456,25 @@ def _store_remote(results, s: Situation, draft: _Draft) -> tuple[Choice, float]:
     rows = sorted(guide_rows(results, "remote"), key=lambda r: r.facets["rtt_ms"])
     if not rows:
         raise AdviceError(f"{results.directory}: the remote study has no guide rows")
+    measured = ", ".join(f"{rtt:g}" for rtt in sorted({r.facets["rtt_ms"] for r in rows}))
+    nearest = f"nearest measured: object storage (S3) at {measured} ms round trips"
+    if s.storage == "nfs":
+        raise NotMeasuredError(f"a network file system: not measured; {nearest}, whose "
+                               "rates are not a file system's")
+    farthest = rows[-1].facets["rtt_ms"]
+    if s.rtt_ms > MAX_RTT_FACTOR * farthest:
+        raise NotMeasuredError(f"a round trip of {s.rtt_ms:g} ms: not measured, and more "
+                               f"than {MAX_RTT_FACTOR:g}\u00d7 the farthest measured; {nearest}")
+    encodings = {r.facets.get("encoding", "jpeg") for r in rows}
+    if s.images not in encodings:
+        raise NotMeasuredError(
+            f"{ENCODING_NAMES[s.images]} in object storage: not measured; {nearest}, of "
+            f"{', '.join(ENCODING_NAMES[e] for e in sorted(encodings))}")
     row = next((r for r in rows if r.facets["rtt_ms"] >= s.rtt_ms), rows[-1])
     if row.facets["rtt_ms"] < s.rtt_ms:
         draft.notes.append(f"{s.rtt_ms:g} ms is farther than any round trip measured "
                            f"({row.facets['rtt_ms']:g} ms): the rate below is an upper bound; "
                            "more requests in flight hide distance (storebench.remote.capacity)")
-    if s.images != "jpeg":
-        draft.notes.append("the remote study measured JPEG sets; its rows stand in for "
-                           f"{ENCODING_NAMES[s.images]}")
-    if s.storage == "nfs":
-        draft.assumptions.append("a network file system pays one round trip per read as "
-                                 "object storage pays one per GET: answered from the "
-                                 "object-storage rows (no NFS was measured)")
     draft.assumptions.append("the reference's S3 server ran on the same 2 cores as the "
                              "loader, so its rates per core are low estimates")
     return Choice.of(row), math.inf
@@ -450,13 +487,11 @@ def _loader(results, kind: str, draft: _Draft) -> tuple[Choice, Choice | None]:
 
     # The prefetch study also asks which path is fastest to a first batch: its rows are
     # seconds, not rates, and no loader or decoder is chosen by them here.
-    rows = [row for row in rows_for_kind(results, "prefetch", kind, draft.notes)
+    rows = [row for row in rows_for_kind(results, "prefetch", kind)
             if row.best.stat.unit == "samples/s"]
     if not rows:
         raise AdviceError(f"{results.directory}: the prefetch study has no loader rates "
                           f"(samples/s) for {ENCODING_NAMES[kind]}")
-    decoders = DECODER_FOR[kind] if rows[0].facets["encoding"] != kind else ()
-    rows = [r for r in rows if not decoders or r.facets["decode"] in decoders] or rows
     if rows[0].facets["decode"] == "none":
         return Choice.of(rows[0]), None
     picked = choose("prefetch", "which decoder, by each decoder's best loader path?",
@@ -481,7 +516,19 @@ def needed_studies(s: Situation) -> tuple[str, ...]:
 
 
 def advise(situation: Situation, results, *, dataset: Path | str | None = None) -> Advice:
-    """The answer to ``situation`` from ``results`` (a ``storebench.results.Results``)."""
+    """The answer to ``situation`` from ``results`` (a ``storebench.results.Results``);
+    ``NotMeasuredError`` where it lies farther from the measured rows than advise
+    extrapolates, with the commands that measure the user's own."""
+    try:
+        return _advise(situation, results, dataset=dataset)
+    except NotMeasuredError as err:
+        own = (f"storebench study --dataset {dataset}" if dataset is not None else
+               "storebench import YOUR_IMAGES --out data/mine, then storebench study "
+               "--dataset data/mine")
+        raise NotMeasuredError(f"{err}; measure yours: {own}") from None
+
+
+def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Advice:
     from ..text import machine_text
 
     s = situation
@@ -497,6 +544,13 @@ def advise(situation: Situation, results, *, dataset: Path | str | None = None) 
     basis = loader if s.storage == "local" and s.fits_in_ram else store
     encoding = basis.facets.get("encoding", "jpeg")
     ref_bytes = sample_bytes(results, encoding)
+    if not 1 / MAX_BYTES_FACTOR <= s.mean_bytes / ref_bytes <= MAX_BYTES_FACTOR:
+        raise NotMeasuredError(
+            f"samples of {format_value(s.mean_bytes, 'bytes')}: not measured, more than "
+            f"{MAX_BYTES_FACTOR:g}\u00d7 from the measured set's "
+            f"{format_value(ref_bytes, 'bytes')} ({ENCODING_NAMES[encoding]}), and a sample's "
+            "cost is not proportional to its bytes that far; nearest measured: "
+            f"{format_value(ref_bytes, 'bytes')}")
     per_core = basis.median / ref_cores * ref_bytes / s.mean_bytes
     per_accelerator = min(per_core * s.cores_per_accelerator, bound / s.accelerators)
     draft.numbers[:0] = [
@@ -520,8 +574,9 @@ def advise(situation: Situation, results, *, dataset: Path | str | None = None) 
         "the loader's rate per core holds on your cores (the measured paths are CPU-bound: "
         "reading, checking and decoding)",
         "a sample's CPU cost scales with its stored bytes (decode work grows with pixels)",
-        "the accelerators' compute overlaps loading: a feed at least as fast as the demand "
-        "keeps them busy (the gpu_feed study: at 1.25\u00d7 the demand, 95% and more)",
+        "the accelerators' compute overlaps loading: a feed with "
+        f"{BUSY_HEADROOM:g}\u00d7 the demand keeps them busy (the gpu_feed study: at "
+        f"{BUSY_HEADROOM:g}\u00d7 the accelerator's rate and more, 95% busy and more)",
     ]
     if s.nodes > 1:
         draft.assumptions.append("each node reads on its own link and disk; the storage "

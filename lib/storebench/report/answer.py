@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ..results import DECISION_MARGIN, Results
-from ..text import ENCODING_NAMES, format_percent, format_ratio, markdown_table
+from ..text import ENCODING_NAMES, format_ratio, markdown_table
 from .advise import (
     FIT_FRACTION,
     AdviceError,
@@ -145,8 +145,8 @@ def answer_rows(results: Results) -> pd.DataFrame:
                 default_effect(results, row.images)
                 if row.storage == "local" and row.ram_ratio <= FIT_FRACTION
                 else "not measured (the peers study reads sets in RAM)"),
-            "busy": f"{'yes' if advice.keeps_busy else 'no'} "
-                    f"({format_percent(advice.utilisation)})",
+            # "yes" needs the headroom the GPU evidence covers: the feed over the demand.
+            "busy": f"{advice.busy} (the feed {format_ratio(advice.headroom)} the demand)",
             "how sure": f"store: {sureness(advice.store)}; load: {sureness(advice.loader)}",
             "evidence": ", ".join(f"[{s}]({STUDY_PAGES}/{s}.md)" for s in studies),
         })
