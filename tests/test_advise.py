@@ -164,6 +164,29 @@ def test_busy_is_marginal_below_the_headroom_the_gpu_evidence_covers(reference):
     assert "marginal: the feed is 1.12× the demand, and the GPU evidence covers 1.25×" in text
 
 
+def test_a_no_lists_its_remedies_largest_gain_first_a_yes_none(reference, guides):
+    s = situation(storage="s3", rtt_ms=40, accelerators=4, cores=16, demand=2500)
+    answer = adv.advise(s, reference)
+    assert answer.busy == "no"
+    gains = [r.gain for r in answer.remedies if math.isfinite(r.gain)]
+    assert gains == sorted(gains, reverse=True) and len(gains) >= 3
+    assert not math.isfinite(answer.remedies[-1].gain)  # capacity, not speed, comes last
+    by_kind = {r.what.split(" ")[0]: r for r in answer.remedies}
+    raw = [r for r in rows_of(guides, "prefetch", encoding="raw")
+           if r.best.stat.unit == "samples/s"][0]
+    stored = by_kind["store"]
+    assert stored.kind == "measured"
+    assert stored.gain == pytest.approx(raw.best.stat.median / answer.loader.median)
+    in_flight = math.ceil(adv.BUSY_HEADROOM * 2500 * 4 * 40 / 1e3)
+    assert by_kind["keep"].what == f"keep about {in_flight:,} requests in flight per node"
+    assert "Little's law" in by_kind["keep"].detail
+    assert [r.kind for r in answer.remedies if r.what.startswith("decode on the GPU")] == [
+        "cited"]
+    text = answer.text()
+    assert "To reach 1.25× the demand (the feed is" in text and "  1. " in text
+    assert adv.advise(situation(demand=10.0), reference).remedies == ()
+
+
 @pytest.mark.parametrize("rtt", [0.0, 10.0, 30.0])
 def test_object_storage_takes_the_nearest_measured_round_trip_at_or_beyond(
         reference, guides, rtt):
@@ -216,7 +239,7 @@ def test_json_is_one_object_with_the_same_answer(capsys, reference):
     data = json.loads(capsys.readouterr().out)
     assert set(data) == {"situation", "store", "loader", "busy",
                          "cores_per_accelerator_needed", "numbers", "assumptions", "notes",
-                         "measured_on", "commands"}
+                         "measured_on", "commands", "remedies"}
     answer = adv.advise(situation(), reference)
     assert data["store"]["best"] == answer.store.key
     assert data["loader"]["workers"] == answer.workers

@@ -13,6 +13,7 @@ capacity model's round trips).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -266,6 +267,38 @@ class Number:
         return f"{self.kind:12} {value:>18}  {self.what} ({self.basis})"
 
 
+# Public figures a remedy cites where our rows measured nothing like it (marked "cited").
+GPU_DECODE_ANCHOR = Number(
+    "JPEG decode on one A100 with DALI's mixed decoder", 5000.0, "samples/s", "cited",
+    "about 5,000 (hardware decoder alone) to 7,000 images/s; NVIDIA/DALI#5362")
+CROP_DECODE_ANCHOR = Number(
+    "decode and random resized crop per thread, crop-window decode", 727.0, "samples/s",
+    "cited", "727-1,077 images/s on images pre-resized to 256-512 px, another machine; "
+    "harvard-visionlab/slipstream")
+# What one decoded training sample weighs on the wire: 224 x 224 RGB, uint8.
+DECODED_SAMPLE_BYTES = 224 * 224 * 3
+
+
+@dataclass(frozen=True)
+class Remedy:
+    """A change that would close a gap: the ``gain`` it gives the feed (a factor; NaN where
+    it adds capacity rather than speed), whether that gain is ``measured`` in our rows,
+    ``extrapolated`` from them, or ``cited`` from a public figure, and what it costs."""
+
+    what: str
+    gain: float
+    kind: str
+    detail: str
+
+    def to_dict(self) -> dict:
+        return {"what": self.what, "gain": self.gain, "kind": self.kind,
+                "detail": self.detail}
+
+    def text(self) -> str:
+        gain = "" if not math.isfinite(self.gain) else f"{self.gain:.2f}\u00d7 the feed, "
+        return f"{self.what}: {gain}{self.kind} ({self.detail})"
+
+
 @dataclass(frozen=True)
 class Advice:
     """The answer to a ``Situation``: see ``text()`` and ``to_dict()``."""
@@ -286,6 +319,8 @@ class Advice:
     run_id: str
     results_dir: str
     commands: tuple[str, ...]
+    # What would close the gap where the answer is not "yes", ranked (``remedies``).
+    remedies: tuple[Remedy, ...] = ()
 
     @property
     def headroom(self) -> float:
@@ -323,6 +358,7 @@ class Advice:
             "measured_on": {"machine": self.machine, "run_id": self.run_id,
                             "results": self.results_dir},
             "commands": list(self.commands),
+            "remedies": [r.to_dict() for r in self.remedies],
         }
 
     def text(self) -> str:
@@ -340,7 +376,7 @@ class Advice:
             f"Load with:  {self.loader.text}{decoder}; {self.workers} worker(s) per "
             f"accelerator on {s.cores_per_accelerator:g} cores",
             f"            [{self.loader.study}] {self.loader.question}",
-            f"Busy >= {format_percent(BUSY_TARGET)}: {verdict}, about "
+            f"Busy:       {verdict}, about "
             f"{format_percent(self.utilisation)} (about "
             f"{format_value(self.per_accelerator, 'samples/s')} per accelerator against "
             f"{format_value(s.demand, 'samples/s')} needed)",
@@ -348,6 +384,10 @@ class Advice:
             f"{s.cores_per_accelerator:g}",
         ]
         lines += [f"Note:       {note}" for note in self.notes]
+        if self.remedies:
+            lines += ["", f"To reach {BUSY_HEADROOM:g}\u00d7 the demand (the feed is "
+                          f"{self.headroom:.2f}\u00d7; largest gain first):"]
+            lines += [f"  {i}. {r.text()}" for i, r in enumerate(self.remedies, start=1)]
         lines += ["", f"Measured on {self.machine} (run {self.run_id}, {self.results_dir}):"]
         lines += [f"  {n.text()}" for n in self.numbers]
         lines += ["", "Assumptions behind the extrapolated numbers:"]
@@ -581,12 +621,72 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Adv
     if s.nodes > 1:
         draft.assumptions.append("each node reads on its own link and disk; the storage "
                                  "serves all nodes at once (not measured)")
-    return Advice(
+    advice = Advice(
         s, store, loader, decoder, _workers(loader, s.cores_per_accelerator, ref_cores),
         per_core, per_accelerator, min(1.0, per_accelerator / s.demand), s.demand / per_core,
         tuple(draft.numbers), tuple(dict.fromkeys(draft.assumptions)), tuple(draft.notes),
         machine_text(results.env), str(results.env.get("run_id", "")),
         str(results.directory or ""), measure_commands(s, dataset))
+    if advice.busy == "yes":
+        return advice
+    return dataclasses.replace(advice, remedies=remedies(advice, results, bound=bound))
+
+
+def remedies(advice: Advice, results, *, bound: float = math.inf) -> tuple[Remedy, ...]:
+    """What would take ``advice``'s feed to ``BUSY_HEADROOM`` times the demand, largest
+    gain first (those that add capacity rather than speed last): from the same rows the
+    answer rests on where they measured it, else cited and marked so."""
+    s = advice.situation
+    target = BUSY_HEADROOM * s.demand
+    found: list[Remedy] = []
+    if s.images != "raw":
+        raw = [r for r in guide_rows(results, "prefetch", encoding="raw")
+               if r.best.stat.unit == "samples/s"]
+        if raw and advice.loader.unit == "samples/s":
+            ratio = sample_bytes(results, "raw") / sample_bytes(results, s.images)
+            found.append(Remedy(
+                "store decoded 224x224 arrays instead (pre-resized, no decode in the loop)",
+                raw[0].best.stat.median / advice.loader.median, "measured",
+                f"{raw[0].best.label} over raw arrays against {advice.loader.label}, the "
+                f"prefetch study; costs {ratio:.2f}\u00d7 the stored bytes, and fixes each "
+                "sample's crop at conversion"))
+        found.append(Remedy(
+            "decode on the GPU", GPU_DECODE_ANCHOR.value / advice.per_accelerator, "cited",
+            f"{GPU_DECODE_ANCHOR.what}: {GPU_DECODE_ANCHOR.basis}; frees the cores from "
+            "decoding"))
+        found.append(Remedy(
+            "decode only the crop window", CROP_DECODE_ANCHOR.value / advice.per_core, "cited",
+            f"{CROP_DECODE_ANCHOR.what}: {CROP_DECODE_ANCHOR.basis}, against "
+            f"{format_value(advice.per_core, 'samples/s')} a core here"))
+    if s.storage != "local" and s.rtt_ms:
+        # Little's law: requests in flight = request rate x round trip, one GET a sample.
+        in_flight = math.ceil(target * s.accelerators * s.rtt_ms / 1e3)
+        found.append(Remedy(
+            f"keep about {in_flight:,} requests in flight per node", math.nan, "extrapolated",
+            f"Little's law: {format_value(target * s.accelerators, 'samples/s')} a node "
+            f"times {s.rtt_ms:g} ms, one GET a sample; the rows measured "
+            f"{advice.store.label}"))
+    if math.isfinite(bound) and bound < target * s.accelerators:
+        found.append(Remedy(
+            "faster storage", math.nan, "extrapolated",
+            f"the node's storage bound, {format_value(bound, 'samples/s')}, is below "
+            f"{format_value(target * s.accelerators, 'samples/s')}"))
+    cores = math.ceil(target / advice.per_core)
+    found.append(Remedy(
+        f"{cores} cores per accelerator", cores / s.cores_per_accelerator, "extrapolated",
+        f"{format_value(advice.per_core, 'samples/s')} a core at your sample size, "
+        f"against {s.cores_per_accelerator:g} now"))
+    missing = max(0.0, target - advice.per_accelerator) * s.accelerators
+    extra_cores = math.ceil(missing / advice.per_core)
+    found.append(Remedy(
+        f"preprocess on CPU nodes: about {extra_cores} more cores per node", math.nan,
+        "extrapolated",
+        f"{format_value(missing, 'samples/s')} a node decoded elsewhere, shipped as "
+        f"{format_value(DECODED_SAMPLE_BYTES, 'bytes')} samples: "
+        f"{format_value(missing * DECODED_SAMPLE_BYTES / 1e6, 'MB/s')} of network "
+        "(Ray Data, tf.data service)"))
+    return tuple(sorted(found, key=lambda r: (not math.isfinite(r.gain),
+                                              -r.gain if math.isfinite(r.gain) else 0)))
 
 
 def measure_commands(s: Situation, dataset: Path | str | None) -> tuple[str, ...]:
