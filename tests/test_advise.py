@@ -139,7 +139,7 @@ def test_png_is_not_answered_from_jpeg_rates(reference, guides):
     assert str(refused.value) == (
         f"PNG: not measured (the out_of_core study of {REFERENCE} read none); nearest "
         "measured: JPEG, whose rates are not PNG's; measure yours: storebench import "
-        "YOUR_IMAGES --out data/mine, then storebench study --dataset data/mine")
+        "YOUR_IMAGE_FOLDER --out data/mine, then storebench study --dataset data/mine")
 
 
 @pytest.mark.parametrize("mean_bytes", [20e3, 2e6])
@@ -213,7 +213,7 @@ def test_nfs_is_not_answered_from_object_storage_rates(reference, guides):
     assert str(refused.value) == (
         "a network file system: not measured; nearest measured: object storage (S3) at "
         f"{', '.join(f'{r:g}' for r in rtts)} ms round trips, whose rates are not a file "
-        "system's; measure yours: storebench import YOUR_IMAGES --out data/mine, then "
+        "system's; measure yours: storebench import YOUR_IMAGE_FOLDER --out data/mine, then "
         "storebench study --dataset data/mine")
 
 

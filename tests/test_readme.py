@@ -150,3 +150,18 @@ def test_the_study_time_sentence_counts_the_cases_that_failed(tmp_path):
     (tmp_path / "timing.json").write_text(json.dumps(timing))
     assert "7 cases run (3 failed: peers, formats in `failed_cases`) and 1 reused" in (
         study_time_text(tmp_path, tmp_path))
+
+
+def test_the_advise_examples_page_matches_the_reference_results():
+    from storebench.report.examples import EXAMPLES, EXAMPLES_PAGE, render_examples_page
+
+    page = (ROOT / EXAMPLES_PAGE).read_text()
+    block = re.search(r"<!-- findings:start -->\n(.*?)<!-- findings:end -->", page,
+                      flags=re.S).group(1)
+    assert block == render_examples_page(ROOT / "results" / "reference", relative_to=ROOT)
+    assert block.count("\n## ") + block.startswith("## ") == len(EXAMPLES) == 5
+    # Answered or refused, each in advise's own words: a refusal names the nearest measured.
+    answers = re.findall(r"```text\n(.*?)```", block, flags=re.S)
+    assert len(answers) == 5
+    assert all(a.startswith("Situation: ") or ("not measured" in a and "nearest measured" in a)
+               for a in answers)

@@ -563,7 +563,7 @@ def advise(situation: Situation, results, *, dataset: Path | str | None = None) 
         return _advise(situation, results, dataset=dataset)
     except NotMeasuredError as err:
         own = (f"storebench study --dataset {dataset}" if dataset is not None else
-               "storebench import YOUR_IMAGES --out data/mine, then storebench study "
+               "storebench import YOUR_IMAGE_FOLDER --out data/mine, then storebench study "
                "--dataset data/mine")
         raise NotMeasuredError(f"{err}; measure yours: {own}") from None
 

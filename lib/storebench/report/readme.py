@@ -6,6 +6,8 @@ import json
 import re
 from pathlib import Path
 
+from .examples import EXAMPLES_PAGE, render_examples_page
+
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"
 
 
@@ -139,12 +141,16 @@ def _fill(path: Path, block: str) -> bool:
 
 
 def update_readme(readme: Path | str, results_dir: Path | str) -> bool:
-    """Rewrite the README's findings block, and the guide page's beside it
-    (``GUIDE_PAGE``); True when either changed."""
+    """Rewrite the README's findings block, and those of the guide page and the advise
+    examples page beside it (``GUIDE_PAGE``, ``EXAMPLES_PAGE``); True when any changed."""
     readme = Path(readme)
     block = render_findings_block(results_dir, relative_to=readme.resolve().parent)
     changed = _fill(readme, block)
     guide = readme.resolve().parent / GUIDE_PAGE
     if guide.exists():
         changed = _fill(guide, render_guide_page(results_dir)) or changed
+    examples = readme.resolve().parent / EXAMPLES_PAGE
+    if examples.exists():
+        changed = _fill(examples, render_examples_page(
+            results_dir, relative_to=readme.resolve().parent)) or changed
     return changed
