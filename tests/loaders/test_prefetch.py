@@ -137,23 +137,29 @@ def test_thread_prefetcher_is_ordered_and_deterministic(memmap_raw, batches):
 class ConsumerGatedDataset(LazyDataset):
     """Records which thread read each batch. A worker thread's reads wait until the
     consumer (the thread that made the dataset) has read a batch, so a consumer that does
-    read finds nothing arrived and must; ``consumer_raises`` is raised in the consumer's
-    reads."""
+    read finds nothing arrived and must; the consumer's later reads wait until a worker has
+    read, so both read however the machine schedules the threads (a busy machine could
+    otherwise leave every batch to the consumer). ``consumer_raises`` is raised in the
+    consumer's reads."""
 
     def __init__(self, reader, consumer_raises: BaseException | None = None) -> None:
         super().__init__(reader)
         self.consumer = threading.get_ident()
         self.consumer_raises = consumer_raises
         self.consumer_read = threading.Event()
+        self.worker_read = threading.Event()
         self.readers: list[int] = []
 
     def get_batch(self, indices, *, out=None):
         if threading.get_ident() == self.consumer:
+            if self.consumer_read.is_set():
+                self.worker_read.wait(timeout=10)
             self.consumer_read.set()
             if self.consumer_raises is not None:
                 raise self.consumer_raises
         else:
             self.consumer_read.wait(timeout=10)
+            self.worker_read.set()
         self.readers.append(threading.get_ident())
         return super().get_batch(indices, out=out)
 
