@@ -48,7 +48,7 @@ def pytest_collection_modifyitems(items) -> None:
         if "ci_study" in fixtures:
             item.add_marker(pytest.mark.timeout(CI_STUDY_TIMEOUT_S + 120))
         if (fixtures & PRODUCT_RUN_FIXTURES or item.path.name in PRODUCT_RUN_MODULES
-                or item.nodeid in listed):
+                or item.nodeid in listed or item.nodeid.split("[")[0] in listed):
             item.add_marker(pytest.mark.slow)
 
 
@@ -71,9 +71,10 @@ class _Durations:
             return
         slow = sorted(node for node, seconds in self.seconds.items() if seconds >= SLOW_TEST_S)
         SLOW_TESTS_FILE.write_text(
-            f"# Tests that took at least {SLOW_TEST_S:g} s in a whole run (make "
-            "test-durations);\n# tests/conftest.py marks them slow.\n"
-            + "".join(f"{node}\n" for node in slow))
+            f"# Tests that took at least {SLOW_TEST_S:g} s in a run of the main environment's "
+            "suite (make\n# test-durations rewrites it); a name without [parameters] lists "
+            "each of its cases.\n# tests/conftest.py marks them slow, and make test-fast "
+            "leaves them out.\n" + "".join(f"{node}\n" for node in slow))
 
 
 def pytest_configure(config) -> None:
