@@ -35,7 +35,13 @@ from ..processes import die_with_parent
 from .cache import prepare
 from .case import Case, CaseResources, CaseSkipped, Trial
 from .schema import CASE_REPEAT, METRIC_UNITS, UNITS
-from .stats import forced, forced_repeat_rule, relative_halfwidth, stop_metric
+from .stats import (
+    AdaptiveRepeats,
+    forced,
+    forced_repeat_rule,
+    relative_halfwidth,
+    stop_metric,
+)
 
 
 def resolve_function(path: str):
@@ -87,13 +93,13 @@ def _check_metrics(case: Case, metrics, harness: dict) -> dict:
     return {**harness, **checked}
 
 
-def repeat_rule_metrics(case: Case) -> dict[str, tuple[float, str]]:
+def repeat_rule_metrics(case: Case, adaptive: AdaptiveRepeats | None
+                        ) -> dict[str, tuple[float, str]]:
     """The rule the case's repeats ran under, as whole-case metrics: ``repeat_rule.minimum``
     and ``.maximum`` (both the count for fixed repeats), and for adaptive repeats the
     ``.halfwidth`` they stop at, the ``.budget_s`` and a target's ``.threshold`` where the
-    rule has them (``stats.AdaptiveRepeats``), as ``STOREBENCH_REPEAT_RULE`` forces it
-    (``stats.forced_repeat_rule``)."""
-    adaptive = forced(case.adaptive_repeats, forced_repeat_rule())
+    rule has them (``adaptive``: the case's ``stats.AdaptiveRepeats`` as
+    ``STOREBENCH_REPEAT_RULE`` forces it, ``stats.forced_repeat_rule``)."""
     if adaptive is None:
         return {"repeat_rule.minimum": (float(case.repeats), "count"),
                 "repeat_rule.maximum": (float(case.repeats), "count")}
@@ -174,7 +180,7 @@ def run_job(job: dict) -> list[dict]:
         summary["case_startup_s"] = (startup, "s")
     if case.epoch_samples is not None:
         summary["epoch_samples_cap"] = (float(case.epoch_samples), "count")
-    summary.update(repeat_rule_metrics(case))
+    summary.update(repeat_rule_metrics(case, adaptive))
     records += [
         {"repeat": CASE_REPEAT, "metric": name, "value": value, "unit": unit,
          "resident_fraction": math.nan}

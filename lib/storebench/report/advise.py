@@ -520,15 +520,19 @@ def _store_remote(results, s: Situation, draft: _Draft) -> tuple[Choice, float]:
     return Choice.of(row), math.inf
 
 
-def _loader(results, kind: str, draft: _Draft) -> tuple[Choice, Choice | None]:
+def loader_rates(rows: Sequence) -> list:
+    """The prefetch study's ``rows`` that compare loader rates. It also asks which path is
+    fastest to a first batch: those rows are seconds, not rates, and no loader or decoder
+    is chosen by them."""
+    return [row for row in rows if row.best.stat.unit == "samples/s"]
+
+
+def _loader(results, kind: str) -> tuple[Choice, Choice | None]:
     """(the loader path, the decoder or None for raw arrays): the guide's choice among the
     prefetch study's paths, and among decoders by their best paths."""
     from ..guide import Candidate, choose
 
-    # The prefetch study also asks which path is fastest to a first batch: its rows are
-    # seconds, not rates, and no loader or decoder is chosen by them here.
-    rows = [row for row in rows_for_kind(results, "prefetch", kind)
-            if row.best.stat.unit == "samples/s"]
+    rows = loader_rates(rows_for_kind(results, "prefetch", kind))
     if not rows:
         raise AdviceError(f"{results.directory}: the prefetch study has no loader rates "
                           f"(samples/s) for {ENCODING_NAMES[kind]}")
@@ -575,7 +579,7 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Adv
     check_results(results, needed_studies(s))
     draft = _Draft()
     store, bound = (_store_local if s.storage == "local" else _store_remote)(results, s, draft)
-    loader, decoder = _loader(results, s.images, draft)
+    loader, decoder = _loader(results, s.images)
     draft.notes += [c.avoid for c in (store, loader) if c.avoid]
     ref_cores = int(results.env.get("cpus_usable") or results.env.get("cpu_count") or 1)
     # The rate the answer rests on: the chosen format's own (read and decoded, on the
@@ -640,9 +644,8 @@ def remedies(advice: Advice, results, *, bound: float = math.inf) -> tuple[Remed
     target = BUSY_HEADROOM * s.demand
     found: list[Remedy] = []
     if s.images != "raw":
-        raw = [r for r in guide_rows(results, "prefetch", encoding="raw")
-               if r.best.stat.unit == "samples/s"]
-        if raw and advice.loader.unit == "samples/s":
+        raw = loader_rates(guide_rows(results, "prefetch", encoding="raw"))
+        if raw:
             ratio = sample_bytes(results, "raw") / sample_bytes(results, s.images)
             found.append(Remedy(
                 "store decoded 224x224 arrays instead (pre-resized, no decode in the loop)",
