@@ -163,3 +163,50 @@ def test_a_study_s_top_up_takes_its_plan_s_floor(monkeypatch, tmp_path):
         study.top_up_results(tmp_path, profile=profile, data_dir_of=lambda name: tmp_path,
                              budget_s=1.0)
     assert [kwargs["decision_repeats"] for kwargs in seen] == [5, None]
+
+
+def test_the_top_up_never_repeats_a_build_so_its_row_keeps_n_1(ci_study, tmp_path,
+                                                               monkeypatch):
+    """A build is timed once, when it ran; its case reads the time from the manifest. Forced
+    to take every question (``STOREBENCH_REPEAT_RULE=maximum``) with the floor on, the
+    top-up on a copy of the ci study's formats results still leaves every build row at one
+    repeat, so "Fastest to build" reads n = 1 a side and stays undecided."""
+    import shutil
+
+    from storebench.report.guide import decision_guide
+    from storebench.results import Results
+    from storebench.study import data_dir_for, study_data_dir
+    from storebench.topup import top_up
+
+    results, _ = ci_study
+    copy = tmp_path / "results"
+    copy.mkdir()
+    shutil.copy(results / "formats.csv", copy / "formats.csv")
+    data_dir = data_dir_for("ci", results.parent.parent / "data")
+
+    def build_repeats(directory):
+        df = pd.read_csv(directory / "formats.csv")
+        builds = df[df["case_id"].str.startswith("build_cost:") & (df["repeat"] >= 0)]
+        return builds.groupby("case_id")["repeat"].apply(lambda r: sorted(set(r))).to_dict()
+
+    def fastest_build(directory):
+        rows = [row for row in decision_guide(Results.load(directory))
+                if row.question == "Fastest to build, raw arrays"]
+        assert len(rows) == 1 and rows[0].runner_up is not None
+        return rows[0]
+
+    before = build_repeats(copy)
+    assert len(before) >= 2 and set(map(tuple, before.values())) == {(0,)}
+    row = fastest_build(copy)
+    assert all(c.stat.count == 1 for c in row.candidates)
+    monkeypatch.setenv("STOREBENCH_REPEAT_RULE", "maximum")
+    record = top_up(copy, profile="ci", budget_s=0.0, studies=["formats"],
+                    data_dir_of=lambda name: study_data_dir(name, "ci", data_dir),
+                    decision_repeats=5)
+    assert build_repeats(copy) == before
+    touched = {entry["case_id"] for entry in record.floor} | {
+        case_id for entry in record.questions.values() for case_id in entry["repeats_added"]}
+    assert not {case_id for case_id in touched if case_id.startswith("build_cost:")}
+    row = fastest_build(copy)
+    assert row.verdict == "undecided"
+    assert [c.stat.count for c in row.candidates[:2]] == [1, 1]

@@ -22,7 +22,9 @@ rows (its first pass's time and repeat count) stay as they were. ``topup.json`` 
 floor's cases and each question topped up: its cases, the repeats added, their seconds, and
 the verdict before and after. A case whose whole-case rows summarise its repeats
 (``Case.summarise``) is never topped up: its summary would no longer describe its repeats
-(such cases take the decision's repeats in their first pass).
+(such cases take the decision's repeats in their first pass). Nor is a case that reports a
+quantity measured once elsewhere (``Case.measured_once``, a build's time): another repeat
+would copy its value, not measure it, so its row keeps n = 1.
 """
 
 from __future__ import annotations
@@ -272,7 +274,7 @@ def top_up(
 
     def can_top_up(study: str, case_id: str) -> bool:
         case = grid(study).get(case_id)
-        return case is not None and not case.summarise
+        return case is not None and not case.summarise and not case.measured_once
 
     started = time.perf_counter()
     def floored(cost: CaseCost, added: int, seconds: float) -> None:

@@ -160,6 +160,12 @@ def test_case_checks_and_round_trip(tmp_path):
         Case(study="s", function="m:f", cache="tepid", cache_files=("x",))
     with pytest.raises(TypeError, match="JSON scalar"):
         Case(study="s", function="m:f", params={"sizes": [1, 2]})
+    with pytest.raises(ValueError, match=r"^case build:x: a quantity measured once is one "
+                       r"repeat, got repeats=5, min_repeats=None$"):
+        Case(study="s", function="m:build_case", format="x", measured_once=True, repeats=5)
+    with pytest.raises(ValueError, match="measured once is one repeat"):
+        Case(study="s", function="m:f", measured_once=True, repeats=1, min_repeats=1)
+    assert Case(study="s", function="m:f", measured_once=True, repeats=1).measured_once
     case = Case(study="s", function="m:read_case", format="memmap", encoding="raw",
                 loader="lazy", workers=2, batch_size=64, access="random", cache="cold",
                 cache_files=(str(tmp_path / "a"),), params={"z": 1, "a": "x"})

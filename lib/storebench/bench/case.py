@@ -56,6 +56,10 @@ class Case:
     timeout_s: float | None = None
     params: tuple[tuple[str, object], ...] = ()
     summarise: str = ""
+    # The case reports a quantity measured once elsewhere (a build's time, from its
+    # manifest): it runs one repeat, and nothing repeats it, since a repeat would copy the
+    # value rather than measure it again.
+    measured_once: bool = False
     # The most samples a timed repeat of a loader epoch reads (the first of the epoch's
     # order); None: the whole set. Not part of ``case_id``: it sizes the measurement, like
     # ``repeats``, and is recorded in the case's rows (``epoch_samples_cap``).
@@ -88,6 +92,9 @@ class Case:
                 raise ValueError(f"case {self.case_id}: cache={self.cache!r} needs cache_files")
         if self.repeats < 1:
             raise ValueError(f"repeats must be at least 1, got {self.repeats}")
+        if self.measured_once and (self.repeats != 1 or self.min_repeats is not None):
+            raise ValueError(f"case {self.case_id}: a quantity measured once is one repeat, "
+                             f"got repeats={self.repeats}, min_repeats={self.min_repeats}")
         if self.min_repeats is not None:
             self.adaptive_repeats  # noqa: B018 - validates minimum <= maximum, halfwidth
         if self.timeout_s is not None and self.timeout_s <= 0:

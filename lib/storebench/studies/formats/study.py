@@ -43,6 +43,7 @@ from ...results import (
     default_builds,
     format_order,
     ordered,
+    row_sources,
     select,
     sort_rows,
     stat,
@@ -141,7 +142,7 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
             "params": knob_params(path, manifest),
         }
         cases.append(Case(function=f"{CASES}:build_cost_case", repeats=1, warmup=False,
-                          **common))
+                          measured_once=True, **common))
         files = dataset_files(path)
         count = manifest["num_samples"]
         wanted = TRAINING_RANDOM_SAMPLES if is_training_set(manifest) else RANDOM_READ_SAMPLES
@@ -770,7 +771,8 @@ def allocated_per_sample(df: pd.DataFrame, dataset: str) -> Stat:
         samples = float(counted["value"].median())
         return Stat(allocated.median / samples, allocated.low / samples,
                     allocated.high / samples, allocated.count, "bytes",
-                    tuple(v / samples for v in allocated.values))
+                    tuple(v / samples for v in allocated.values),
+                    allocated.sources + row_sources(counted))
     try:
         spec = data_gen.get_profile(str(rows["profile"].iloc[0])).spec_for(
             str(rows["encoding"].iloc[0]))
@@ -781,7 +783,8 @@ def allocated_per_sample(df: pd.DataFrame, dataset: str) -> Stat:
         samples = float(read["value"].max()) if not read.empty else math.nan
     return Stat(allocated.median / samples, allocated.low / samples,
                 allocated.high / samples, allocated.count, "bytes",
-                tuple(v / samples for v in allocated.values))
+                tuple(v / samples for v in allocated.values),
+                allocated.sources + row_sources(rows))
 
 
 def verify_cost_table(df: pd.DataFrame) -> pd.DataFrame:
