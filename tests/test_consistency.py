@@ -10,7 +10,14 @@ import pytest
 from result_rows import case_rows, feed_case, frame, prefetch_case, write_results
 
 from storebench.report.consistency import check_consistency, consistency_command
-from storebench.results import KEY_FIELDS, key_label, keyed_throughput, measurement_key
+from storebench.report.quotes import Quote, check_quotes, quotes
+from storebench.results import (
+    KEY_FIELDS,
+    Results,
+    key_label,
+    keyed_throughput,
+    measurement_key,
+)
 
 FORK = {"start_method": "fork"}
 
@@ -115,19 +122,84 @@ def storebench(*args):
                           capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("target, code", [([105.0, 106.0, 104.0], 0),
-                                          ([400.0, 410.0, 390.0], 1)])
-def test_the_command_exits_by_the_check_with_one_line_each(tmp_path, target, code):
-    write_results(tmp_path, prefetch_case("process", 2, [100.0, 101.0, 99.0],
-                                          start_method="fork"), target_case(target))
+def two_paths():
+    """A prefetch study of two paths: the guide quotes both and their ratio."""
+    return (prefetch_case("process", 2, [100.0, 101.0, 99.0, 100.0, 102.0],
+                          start_method="fork"),
+            prefetch_case("thread", 2, [300.0, 301.0, 299.0, 300.0, 302.0]))
+
+
+def test_the_command_counts_the_quoted_figures_it_checked(tmp_path):
+    write_results(tmp_path, *two_paths())
+    checked = check_quotes(Results.load(tmp_path))
+    assert checked.ok and checked.checked >= 3
     result = storebench("consistency", str(tmp_path))
-    assert result.returncode == code and result.stderr == ""
-    assert result.stdout == {
-        0: f"consistency OK: 1 key(s) measured by more than one study agree within 10% "
-           f"({tmp_path})\n",
-        1: "lazy/process \u00d72 fork, memmap-raw, warm shuffle, batch 256: prefetch 100 "
-           "samples/s (n=3) vs targets 400 samples/s (n=3); 4.00\u00d7 apart\n"}[code]
-    assert consistency_command(tmp_path)[0] == code
+    assert result.returncode == 0 and result.stderr == ""
+    assert result.stdout == (
+        f"consistency OK: {checked.checked} quoted figures match their rows, one value and "
+        f"one case per key ({checked.keys} keys); 0 key(s) measured by more than one study "
+        f"agree within 10% ({tmp_path})\n")
+    assert consistency_command(tmp_path)[0] == 0
+
+
+@pytest.mark.parametrize("target", [[101.0, 100.0, 99.0], [400.0, 410.0, 390.0]])
+def test_a_quoted_key_measured_again_by_another_study_fails_even_when_it_agrees(
+        tmp_path, target):
+    """The guide quotes the ProcessPrefetcher's prefetch case; a targets case measuring the
+    same key is a second number for it, within 10% or not."""
+    write_results(tmp_path, *two_paths(), target_case(target))
+    result = storebench("consistency", str(tmp_path))
+    assert result.returncode == 1 and result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith(
+        "one case per key: lazy/process \u00d72 fork, memmap-raw, warm shuffle, batch 256 is "
+        "quoted (docs/guide.md: ")
+    assert lines[0].endswith(
+        "and measured by 2 cases: prefetch epoch:memmap-raw/process/2/fork/None "
+        "samples_per_s, targets target:process_vs_pickled process_prefetcher.samples_per_s")
+    assert lines[1:] == ([] if target[0] < 110 else [
+        "lazy/process \u00d72 fork, memmap-raw, warm shuffle, batch 256: prefetch 100 "
+        "samples/s (n=5) vs targets 400 samples/s (n=3); 4.00\u00d7 apart"])
+
+
+def test_a_second_value_planted_for_a_quoted_key_fails():
+    df = frame(*two_paths())
+    found = quotes(Results(df=df, env={}, workloads={}))
+    best = next(q for q in found if not q.is_ratio)
+    planted = Quote("README", "the same path again", best.value * 1.2, best.unit,
+                    best.sources)
+    report = check_quotes(df, [*found, planted])
+    assert [p.rule for p in report.problems] == ["sourced", "one value per key"]
+    assert str(report.problems[0]) == (
+        f"sourced: README: the same path again shows {best.value * 1.2:g} samples/s, its "
+        f"rows give {best.value:g} samples/s ({best.sources[0][0]} {best.sources[0][1]} "
+        f"{best.sources[0][2]})")
+    assert f"README: the same path again = {best.value * 1.2:g} samples/s" in str(
+        report.problems[1])
+    assert check_quotes(df, found).ok
+
+
+def test_a_quote_without_rows_or_with_rows_that_are_gone_fails():
+    df = frame(*two_paths())
+    gone = ("prefetch", "epoch:nowhere", "samples_per_s")
+    report = check_quotes(df, [Quote("README", "typed", 5.0, "samples/s", ()),
+                               Quote("README", "stale", 5.0, "samples/s", (gone,))])
+    assert [str(p) for p in report.problems] == [
+        "sourced: README: typed (5 samples/s) names no rows",
+        "sourced: README: stale: no ok rows for prefetch epoch:nowhere samples_per_s"]
+
+
+def test_nothing_quoted_is_not_a_pass():
+    assert not check_quotes(frame(*two_paths()), []).ok
+
+
+def test_the_reference_results_pass_with_every_quote_checked():
+    """The committed reference: what ``make test`` checks before the suite."""
+    from storebench.study import REPO_ROOT
+
+    code, text = consistency_command(REPO_ROOT / "results" / "reference")
+    assert code == 0, text
+    assert int(text.removeprefix("consistency OK: ").split()[0]) > 0
 
 
 def test_the_command_says_what_is_missing_without_a_traceback(tmp_path):

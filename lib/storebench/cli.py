@@ -387,8 +387,9 @@ def parser() -> argparse.ArgumentParser:
                    help="one object per guide row, with its candidates and their medians")
     f.set_defaults(func=_findings)
 
-    c = sub.add_parser("consistency", help="check that every measurement taken by more than "
-                                          "one study gives one figure (within 10%%)")
+    c = sub.add_parser("consistency", help="check every figure the pages quote against its "
+                                          "rows (one value and one case per key), and that "
+                                          "keys two studies measured agree within 10%%")
     c.add_argument("results_dir", help="e.g. results/reference")
     c.set_defaults(func=_consistency)
 

@@ -219,15 +219,17 @@ def summed_stat(df: pd.DataFrame, metrics: Sequence[str], **where) -> Stat:
     """The Stat of the per-repeat sum of ``metrics`` (e.g. preload plus epoch seconds),
     summing within each repeat so that pairs stay paired."""
     per_metric = []
+    sources: tuple[tuple[str, str, str], ...] = ()
     for metric in metrics:
         rows = select(df, metric, **where)
         if rows.empty:
             raise MissingResultError(f"no ok result for {metric} with {where}")
         per_metric.append(rows.groupby("repeat")["value"].median())
         unit = str(rows["unit"].iloc[0])
+        sources += row_sources(rows)
     total = sum(per_metric[1:], per_metric[0]).dropna().sort_index()
     return Stat(float(total.median()), float(total.min()), float(total.max()), int(total.size),
-                unit, tuple(float(v) for v in total))
+                unit, tuple(float(v) for v in total), sources)
 
 
 def summary_table(df: pd.DataFrame, metric: str, by: Sequence[str]) -> pd.DataFrame:

@@ -86,11 +86,22 @@ def check_consistency(df: pd.DataFrame, *,
 
 
 def consistency_command(results_dir: Path | str) -> tuple[int, str]:
-    """(exit code, text) of ``storebench consistency``: 1 and one line per disagreeing
-    key, or 0 and one line saying how many shared keys agree."""
-    report = check_consistency(Results.load(results_dir).df)
-    if report.ok:
-        return 0, (f"consistency OK: {report.shared_keys} key(s) measured by more than one "
-                   f"study agree within {CONSISTENCY_TOLERANCE:.0%} ({results_dir})")
-    lines = [str(d) for d in report.disagreements]
-    return 1, "\n".join(lines)
+    """(exit code, text) of ``storebench consistency``: every figure the pages quote held
+    to ``report.quotes``' rules, and every key two studies measured within the tolerance.
+    0 and one line saying how many were checked, or 1 and one line per problem (also when
+    nothing was quoted: a check of nothing passes nothing)."""
+    from .quotes import check_quotes
+
+    results = Results.load(results_dir)
+    quoted = check_quotes(results)
+    report = check_consistency(results.df)
+    lines = [str(p) for p in quoted.problems] + [str(d) for d in report.disagreements]
+    if quoted.checked == 0:
+        lines.append(f"nothing quoted: {results_dir} answers no guide question, comparison "
+                     "or target")
+    if lines:
+        return 1, "\n".join(lines)
+    return 0, (f"consistency OK: {quoted.checked} quoted figures match their rows, one value "
+               f"and one case per key ({quoted.keys} keys); {report.shared_keys} key(s) "
+               f"measured by more than one study agree within {CONSISTENCY_TOLERANCE:.0%} "
+               f"({results_dir})")

@@ -36,6 +36,12 @@ class TargetMeasure:
     high: float
     repeats: int
     limiting: str = ""
+    # The result rows the value is read from ((study, case_id, metric)), and for a ratio of
+    # two figures, those of its denominator: ``storebench consistency`` checks them.
+    sources: tuple[tuple[str, str, str], ...] = ()
+    against: tuple[tuple[str, str, str], ...] = ()
+    # The value is computed from those rows (over a machine limit, say), not their median.
+    derived: bool = False
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,7 @@ from ...results import (
     ordered,
     params_of,
     ratio_interval,
+    row_sources,
     select,
     sort_rows,
     stat,
@@ -455,6 +456,8 @@ def cold_read_target(results: Results) -> TargetMeasure | None:
     return TargetMeasure(
         value=best["median"] / scale, low=best["low"] / scale, high=best["high"] / scale,
         repeats=int(best["repeats"]),
+        sources=row_sources(select(rows[rows["label"] == best["label"]], f"{LAST}.read_MBps")),
+        derived=True,
         limiting=(f"the best shuffled undecoded path at k = {top} ({best['label']}) delivers "
                   f"{format_value(best['median'], 'MB/s')} against a cold sequential read "
                   f"limit of {format_value(limit, 'GB/s')}; its limit is "
@@ -512,6 +515,7 @@ def decode_keep_target(results: Results) -> TargetMeasure | None:
     ratio, low, high = ratio_interval(far, near)
     return TargetMeasure(
         value=ratio, low=low, high=high, repeats=min(far.count, near.count),
+        sources=far.sources, against=near.sources,
         limiting=(f"the {fmt} decoding path out of core: {format_value(far.median, 'samples/s')} "
                   f"against {format_value(near.median, 'samples/s')} cached; "
                   + decode_limit_text(results, fmt, near.median)))

@@ -414,6 +414,7 @@ def ours_over_peers_target(encoding: str):
         ours, peer, (ratio, low, high) = found
         return TargetMeasure(
             value=ratio, low=low, high=high, repeats=min(ours[3].count, peer[3].count),
+            sources=ours[3].sources, against=peer[3].sources,
             limiting=f"{ours[1]} at {ours[3]} against {peer[1]} at {peer[3]}; "
                      f"{limiting_factor(results.df, encoding)}")
 

@@ -318,13 +318,15 @@ def keep_target(results: Results) -> TargetMeasure | None:
     best = far.sort_values("samples_per_s", ascending=False).iloc[0]
     kept = keep_at(results.df, best["path"])
     near = _stat(results.df, best["path"], 0)
-    if kept is None or near is None:
+    far_stat = _stat(results.df, best["path"], TARGET_RTT_MS)
+    if kept is None or near is None or far_stat is None:
         return None
     ratio, low, high = kept
     per_get = (f", {best['samples_per_request']:.2g} samples per GET"
                if np.isfinite(best["samples_per_request"]) else "")
     return TargetMeasure(
         value=ratio, low=low, high=high, repeats=near.count,
+        sources=far_stat.sources, against=near.sources,
         limiting=(f"{best['path']} at {TARGET_RTT_MS} ms: "
                   f"{format_value(best['samples_per_s'], 'samples/s')} against "
                   f"{format_value(near.median, 'samples/s')} at 0 ms{per_get}; the requests "

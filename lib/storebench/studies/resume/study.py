@@ -131,11 +131,11 @@ def resume_table(df: pd.DataFrame) -> pd.DataFrame:
     and the medians of ``METRICS``. A path that claims nothing is ``unsupported`` in every
     scenario."""
     rows = latest_runs(df[df["study"] == NAME])
-    columns = ["path", "label", "scenario", "outcome", "reason", *METRICS]
+    columns = ["path", "label", "scenario", "outcome", "reason", *METRICS, "case_id"]
     if rows.empty:
         return pd.DataFrame(columns=columns)
     out = []
-    for _, case in rows.groupby("case_id", sort=False):
+    for case_id, case in rows.groupby("case_id", sort=False):
         params = json.loads(case["params"].iloc[0])
         path = RESUME_PATHS.get(params.get("path"))
         if path is None:
@@ -159,7 +159,8 @@ def resume_table(df: pd.DataFrame) -> pd.DataFrame:
         for scenario in scenarios:
             out.append({"path": path.name, "label": path.label, "scenario": scenario,
                         "outcome": outcome, "reason": reason,
-                        **{m: values.get(m, np.nan) for m in METRICS}})
+                        **{m: values.get(m, np.nan) for m in METRICS},
+                        "case_id": case_id})
     table = pd.DataFrame(out, columns=columns)
     order = {name: i for i, name in enumerate(RESUME_PATHS)}
     table["_p"] = table["path"].map(order)
@@ -286,13 +287,18 @@ def guide(results: Results) -> list:
     table = resume_table(results.df)
     if table.empty:
         return []
-    counts = table[table["outcome"] == "exact"].groupby("path", sort=False).size()
+    exact = table[table["outcome"] == "exact"]
+    counts = exact.groupby("path", sort=False).size()
     if counts.empty:
         return []
     counts = counts.sort_values(ascending=False, kind="stable")
+    # A count's rows: the audit's lost and duplicated samples of each case it counts.
+    sources = {path: tuple((NAME, case_id, metric) for case_id in dict.fromkeys(part["case_id"])
+                           for metric in ("lost", "duplicated"))
+               for path, part in exact.groupby("path", sort=False)}
     candidates = tuple(
         Candidate(name, get_resume_path(name).label,
-                  Stat(float(n), float(n), float(n), 1, "count", (float(n),)))
+                  Stat(float(n), float(n), float(n), 1, "count", (float(n),), sources[name]))
         for name, n in counts.items())
     best = float(counts.iloc[0])
     runner = float(counts.iloc[1]) if len(counts) > 1 else float("nan")

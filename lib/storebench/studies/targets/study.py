@@ -28,7 +28,7 @@ from ...plots import (
     question_title,
     summarise,
 )
-from ...results import Results, latest_runs, stat
+from ...results import Results, latest_runs, row_sources, stat
 from ...text import DASH, format_percent, format_ratio, markdown_table
 from ..base import FigureSpec, Study, TargetMeasure, TargetSpec
 from ..grid import batch_size_for, dataset_fields, pick, profile_datasets, repeat_fields
@@ -104,9 +104,12 @@ def _own_target(key: str) -> Callable[[Results], TargetMeasure | None]:
             return None
         row = row.iloc[0]
         median = median_of_latest(results.df, key)
+        rows = latest_runs(results.df[results.df["study"] == "targets"])
+        ratios = rows[(rows["loader"] == key) & (rows["metric"] == "target_ratio")
+                      & (rows["repeat"] >= 0) & (rows["status"] == "ok")]
         return TargetMeasure(
             value=float(row["value"]), low=float(row["low"]), high=float(row["high"]),
-            repeats=int(row["repeats"]),
+            repeats=int(row["repeats"]), sources=row_sources(ratios),
             limiting=(_bare_take_text(median, key) + _row_group_text(median)).strip())
 
     return measure
