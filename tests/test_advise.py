@@ -82,8 +82,11 @@ def test_jpegs_on_local_disk_larger_than_ram_one_gpu_at_1800_on_16_cores(referen
     assert answer.keeps_busy is busy
     assert answer.cores_needed == pytest.approx(1800 / per_core)
     decoder = best_decoder_row(rows_of(guides, "prefetch", encoding="jpeg"))
-    assert answer.decoder.key == decoder.facets["decode"]
     assert answer.loader.key == decoder.best.key
+    # A path that decodes itself (tf.data) is answered with its own decoder.
+    path = adv.loader_path_of(answer.loader)
+    assert answer.decoder.key == (path.decode if path is not None and path.decoder_text
+                                  else decoder.facets["decode"])
     text = answer.text()
     assert row.best.label in text and "measured" in text and "extrapolated" in text
     assert "storebench study --dataset data/mine" in text
@@ -347,3 +350,52 @@ def test_results_missing_or_of_a_compact_profile_or_without_the_study_are_refuse
     assert refusal(capsys, *BASE, "--demand", "1", "--results", str(partial)) == (
         f"storebench advise: {partial}: no rows of the lazy_vs_preloaded, prefetch "
         "studies this situation needs (storebench run --study lazy_vs_preloaded)\n")
+
+
+def _with_tf_data(reference: Results, factor: float | None) -> Results:
+    """The reference with tf.data's native pipeline ``factor`` times as fast (so it wins the
+    JPEG loader question), or without it (None)."""
+    df = reference.df
+    native = (df["study"] == "prefetch") & (df["prefetcher"] == "tf_data")
+    if factor is None:
+        df = df[~native]
+    else:
+        df = df.copy()
+        df.loc[native & (df["metric"] == "samples_per_s"), "value"] *= factor
+    return Results(df.reset_index(drop=True), reference.env, reference.directory,
+                   reference.workloads)
+
+
+def test_tf_data_is_named_with_its_own_decoder_and_parallelism_never_a_worker_count(
+        reference):
+    """A path that decodes itself and sizes its own parallelism (``LoaderPath.decoder_text``,
+    ``parallelism``) is answered with those: tf.data decodes with TensorFlow, only the crop
+    window, and AUTOTUNE sizes it; it reads TFRecord only, which the answer says where the
+    store chosen is another format."""
+    from storebench.loaders.paths import LOADER_PATHS
+    from storebench.report import answer
+
+    tf_data = LOADER_PATHS["tf_data"]
+    fast = _with_tf_data(reference, 10.0)
+    advice = adv.advise(situation(), fast)
+    assert adv.loader_path_of(advice.loader) is tf_data
+    assert advice.decoder.label == tf_data.decoder_text
+    assert "decode_and_crop_jpeg" in advice.decoder.label
+    assert advice.workers is None and advice.parallelism == tf_data.parallelism
+    text = advice.text()
+    assert f"decoding with {tf_data.decoder_text}" in text and "worker(s)" not in text
+    assert advice.to_dict()["loader"]["workers"] is None
+    assert advice.to_dict()["loader"]["parallelism"] == tf_data.parallelism
+    if not advice.store.key.startswith("tfrecord"):
+        assert any(note.startswith("tf.data TFRecord AUTOTUNE reads tfrecord files only: "
+                                   "to load with it, store as tfrecord; ")
+                   for note in advice.notes)
+    (row,) = [r for _, r in answer.answer_rows(fast).iterrows()
+              if r["your situation"] == "JPEG, local disk, fits in RAM"]
+    assert row["load with"].endswith(f", {tf_data.decoder_text} decode, "
+                                     f"{tf_data.parallelism}")
+    # Without it, a path our dataset decodes for is answered with its decoder and workers.
+    other = adv.advise(situation(), _with_tf_data(reference, None))
+    assert adv.loader_path_of(other.loader) is not tf_data
+    assert other.decoder.label == other.decoder.key and other.parallelism == ""
+    assert other.workers >= 1 and f"{other.workers} worker(s) per accelerator" in other.text()

@@ -50,7 +50,7 @@ def test_each_row_is_what_advise_answers_for_its_situation(reference):
         advice = adv.advise(answer.situation_for(row, reference), reference)
         assert shown["store as"] == answer.short_choice(advice.store)
         assert shown["load with"].startswith(answer.short_choice(advice.loader))
-        assert f", {advice.workers} workers" in shown["load with"]
+        assert shown["load with"].endswith(f", {advice.parallelism_text}")
         assert shown["how sure"] == (f"store: {answer.sureness(advice.store)}; "
                                      f"load: {answer.sureness(advice.loader)}")
         assert f"[{advice.store.study}](docs/studies/{advice.store.study}.md)" in (

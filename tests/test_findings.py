@@ -12,7 +12,7 @@ from storebench.guide import guide_table
 from storebench.report import findings
 from storebench.report.guide import decision_guide
 from storebench.results import TIE_RULE, Results
-from storebench.studies import STUDIES
+from storebench.studies import STUDIES, get_study
 
 ENV = {"cpu_model": "Test CPU", "cpus_usable": 2, "ram_bytes": 24e9, "profile": "ci",
        "cuda": {"torch_cuda_available": False}, "utc_time": "2026-01-01T00:00:00+00:00"}
@@ -33,7 +33,10 @@ def test_readme_findings_table_from_a_results_dir(tmp_path):
     lines = findings.readme_findings_table(tmp_path).splitlines()
     assert lines[0] == ("Measured on: Test CPU, 2 cores; 24.0 GB RAM; no GPU; profile `ci`; "
                         "run 2026-01-01T00:00:00+00:00.")
-    assert lines[2:4] == ["| question | choice | evidence |", "|---|---|---|"]
+    # One heading per study, its question, each over its own rows.
+    assert lines[2:6] == ["## " + get_study("formats").question, "",
+                          "| question | choice | evidence |", "|---|---|---|"]
+    assert "## " + get_study("gpu_feed").question in lines
     assert ("| Fewest files, raw arrays (shared or object storage, many-file limits) | "
             "memmap-raw | memmap-raw 2 vs rawfiles-raw 500; 250\u00d7 smaller (exact); 2 "
             "candidates |") in lines
@@ -47,7 +50,7 @@ def test_readme_findings_table_from_a_results_dir(tmp_path):
     assert lines[-1] == f"Tie rule: {TIE_RULE}"
     # the table is the guide's, row for row
     rows = decision_guide(Results.load(tmp_path))
-    assert sum(line.startswith("| ") for line in lines) == len(rows) + 1
+    assert sum(line.startswith("| ") for line in lines) == len(rows) + 2
 
 
 def test_readme_findings_table_without_env_says_so(tmp_path):

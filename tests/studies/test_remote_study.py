@@ -166,7 +166,8 @@ def test_the_streaming_peer_target_is_listed_with_why_it_is_not_measured():
     table = targets.all_targets_table(results).set_index("key")
     peer = table.loc[remote.PEER.key]
     assert not peer["measured"] and peer["limiting"] == remote.PEER_UNMEASURED
-    assert (f"| {remote.PEER.name} | not measured: {remote.PEER_UNMEASURED} | \u2265 1.20\u00d7 "
+    assert (f"| {remote.PEER.name} |  | not measured: {remote.PEER_UNMEASURED} | "
+            "\u2265 1.20\u00d7 "
             "| not measured |") in targets.targets_markdown(results)
     assert any(remote.PEER_UNMEASURED in s for s in remote.remote_findings(results.df))
 

@@ -84,6 +84,12 @@ class LoaderPath:
     # "module:function" returning why the path cannot run here beyond a missing module
     # (a system library its module loads lazily), or None.
     availability: str = ""
+    # A path that decodes itself (``decode`` not "dataset"): what decodes and resizes, as
+    # a user reads it; "" for paths our dataset decodes for.
+    decoder_text: str = ""
+    # A path that sizes its own parallelism (tf.data's AUTOTUNE): how; "" for a path
+    # whose parallelism is a worker count.
+    parallelism: str = ""
 
     def unavailable(self) -> str | None:
         if not self.availability:
@@ -241,7 +247,10 @@ LOADER_PATHS: dict[str, LoaderPath] = {
         LoaderPath("torch", "torch DataLoader", "framework", _torch, start_method="fork",
                    pins_memory=True),
         LoaderPath("tf_data", "tf.data TFRecord AUTOTUNE", "framework", _tf_data,
-                   decode="tensorflow", reads_dataset_files=True),
+                   decode="tensorflow", reads_dataset_files=True, dataset_format="tfrecord",
+                   decoder_text="TensorFlow (decode_and_crop_jpeg: the crop window only; "
+                                "bilinear resize without antialiasing)",
+                   parallelism="AUTOTUNE (tf.data sizes its own parallel calls)"),
         LoaderPath("tf_generator", "tf.data from_generator (GIL-bound)", "framework",
                    _tf_generator),
         LoaderPath("locked_list_baseline", "locked-list baseline", "baseline", _locked_list),

@@ -307,7 +307,8 @@ class Advice:
     store: Choice
     loader: Choice
     decoder: Choice | None
-    workers: int
+    # None where the loader path sizes its own parallelism (``parallelism`` says how).
+    workers: int | None
     per_core: float
     per_accelerator: float
     utilisation: float
@@ -321,6 +322,13 @@ class Advice:
     commands: tuple[str, ...]
     # What would close the gap where the answer is not "yes", ranked (``remedies``).
     remedies: tuple[Remedy, ...] = ()
+    # How a path that sizes its own parallelism does (``LoaderPath.parallelism``), else "".
+    parallelism: str = ""
+
+    @property
+    def parallelism_text(self) -> str:
+        """``"8 workers"``, or the path's own, ``"AUTOTUNE (...)"``."""
+        return self.parallelism or f"{self.workers} worker(s)"
 
     @property
     def headroom(self) -> float:
@@ -345,6 +353,7 @@ class Advice:
             "situation": self.situation.to_dict(),
             "store": self.store.to_dict(),
             "loader": {**self.loader.to_dict(), "workers": self.workers,
+                       "parallelism": self.parallelism_text,
                        "decoder": None if self.decoder is None else self.decoder.to_dict()},
             "busy": {"utilisation": self.utilisation, "target": BUSY_TARGET,
                      "keeps_busy": self.keeps_busy, "verdict": self.busy,
@@ -373,7 +382,7 @@ class Advice:
             "",
             f"Store as:   {self.store.text}",
             f"            [{self.store.study}] {self.store.question}",
-            f"Load with:  {self.loader.text}{decoder}; {self.workers} worker(s) per "
+            f"Load with:  {self.loader.text}{decoder}; {self.parallelism_text} per "
             f"accelerator on {s.cores_per_accelerator:g} cores",
             f"            [{self.loader.study}] {self.loader.question}",
             f"Busy:       {verdict}, about "
@@ -543,11 +552,30 @@ def _loader(results, kind: str) -> tuple[Choice, Choice | None]:
                                                 r.best.stat) for r in rows])
     decoder = Choice.of(picked)
     best = next(r for r in rows if r.facets["decode"] == decoder.key)
-    return Choice.of(best), decoder
+    loader = Choice.of(best)
+    path = loader_path_of(loader)
+    if path is not None and path.decoder_text:
+        # The path decodes itself (tf.data with TensorFlow): that, not the decoder of the
+        # question it answered, is what decodes.
+        decoder = dataclasses.replace(decoder, key=path.decode, label=path.decoder_text)
+    return loader, decoder
 
 
-def _workers(loader: Choice, cores: float, ref_cores: int) -> int:
-    """The measured path's workers per reference core, on ``cores`` cores."""
+def loader_path_of(choice: Choice):
+    """The ``LoaderPath`` a loader choice's key names (``tf_data/w0/``, ``lazy/thread``),
+    or None."""
+    from ..loaders.paths import LOADER_PATHS
+
+    return next((LOADER_PATHS[part] for part in choice.key.split("/")
+                 if part in LOADER_PATHS), None)
+
+
+def _workers(loader: Choice, cores: float, ref_cores: int) -> int | None:
+    """The measured path's workers per reference core, on ``cores`` cores; None for a path
+    that sizes its own parallelism."""
+    path = loader_path_of(loader)
+    if path is not None and path.parallelism:
+        return None
     parts = [p for p in loader.key.split("/") if p.startswith("w") and p[1:].isdigit()]
     measured = int(parts[0][1:]) if parts else 1
     return max(1, round(max(measured, 1) * cores / ref_cores))
@@ -581,6 +609,15 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Adv
     store, bound = (_store_local if s.storage == "local" else _store_remote)(results, s, draft)
     loader, decoder = _loader(results, s.images)
     draft.notes += [c.avoid for c in (store, loader) if c.avoid]
+    path = loader_path_of(loader)
+    store_format = store.facets.get("format") or store.key.partition(":")[0]
+    if path is not None and path.dataset_format and not str(store_format).startswith(
+            path.dataset_format):
+        # Store and loader come from different questions: say where they do not fit.
+        draft.notes.append(
+            f"{path.label} reads {path.dataset_format} files only: to load with it, store as "
+            f"{path.dataset_format}; {store.label} is the best of the measured stores, read "
+            "through storebench's readers, not a pipeline measured with this loader")
     ref_cores = int(results.env.get("cpus_usable") or results.env.get("cpu_count") or 1)
     # The rate the answer rests on: the chosen format's own (read and decoded, on the
     # reference's cores) where the data outgrows RAM or sits at a distance; in RAM, the
@@ -630,7 +667,8 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Adv
         per_core, per_accelerator, min(1.0, per_accelerator / s.demand), s.demand / per_core,
         tuple(draft.numbers), tuple(dict.fromkeys(draft.assumptions)), tuple(draft.notes),
         machine_text(results.env), str(results.env.get("run_id", "")),
-        str(results.directory or ""), measure_commands(s, dataset))
+        str(results.directory or ""), measure_commands(s, dataset),
+        parallelism=getattr(loader_path_of(loader), "parallelism", ""))
     if advice.busy == "yes":
         return advice
     return dataclasses.replace(advice, remedies=remedies(advice, results, bound=bound))

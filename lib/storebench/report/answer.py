@@ -61,7 +61,8 @@ ANSWER_SITUATIONS: tuple[AnswerSituation, ...] = (
 )
 MAX_ANSWER_ROWS = 8
 
-STUDY_PAGES = "docs/studies"
+# Where the docs pages lie, relative to the README (the docs' own pages link from "").
+DOCS = "docs/"
 
 
 def situation_for(row: AnswerSituation, results: Results) -> Situation:
@@ -108,7 +109,7 @@ def default_effect(results: Results, images: str) -> str:
     return f"{format_ratio(ratio)} ({word}; {interval})"
 
 
-def answer_rows(results: Results) -> pd.DataFrame:
+def answer_rows(results: Results, *, docs: str = DOCS) -> pd.DataFrame:
     """One row per ``ANSWER_SITUATIONS`` entry: store as, load with, the effect against the
     default, whether one accelerator of the workload is kept busy, how sure, the evidence."""
     workload = get_workload(WORKLOAD)
@@ -139,7 +140,7 @@ def answer_rows(results: Results) -> pd.DataFrame:
         out.append({
             **base,
             "store as": short_choice(advice.store),
-            "load with": f"{load}, {advice.workers} workers",
+            "load with": f"{load}, {advice.parallelism_text}",
             # The peers study reads cached sets: its effect answers the in-RAM rows only.
             "vs torch DataLoader over files": (
                 default_effect(results, row.images)
@@ -148,7 +149,7 @@ def answer_rows(results: Results) -> pd.DataFrame:
             # "yes" needs the headroom the GPU evidence covers: the feed over the demand.
             "busy": f"{advice.busy} (the feed {format_ratio(advice.headroom)} the demand)",
             "how sure": f"store: {sureness(advice.store)}; load: {sureness(advice.loader)}",
-            "evidence": ", ".join(f"[{s}]({STUDY_PAGES}/{s}.md)" for s in studies),
+            "evidence": ", ".join(f"[{s}]({docs}studies/{s}.md)" for s in studies),
         })
     table = pd.DataFrame(out)
     return table.rename(columns={
@@ -156,15 +157,18 @@ def answer_rows(results: Results) -> pd.DataFrame:
                 f"{NODE_CORES} cores?"})
 
 
-def answer_markdown(results: Results) -> str:
-    """The answer table and the line saying what it assumes."""
+def answer_markdown(results: Results, *, docs: str = DOCS) -> str:
+    """The answer table and the line saying what it assumes; ``docs``: where the docs pages
+    lie relative to the page it goes in."""
     workload = get_workload(WORKLOAD)
-    table = answer_rows(results)
+    table = answer_rows(results, docs=docs)
+    measured = results.workload("peers")
+    peers_set = f" (measured on {measured})" if measured else ""
     return (markdown_table(table) + "\n\nEach row is `storebench advise` for that situation on "
             f"a node of {NODE_RAM_GB} GB RAM, {NODE_CORES} cores and one accelerator running "
             f"{workload.name} ({workload.samples_per_s:,.0f} samples/s), at the measured "
             "set's sample size; \"vs torch DataLoader over files\" is storebench's best "
             "loader path over the common default (torch's DataLoader over one file per "
             "sample, as an ImageFolder reads), warm, epochs 2 and on, in the peers study's "
-            "rows. \"undecided\": the rows could not split the two named under the decision "
-            "rule ([methodology](docs/methodology.md)).")
+            f"rows{peers_set}. \"undecided\": the rows could not split the two named under "
+            f"the decision rule ([methodology]({docs}methodology.md)).")

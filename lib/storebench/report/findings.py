@@ -70,15 +70,29 @@ def guide_markdown(rows) -> str:
     return markdown_table(table)
 
 
+def guide_sections(rows) -> str:
+    """The guide grouped by study, in the rows' order: a heading per study (its question,
+    so a reader finds their situation in the page's table of contents), then its rows,
+    each answer before its evidence."""
+    from ..studies import get_study
+
+    parts = []
+    for study in dict.fromkeys(row.study for row in rows):
+        mine = [row for row in rows if row.study == study]
+        parts += [f"## {get_study(study).question}", "", guide_markdown(mine), ""]
+    return "\n".join(parts).rstrip("\n")
+
+
 def readme_findings_table(results_dir: Path | str) -> str:
-    """The README's findings table (markdown) from ``<results_dir>/*.csv`` and env.json:
-    a line on the machine, then question | choice | evidence, then the tie rule."""
+    """The guide page's block (markdown) from ``<results_dir>/*.csv`` and env.json: a line
+    on the machine, then the guide grouped by study (``guide_sections``), then the tie
+    rule."""
     from .guide import decision_guide
 
     results = Results.load(results_dir)
     header = (f"Measured on: {machine_text(results.env)}." if results.env
               else "Machine unknown (no env.json).")
-    return (header + "\n\n" + guide_markdown(decision_guide(results)) + "\n\n"
+    return (header + "\n\n" + guide_sections(decision_guide(results)) + "\n\n"
             + f"Tie rule: {TIE_RULE}\n")
 
 

@@ -128,6 +128,35 @@ def render_guide_page(results_dir: Path | str) -> str:
     return readme_findings_table(results_dir)
 
 
+# The methodology page, whose machine-calibration section is generated, relative to the README.
+METHODOLOGY_PAGE = "docs/methodology.md"
+# The docs' home page, which opens with the answer table.
+HOME_PAGE = "docs/index.md"
+
+
+def render_home_block(results_dir: Path | str) -> str:
+    """The docs home page's block: the machine line, the answer table with links relative
+    to the docs, and where the whole guide is."""
+    from ..results import Results
+    from .answer import answer_markdown
+
+    results = Results.load(results_dir)
+    return (machine_line(results) + "\n\n" + answer_markdown(results, docs="") + "\n\n"
+            "Every question the studies answer, with each candidate's evidence: "
+            "[the decision guide](guide.md).\n")
+
+
+def render_calibration_block(results_dir: Path | str) -> str:
+    """The methodology page's machine-calibration block: the machine line, then the
+    targets measured on small synthetic sets (``TargetSpec.calibration``)."""
+    from ..results import Results
+    from ..studies.targets.study import targets_markdown
+
+    results = Results.load(results_dir)
+    return (machine_line(results) + "\n\n" + targets_markdown(results, calibration=True)
+            + "\n")
+
+
 def _fill(path: Path, block: str) -> bool:
     """Rewrite the block between the findings markers of ``path``; True when it changed."""
     text = path.read_text()
@@ -141,14 +170,21 @@ def _fill(path: Path, block: str) -> bool:
 
 
 def update_readme(readme: Path | str, results_dir: Path | str) -> bool:
-    """Rewrite the README's findings block, and those of the guide page and the advise
-    examples page beside it (``GUIDE_PAGE``, ``EXAMPLES_PAGE``); True when any changed."""
+    """Rewrite the README's findings block, and those of the docs' home page, the guide
+    page, the methodology page and the advise examples page beside it (``HOME_PAGE``,
+    ``GUIDE_PAGE``, ``METHODOLOGY_PAGE``, ``EXAMPLES_PAGE``); True when any changed."""
     readme = Path(readme)
     block = render_findings_block(results_dir, relative_to=readme.resolve().parent)
     changed = _fill(readme, block)
     guide = readme.resolve().parent / GUIDE_PAGE
     if guide.exists():
         changed = _fill(guide, render_guide_page(results_dir)) or changed
+    home = readme.resolve().parent / HOME_PAGE
+    if home.exists():
+        changed = _fill(home, render_home_block(results_dir)) or changed
+    methodology = readme.resolve().parent / METHODOLOGY_PAGE
+    if methodology.exists():
+        changed = _fill(methodology, render_calibration_block(results_dir)) or changed
     examples = readme.resolve().parent / EXAMPLES_PAGE
     if examples.exists():
         changed = _fill(examples, render_examples_page(

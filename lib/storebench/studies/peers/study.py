@@ -740,16 +740,21 @@ def target_findings(results: Results) -> list[str]:
         met = "met" if low >= TARGET_RATIO else "not met"
         interval = (f"95% interval {_precise(low)}\u2013{_precise(high)}" if math.isfinite(low)
                     else f"fewer than {MIN_PAIRED_REPEATS} repeats on a side: no interval")
+        workload = results.workload(NAME, encoding)
+        on = f" ({workload})" if workload else ""
         out.append(
-            f"{what}, warm, epochs 2 and on: storebench's best path, {ours[1]} at {ours[3]}, runs "
-            f"{_precise(ratio)} the best peer, {peer[1]} at {peer[3]} ({interval}); the target "
-            f"of {format_ratio(TARGET_RATIO)} is {met} by its interval's lower end.")
+            f"{what}, warm, epochs 2 and on{on}: storebench's best path, {ours[1]} at "
+            f"{ours[3]}, runs {_precise(ratio)} the best peer, {peer[1]} at {peer[3]} "
+            f"({interval}); the target of {format_ratio(TARGET_RATIO)} is {met} by its "
+            "interval's lower end.")
     efficiency = decode_efficiency(df)
     if efficiency is None:
         out.append("JPEG decode against cores \u00d7 one thread: not in these results; the "
                    "targets study measures it (storebench run --study targets).")
     else:
         row, faster = efficiency
+        workload = results.workload("targets", "jpeg")
+        targets_set = f" on {workload} (a machine calibration)" if workload else ""
         met = ("met by its interval's lower end" if row["met"]
                else "not met by its interval's lower end")
         out.append(
@@ -757,8 +762,8 @@ def target_findings(results: Results) -> list[str]:
             f"{format_percent(row['value'])} (95% interval "
             f"{format_percent(row['low'])}\u2013{format_percent(row['high'])}, "
             f"{row['repeats']} repeats) of what one thread decodes on each core, summed, "
-            "both timed in one case of the targets study, interleaved over the same "
-            f"batches; the goal of {format_percent(row['threshold'])} is {met}.")
+            f"both timed in one case of the targets study{targets_set}, interleaved over the "
+            f"same batches; the goal of {format_percent(row['threshold'])} is {met}.")
     return out
 
 

@@ -118,7 +118,7 @@ def _own_target(key: str) -> Callable[[Results], TargetMeasure | None]:
 OWN_TARGETS = tuple(
     TargetSpec(key=target.key, name=target.name, description=target.description,
                threshold=target.threshold, is_fraction=target.is_fraction,
-               measure=_own_target(target.key))
+               measure=_own_target(target.key), calibration=True)
     for target in TARGETS)
 
 
@@ -131,7 +131,18 @@ def every_target() -> list[tuple[str, TargetSpec]]:
 
 ALL_TARGET_COLUMNS = ["key", "study", "target", "what", "threshold", "is_fraction",
                       "measured", "value", "low", "high", "repeats", "met", "shortfall",
-                      "limiting"]
+                      "limiting", "calibration", "workload"]
+
+
+def measured_workload(results: Results, measured: TargetMeasure) -> str:
+    """What the rows a target was read from measured (``Results.workload`` of their study
+    and encoding); "not recorded" where the results do not say."""
+    if not measured.sources:
+        return "not recorded"
+    study, case_id, _metric = measured.sources[0]
+    rows = results.df[(results.df["study"] == study) & (results.df["case_id"] == case_id)]
+    encoding = str(rows["encoding"].iloc[0]) if not rows.empty else None
+    return results.workload(study, encoding) or "not recorded"
 
 
 def all_targets_table(results: Results) -> pd.DataFrame:
@@ -145,9 +156,11 @@ def all_targets_table(results: Results) -> pd.DataFrame:
                "what": spec.description, "threshold": spec.threshold,
                "is_fraction": spec.is_fraction, "measured": measured is not None,
                "value": np.nan, "low": np.nan, "high": np.nan, "repeats": 0, "met": False,
-               "shortfall": np.nan, "limiting": spec.unmeasured}
+               "shortfall": np.nan, "limiting": spec.unmeasured,
+               "calibration": spec.calibration, "workload": ""}
         if measured is not None:
             row.update(value=measured.value, low=measured.low, high=measured.high,
+                       workload=measured_workload(results, measured),
                        repeats=measured.repeats, limiting=measured.limiting,
                        met=bool(measured.repeats >= MIN_DECISION_REPEATS
                                 and np.isfinite(measured.low)
@@ -200,13 +213,18 @@ def _met_text(row) -> str:
     return "**no** (the interval reaches below)"
 
 
-def targets_markdown(results: Results) -> str:
-    """The README's targets table: every target any study declares, met or not."""
+def targets_markdown(results: Results, *, calibration: bool | None = None) -> str:
+    """A table of every target any study declares, met or not, with the workload each was
+    measured on: the machine-calibration targets only (``calibration``), the others only
+    (False, the README's), or all (None)."""
     table = all_targets_table(results)
+    if calibration is not None:
+        table = table[table["calibration"] == calibration]
     if table.empty:
         return "No target is declared."
     shown = pd.DataFrame({
         "target": table["target"],
+        "workload": table["workload"],
         "measured (median, 95% interval)": [
             _interval_text(_text_for(row["is_fraction"]), row) for _, row in table.iterrows()],
         "threshold": [f"\u2265 {_text_for(f)(t)}" for f, t in zip(table["is_fraction"],
@@ -560,7 +578,9 @@ def findings(results: Results) -> list[str]:
 
 
 def readme_text(results: Results, place) -> str:
-    return "**Performance targets**\n\n" + targets_markdown(results)
+    return ("**Performance targets** (the targets measured on small synthetic sets calibrate "
+            "the machine: [methodology](docs/methodology.md#machine-calibration))\n\n"
+            + targets_markdown(results, calibration=False))
 
 
 STUDY = Study(
