@@ -121,6 +121,32 @@ def test_the_guide_page_matches_the_reference_results():
     assert block == render_guide_page(ROOT / "results" / "reference")
 
 
+def generated_block(page: str) -> str:
+    text = (ROOT / page).read_text()
+    return re.search(r"<!-- findings:start -->\n(.*?)<!-- findings:end -->", text,
+                     flags=re.S).group(1)
+
+
+def test_the_docs_home_methodology_and_recipes_pages_match_what_generates_them():
+    """The home page's answer table and the methodology page's calibration targets from the
+    reference results, the recipes page from the registry: each as ``storebench readme``
+    writes it."""
+    from storebench.report.readme import (
+        HOME_PAGE,
+        METHODOLOGY_PAGE,
+        render_calibration_block,
+        render_home_block,
+    )
+    from storebench.report.recipes import RECIPES_PAGE, render_recipes_page
+
+    reference = ROOT / "results" / "reference"
+    assert generated_block(HOME_PAGE) == render_home_block(reference)
+    assert generated_block(METHODOLOGY_PAGE) == render_calibration_block(reference)
+    assert generated_block(RECIPES_PAGE) == render_recipes_page()
+    # The home page's links are the docs' own, not the README's.
+    assert "](docs/" not in generated_block(HOME_PAGE)
+
+
 def test_the_readme_is_short_and_its_answer_table_has_at_most_eight_rows():
     from storebench.report.answer import MAX_ANSWER_ROWS
 

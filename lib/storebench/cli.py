@@ -1,5 +1,5 @@
 """Command line: ``storebench build | import | verify | upload | download | run | study |
-topup | findings | consistency | compare | advise | plot | readme``."""
+topup | findings | consistency | compare | advise | recipes | plot | readme``."""
 
 from __future__ import annotations
 
@@ -414,6 +414,7 @@ def parser() -> argparse.ArgumentParser:
     cm.set_defaults(func=_compare)
 
     _advise_parser(sub)
+    _recipes_parser(sub)
 
     fz = sub.add_parser("fuzz", help="damage copies of built datasets; check that every read "
                                      "fails loudly (no silently wrong sample, hang or crash)")
@@ -445,6 +446,28 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--readme", default="README.md")
     r.set_defaults(func=_readme)
     return p
+
+
+def _recipes(args: argparse.Namespace) -> int:
+    from .report.recipes import recipe_text, recipes_table
+    from .text import markdown_table
+
+    if args.name is None:
+        print(markdown_table(recipes_table()))
+    else:
+        print(recipe_text(args.name))
+    return 0
+
+
+def _recipes_parser(sub) -> None:
+    from .recipes import RECIPES
+
+    r = sub.add_parser("recipes", help="every training input pipeline measured: its layout, "
+                                       "decoder, transform, loader and where it cannot serve; "
+                                       "with NAME, one recipe in full with its code")
+    r.add_argument("name", nargs="?", choices=list(RECIPES), metavar="NAME",
+                   help=f"one of: {', '.join(RECIPES)}")
+    r.set_defaults(func=_recipes)
 
 
 def _advise_parser(sub) -> None:

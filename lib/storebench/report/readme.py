@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 
 from .examples import EXAMPLES_PAGE, render_examples_page
+from .recipes import RECIPES_PAGE, render_recipes_page
 
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"
 
@@ -182,6 +183,9 @@ def update_readme(readme: Path | str, results_dir: Path | str) -> bool:
     home = readme.resolve().parent / HOME_PAGE
     if home.exists():
         changed = _fill(home, render_home_block(results_dir)) or changed
+    recipes = readme.resolve().parent / RECIPES_PAGE
+    if recipes.exists():
+        changed = _fill(recipes, render_recipes_page()) or changed
     methodology = readme.resolve().parent / METHODOLOGY_PAGE
     if methodology.exists():
         changed = _fill(methodology, render_calibration_block(results_dir)) or changed

@@ -1,0 +1,191 @@
+"""What a recipe is: a whole training input pipeline, declared as data.
+
+A recipe names the stored layout (a format of ``storebench.formats``), the reader, the
+decoder, the training transform (``TransformTraits``: its resize filter, and whether it
+decodes the whole image or only the crop window), the loader (a path of
+``storebench.loaders.paths``, whose label, family, environment and libraries it reads rather
+than retypes), the parallelism and tuning its library's docs advise, the output the training
+loop receives, the situations it can serve, the doc it follows and the code a user copies.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+# The situations a recipe may serve: the set in the page cache, a set larger than the RAM
+# read from local disk, and a set in object storage.
+IN_RAM = "in RAM"
+OUT_OF_CORE = "larger than RAM"
+OBJECT_STORAGE = "object storage"
+SITUATIONS = (IN_RAM, OUT_OF_CORE, OBJECT_STORAGE)
+
+# The training transform every recipe applies: a random resized crop to 224 (scale
+# 0.08-1, ratio 3/4-4/3) and a horizontal flip. Speed is compared within one filter class,
+# or with the filter shown beside the ratio.
+TRANSFORM = "random resized crop to 224 (scale 0.08-1, ratio 3/4-4/3), horizontal flip"
+FILTERS = {
+    "antialiased": "bilinear with antialiasing (Pillow's, FFCV's INTER_AREA, DALI's default)",
+    "plain": "bilinear without antialiasing (tf.image.resize(antialias=False))",
+}
+WINDOWS = ("whole image", "crop window")
+
+
+@dataclass(frozen=True)
+class TransformTraits:
+    """How a recipe applies ``TRANSFORM``: its resize ``filter`` (a ``FILTERS`` key), what
+    it decodes (``window``: the whole image, or only the crop window), and by what code."""
+
+    filter: str
+    window: str
+    by: str
+
+    def __post_init__(self) -> None:
+        if self.filter not in FILTERS:
+            raise ValueError(f"transform filter must be one of {sorted(FILTERS)}, got "
+                             f"{self.filter!r}")
+        if self.window not in WINDOWS:
+            raise ValueError(f"transform window must be one of {WINDOWS}, got {self.window!r}")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """One knob set as the library's docs advise: its value and the advice."""
+
+    knob: str
+    value: str
+    advice: str
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One training input pipeline. ``loader`` is a ``LOADER_PATHS`` name; ``layout`` a
+    format name, ``encoding`` its samples'. ``cannot`` maps each situation the recipe cannot
+    serve to what it lacks. ``code`` is what a user copies, with ``{dataset}`` where the
+    dataset's directory goes. Object storage, where ``cannot`` does not say, is as far as
+    the layout's reader goes (``FormatTraits.remote_unsupported``): a library that streams
+    from S3 itself is not run there by storebench, so it is not a measured answer there."""
+
+    name: str
+    layout: str
+    encoding: str
+    reader: str
+    decoder: str
+    transform: TransformTraits
+    loader: str
+    parallelism: str
+    output: str
+    doc: str
+    code: str
+    tuning: tuple[Tuning, ...] = ()
+    cannot: Mapping[str, str] = field(default_factory=dict)
+    # Distributions beyond the loader path's libraries and the format's (Pillow, say).
+    distributions: tuple[str, ...] = ()
+    # What a reader should know of the label: a library with no loader of its own.
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.cannot) - set(SITUATIONS)
+        if unknown:
+            raise ValueError(f"recipe {self.name}: unknown situations {sorted(unknown)}; "
+                             f"known: {SITUATIONS}")
+        if "{dataset}" not in self.code:
+            raise ValueError(f"recipe {self.name}: its code must name {{dataset}}")
+
+    @property
+    def path(self):
+        from ..loaders.paths import LOADER_PATHS
+
+        return LOADER_PATHS[self.loader]
+
+    @property
+    def label(self) -> str:
+        """``"ThreadPrefetcher over lmdb-jpeg"``: the loader path's label and the layout."""
+        return f"{self.path.label} over {self.layout}-{self.encoding}"
+
+    @property
+    def environment(self) -> str:
+        """The environment whose interpreter runs it (``storebench.environments``): the
+        loader path's, or the peers' where its layout is a peer format."""
+        from ..formats import FORMATS
+
+        if self.path.environment:
+            return self.path.environment
+        return "peers" if getattr(FORMATS[self.layout], "PEER", False) else "main"
+
+    def why_not(self, situation: str) -> str:
+        """Why the recipe cannot serve ``situation``; "" where it can."""
+        if situation not in SITUATIONS:
+            raise ValueError(f"unknown situation {situation!r}; known: {SITUATIONS}")
+        if situation in self.cannot:
+            return self.cannot[situation]
+        if situation == OBJECT_STORAGE:
+            from ..formats import FORMATS
+
+            return FORMATS[self.layout].TRAITS.remote_unsupported
+        return ""
+
+    def serves(self, situation: str) -> bool:
+        return not self.why_not(situation)
+
+    def distribution_names(self) -> tuple[str, ...]:
+        """The distributions whose versions the recipe's results depend on."""
+        from ..formats import FORMATS
+
+        format_dists = FORMATS[self.layout].TRAITS.distributions
+        libraries = tuple(DISTRIBUTIONS.get(m, m) for m in self.path.libraries)
+        return tuple(dict.fromkeys((*libraries, *format_dists, *self.distributions)))
+
+    def versions(self) -> dict[str, str]:
+        """Each distribution's installed version in this interpreter, or "not installed"."""
+        found = {}
+        for name in self.distribution_names():
+            try:
+                found[name] = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                found[name] = "not installed"
+        return found
+
+    def snippet(self, dataset: str) -> str:
+        return self.code.replace("{dataset}", dataset)
+
+
+# Module a loader path imports -> the distribution that installs it.
+DISTRIBUTIONS = {"nvidia.dali": "nvidia-dali-cuda120", "spdl.pipeline": "spdl",
+                 "spdl.io": "spdl", "streaming": "mosaicml-streaming"}
+
+
+def path_code(loader: str, *, reads_files: bool, decode: str | None = "simplejpeg",
+              workers: str = "os.cpu_count()") -> str:
+    """The code that runs loader path ``loader`` as storebench measures it (its library's
+    calls, tuned as its docs advise, are in the path's module), for a recipe of a peer
+    library: over the dataset's own files (``reads_files``), or over storebench's reader of
+    the dataset. ``workers``: the expression for its workers."""
+    decoder = "None" if decode is None else f'"{decode}"'
+    options = ("PathOptions(\n"
+               f"    batch_size=64, workers={workers}, seed=0, root=\"{{dataset}}\",\n"
+               f"    decode={decoder}, transform=\"train\"))\n")
+    if reads_files:
+        head = ("import os\n\nfrom storebench.loaders.paths import LOADER_PATHS, "
+                "PathOptions\n\n"
+                f"batches, close = LOADER_PATHS[\"{loader}\"].open(None, None, {options}")
+    else:
+        head = ("import os\n\nfrom storebench import open_dataset\n"
+                "from storebench.loaders import LazyDataset, RandomResizedCropFlip, "
+                "ShuffleSampler\n"
+                "from storebench.loaders.paths import LOADER_PATHS, PathOptions\n\n"
+                "reader = open_dataset(\"{dataset}\")\n"
+                f"dataset = LazyDataset(reader, decode={decoder}, "
+                "transform=RandomResizedCropFlip(),\n"
+                "                      output_shape=(224, 224, 3))\n"
+                "sampler = ShuffleSampler(len(dataset), seed=0)\n"
+                f"batches, close = LOADER_PATHS[\"{loader}\"].open(dataset, sampler, "
+                f"{options}")
+    return head + ("try:\n"
+                   "    for epoch in range(1):\n"
+                   "        for batch in batches:\n"
+                   "            images, labels = batch.images, batch.labels  # your step\n"
+                   "finally:\n"
+                   "    if close is not None:\n"
+                   "        close()\n")
