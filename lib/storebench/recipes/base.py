@@ -157,35 +157,45 @@ DISTRIBUTIONS = {"nvidia.dali": "nvidia-dali-cuda120", "spdl.pipeline": "spdl",
 
 
 def path_code(loader: str, *, reads_files: bool, decode: str | None = "simplejpeg",
-              workers: str = "os.cpu_count()") -> str:
+              workers: str = "os.cpu_count()", start_method: str | None = None) -> str:
     """The code that runs loader path ``loader`` as storebench measures it (its library's
     calls, tuned as its docs advise, are in the path's module), for a recipe of a peer
     library: over the dataset's own files (``reads_files``), or over storebench's reader of
-    the dataset. ``workers``: the expression for its workers."""
+    the dataset. ``workers``: the expression for its workers; ``start_method``: its workers'
+    where the path's default does not do (Lance is not fork-safe). The code sits in a
+    function behind a main guard, as spawned workers need."""
     decoder = "None" if decode is None else f'"{decode}"'
+    method = "" if start_method is None else f', start_method="{start_method}"'
     options = ("PathOptions(\n"
-               f"    batch_size=64, workers={workers}, seed=0, root=\"{{dataset}}\",\n"
-               f"    decode={decoder}, transform=\"train\"))\n")
+               f"        batch_size=64, workers={workers}, seed=0, root=\"{{dataset}}\",\n"
+               f"        decode={decoder}, transform=\"train\"{method}))\n")
     if reads_files:
-        head = ("import os\n\nfrom storebench.loaders.paths import LOADER_PATHS, "
-                "PathOptions\n\n"
-                f"batches, close = LOADER_PATHS[\"{loader}\"].open(None, None, {options}")
+        imports = ("import os\n\nfrom storebench.loaders.paths import LOADER_PATHS, "
+                   "PathOptions\n")
+        body = f"    batches, close = LOADER_PATHS[\"{loader}\"].open(None, None, {options}"
+        epoch = ""
     else:
-        head = ("import os\n\nfrom storebench import open_dataset\n"
-                "from storebench.loaders import LazyDataset, RandomResizedCropFlip, "
-                "ShuffleSampler\n"
-                "from storebench.loaders.paths import LOADER_PATHS, PathOptions\n\n"
-                "reader = open_dataset(\"{dataset}\")\n"
-                f"dataset = LazyDataset(reader, decode={decoder}, "
+        imports = ("import os\n\nfrom storebench import open_dataset\n"
+                   "from storebench.loaders import LazyDataset, RandomResizedCropFlip, "
+                   "ShuffleSampler\n"
+                   "from storebench.loaders.paths import LOADER_PATHS, PathOptions\n")
+        body = ("    reader = open_dataset(\"{dataset}\")\n"
+                f"    dataset = LazyDataset(reader, decode={decoder}, "
                 "transform=RandomResizedCropFlip(),\n"
-                "                      output_shape=(224, 224, 3))\n"
-                "sampler = ShuffleSampler(len(dataset), seed=0)\n"
-                f"batches, close = LOADER_PATHS[\"{loader}\"].open(dataset, sampler, "
+                "                          output_shape=(224, 224, 3))\n"
+                "    sampler = ShuffleSampler(len(dataset), seed=0)\n"
+                f"    batches, close = LOADER_PATHS[\"{loader}\"].open(dataset, sampler, "
                 f"{options}")
-    return head + ("try:\n"
-                   "    for epoch in range(1):\n"
-                   "        for batch in batches:\n"
-                   "            images, labels = batch.images, batch.labels  # your step\n"
-                   "finally:\n"
-                   "    if close is not None:\n"
-                   "        close()\n")
+        epoch = ("            sampler.set_epoch(epoch)\n"
+                 "            dataset.set_epoch(epoch)  # fresh crops each epoch\n")
+    return (imports + "\n\ndef train():\n" + body
+            + "    try:\n"
+            "        for epoch in range(1):\n" + epoch
+            + "            for batch in batches:\n"
+            "                images, labels = batch.images, batch.labels  # your step\n"
+            "    finally:\n"
+            "        if close is not None:\n"
+            "            close()\n"
+            "\n\n"
+            "if __name__ == \"__main__\":  # spawned workers import this module again\n"
+            "    train()\n")

@@ -15,7 +15,9 @@ RECIPE = Recipe(
     parallelism="one worker process per core",
     output="uint8 (B, 224, 224, 3) NumPy views of a shared-memory slot",
     doc="https://lancedb.github.io/lance/",
-    tuning=(Tuning("workers", "the cores", "each worker takes whole batches of rows"),),
+    tuning=(Tuning("workers", "the cores", "each worker takes whole batches of rows"),
+            Tuning("start_method", "spawn", "Lance is not fork-safe: a forked reader "
+                   "hangs")),
     note="Lance has no loader of its own: its reader feeds storebench's ProcessPrefetcher",
-    code=path_code("process", reads_files=False),
+    code=path_code("process", reads_files=False, start_method="spawn"),
 )
