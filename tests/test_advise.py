@@ -399,3 +399,22 @@ def test_tf_data_is_named_with_its_own_decoder_and_parallelism_never_a_worker_co
     assert adv.loader_path_of(other.loader) is not tf_data
     assert other.decoder.label == other.decoder.key and other.parallelism == ""
     assert other.workers >= 1 and f"{other.workers} worker(s) per accelerator" in other.text()
+
+
+def test_a_recipe_that_cannot_serve_the_situation_is_never_the_answer_there(reference):
+    """tf.data, made the fastest in RAM, is the answer in RAM, with its recipe named; over
+    object storage its recipe cannot serve (no S3 filesystem in this TensorFlow), so the
+    answer is another path, and says why not tf.data."""
+    from storebench.recipes import OBJECT_STORAGE, get_recipe
+
+    fast = _with_tf_data(reference, 10.0)
+    in_ram = adv.advise(situation(count=100_000), fast)
+    assert in_ram.recipe is get_recipe("tf-data-tfrecord")
+    assert ("Recipe:     storebench recipes tf-data-tfrecord (its code, tuning and where it "
+            "cannot serve)") in in_ram.text()
+    assert in_ram.to_dict()["loader"]["recipe"] == "tf-data-tfrecord"
+    remote = adv.advise(situation(storage="s3", rtt_ms=20), fast)
+    assert adv.loader_path_of(remote.loader).name != "tf_data"
+    why = get_recipe("tf-data-tfrecord").why_not(OBJECT_STORAGE)
+    assert (f"not {in_ram.loader.label}, the fastest in RAM: its recipe (tf-data-tfrecord) "
+            f"cannot serve object storage: {why}") in remote.notes

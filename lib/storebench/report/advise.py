@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -326,6 +327,19 @@ class Advice:
     parallelism: str = ""
 
     @property
+    def recipe(self):
+        """The registry's recipe of the answer: the chosen loader path's where it reads its
+        own files, else its path over the chosen store's layout; None where none is
+        declared (the pipeline is then the two rows above, not one recipe)."""
+        recipe = recipe_of(self.loader)
+        path = loader_path_of(self.loader)
+        if recipe is None or (path is not None and path.reads_dataset_files):
+            return recipe
+        # The store's key names its format first: "memmap/preloaded", "tfrecord, shuffle".
+        layout = re.split(r"[/,\s-]", self.store.key, maxsplit=1)[0]
+        return recipe if recipe.layout == layout else None
+
+    @property
     def parallelism_text(self) -> str:
         """``"8 workers"``, or the path's own, ``"AUTOTUNE (...)"``."""
         return self.parallelism or f"{self.workers} worker(s)"
@@ -354,6 +368,7 @@ class Advice:
             "store": self.store.to_dict(),
             "loader": {**self.loader.to_dict(), "workers": self.workers,
                        "parallelism": self.parallelism_text,
+                       "recipe": None if self.recipe is None else self.recipe.name,
                        "decoder": None if self.decoder is None else self.decoder.to_dict()},
             "busy": {"utilisation": self.utilisation, "target": BUSY_TARGET,
                      "keeps_busy": self.keeps_busy, "verdict": self.busy,
@@ -385,6 +400,8 @@ class Advice:
             f"Load with:  {self.loader.text}{decoder}; {self.parallelism_text} per "
             f"accelerator on {s.cores_per_accelerator:g} cores",
             f"            [{self.loader.study}] {self.loader.question}",
+            *([f"Recipe:     storebench recipes {self.recipe.name} (its code, tuning and "
+               "where it cannot serve)"] if self.recipe is not None else []),
             f"Busy:       {verdict}, about "
             f"{format_percent(self.utilisation)} (about "
             f"{format_value(self.per_accelerator, 'samples/s')} per accelerator against "
@@ -536,12 +553,52 @@ def loader_rates(rows: Sequence) -> list:
     return [row for row in rows if row.best.stat.unit == "samples/s"]
 
 
-def _loader(results, kind: str) -> tuple[Choice, Choice | None]:
+def recipe_situation(s: Situation) -> str:
+    """The recipes' name for where ``s``'s data lives (``storebench.recipes.SITUATIONS``)."""
+    from ..recipes import IN_RAM, OBJECT_STORAGE, OUT_OF_CORE
+
+    if s.storage != "local":
+        return OBJECT_STORAGE
+    return IN_RAM if s.fits_in_ram else OUT_OF_CORE
+
+
+def serving(row, situation: str, notes: list[str]):
+    """``row`` without the candidates whose recipe cannot serve ``situation`` (None when
+    none is left); where its best is dropped, ``notes`` says why. Only a path that reads its
+    own files (tf.data, a peer's loader) brings its layout with it; a path over storebench's
+    readers reads whatever the store chosen is, so the store decides where it serves."""
+    from ..guide import choose
+    from ..loaders.paths import LOADER_PATHS
+
+    kept = []
+    for candidate in row.candidates:
+        path = next((LOADER_PATHS[part] for part in candidate.key.split("/")
+                     if part in LOADER_PATHS), None)
+        recipe = (recipe_for(candidate.key, str(row.facets.get("dataset", "")))
+                  if path is not None and path.reads_dataset_files else None)
+        reason = "" if recipe is None else recipe.why_not(situation)
+        if not reason:
+            kept.append(candidate)
+        elif candidate is row.best:
+            notes.append(f"not {candidate.label}, the fastest in RAM: its recipe "
+                         f"({recipe.name}) cannot serve {situation}: {reason}")
+    if len(kept) == len(row.candidates):
+        return row
+    return choose(row.study, row.question, row.metric, kept,
+                  lower_is_better=row.lower_is_better, facets=row.facets)
+
+
+def _loader(results, kind: str, situation: str | None = None,
+            notes: list[str] | None = None) -> tuple[Choice, Choice | None]:
     """(the loader path, the decoder or None for raw arrays): the guide's choice among the
-    prefetch study's paths, and among decoders by their best paths."""
+    prefetch study's paths whose recipe can serve ``situation`` (all where None; why a
+    faster one cannot goes to ``notes``), and among decoders by their best paths."""
     from ..guide import Candidate, choose
 
     rows = loader_rates(rows_for_kind(results, "prefetch", kind))
+    if situation is not None:
+        rows = [r for r in (serving(row, situation, notes if notes is not None else [])
+                            for row in rows) if r is not None]
     if not rows:
         raise AdviceError(f"{results.directory}: the prefetch study has no loader rates "
                           f"(samples/s) for {ENCODING_NAMES[kind]}")
@@ -568,6 +625,27 @@ def loader_path_of(choice: Choice):
 
     return next((LOADER_PATHS[part] for part in choice.key.split("/")
                  if part in LOADER_PATHS), None)
+
+
+def recipe_of(loader: Choice):
+    """The recipe (``storebench.recipes``) of a loader choice (``recipe_for``)."""
+    return recipe_for(loader.key, str(loader.facets.get("dataset", "")))
+
+
+def recipe_for(key: str, dataset: str):
+    """The recipe of loader path key ``key`` (``tf_data/w0/``): the one of its path over
+    ``dataset``, or its path's only recipe; None where none is declared."""
+    from ..loaders.paths import LOADER_PATHS
+    from ..recipes import RECIPES
+
+    path = next((LOADER_PATHS[part] for part in key.split("/") if part in LOADER_PATHS),
+                None)
+    if path is None:
+        return None
+    mine = [r for r in RECIPES.values() if r.loader == path.name]
+    exact = [r for r in mine if f"{r.layout}-{r.encoding}" == dataset]
+    found = exact or (mine if len(mine) == 1 else [])
+    return found[0] if found else None
 
 
 def _workers(loader: Choice, cores: float, ref_cores: int) -> int | None:
@@ -607,7 +685,7 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Adv
     check_results(results, needed_studies(s))
     draft = _Draft()
     store, bound = (_store_local if s.storage == "local" else _store_remote)(results, s, draft)
-    loader, decoder = _loader(results, s.images)
+    loader, decoder = _loader(results, s.images, recipe_situation(s), draft.notes)
     draft.notes += [c.avoid for c in (store, loader) if c.avoid]
     path = loader_path_of(loader)
     store_format = store.facets.get("format") or store.key.partition(":")[0]
