@@ -60,6 +60,10 @@ def test_each_recipe_declares_a_pipeline_that_exists(name):
     assert example_dataset(recipe) in code and "{dataset}" not in code
     named = re.findall(r'LOADER_PATHS\["(\w+)"\]', code)
     assert named in ([], [recipe.loader])
+    # The code decodes with the recipe's decoder, as its pipeline (``Recipe.open``) does.
+    decodes = re.findall(r"LazyDataset\(reader, (?:decode=(\w+|\"\w+\"), )?", code)
+    assert all(d.strip('"') == str(recipe.decode) or (d == "" and recipe.decode is None)
+               for d in decodes), (decodes, recipe.decode)
     assert recipe.environment in ("main", "peers")
     assert set(recipe.versions()) == set(recipe.distribution_names())
 

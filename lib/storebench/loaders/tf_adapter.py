@@ -138,8 +138,15 @@ def tfrecord_pipeline(
                        shuffle_shards=shuffle_shards, shuffle_buffer=shuffle_buffer, seed=seed,
                        cache=cache, deterministic=deterministic, cycle_length=cycle_length)
     parse_batch = _batch_parser(spec, root=root, resize=resize, decode=decode,
-                                random_crop=random_crop, seed=seed)
+                                random_crop=random_crop)
     batched = records.batch(batch_size, drop_remainder=drop_remainder)
+    if random_crop:
+        # A seed pair per batch, drawn anew each epoch (each iterator), for stateless crops;
+        # each input pipeline (rank) draws its own stream.
+        pipeline = input_context.input_pipeline_id if input_context is not None else 0
+        seeds = tf.data.Dataset.random(seed=seed * 1_000_003 + pipeline,
+                                       rerandomize_each_iteration=True).batch(2)
+        batched = tf.data.Dataset.zip((batched, seeds))
     return batched.map(
         parse_batch, num_parallel_calls=autotune, deterministic=deterministic
     ).prefetch(autotune)
@@ -195,15 +202,18 @@ def gil_bound_generator_dataset(dataset, batches):
     )
 
 
-def _training_crop(tf, *, resize: tuple[int, int], seed: int, channels: int):
-    """``crop(data, height, width, channels) -> image``: TensorFlow's standard training crop
-    of one encoded record (see ``tfrecord_pipeline``'s ``random_crop``)."""
+def _training_crop(tf, *, resize: tuple[int, int], channels: int):
+    """``crop(data, height, width, channels, seed) -> image``: TensorFlow's standard training
+    crop of one encoded record (see ``tfrecord_pipeline``'s ``random_crop``), drawn by
+    stateless ops from the record's own ``seed`` (shape [2]): a stateful op's seed would
+    restart with every new iterator, and every epoch would draw the same crops."""
     whole = tf.constant([[[0.0, 0.0, 1.0, 1.0]]])
 
-    def crop(data, height, width, stored_channels):
-        begin, size, _ = tf.image.sample_distorted_bounding_box(
+    def crop(data, height, width, stored_channels, seed):
+        box_seed, flip_seed = tf.unstack(tf.random.experimental.stateless_split(seed, 2))
+        begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
             tf.cast(tf.stack([height, width, stored_channels]), tf.int32),
-            bounding_boxes=whole, seed=seed,
+            bounding_boxes=whole, seed=box_seed,
             min_object_covered=0.0, aspect_ratio_range=(3 / 4, 4 / 3),
             area_range=(0.08, 1.0), max_attempts=10, use_image_if_no_bounding_boxes=True)
         window = tf.stack([begin[0], begin[1], size[0], size[1]])
@@ -218,14 +228,15 @@ def _training_crop(tf, *, resize: tuple[int, int], seed: int, channels: int):
                 tf.stack([begin[0], begin[1], 0]), tf.stack([size[0], size[1], channels])))
         scaled = tf.image.resize(image[None], resize, method="bilinear", antialias=False)[0]
         image = tf.cast(tf.clip_by_value(tf.round(scaled), 0, 255), tf.uint8)
-        return tf.image.random_flip_left_right(image, seed=seed)
+        return tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
 
     return crop
 
 
 def _batch_parser(spec, *, root: Path, resize: tuple[int, int] | None, decode: bool,
-                  random_crop: bool = False, seed: int = 0):
-    """``parse_batch(serialized) -> (images, labels)`` for a batch of ``spec``'s records:
+                  random_crop: bool = False):
+    """``parse_batch(serialized[, batch_seed]) -> (images, labels)`` for a batch of
+    ``spec``'s records (``batch_seed``, shape [2], with ``random_crop``):
     raw pixels reshaped, encoded images decoded (or kept, without ``decode``), each checked
     against its stated shape and resized to ``resize`` where given (after TensorFlow's
     training crop, with ``random_crop``)."""
@@ -270,10 +281,10 @@ def _batch_parser(spec, *, root: Path, resize: tuple[int, int] | None, decode: b
         with tf.control_dependencies([check]):
             return resized(tf.ensure_shape(image, (None, None, spec.channels)))
 
-    crop = (_training_crop(tf, resize=resize, seed=seed, channels=spec.channels)
+    crop = (_training_crop(tf, resize=resize, channels=spec.channels)
             if random_crop else None)
 
-    def parse_batch(serialized):
+    def parse_batch(serialized, batch_seed=None):
         wanted = ["image", "label"] + (["height", "width", "channels"] if variable_size else [])
         parsed = tf.io.parse_example(serialized, {name: features[name] for name in wanted})
         if spec.encoding == "raw":
@@ -285,8 +296,11 @@ def _batch_parser(spec, *, root: Path, resize: tuple[int, int] | None, decode: b
             sizes = ((parsed["height"], parsed["width"], parsed["channels"]) if variable_size
                      else tuple(tf.fill(tf.shape(parsed["label"]), tf.constant(n, tf.int64))
                                 for n in spec.image_shape))
+            # One seed per record, split from the batch's (fresh every epoch).
+            seeds = tf.random.experimental.stateless_split(
+                batch_seed, tf.shape(parsed["label"])[0])
             images = tf.map_fn(
-                lambda record: crop(*record), (parsed["image"], *sizes),
+                lambda record: crop(*record), (parsed["image"], *sizes, seeds),
                 fn_output_signature=tf.TensorSpec(out_shape, tf.uint8),
             )
             return images, parsed["label"]

@@ -63,7 +63,9 @@ class Recipe:
     """One training input pipeline. ``loader`` is a ``LOADER_PATHS`` name; ``layout`` a
     format name, ``encoding`` its samples'. ``cannot`` maps each situation the recipe cannot
     serve to what it lacks. ``code`` is what a user copies, with ``{dataset}`` where the
-    dataset's directory goes. Object storage, where ``cannot`` does not say, is as far as
+    dataset's directory goes; where it is empty, it is the loader path's as storebench runs
+    it (``path_code``), from ``decode`` (what storebench's dataset decodes with, None for
+    raw pixels) and ``start_method``. Object storage, where ``cannot`` does not say, is as far as
     the layout's reader goes (``FormatTraits.remote_unsupported``): a library that streams
     from S3 itself is not run there by storebench, so it is not a measured answer there."""
 
@@ -77,7 +79,9 @@ class Recipe:
     parallelism: str
     output: str
     doc: str
-    code: str
+    code: str = ""
+    decode: str | None = "simplejpeg"
+    start_method: str | None = None
     tuning: tuple[Tuning, ...] = ()
     cannot: Mapping[str, str] = field(default_factory=dict)
     # Distributions beyond the loader path's libraries and the format's (Pillow, say).
@@ -90,7 +94,7 @@ class Recipe:
         if unknown:
             raise ValueError(f"recipe {self.name}: unknown situations {sorted(unknown)}; "
                              f"known: {SITUATIONS}")
-        if "{dataset}" not in self.code:
+        if self.code and "{dataset}" not in self.code:
             raise ValueError(f"recipe {self.name}: its code must name {{dataset}}")
 
     @property
@@ -148,7 +152,55 @@ class Recipe:
         return found
 
     def snippet(self, dataset: str) -> str:
-        return self.code.replace("{dataset}", dataset)
+        code = self.code or path_code(self.loader, reads_files=self.path.reads_dataset_files,
+                                      decode=self.decode, start_method=self.start_method)
+        return code.replace("{dataset}", dataset)
+
+    def open(self, root: str, *, batch_size: int, workers: int, seed: int = 0) -> RecipeRun:
+        """The recipe's pipeline over the dataset at ``root`` with the training transform,
+        as storebench measures it (its loader path, its decoder)."""
+        from ..loaders.paths import PathOptions
+
+        options = PathOptions(batch_size=batch_size, workers=workers, seed=seed, root=root,
+                              decode=self.decode, transform="train",
+                              start_method=self.start_method)
+        if self.path.reads_dataset_files:
+            return RecipeRun(*self.path.open(None, None, options))
+        from ..formats import open_dataset
+        from ..loaders import LazyDataset, RandomResizedCropFlip, ShuffleSampler
+
+        dataset = LazyDataset(open_dataset(root), decode=self.decode,
+                              transform=RandomResizedCropFlip(seed=seed),
+                              output_shape=(224, 224, 3))
+        sampler = ShuffleSampler(len(dataset), seed=seed)
+        return RecipeRun(*self.path.open(dataset, sampler, options), sampler)
+
+
+@dataclass
+class RecipeRun:
+    """An open recipe: ``epoch(n)`` is epoch ``n``'s batches (a path over storebench's
+    reader is told the epoch through its sampler, which its workers' crops follow; a path
+    that reads its own files starts the next epoch on each pass); ``close()`` stops its
+    workers."""
+
+    batches: object
+    stop: object = None
+    sampler: object = None
+
+    def epoch(self, number: int):
+        if self.sampler is not None:
+            self.sampler.set_epoch(number)
+        return self.batches
+
+    def close(self) -> None:
+        if self.stop is not None:
+            self.stop()
+
+    def __enter__(self) -> RecipeRun:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # Module a loader path imports -> the distribution that installs it.

@@ -1,7 +1,7 @@
 """NVIDIA DALI's CPU pipeline over one JPEG file per sample, as its ResNet-50 example
 builds it: readers.file, decoders.image_random_crop (the crop window only), resize, flip."""
 
-from .base import Recipe, TransformTraits, Tuning, path_code
+from .base import Recipe, TransformTraits, Tuning
 
 RECIPE = Recipe(
     name="dali-cpu-files",
@@ -23,5 +23,4 @@ RECIPE = Recipe(
             Tuning("initial_fill", "1,024", "the reader's shuffle buffer"),
             Tuning("pad_last_batch", "True", "an epoch ends on a batch boundary")),
     cannot={"object storage": "storebench runs DALI's file reader over local files only"},
-    code=path_code('dali_file', reads_files=True),
 )

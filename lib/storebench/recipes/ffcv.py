@@ -1,7 +1,7 @@
 """FFCV's Loader over a .beton, as its ImageNet example builds it: its own random resized
 crop decoder and flip, compiled with numba, threads."""
 
-from .base import OBJECT_STORAGE, Recipe, TransformTraits, Tuning, path_code
+from .base import OBJECT_STORAGE, Recipe, TransformTraits, Tuning
 
 RECIPE = Recipe(
     name="ffcv",
@@ -22,5 +22,4 @@ RECIPE = Recipe(
             Tuning("order", "RANDOM in RAM, QUASI_RANDOM larger than RAM", "the docs: "
                    "quasi-random reads whole pages")),
     cannot={OBJECT_STORAGE: "FFCV reads a local .beton through a memory map"},
-    code=path_code('ffcv', reads_files=True),
 )

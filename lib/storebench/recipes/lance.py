@@ -1,7 +1,7 @@
 """A Lance table read by index through its Python reader: Lance has no training loader of its
 own, so its reader feeds storebench's ProcessPrefetcher."""
 
-from .base import Recipe, TransformTraits, Tuning, path_code
+from .base import Recipe, TransformTraits, Tuning
 
 RECIPE = Recipe(
     name="lance-process",
@@ -19,5 +19,5 @@ RECIPE = Recipe(
             Tuning("start_method", "spawn", "Lance is not fork-safe: a forked reader "
                    "hangs")),
     note="Lance has no loader of its own: its reader feeds storebench's ProcessPrefetcher",
-    code=path_code("process", reads_files=False, start_method="spawn"),
+    start_method="spawn",
 )

@@ -1,7 +1,7 @@
 """LitData's StreamingDataset over optimized chunks, in its StreamingDataLoader, decoding in
 the workers, as its README's "Stream the data during training" shows."""
 
-from .base import Recipe, TransformTraits, Tuning, path_code
+from .base import Recipe, TransformTraits, Tuning
 
 RECIPE = Recipe(
     name="litdata",
@@ -18,5 +18,4 @@ RECIPE = Recipe(
     tuning=(Tuning("num_workers", "the cores", "each worker reads its share of chunks"),
             Tuning("shuffle", "True, seeded", "chunk order shuffled, then samples within "
                    "chunks")),
-    code=path_code("litdata", reads_files=True),
 )

@@ -1,7 +1,7 @@
 """MosaicML Streaming's StreamingDataset over MDS shards in its StreamingDataLoader, decoding
 in the workers, as its docs' "Main Concepts" show."""
 
-from .base import Recipe, TransformTraits, Tuning, path_code
+from .base import Recipe, TransformTraits, Tuning
 
 RECIPE = Recipe(
     name="mds",
@@ -19,5 +19,4 @@ RECIPE = Recipe(
             Tuning("shuffle_algo", "py1e", "the docs' default shuffle"),
             Tuning("batch_size", "the same in the dataset and the loader", "the docs: the "
                    "dataset partitions by it")),
-    code=path_code("mds", reads_files=True),
 )

@@ -2,7 +2,7 @@
 reader and decoding with simplejpeg, as its "Getting started" and ImageNet example build
 it."""
 
-from .base import Recipe, TransformTraits, Tuning, path_code
+from .base import Recipe, TransformTraits, Tuning
 
 RECIPE = Recipe(
     name="spdl-lmdb",
@@ -19,5 +19,4 @@ RECIPE = Recipe(
     tuning=(Tuning("concurrency", "the cores", "GIL-releasing stages run in threads"),
             Tuning("output_order", "input", "batches leave in the sampler's order")),
     note="SPDL has no storage reader of its own: its stages call storebench's reader",
-    code=path_code("spdl", reads_files=False),
 )

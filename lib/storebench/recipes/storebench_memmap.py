@@ -12,6 +12,7 @@ RECIPE = Recipe(
     transform=TransformTraits("antialiased", "whole image",
                               "storebench RandomResizedCropFlip (Pillow, bilinear)"),
     loader="thread",
+    decode=None,
     parallelism="one thread per core",
     output="uint8 (B, 224, 224, 3) NumPy batch in host memory, reused slot",
     doc="docs/loaders.md",

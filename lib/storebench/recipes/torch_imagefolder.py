@@ -13,6 +13,7 @@ RECIPE = Recipe(
                               "storebench RandomResizedCropFlip (Pillow, bilinear, as "
                               "torchvision's RandomResizedCrop)"),
     loader="torch",
+    decode="pil",
     parallelism="num_workers worker processes, one per core",
     output="uint8 (B, 224, 224, 3) torch tensor in host memory (pinned with pin_memory)",
     doc="https://pytorch.org/tutorials/recipes/recipes/tuning_guide.html",

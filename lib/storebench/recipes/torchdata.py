@@ -1,7 +1,7 @@
 """torchdata's StatefulDataLoader, the resumable drop-in for torch's DataLoader, over
 storebench's LMDB reader."""
 
-from .base import Recipe, TransformTraits, Tuning, path_code
+from .base import Recipe, TransformTraits, Tuning
 
 RECIPE = Recipe(
     name="torchdata-lmdb",
@@ -19,5 +19,4 @@ RECIPE = Recipe(
             Tuning("state_dict", "taken between batches", "the reason it exists: exact "
                    "mid-epoch resume")),
     note="torchdata has no storage reader of its own: its workers call storebench's reader",
-    code=path_code("torchdata", reads_files=False),
 )

@@ -1,7 +1,7 @@
 """WebDataset's own pipeline over tar shards, as its README builds it: shards split between
 DataLoader workers and shuffled, a 1,000-sample buffer, decode and batch in the workers."""
 
-from .base import Recipe, TransformTraits, Tuning, path_code
+from .base import Recipe, TransformTraits, Tuning
 
 RECIPE = Recipe(
     name="webdataset",
@@ -19,5 +19,4 @@ RECIPE = Recipe(
             Tuning("shuffle", "1,000 samples", "the README's buffer, after a shard shuffle"),
             Tuning("batched", "in the workers, DataLoader batch_size=None", "the README: "
                    "workers hand over whole batches")),
-    code=path_code("webdataset", reads_files=True),
 )

@@ -1,7 +1,7 @@
 """A Zarr array read by index through its Python reader: Zarr has no training loader of its
 own, so its reader feeds storebench's ProcessPrefetcher."""
 
-from .base import Recipe, TransformTraits, Tuning, path_code
+from .base import Recipe, TransformTraits, Tuning
 
 RECIPE = Recipe(
     name="zarr-process",
@@ -17,5 +17,4 @@ RECIPE = Recipe(
     doc="https://zarr.readthedocs.io/",
     tuning=(Tuning("workers", "the cores", "each worker reads whole batches"),),
     note="Zarr has no loader of its own: its reader feeds storebench's ProcessPrefetcher",
-    code=path_code("process", reads_files=False),
 )
