@@ -4,6 +4,7 @@ once, with traits that hold, refusals that say why, and code that runs."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import re
 import subprocess
 import sys
@@ -96,6 +97,16 @@ def test_declarations_that_do_not_hold_are_refused():
         Recipe(**{**good.__dict__, "code": "print(1)\n"})
     with pytest.raises(KeyError, match="unknown recipe 'nope'; known: storebench-thread-lmdb"):
         get_recipe("nope")
+
+
+def test_a_recipe_says_why_this_environment_cannot_run_it():
+    """The main environment runs storebench's recipes and lacks the peers' libraries."""
+    for name, recipe in RECIPES.items():
+        if recipe.environment == "main":
+            assert recipe.unavailable() is None, name
+    if importlib.util.find_spec("ffcv") is None:
+        assert get_recipe("ffcv").unavailable() == (
+            "recipe ffcv: no module 'ffcv' in this environment")
 
 
 def test_the_table_and_the_text_come_from_the_declarations():

@@ -4,12 +4,9 @@ the others with storebench's; in the peers environment, where their libraries ar
 
 from __future__ import annotations
 
-import importlib.util
-
 import numpy as np
 import pytest
 
-from storebench.formats import unavailable_reason as format_unavailable
 from storebench.importer import import_images
 from storebench.recipes import RECIPES
 from storebench.recipes.probe import PROBE_SIDE, check_draws, recover_box, write_probe_folder
@@ -20,22 +17,11 @@ PROBES = 96
 PEER_RECIPES = [name for name, recipe in RECIPES.items() if recipe.environment == "peers"]
 
 
-def missing(recipe) -> str | None:
-    for module in recipe.path.libraries:
-        try:
-            found = importlib.util.find_spec(module)
-        except ModuleNotFoundError:
-            found = None
-        if found is None:
-            return f"no module {module!r} here"
-    return format_unavailable(recipe.layout) or recipe.path.unavailable()
-
-
 @pytest.fixture(scope="module")
 def probe_sets(tmp_path_factory):
     root = tmp_path_factory.mktemp("peer-probes")
     source = write_probe_folder(root / "source", PROBES)
-    layouts = sorted({RECIPES[n].layout for n in PEER_RECIPES if not missing(RECIPES[n])})
+    layouts = sorted({RECIPES[n].layout for n in PEER_RECIPES if not RECIPES[n].unavailable()})
     import_images(source, root / "sets", formats=layouts, resize=(PROBE_SIDE, PROBE_SIDE),
                   progress=False)
     return root / "sets"
@@ -45,7 +31,7 @@ def probe_sets(tmp_path_factory):
 @pytest.mark.parametrize("name", PEER_RECIPES)
 def test_each_peer_recipe_delivers_the_declared_crop_and_flip(probe_sets, name):
     recipe = RECIPES[name]
-    reason = missing(recipe)
+    reason = recipe.unavailable()
     if reason:
         pytest.skip(reason)
     root = probe_sets / f"{recipe.layout}-{recipe.encoding}"

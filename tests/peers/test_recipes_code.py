@@ -3,7 +3,6 @@ ImageNet-like JPEGs in its own layout, in the peers environment where their libr
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 
@@ -11,7 +10,6 @@ import pytest
 
 import data_gen
 from storebench.formats import build_dataset
-from storebench.formats import unavailable_reason as format_unavailable
 from storebench.recipes import RECIPES
 
 pytestmark = pytest.mark.peers
@@ -19,23 +17,11 @@ pytestmark = pytest.mark.peers
 PEER_RECIPES = [name for name, recipe in RECIPES.items() if recipe.environment == "peers"]
 
 
-def missing(recipe) -> str | None:
-    """Why this interpreter cannot run ``recipe``: a library or its format's, else None."""
-    for module in recipe.path.libraries:
-        try:
-            found = importlib.util.find_spec(module)
-        except ModuleNotFoundError:
-            found = None
-        if found is None:
-            return f"no module {module!r} here"
-    return format_unavailable(recipe.layout) or recipe.path.unavailable()
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("name", PEER_RECIPES)
 def test_a_peer_recipe_s_code_runs_an_epoch_of_its_dataset(name, tmp_path):
     recipe = RECIPES[name]
-    reason = missing(recipe)
+    reason = recipe.unavailable()
     if reason:
         pytest.skip(reason)
     spec = data_gen.get_profile("ci").spec_for(recipe.encoding, "imagenet")

@@ -133,6 +133,22 @@ class Recipe:
     def serves(self, situation: str) -> bool:
         return not self.why_not(situation)
 
+    def unavailable(self) -> str | None:
+        """Why this interpreter cannot run the recipe (a library of its loader path or of
+        its layout missing, or a system library), or None."""
+        import importlib.util
+
+        from ..formats import unavailable_reason
+
+        for module in self.path.libraries:
+            try:
+                found = importlib.util.find_spec(module)
+            except ModuleNotFoundError:
+                found = None
+            if found is None:
+                return f"recipe {self.name}: no module {module!r} in this environment"
+        return unavailable_reason(self.layout) or self.path.unavailable()
+
     def distribution_names(self) -> tuple[str, ...]:
         """The distributions whose versions the recipe's results depend on."""
         from ..formats import FORMATS

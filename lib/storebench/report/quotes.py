@@ -117,19 +117,14 @@ def peers_quotes(df: pd.DataFrame, encodings: Iterable[str]) -> list[Quote]:
 
     found = []
     for encoding in encodings:
-        default = versus_default(df, encoding)
-        if default is not None:
-            ours, other, (ratio, *_rest) = default
-            found += [stat_quote(ANSWER_PLACE, f"{encoding}: {ours[1]}", ours[3]),
-                      stat_quote(ANSWER_PLACE, f"{encoding}: {other[1]}", other[3]),
-                      ratio_quote(ANSWER_PLACE, f"{encoding}: {ours[1]} against {other[1]}",
-                                  ratio, ours[3], other[3])]
-        peer = best_against_peers(df, encoding)
-        if peer is not None:
-            ours, other, (ratio, *_rest) = peer
-            found += [stat_quote(PEERS_PLACE, f"{encoding}: {ours[1]}", ours[3]),
-                      stat_quote(PEERS_PLACE, f"{encoding}: {other[1]}", other[3]),
-                      ratio_quote(PEERS_PLACE, f"{encoding}: {ours[1]} against {other[1]}",
+        for place, compared in ((ANSWER_PLACE, versus_default(df, encoding)),
+                                (PEERS_PLACE, best_against_peers(df, encoding))):
+            if compared is None:
+                continue
+            ours, other, (ratio, *_rest) = compared
+            found += [stat_quote(place, f"{encoding}: {ours[1]}", ours[3]),
+                      stat_quote(place, f"{encoding}: {other[1]}", other[3]),
+                      ratio_quote(place, f"{encoding}: {ours[1]} against {other[1]}",
                                   ratio, ours[3], other[3])]
     return found
 
