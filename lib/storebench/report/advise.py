@@ -562,10 +562,22 @@ def recipe_situation(s: Situation) -> str:
     return IN_RAM if s.fits_in_ram else OUT_OF_CORE
 
 
-def serving(row, situation: str, notes: list[str]):
-    """``row`` without the candidates whose recipe cannot serve ``situation`` (None when
-    none is left); where its best is dropped, ``notes`` says why. Only a path that reads its
-    own files (tf.data, a peer's loader) brings its layout with it; a path over storebench's
+def measured_paths(results, s: Situation) -> tuple[str, set[str]] | None:
+    """(the study, the loader paths it ran) for where ``s``'s data lives, outside RAM (the
+    out_of_core or remote study); None in RAM, where the prefetch study is the measure."""
+    if recipe_situation(s) == "in RAM":
+        return None
+    study = needed_studies(s)[1]
+    rows = results.study(study)
+    return study, {str(p) for p in rows["prefetcher"].dropna() if str(p)}
+
+
+def serving(row, situation: str, notes: list[str],
+            measured: tuple[str, set[str]] | None = None):
+    """``row`` without the candidates that are no answer in ``situation`` (None when none
+    is left): a path that reads its own files (tf.data, a peer's loader) whose recipe cannot
+    serve it, or, with ``measured`` (a study and the paths it ran there), a path that study
+    did not run. Where its best is dropped, ``notes`` says why. A path over storebench's
     readers reads whatever the store chosen is, so the store decides where it serves."""
     from ..guide import choose
     from ..loaders.paths import LOADER_PATHS
@@ -576,12 +588,21 @@ def serving(row, situation: str, notes: list[str]):
                      if part in LOADER_PATHS), None)
         recipe = (recipe_for(candidate.key, str(row.facets.get("dataset", "")))
                   if path is not None and path.reads_dataset_files else None)
-        reason = "" if recipe is None else recipe.why_not(situation)
+        reason = "" if recipe is None else (
+            f"its recipe ({recipe.name}) cannot serve {situation}: "
+            f"{recipe.why_not(situation)}" if recipe.why_not(situation) else "")
+        if not reason and measured is not None and (path is None
+                                                    or path.name not in measured[1]):
+            ran = sorted(LOADER_PATHS[n].label if n in LOADER_PATHS else n
+                         for n in measured[1])
+            reason = (f"not measured {situation} (the {measured[0]} study ran "
+                      f"{', '.join(ran) or 'no loader path'})")
         if not reason:
             kept.append(candidate)
         elif candidate is row.best:
-            notes.append(f"not {candidate.label}, the fastest in RAM: its recipe "
-                         f"({recipe.name}) cannot serve {situation}: {reason}")
+            note = f"not {candidate.label}, the fastest in RAM: {reason}"
+            if note not in notes:
+                notes.append(note)
     if len(kept) == len(row.candidates):
         return row
     return choose(row.study, row.question, row.metric, kept,
@@ -589,7 +610,8 @@ def serving(row, situation: str, notes: list[str]):
 
 
 def _loader(results, kind: str, situation: str | None = None,
-            notes: list[str] | None = None) -> tuple[Choice, Choice | None]:
+            notes: list[str] | None = None,
+            measured: tuple[str, set[str]] | None = None) -> tuple[Choice, Choice | None]:
     """(the loader path, the decoder or None for raw arrays): the guide's choice among the
     prefetch study's paths whose recipe can serve ``situation`` (all where None; why a
     faster one cannot goes to ``notes``), and among decoders by their best paths."""
@@ -597,8 +619,8 @@ def _loader(results, kind: str, situation: str | None = None,
 
     rows = loader_rates(rows_for_kind(results, "prefetch", kind))
     if situation is not None:
-        rows = [r for r in (serving(row, situation, notes if notes is not None else [])
-                            for row in rows) if r is not None]
+        rows = [r for r in (serving(row, situation, notes if notes is not None else [],
+                                    measured) for row in rows) if r is not None]
     if not rows:
         raise AdviceError(f"{results.directory}: the prefetch study has no loader rates "
                           f"(samples/s) for {ENCODING_NAMES[kind]}")
@@ -685,7 +707,8 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Adv
     check_results(results, needed_studies(s))
     draft = _Draft()
     store, bound = (_store_local if s.storage == "local" else _store_remote)(results, s, draft)
-    loader, decoder = _loader(results, s.images, recipe_situation(s), draft.notes)
+    loader, decoder = _loader(results, s.images, recipe_situation(s), draft.notes,
+                              measured_paths(results, s))
     draft.notes += [c.avoid for c in (store, loader) if c.avoid]
     path = loader_path_of(loader)
     store_format = store.facets.get("format") or store.key.partition(":")[0]
