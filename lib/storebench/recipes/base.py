@@ -65,9 +65,10 @@ class Recipe:
     serve to what it lacks. ``code`` is what a user copies, with ``{dataset}`` where the
     dataset's directory goes; where it is empty, it is the loader path's as storebench runs
     it (``path_code``), from ``decode`` (what storebench's dataset decodes with, None for
-    raw pixels) and ``start_method``. Object storage, where ``cannot`` does not say, is as far as
-    the layout's reader goes (``FormatTraits.remote_unsupported``): a library that streams
-    from S3 itself is not run there by storebench, so it is not a measured answer there."""
+    raw pixels) and ``start_method``. Object storage, where ``cannot`` does not say, is as
+    far as the layout's reader goes (``FormatTraits.remote_unsupported``): a library that
+    streams from S3 itself is not run there by storebench, so it is not a measured answer
+    there."""
 
     name: str
     layout: str
