@@ -174,6 +174,9 @@ class Stat:
     # that anyone can recompute the figure from the CSVs; () where it is derived. Not part
     # of equality: the same numbers are the same figure.
     sources: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
+    # A derived figure's rows (a sum of two metrics, bytes over samples, a count of cases):
+    # what it was computed from, though its values are not theirs.
+    derived_from: tuple[tuple[str, str, str], ...] = field(default=(), compare=False)
 
     def __str__(self) -> str:
         return format_value(self.median, self.unit)
@@ -229,7 +232,7 @@ def summed_stat(df: pd.DataFrame, metrics: Sequence[str], **where) -> Stat:
         sources += row_sources(rows)
     total = sum(per_metric[1:], per_metric[0]).dropna().sort_index()
     return Stat(float(total.median()), float(total.min()), float(total.max()), int(total.size),
-                unit, tuple(float(v) for v in total), sources)
+                unit, tuple(float(v) for v in total), derived_from=sources)
 
 
 def summary_table(df: pd.DataFrame, metric: str, by: Sequence[str]) -> pd.DataFrame:

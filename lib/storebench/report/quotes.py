@@ -54,12 +54,18 @@ class Quote:
         return bool(self.against)
 
 
+def rows_of(figure: Stat) -> tuple[Source, ...]:
+    """The rows a figure was read from, or, derived, computed from."""
+    return tuple(figure.sources or figure.derived_from)
+
+
 def stat_quote(place: str, what: str, figure: Stat) -> Quote:
-    return Quote(place, what, figure.median, figure.unit, tuple(figure.sources))
+    return Quote(place, what, figure.median, figure.unit, rows_of(figure),
+                 derived=not figure.sources)
 
 
 def ratio_quote(place: str, what: str, ratio: float, top: Stat, other: Stat) -> Quote:
-    return Quote(place, what, ratio, "ratio", tuple(top.sources), tuple(other.sources))
+    return Quote(place, what, ratio, "ratio", rows_of(top), rows_of(other))
 
 
 @dataclass(frozen=True)

@@ -69,8 +69,11 @@ def render_recipes_page() -> str:
              + "; ".join(f"**{name}**: {text}" for name, text in FILTERS.items()) + ".",
              "", markdown_table(recipes_table())]
     for recipe in RECIPES.values():
+        # A doc of this site is linked from the docs, not from the repository's root.
+        link = recipe.doc if recipe.doc.startswith("https://") else recipe.doc.removeprefix(
+            "docs/")
         parts += ["", f"## {recipe.name}", "",
-                  f"{recipe.label}. Follows [{recipe.doc}]({recipe.doc})."
+                  f"{recipe.label}. Follows [{recipe.doc}]({link})."
                   + (f" {recipe.note[0].upper()}{recipe.note[1:]}." if recipe.note else "")]
         parts += [""] + [f"- `{t.knob}` = {t.value}: {t.advice}" for t in recipe.tuning]
         parts += ["", "```python", recipe.snippet(example_dataset(recipe)).rstrip("\n"),

@@ -772,7 +772,7 @@ def allocated_per_sample(df: pd.DataFrame, dataset: str) -> Stat:
         return Stat(allocated.median / samples, allocated.low / samples,
                     allocated.high / samples, allocated.count, "bytes",
                     tuple(v / samples for v in allocated.values),
-                    allocated.sources + row_sources(counted))
+                    derived_from=allocated.sources + row_sources(counted))
     try:
         spec = data_gen.get_profile(str(rows["profile"].iloc[0])).spec_for(
             str(rows["encoding"].iloc[0]))
@@ -784,7 +784,7 @@ def allocated_per_sample(df: pd.DataFrame, dataset: str) -> Stat:
     return Stat(allocated.median / samples, allocated.low / samples,
                 allocated.high / samples, allocated.count, "bytes",
                 tuple(v / samples for v in allocated.values),
-                allocated.sources + row_sources(rows))
+                derived_from=allocated.sources + row_sources(rows))
 
 
 def verify_cost_table(df: pd.DataFrame) -> pd.DataFrame:

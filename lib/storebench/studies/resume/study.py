@@ -298,7 +298,8 @@ def guide(results: Results) -> list:
                for path, part in exact.groupby("path", sort=False)}
     candidates = tuple(
         Candidate(name, get_resume_path(name).label,
-                  Stat(float(n), float(n), float(n), 1, "count", (float(n),), sources[name]))
+                  Stat(float(n), float(n), float(n), 1, "count", (float(n),),
+                       derived_from=sources[name]))
         for name, n in counts.items())
     best = float(counts.iloc[0])
     runner = float(counts.iloc[1]) if len(counts) > 1 else float("nan")
