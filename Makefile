@@ -16,16 +16,26 @@ SPDL_APT := libavcodec59 libavformat59 libavfilter8 libavdevice59 libavutil57 li
 
 .PHONY: setup peers study test test-fast test-durations lint docs clean-data gpu-study gpu-wheels
 
-# lib/storebench/_rows.c: the C row gather, built into the checkout by `pip install -e`.
-$(STAMP): pyproject.toml lib/storebench/_rows.c
+# The C extensions (lib/storebench/*.c), built into the checkout by `pip install -e`. The
+# crop-window JPEG decoder compiles against libjpeg-turbo's headers, installed with apt when
+# we are root and they are missing; without them it is left out (decode="window" says so).
+JPEG_APT := libjpeg62-turbo-dev
+EXTENSIONS := $(wildcard lib/storebench/*.c lib/storebench/*.h)
+$(STAMP): pyproject.toml $(EXTENSIONS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@if [ ! -e /usr/include/jpeglib.h ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; \
+	then \
+	  echo "make: installing libjpeg-turbo's headers with apt: $(JPEG_APT)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+	    --no-install-recommends $(JPEG_APT)) >/dev/null || echo "make: apt-get failed" >&2; \
+	fi
 	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev]'
 	touch $(STAMP)
 
 # FFCV compiles against OpenCV and libjpeg-turbo: installed with apt when we are root and
 # they are missing. Without them FFCV is not installed, and its rows and tests say why
 # (`storebench.environments`); everything else still works.
-$(PEERS_STAMP): pyproject.toml lib/storebench/_rows.c
+$(PEERS_STAMP): pyproject.toml $(EXTENSIONS)
 	test -x $(PEERS_BIN)/python || $(PYTHON) -m venv $(PEERS_VENV)
 	$(PEERS_BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev,peers]'
 	@if ! pkg-config --exists opencv4 libturbojpeg 2>/dev/null && [ "$$(id -u)" = 0 ] \

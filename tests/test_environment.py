@@ -10,7 +10,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 # What environment.yml names to make the environment, not as one of storebench's packages.
-TOOLS = ("python", "pip", "c-compiler")
+# What the C extensions build with (a compiler, libjpeg-turbo's headers), not pip packages.
+TOOLS = ("python", "pip", "c-compiler", "libjpeg-turbo")
 
 
 def name_of(requirement: str) -> str:
@@ -47,12 +48,18 @@ def test_same_version_constraints_in_both():
     assert project["h5py"].endswith("<3.15")  # TensorFlow 2.21's cap
 
 
-def test_conda_users_get_a_compiler_for_the_c_extension():
-    """pyproject builds storebench._rows from C; conda has no system compiler to rely on."""
+def test_conda_users_get_a_compiler_for_the_c_extensions():
+    """pyproject builds storebench's extensions from C; conda has no system compiler or
+    libjpeg headers to rely on. Only the one that links libjpeg is optional."""
     setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
-    assert [module["name"] for module in setuptools["ext-modules"]] == ["storebench._rows"]
+    modules = {m["name"]: m for m in setuptools["ext-modules"]}
+    assert sorted(modules) == ["storebench._jpegwindow", "storebench._resize",
+                               "storebench._rows"]
+    assert [name for name, m in modules.items() if m.get("optional")] == [
+        "storebench._jpegwindow"]
+    assert modules["storebench._jpegwindow"]["libraries"] == ["jpeg"]
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
-    assert "c-compiler" in env["dependencies"]
+    assert "c-compiler" in env["dependencies"] and "libjpeg-turbo" in env["dependencies"]
 
 
 def test_the_peers_environment_is_described_in_both():

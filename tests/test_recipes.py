@@ -90,12 +90,14 @@ def test_declarations_that_do_not_hold_are_refused():
         TransformTraits("sharp", "whole image", "x")
     with pytest.raises(ValueError, match=r"^transform window must be one of"):
         TransformTraits("plain", "half", "x")
+    with pytest.raises(ValueError, match=r"^transform resampler must be one of"):
+        TransformTraits("plain", "crop window", "x", resampler="cv2")
     good = get_recipe("storebench-thread-lmdb")
     with pytest.raises(ValueError, match=r"unknown situations \['moon'\]"):
         Recipe(**{**good.__dict__, "cannot": {"moon": "no air"}})
     with pytest.raises(ValueError, match=r"its code must name \{dataset\}"):
         Recipe(**{**good.__dict__, "code": "print(1)\n"})
-    with pytest.raises(KeyError, match="unknown recipe 'nope'; known: storebench-thread-lmdb"):
+    with pytest.raises(KeyError, match="unknown recipe 'nope'; known: storebench-window-lmdb, "):
         get_recipe("nope")
 
 

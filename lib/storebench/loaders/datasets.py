@@ -10,7 +10,10 @@ without importing torch, and both add an optional decode step and a per-sample t
 - ``decode="auto"``: per sample, simplejpeg for JPEG bytes and Pillow for anything else: the
   decoder for "mixed" sets (a folder of JPEG and PNG files), allowed for any encoded set;
 - ``decode="reduced"``: with the training transform (``RandomResizedCropFlip``) only, a JPEG
-  decoded at the smallest DCT scale that still covers the crop (``train_transform``).
+  decoded at the smallest DCT scale that still covers the crop (``train_transform``);
+- ``decode="window"``: with the training transform only, a JPEG decoded only where its crop
+  lies and resized straight into the batch, without the GIL (``train_transform``); the same
+  pixels as a full decode. PNGs and CMYK JPEGs are decoded whole (Pillow), then cropped.
 
 A transform with ``seeded = True`` (``RandomResizedCropFlip``) is called with each sample's
 index and the dataset's ``epoch`` (``set_epoch``; prefetchers and ``torch_dataloader`` set
@@ -59,10 +62,10 @@ from storebench.gather import take_rows
 
 from .batching import Batch, stack_into
 from .split_gather import SplitGather
-from .train_transform import is_seeded
+from .train_transform import JPEG_ONLY_PILLOW, is_seeded, jpeg_header, jpeg_window_module
 from .transforms import ImageTransform, transform_output_shape
 
-DECODERS = ("auto", "pil", "simplejpeg", "reduced")
+DECODERS = ("auto", "pil", "simplejpeg", "reduced", "window")
 # What simplejpeg.decode_jpeg_header calls the JPEG colour spaces that Pillow decodes instead.
 PIL_ONLY_JPEG_COLORSPACES = frozenset({"CMYK", "YCCK"})
 
@@ -107,6 +110,13 @@ class _MapDataset:
                     "crop needs: it takes JPEG samples and transform=RandomResizedCropFlip(), "
                     f"got {spec.encoding} samples and transform={transform!r}"
                 )
+            if decode == "window":
+                if not is_seeded(transform):
+                    raise ValueError(
+                        f"{reader.root}: decode='window' decodes only the training crop's "
+                        "window: it takes transform=RandomResizedCropFlip(), got "
+                        f"transform={transform!r}")
+                jpeg_window_module()  # an install without the decoder says so now
             if decode == "simplejpeg" and spec.encoding != "jpeg":
                 raise ValueError(
                     f"{reader.root}: simplejpeg decodes JPEG only, these samples are "
@@ -253,6 +263,12 @@ class _MapDataset:
                 out = batch_empty((len(idx), *self.spec.image_shape))
             return Batch(out, self._split(self._stored_many, idx, out), idx)
         stored, labels = self._stored_many(idx, None)
+        if self.decode == "window":
+            # Each sample decoded and resized straight into its slot of the batch.
+            target = out if out is not None else batch_empty((len(idx), *self.sample_shape))
+            for k, data in enumerate(stored):
+                self._decode_window(data, int(idx[k]), target[k])
+            return Batch(target, np.asarray(labels, dtype=np.int64), idx)
         if self.is_ragged:
             images = [self._decode(data, int(idx[k]), None) for k, data in enumerate(stored)]
             return Batch(images, np.asarray(labels, dtype=np.int64), idx)
@@ -328,8 +344,10 @@ class _MapDataset:
         return stored
 
     def _finish_seeded(self, stored, index: int) -> np.ndarray:
-        """Decode (fully, or reduced to the crop's scale) and apply a seeded transform with
-        the sample's index and this dataset's epoch."""
+        """Decode (fully, reduced to the crop's scale, or only the crop's window) and apply a
+        seeded transform with the sample's index and this dataset's epoch."""
+        if self.decode == "window":
+            return self._decode_window(stored, index, None)
         if self.decode == "reduced":
             try:
                 return self.transform.decode_reduced(
@@ -345,6 +363,22 @@ class _MapDataset:
             err.add_note(f"while applying {self.transform!r} to sample {index} "
                          f"({self.reader._locate(index)})")
             raise
+
+    def _decode_window(self, data, index: int, out: np.ndarray | None) -> np.ndarray:
+        """Sample ``index``'s crop: a JPEG decoded only in its window (``decode_window``),
+        anything else (PNG, a CMYK JPEG) decoded whole and cropped."""
+        try:
+            if sniff_encoding(data) == "jpeg":
+                header = jpeg_header(data)
+                if header[2] not in JPEG_ONLY_PILLOW:
+                    return self.transform.decode_window(
+                        data, index=index, epoch=self.epoch, channels=self.spec.channels,
+                        out=out, header=header)
+        except (ValueError, DatasetError) as err:
+            raise CorruptSampleError(self.reader._locate(index), index,
+                                     f"cannot decode {self.spec.encoding}: {err}") from err
+        image = self._decode(data, index, None)
+        return self.transform(image, index=index, epoch=self.epoch, out=out)
 
     def _decode(self, data, index: int, out: np.ndarray | None) -> np.ndarray:
         expected = self.spec.image_shape if self.fixed_size else None

@@ -19,6 +19,21 @@ n/8 through its DCT (simplejpeg's ``min_height``/``min_width``) at a fraction of
 decode's cost. The crop's parameters come from the header's full size, the decode is the
 smallest scale at which the crop still covers 224x224, and the crop box is scaled to it. The
 pixels differ a little from the full decode's: ``reduced_decode_psnr`` measures by how much.
+
+**Crop-window decode** (``decode="window"``, ``decode_window``): libjpeg-turbo decodes only
+the rows and iMCU columns the crop keeps (``storebench._jpegwindow``): the rows above it are
+entropy-decoded but not transformed, the rows below it not read. Its pixels are the full
+decode's (a test checks them on the ImageNet-like set). ``dct_scale=True`` also decodes at
+1/2, 1/4 or 1/8 scale where the crop still covers ``size`` x ``size`` there.
+
+**Resize filters.** ``filter="antialiased"`` (the default) is a bilinear filter widened by
+the downscale factor, as Pillow's, FFCV's ``INTER_AREA`` and DALI's default resize are;
+``filter="plain"`` samples two pixels a direction, as ``tf.image.resize(antialias=False)``
+does. Recipes are compared within one class. ``resampler="storebench"`` (the default)
+resizes in C without the GIL, straight into the batch (``storebench._resize``): Pillow's
+bilinear weights and rounding, its vertical pass first (Pillow picks its passes' order
+itself, and where it runs them the other way its pixels differ by at most one level).
+``resampler="pillow"`` resizes with Pillow, as torchvision's ``RandomResizedCrop`` does.
 """
 
 from __future__ import annotations
@@ -32,6 +47,11 @@ import numpy as np
 from .transforms import Shape, _check_image, _positive
 
 CROP_TRIES = 10  # torchvision's RandomResizedCrop.get_params
+FILTERS = ("antialiased", "plain")
+RESAMPLERS = ("storebench", "pillow")
+# The DCT scales libjpeg decodes at (1/n), largest first: ``decode_window(dct_scale=True)``.
+DCT_DENOMINATORS = (8, 4, 2)
+JPEG_ONLY_PILLOW = frozenset({"CMYK", "YCCK"})
 
 
 def crop_box(rng: np.random.Generator, height: int, width: int, *,
@@ -81,6 +101,8 @@ class RandomResizedCropFlip:
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3.0 / 4.0, 4.0 / 3.0)
     flip: float = 0.5
+    filter: str = "antialiased"
+    resampler: str = "storebench"
 
     # Datasets call it with the sample's index and epoch (``_MapDataset._finish``).
     seeded = True
@@ -96,6 +118,15 @@ class RandomResizedCropFlip:
             raise ValueError(f"RandomResizedCropFlip: ratio must be 0 < lo <= hi, got {self.ratio}")
         if not 0 <= self.flip <= 1:
             raise ValueError(f"RandomResizedCropFlip: flip must be in 0..1, got {self.flip}")
+        if self.filter not in FILTERS:
+            raise ValueError(f"RandomResizedCropFlip: filter must be one of {FILTERS}, got "
+                             f"{self.filter!r}")
+        if self.resampler not in RESAMPLERS:
+            raise ValueError(f"RandomResizedCropFlip: resampler must be one of {RESAMPLERS}, "
+                             f"got {self.resampler!r}")
+        if self.resampler == "pillow" and self.filter != "antialiased":
+            raise ValueError("RandomResizedCropFlip: Pillow's bilinear resize is antialiased; "
+                             "filter='plain' needs resampler='storebench'")
 
     def params(self, height: int, width: int, *, index: int, epoch: int) -> CropParams:
         """Sample ``index``'s crop in ``epoch`` of an image of ``height`` x ``width``:
@@ -104,12 +135,14 @@ class RandomResizedCropFlip:
         top, left, h, w = crop_box(rng, height, width, scale=self.scale, ratio=self.ratio)
         return CropParams(top, left, h, w, bool(rng.random() < self.flip))
 
-    def __call__(self, image: np.ndarray, *, index: int, epoch: int = 0) -> np.ndarray:
-        """Sample ``index``'s (H, W, C) uint8 image cropped, resized and maybe flipped."""
+    def __call__(self, image: np.ndarray, *, index: int, epoch: int = 0,
+                 out: np.ndarray | None = None) -> np.ndarray:
+        """Sample ``index``'s (H, W, C) uint8 image cropped, resized and maybe flipped
+        (into ``out``, a (size, size, C) array, when given)."""
         image = _check_image(image, self)
         p = self.params(*image.shape[:2], index=index, epoch=epoch)
         crop = image[p.top : p.top + p.height, p.left : p.left + p.width]
-        return self._finish(crop, (0.0, 0.0, float(p.width), float(p.height)), p.flipped)
+        return self._finish(crop, (0.0, 0.0, float(p.width), float(p.height)), p.flipped, out)
 
     def decode_reduced(self, data: bytes, *, index: int, epoch: int = 0,
                        colorspace: str = "RGB") -> np.ndarray:
@@ -130,30 +163,113 @@ class RandomResizedCropFlip:
             crop = decoded[p.top : p.top + p.height, p.left : p.left + p.width]
             return self._finish(crop, (0.0, 0.0, float(p.width), float(p.height)), p.flipped)
         box = (p.left * sx, p.top * sy, (p.left + p.width) * sx, (p.top + p.height) * sy)
-        # Hand Pillow only the whole pixels the box touches, not the whole decoded image.
+        # Resize only the whole pixels the box touches, not the whole decoded image.
         x0, y0 = int(box[0]), int(box[1])
         x1 = min(math.ceil(box[2]), decoded.shape[1])
         y1 = min(math.ceil(box[3]), decoded.shape[0])
         return self._finish(decoded[y0:y1, x0:x1],
                             (box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0), p.flipped)
 
+    def window_scale(self, p: CropParams) -> int:
+        """The largest DCT denominator (8, 4, 2, else 1) at which crop ``p`` still spans
+        ``size`` pixels each way."""
+        return next((d for d in DCT_DENOMINATORS
+                     if p.height // d >= self.size and p.width // d >= self.size), 1)
+
+    def window_plan(self, height: int, width: int, *, index: int, epoch: int = 0,
+                    dct_scale: bool = False) -> tuple[CropParams, int, tuple[int, int, int, int],
+                                                      tuple[float, float, float, float]]:
+        """Sample ``index``'s crop of a ``height`` x ``width`` JPEG as ``decode_window``
+        decodes it: (params, DCT denominator, window (top, left, bottom, right) in the
+        scaled image's pixels, box (left, top, right, bottom) within the window)."""
+        p = self.params(height, width, index=index, epoch=epoch)
+        d = self.window_scale(p) if dct_scale else 1
+        if d == 1:
+            return (p, 1, (p.top, p.left, p.top + p.height, p.left + p.width),
+                    (0.0, 0.0, float(p.width), float(p.height)))
+        # libjpeg's scaled size rounds up (jdiv_round_up).
+        scaled_h, scaled_w = -(-height // d), -(-width // d)
+        box = (p.left / d, p.top / d, min((p.left + p.width) / d, scaled_w),
+               min((p.top + p.height) / d, scaled_h))
+        x0, y0 = int(box[0]), int(box[1])
+        x1, y1 = min(math.ceil(box[2]), scaled_w), min(math.ceil(box[3]), scaled_h)
+        return (p, d, (y0, x0, y1, x1), (box[0] - x0, box[1] - y0, box[2] - x0, box[3] - y0))
+
+    def decode_window(self, data, *, index: int, epoch: int = 0, channels: int = 3,
+                      out: np.ndarray | None = None, dct_scale: bool = False,
+                      header: tuple | None = None) -> np.ndarray:
+        """JPEG ``data``'s sample ``index`` decoded only where its crop lies, then resized
+        and maybe flipped, into ``out`` ((size, size, channels) uint8) when given.
+        ``header``: ``jpeg_header(data)`` where the caller parsed it already. Raises
+        ValueError on damaged data, and for CMYK/YCCK JPEGs (decode those whole)."""
+        from storebench.formats.confine import check_pixels, max_image_pixels
+
+        jpegwindow = jpeg_window_module()
+        height, width, colorspace, _ = header or jpegwindow.header(data)
+        if colorspace in JPEG_ONLY_PILLOW:
+            raise ValueError(f"a {colorspace} JPEG: decode it whole (Pillow)")
+        check_pixels(height, width, "JPEG header")
+        p, d, window, box = self.window_plan(height, width, index=index, epoch=epoch,
+                                             dct_scale=dct_scale)
+        if out is None:
+            out = np.empty((self.size, self.size, channels), np.uint8)
+        if self.resampler == "pillow":
+            pixels = np.empty((window[2] - window[0], window[3] - window[1], channels),
+                              np.uint8)
+            jpegwindow.decode_window_into(data, window, pixels, scale_denom=d,
+                                          max_pixels=max_image_pixels())
+            return self._finish(pixels, box, p.flipped, out)
+        jpegwindow.decode_crop_resize(data, window, box, out, flip=p.flipped,
+                                      antialias=self.filter == "antialiased", scale_denom=d,
+                                      max_pixels=max_image_pixels())
+        return out
+
     def _finish(self, image: np.ndarray, box: tuple[float, float, float, float],
-                flipped: bool) -> np.ndarray:
-        """``box`` (left, top, right, bottom) of ``image`` resized to size x size, Pillow
-        bilinear, channel count kept; flipped left to right if asked."""
+                flipped: bool, out: np.ndarray | None = None) -> np.ndarray:
+        """``box`` (left, top, right, bottom) of ``image`` resized to size x size with the
+        transform's filter, channel count kept; flipped left to right if asked; into
+        ``out`` when given."""
+        channels = image.shape[2]
+        if out is None:
+            out = np.empty((self.size, self.size, channels), np.uint8)
+        if self.resampler == "storebench":
+            from storebench import _resize
+
+            if image.strides[1:] != (channels, 1):  # rows may be strided, pixels packed
+                image = np.ascontiguousarray(image)
+            _resize.resize_into(image, box, out, flip=flipped,
+                                antialias=self.filter == "antialiased")
+            return out
         from PIL import Image
 
-        channels = image.shape[2]
         bands = [image[:, :, 0]] if channels == 1 else [image] if channels == 3 else [
             image[:, :, c] for c in range(channels)]
-        out = [np.asarray(Image.fromarray(np.ascontiguousarray(b)).resize(
+        resized = [np.asarray(Image.fromarray(np.ascontiguousarray(b)).resize(
             (self.size, self.size), Image.Resampling.BILINEAR, box=box)) for b in bands]
-        resized = out[0].reshape(self.size, self.size, -1) if len(out) == 1 else np.stack(
-            out, axis=-1)
-        return np.ascontiguousarray(resized[:, ::-1]) if flipped else resized
+        out[...] = (resized[0].reshape(self.size, self.size, -1) if len(resized) == 1
+                    else np.stack(resized, axis=-1))[:, ::-1 if flipped else 1]
+        return out
 
     def output_shape(self, input_shape: Shape | None, channels: int) -> Shape:
         return (self.size, self.size, input_shape[2] if input_shape else channels)
+
+
+def jpeg_window_module():
+    """``storebench._jpegwindow``, or an ImportError that says how to build it."""
+    try:
+        from storebench import _jpegwindow
+    except ImportError as err:
+        raise ImportError(
+            "decode='window' needs storebench's crop-window decoder, built against "
+            "libjpeg-turbo's headers at install time, and this install has none: install "
+            "them (Debian: apt-get install libjpeg62-turbo-dev) and reinstall storebench "
+            "(make setup)") from err
+    return _jpegwindow
+
+
+def jpeg_header(data) -> tuple[int, int, str, bool]:
+    """(height, width, colour space, progressive) of a JPEG's header; ValueError if damaged."""
+    return jpeg_window_module().header(data)
 
 
 def is_seeded(transform) -> bool:

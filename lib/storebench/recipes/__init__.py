@@ -26,7 +26,8 @@ from .base import (
 )
 
 # Member modules, in the order tables list them: storebench's, the default, the peers'.
-RECIPE_MODULES = ("storebench_thread", "storebench_process", "storebench_memmap",
+RECIPE_MODULES = ("storebench_window", "storebench_window_plain", "storebench_thread",
+                  "storebench_process", "storebench_memmap",
                   "torch_imagefolder", "tf_data", "ffcv", "dali", "webdataset", "litdata",
                   "mds", "spdl", "torchdata", "lance", "zarr")
 

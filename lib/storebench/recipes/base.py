@@ -32,14 +32,21 @@ FILTERS = {
 WINDOWS = ("whole image", "crop window")
 
 
+# Who resizes where storebench's RandomResizedCropFlip crops: its own C resize, or Pillow
+# (as torchvision's transforms do).
+RESAMPLERS = ("storebench", "pillow")
+
+
 @dataclass(frozen=True)
 class TransformTraits:
     """How a recipe applies ``TRANSFORM``: its resize ``filter`` (a ``FILTERS`` key), what
-    it decodes (``window``: the whole image, or only the crop window), and by what code."""
+    it decodes (``window``: the whole image, or only the crop window), by what code, and,
+    where storebench's ``RandomResizedCropFlip`` crops for it, which ``resampler``."""
 
     filter: str
     window: str
     by: str
+    resampler: str = "storebench"
 
     def __post_init__(self) -> None:
         if self.filter not in FILTERS:
@@ -47,6 +54,9 @@ class TransformTraits:
                              f"{self.filter!r}")
         if self.window not in WINDOWS:
             raise ValueError(f"transform window must be one of {WINDOWS}, got {self.window!r}")
+        if self.resampler not in RESAMPLERS:
+            raise ValueError(f"transform resampler must be one of {RESAMPLERS}, got "
+                             f"{self.resampler!r}")
 
 
 @dataclass(frozen=True)
@@ -186,8 +196,9 @@ class Recipe:
         from ..formats import open_dataset
         from ..loaders import LazyDataset, RandomResizedCropFlip, ShuffleSampler
 
-        dataset = LazyDataset(open_dataset(root), decode=self.decode,
-                              transform=RandomResizedCropFlip(seed=seed),
+        crop = RandomResizedCropFlip(seed=seed, filter=self.transform.filter,
+                                     resampler=self.transform.resampler)
+        dataset = LazyDataset(open_dataset(root), decode=self.decode, transform=crop,
                               output_shape=(224, 224, 3))
         sampler = ShuffleSampler(len(dataset), seed=seed)
         return RecipeRun(*self.path.open(dataset, sampler, options), sampler)

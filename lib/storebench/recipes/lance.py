@@ -10,7 +10,8 @@ RECIPE = Recipe(
     reader="pylance LanceDataset.take (rows by index), through storebench's reader",
     decoder="simplejpeg in the workers, the whole image",
     transform=TransformTraits("antialiased", "whole image",
-                              "storebench RandomResizedCropFlip (Pillow, bilinear)"),
+                              "storebench RandomResizedCropFlip (Pillow, bilinear, as "
+                              "torchvision's RandomResizedCrop)", resampler="pillow"),
     loader="process",
     parallelism="one worker process per core",
     output="uint8 (B, 224, 224, 3) NumPy views of a shared-memory slot",

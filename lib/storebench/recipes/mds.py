@@ -10,7 +10,8 @@ RECIPE = Recipe(
     reader="streaming StreamingDataset over local MDS shards",
     decoder="simplejpeg in the workers, the whole image",
     transform=TransformTraits("antialiased", "whole image",
-                              "storebench RandomResizedCropFlip (Pillow, bilinear)"),
+                              "storebench RandomResizedCropFlip (Pillow, bilinear, as "
+                              "torchvision's RandomResizedCrop)", resampler="pillow"),
     loader="mds",
     parallelism="num_workers StreamingDataLoader worker processes",
     output="uint8 (B, 224, 224, 3) batch, stacked with NumPy",

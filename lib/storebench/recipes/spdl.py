@@ -11,7 +11,8 @@ RECIPE = Recipe(
     reader="storebench's LMDB reader, in an SPDL thread stage",
     decoder="simplejpeg in an SPDL thread stage, the whole image",
     transform=TransformTraits("antialiased", "whole image",
-                              "storebench RandomResizedCropFlip (Pillow, bilinear)"),
+                              "storebench RandomResizedCropFlip (Pillow, bilinear, as "
+                              "torchvision's RandomResizedCrop)", resampler="pillow"),
     loader="spdl",
     parallelism="concurrency tasks per stage on a pool of threads",
     output="uint8 (B, 224, 224, 3) NumPy batch in host memory",

@@ -10,7 +10,7 @@ RECIPE = Recipe(
     reader="storebench's memmap reader (NumPy take from the mapped array)",
     decoder="none: the pixels are stored decoded",
     transform=TransformTraits("antialiased", "whole image",
-                              "storebench RandomResizedCropFlip (Pillow, bilinear)"),
+                              "storebench RandomResizedCropFlip (its C bilinear resize)"),
     loader="thread",
     decode=None,
     parallelism="one thread per core",

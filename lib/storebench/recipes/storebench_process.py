@@ -1,5 +1,5 @@
 """storebench's ProcessPrefetcher over LMDB JPEGs: worker processes decode (simplejpeg),
-crop (Pillow) and write each batch into shared memory, one process per core."""
+crop (storebench's C resize) and write each batch into shared memory, one process per core."""
 
 from .base import Recipe, TransformTraits, Tuning
 
@@ -10,7 +10,7 @@ RECIPE = Recipe(
     reader="storebench's LMDB reader (re-opened in each worker)",
     decoder="simplejpeg (libjpeg-turbo), the whole image",
     transform=TransformTraits("antialiased", "whole image",
-                              "storebench RandomResizedCropFlip (Pillow, bilinear)"),
+                              "storebench RandomResizedCropFlip (its C bilinear resize)"),
     loader="process",
     parallelism="one worker process per core",
     output="uint8 (B, 224, 224, 3) NumPy views of a shared-memory slot, valid until the "

@@ -1,5 +1,6 @@
 """storebench's ThreadPrefetcher over LMDB JPEGs: simplejpeg decodes the whole image and
-Pillow crops (the GIL is released in both), one thread per core."""
+storebench's C resize crops into the batch (the GIL is released in both), one thread per
+core."""
 
 from .base import Recipe, TransformTraits, Tuning
 
@@ -10,7 +11,7 @@ RECIPE = Recipe(
     reader="storebench's LMDB reader (one read transaction per thread)",
     decoder="simplejpeg (libjpeg-turbo), the whole image",
     transform=TransformTraits("antialiased", "whole image",
-                              "storebench RandomResizedCropFlip (Pillow, bilinear)"),
+                              "storebench RandomResizedCropFlip (its C bilinear resize)"),
     loader="thread",
     parallelism="one thread per core",
     output="uint8 (B, 224, 224, 3) NumPy batch in host memory, reused slot",

@@ -11,7 +11,7 @@ RECIPE = Recipe(
     decoder="Pillow, the whole image",
     transform=TransformTraits("antialiased", "whole image",
                               "storebench RandomResizedCropFlip (Pillow, bilinear, as "
-                              "torchvision's RandomResizedCrop)"),
+                              "torchvision's RandomResizedCrop)", resampler="pillow"),
     loader="torch",
     decode="pil",
     parallelism="num_workers worker processes, one per core",
@@ -35,7 +35,7 @@ from storebench.loaders import LazyDataset, RandomResizedCropFlip, ShuffleSample
 from storebench.loaders.torch_adapter import torch_dataloader
 
 reader = open_dataset("{dataset}")
-dataset = LazyDataset(reader, decode="pil", transform=RandomResizedCropFlip(),
+dataset = LazyDataset(reader, decode="pil", transform=RandomResizedCropFlip(resampler="pillow"),
                       output_shape=(224, 224, 3))
 sampler = ShuffleSampler(len(dataset), seed=0)
 loader = torch_dataloader(dataset, batch_size=64, sampler=sampler,

@@ -10,7 +10,8 @@ RECIPE = Recipe(
     reader="storebench's LMDB reader in each worker",
     decoder="simplejpeg in the workers, the whole image",
     transform=TransformTraits("antialiased", "whole image",
-                              "storebench RandomResizedCropFlip (Pillow, bilinear)"),
+                              "storebench RandomResizedCropFlip (Pillow, bilinear, as "
+                              "torchvision's RandomResizedCrop)", resampler="pillow"),
     loader="torchdata",
     parallelism="num_workers worker processes",
     output="uint8 (B, 224, 224, 3) batch in host memory",

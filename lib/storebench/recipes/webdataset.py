@@ -10,7 +10,8 @@ RECIPE = Recipe(
     reader="wds.WebDataset over tar shards, split by worker",
     decoder="simplejpeg in the DataLoader's workers, the whole image",
     transform=TransformTraits("antialiased", "whole image",
-                              "storebench RandomResizedCropFlip (Pillow, bilinear)"),
+                              "storebench RandomResizedCropFlip (Pillow, bilinear, as "
+                              "torchvision's RandomResizedCrop)", resampler="pillow"),
     loader="webdataset",
     parallelism="num_workers DataLoader worker processes",
     output="uint8 (B, 224, 224, 3) batch from torch's DataLoader (batch_size=None)",

@@ -331,7 +331,7 @@ class Advice:
         """The registry's recipe of the answer: the chosen loader path's where it reads its
         own files, else its path over the chosen store's layout; None where none is
         declared (the pipeline is then the two rows above, not one recipe)."""
-        recipe = recipe_of(self.loader)
+        recipe = recipe_of(self.loader, None if self.decoder is None else self.decoder.key)
         path = loader_path_of(self.loader)
         if recipe is None or (path is not None and path.reads_dataset_files):
             return recipe
@@ -649,14 +649,15 @@ def loader_path_of(choice: Choice):
                  if part in LOADER_PATHS), None)
 
 
-def recipe_of(loader: Choice):
+def recipe_of(loader: Choice, decode: str | None = None):
     """The recipe (``storebench.recipes``) of a loader choice (``recipe_for``)."""
-    return recipe_for(loader.key, str(loader.facets.get("dataset", "")))
+    return recipe_for(loader.key, str(loader.facets.get("dataset", "")), decode)
 
 
-def recipe_for(key: str, dataset: str):
+def recipe_for(key: str, dataset: str, decode: str | None = None):
     """The recipe of loader path key ``key`` (``tf_data/w0/``): the one of its path over
-    ``dataset``, or its path's only recipe; None where none is declared."""
+    ``dataset`` (decoding with ``decode`` where several are; the studies' rows resize
+    antialiased), or its path's only recipe; None where none is declared."""
     from ..loaders.paths import LOADER_PATHS
     from ..recipes import RECIPES
 
@@ -665,6 +666,8 @@ def recipe_for(key: str, dataset: str):
     if path is None:
         return None
     mine = [r for r in RECIPES.values() if r.loader == path.name]
+    mine = ([r for r in mine if r.decode == decode] or mine) if decode else mine
+    mine.sort(key=lambda r: r.transform.filter != "antialiased")
     exact = [r for r in mine if f"{r.layout}-{r.encoding}" == dataset]
     found = exact or (mine if len(mine) == 1 else [])
     return found[0] if found else None

@@ -12,9 +12,12 @@ Grid vocabulary of the loader cases (the Case fields' values):
 - ``loader``: ``"lazy"`` (LazyDataset, reads per access) | ``"preloaded"`` (PreloadedDataset)
 - ``access``: ``"sequential"`` | ``"shuffle"`` | ``"block_shuffle"``
 - ``prefetcher``: a loader path name of ``storebench.loaders.paths.LOADER_PATHS``
-- params: ``decode`` (None | ``"simplejpeg"`` | ``"pil"`` | ``"auto"`` | ``"tf"``),
+- params: ``decode`` (None | ``"simplejpeg"`` | ``"pil"`` | ``"auto"`` | ``"reduced"`` |
+  ``"window"`` | ``"tf"``),
   ``resize`` (``"HxW"``: imported images of mixed sizes, resized before batching),
-  ``transform`` (``"train"``: the standard training crop and flip, ImageNet-like sets),
+  ``transform`` (``"train"``: the standard training crop and flip, ImageNet-like sets;
+  ``crop_filter`` ``"antialiased"`` | ``"plain"`` and ``crop_resampler`` ``"storebench"`` |
+  ``"pillow"`` choose its resize, ``RandomResizedCropFlip``'s ``filter`` and ``resampler``),
   ``start_method``, ``seed``, ``max_batches``, ``shuffle_buffer`` (tf_data),
   ``open_<option>`` (format open options), ``ram_orders`` (preloaded only: more access
   orders read from the same preload, ``"sequential,shuffle"``; see ``ram_order_epochs``).
@@ -107,7 +110,9 @@ def sample_transform(case: Case):
     if transform == "train":
         from storebench.loaders.train_transform import RandomResizedCropFlip
 
-        return RandomResizedCropFlip(seed=int(case.param("seed", 0)))
+        return RandomResizedCropFlip(seed=int(case.param("seed", 0)),
+                                     filter=case.param("crop_filter", "antialiased"),
+                                     resampler=case.param("crop_resampler", "storebench"))
     if transform:
         raise ValueError(f"case {case.case_id}: unknown transform {transform!r}; known: 'train'")
     size = resize_size(case)

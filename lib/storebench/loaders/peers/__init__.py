@@ -110,7 +110,8 @@ def decoded_arrays(root: Path, spec: Spec, decode: str | None,
 
 # ``PathOptions.transform`` "train": the standard training crop (scale and ratio as
 # torchvision's RandomResizedCrop) and flip. DALI and FFCV apply their own crop ops with
-# these parameters; the other peers apply storebench's seeded ``RandomResizedCropFlip``.
+# these parameters; the other peers apply storebench's seeded ``RandomResizedCropFlip``,
+# resized with Pillow as torchvision's transforms resize.
 TRAIN = "train"
 CROP_SCALE = (0.08, 1.0)
 CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
@@ -127,7 +128,8 @@ def training_crop(options):
         raise ValueError(f"unknown transform {options.transform!r}; known: {TRAIN!r}")
     from ..train_transform import RandomResizedCropFlip
 
-    return RandomResizedCropFlip(seed=int(options.seed))
+    # Pillow resizes, as the torchvision transforms these peers' docs use do.
+    return RandomResizedCropFlip(seed=int(options.seed), resampler="pillow")
 
 
 @dataclass(frozen=True)

@@ -115,16 +115,29 @@ OUR_LOADER_OVER_PEER_FORMATS = "process"
 TRAINING_PATHS = {
     "jpeg": (("process", "lmdb"), ("thread", "lmdb"), DEFAULT_PATH,
              ("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "mds"),
-             ("dali_file", "rawfiles"), ("ffcv", "ffcv"), ("spdl", "lmdb")),
+             ("dali_file", "rawfiles"), ("ffcv", "ffcv"), ("spdl", "lmdb"),
+             ("tf_data", "tfrecord")),
     "raw": (("process", "memmap"), ("thread", "memmap"), ("litdata", "litdata"),
             ("ffcv", "ffcv")),
+}
+# On a training-set family, storebench's own pipelines beside its whole-image decode: the
+# crop-window decode resized straight into the batch (``decode="window"``), with each resize
+# filter, so that each filter class has its storebench candidate (tf.data resizes plain).
+TRAINING_VARIANTS = {
+    "jpeg": ((("thread", "lmdb"), {"decode": "window"}),
+             (("thread", "lmdb"), {"decode": "window", "crop_filter": "plain"})),
+    "raw": (),
 }
 TRAINING_BUDGET_S = 250
 # Peer paths whose library has a random resized crop op of its own (DALI's
 # decoders.image_random_crop / random_resized_crop, FFCV's RandomResizedCropRGBImageDecoder):
 # they crop with it (param ``crop="library"``: the same work, the library's own random
 # draws); every other path applies storebench's seeded RandomResizedCropFlip.
-OWN_CROP_PATHS = ("dali_file", "dali_tfrecord", "ffcv")
+OWN_CROP_PATHS = ("dali_file", "dali_tfrecord", "ffcv", "tf_data")
+# Paths that apply storebench's crop but stand for a pipeline that resizes with Pillow, as
+# torchvision's RandomResizedCrop does (the peers' docs and the common default use
+# torchvision's transforms): param ``crop_resampler="pillow"``.
+PILLOW_CROP_FAMILIES = ("peer", "baseline")
 COMPACT_LATER_EPOCHS_MIN_S = 0.25
 COMPACT = {"jpeg": (("process", "lmdb"), ("webdataset", "webdataset"), ("ffcv", "ffcv"),
                     ("dali_tfrecord", "tfrecord"), ("spdl", "lmdb")),
@@ -132,6 +145,7 @@ COMPACT = {"jpeg": (("process", "lmdb"), ("webdataset", "webdataset"), ("ffcv", 
 ENCODINGS = ("jpeg", "raw")
 COLD_ENCODINGS = ("jpeg",)
 TARGET_RATIO = 1.2  # storebench's best path over the best peer
+PLAIN_TARGET_RATIO = 1.0  # storebench's best plain-resize path: not slower than tf.data
 # The warm rows the target compares (see peers_grid): a candidate of a second or two a
 # repeat still gets 4 to 8 repeats; longer only let slow peers that decide nothing run all 9.
 TARGET_REPEAT_BUDGET_S = 8.0
@@ -183,6 +197,9 @@ def _case(path: str, fmt: str, encoding: str, cache: str, built: dict, fields: d
     params = {"decode": decode_for(encoding), **extra}
     if params.get("transform") and path in OWN_CROP_PATHS:
         params["crop"] = "library"
+    elif params.get("transform") and (get_loader_path(path).family in PILLOW_CROP_FAMILIES
+                                      or (path, fmt) == DEFAULT_PATH):
+        params["crop_resampler"] = "pillow"
     if cache == "cold":
         # Epoch 1 only: its later epochs would read a cached set, the warm row's measurement.
         params["later_epochs"] = False
@@ -265,6 +282,10 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
                 targeted = cache == "warm" and (path, fmt) not in ours_over_peers
                 cases.append(_case(path, fmt, encoding, cache, built,
                                    target_fields if targeted else fields, data_dir, extra))
+            if training:
+                for (path, fmt), variant in TRAINING_VARIANTS[encoding]:
+                    cases.append(_case(path, fmt, encoding, cache, built, target_fields,
+                                       data_dir, {**extra, **variant}))
     return cases
 
 
@@ -318,7 +339,8 @@ def peers_rows(df: pd.DataFrame) -> pd.DataFrame:
     rows have no path: empty strings)."""
     rows = df[df["study"] == NAME].copy()
     if rows.empty:
-        return rows.assign(path="", family="", label="", transform="", crop="")
+        return rows.assign(path="", family="", label="", transform="", crop="", variant="",
+                           key="")
     rows["path"] = rows["prefetcher"].fillna("")
     rows["family"] = rows["path"].map(
         lambda p: LOADER_PATHS[p].family if p in LOADER_PATHS else "")
@@ -326,18 +348,59 @@ def peers_rows(df: pd.DataFrame) -> pd.DataFrame:
               for p in rows["params"]]
     rows["transform"] = [str(p.get("transform") or "") for p in params]
     rows["crop"] = [str(p.get("crop") or "") for p in params]
-    rows["label"] = [path_text(p, f, crop=c)
-                     for p, f, c in zip(rows["path"], rows["format"], rows["crop"])]
+    rows["variant"] = [variant_of(p) for p in params]
+    rows["key"] = [path_key(p, f, v) for p, f, v in
+                   zip(rows["path"], rows["format"], rows["variant"])]
+    rows["label"] = [path_text(p, f, crop=c, variant=v) for p, f, c, v in
+                     zip(rows["path"], rows["format"], rows["crop"], rows["variant"])]
     return rows
 
 
-def path_text(path: str, fmt: str, *, crop: str = "") -> str:
+# A case's variant of its path (``TRAINING_VARIANTS``), in its key and its label.
+VARIANT_WORDS = {"window": "crop-window decode", "plain": "plain bilinear"}
+
+
+def variant_of(params: dict) -> str:
+    """``"window+plain"`` for a crop-window decode with the plain filter; "" for the path as
+    the study runs it by default."""
+    parts = []
+    if params.get("decode") == "window":
+        parts.append("window")
+    if params.get("crop_filter") == "plain":
+        parts.append("plain")
+    return "+".join(parts)
+
+
+def path_key(path: str, fmt: str, variant: str = "") -> str:
+    """``"thread:lmdb"``, ``"thread:lmdb:window+plain"``: what candidates are keyed on."""
+    return f"{path}:{fmt}" + (f":{variant}" if variant else "")
+
+
+def key_parts(key: str) -> tuple[str, str, str]:
+    """(path, format, variant) of a candidate's key."""
+    path, fmt, *variant = key.split(":", 2)
+    return path, fmt, variant[0] if variant else ""
+
+
+def filter_class(key: str) -> str:
+    """The resize filter class of a candidate: "plain" for tf.data's and storebench's
+    plain variant, else "antialiased" (Pillow, FFCV's INTER_AREA, DALI's resize)."""
+    path, _, variant = key_parts(key)
+    return "plain" if path == "tf_data" or "plain" in variant.split("+") else "antialiased"
+
+
+def path_text(path: str, fmt: str, *, crop: str = "", variant: str = "") -> str:
     """``"WebDataset + DataLoader ×2 (webdataset)"``: the path, its workers, what it reads;
-    ``", own crop op"`` where it crops with its library's op (``crop="library"``)."""
+    ``", own crop op"`` where it crops with its library's op (``crop="library"``); the
+    variant's words (``"crop-window decode, plain bilinear"``)."""
     loader = LOADER_PATHS.get(path)
     label = loader.label if loader else path
     own = ", own crop op" if crop == "library" else ""
-    return f"{label} {MULTIPLY}{WORKERS} ({fmt}{own})"
+    parts = [part for part in variant.split("+") if part]
+    if path == "tf_data" and "plain" not in parts:
+        parts.append("plain")  # tf.image.resize without antialiasing
+    words = "".join(f", {VARIANT_WORDS[part]}" for part in parts)
+    return f"{label} {MULTIPLY}{WORKERS} ({fmt}{own}{words})"
 
 
 def candidates(df: pd.DataFrame, encoding: str, cache: str, metric: str):
@@ -345,10 +408,10 @@ def candidates(df: pd.DataFrame, encoding: str, cache: str, metric: str):
     rows = peers_rows(df)
     rows = rows[(rows["encoding"] == encoding) & (rows["cache"] == cache)]
     found = []
-    for (path, fmt), part in rows.groupby(["path", "format"], sort=False):
+    for key, part in rows.groupby("key", sort=False):
         if select(part, metric).empty:
             continue
-        found.append((f"{path}:{fmt}", part["label"].iloc[0], part["family"].iloc[0],
+        found.append((key, part["label"].iloc[0], part["family"].iloc[0],
                       stat(part, metric)))
     return sorted(found, key=lambda c: -c[3].median)
 
@@ -372,18 +435,20 @@ def is_storebench_over_core(key: str, family: str) -> bool:
     formats. Our loader over a peer's format measures that format as much as our loader."""
     from ...formats import FORMATS
 
-    return family == "storebench" and key.split(":", 1)[1] in FORMATS.core
+    return family == "storebench" and key_parts(key)[1] in FORMATS.core
 
 
-def best_against_peers(df: pd.DataFrame, encoding: str):
+def best_against_peers(df: pd.DataFrame, encoding: str, filter: str = "antialiased"):
     """(ours, peer, (ratio, low, high)) for storebench's best path over a storebench format
-    against the best peer library's own pipeline, warm, epochs 2 and on; None where either
-    side is missing."""
-    found = candidates(df, encoding, "warm", RATE)
+    against the best peer library's own pipeline or the tuned DataLoader (``DEFAULT_PATH``),
+    both resizing with ``filter``'s class, warm, epochs 2 and on; None where either side is
+    missing. The plain class's peer is tf.data (the framework that resizes plain)."""
+    found = [c for c in candidates(df, encoding, "warm", RATE) if filter_class(c[0]) == filter]
     ours = [c for c in found if is_storebench_over_core(c[0], c[2])]
     # A peer library's own pipeline, over its own format or the core one it reads (DALI
-    # over raw files, SPDL over LMDB).
-    peers = [c for c in found if c[2] == "peer"]
+    # over raw files, SPDL over LMDB), or the common default tuned.
+    peers = [c for c in found if c[2] == "peer" or c[0] == ":".join(DEFAULT_PATH)
+             or (filter == "plain" and key_parts(c[0])[0] == "tf_data")]
     if not ours or not peers:
         return None
     return ours[0], peers[0], ratio_interval(ours[0][3], peers[0][3])
@@ -395,7 +460,8 @@ def versus_default(df: pd.DataFrame, encoding: str):
     rule; None where either side is missing."""
     from ...guide import compare
 
-    found = candidates(df, encoding, "warm", RATE)
+    found = [c for c in candidates(df, encoding, "warm", RATE)
+             if filter_class(c[0]) == "antialiased"]
     ours = [c for c in found if is_storebench_over_core(c[0], c[2])]
     default = [c for c in found if c[0] == ":".join(DEFAULT_PATH)]
     if not ours or not default:
@@ -403,12 +469,12 @@ def versus_default(df: pd.DataFrame, encoding: str):
     return ours[0], default[0], compare(ours[0][3], default[0][3], lower_is_better=False)
 
 
-def ours_over_peers_target(encoding: str):
+def ours_over_peers_target(encoding: str, filter: str = "antialiased"):
     """``measure`` of the target for ``encoding``: storebench's best path over the best
-    peer path, warm, epochs 2 and on."""
+    peer path of the same filter class, warm, epochs 2 and on."""
 
     def measure(results: Results) -> TargetMeasure | None:
-        found = best_against_peers(results.df, encoding)
+        found = best_against_peers(results.df, encoding, filter)
         if found is None:
             return None
         ours, peer, (ratio, low, high) = found
@@ -438,14 +504,22 @@ def limiting_factor(df: pd.DataFrame, encoding: str) -> str:
     return "small cached arrays: each loader's per-batch overhead decides"
 
 
-PEER_TARGETS = tuple(
+PEER_TARGETS = (*(
     TargetSpec(key=f"peers_{encoding}", name=f"Ours vs the best peer, {encoding}",
                description=f"storebench's best path over a storebench format against the "
-                           f"best peer library's own pipeline, "
+                           f"best peer library's own pipeline or the tuned DataLoader, both "
+                           f"resizing antialiased, "
                            f"{ENCODING_NAMES.get(encoding, encoding)}, warm, epochs 2 and on",
                threshold=TARGET_RATIO, is_fraction=False,
                measure=ours_over_peers_target(encoding))
-    for encoding in ENCODINGS)
+    for encoding in ENCODINGS),
+    TargetSpec(key="peers_jpeg_plain", name="Ours vs tf.data, jpeg, plain resize",
+               description="storebench's best path over a storebench format resizing with "
+                           "the plain bilinear filter against tf.data over TFRecord "
+                           "(decode_and_crop_jpeg, tf.image.resize without antialiasing), "
+                           f"{ENCODING_NAMES.get('jpeg', 'jpeg')}, warm, epochs 2 and on",
+               threshold=PLAIN_TARGET_RATIO, is_fraction=False,
+               measure=ours_over_peers_target("jpeg", "plain")))
 
 
 def decode_efficiency(df: pd.DataFrame):
@@ -532,14 +606,13 @@ LOG_SPAN = 100.0
 
 
 def _path_stat(rows: pd.DataFrame, key: str, metric: str):
-    path, fmt = key.split(":", 1)
-    mine = rows[(rows["path"] == path) & (rows["format"] == fmt)]
+    mine = rows[rows["key"] == key]
     return stat(mine, metric) if not select(mine, metric).empty else None
 
 
 def _over_peer_format(key: str) -> bool:
     """Our ProcessPrefetcher over a peer library's format ("same files, our loader")."""
-    path, fmt = key.split(":", 1)
+    path, fmt, _ = key_parts(key)
     return path == OUR_LOADER_OVER_PEER_FORMATS and fmt in peer_formats()
 
 
@@ -564,7 +637,7 @@ def _rate_bars(ax, rows: pd.DataFrame, found: list, metric: str, *, epoch1: bool
             ax.plot(first.median, row, marker="|", markersize=11, markeredgewidth=2,
                     color="black", linestyle="none", label="epoch 1 (after its first batch)")
             values.append(first.median)
-        own = (peer_own or {}).get(key.split(":", 1)[1])
+        own = (peer_own or {}).get(key_parts(key)[1])
         if own is not None:
             ax.plot(own.median, row, marker="D", markersize=6, color="C1",
                     markeredgecolor="black", linestyle="none",
@@ -577,7 +650,7 @@ def _peer_own_rates(rows: pd.DataFrame, found: list, metric: str) -> dict:
     """format -> Stat of the peer library's own pipeline over its own format."""
     out = {}
     for key, _, family, _ in found:
-        path, fmt = key.split(":", 1)
+        path, fmt, _ = key_parts(key)
         if family == "peer" and path == fmt:
             value = _path_stat(rows, key, metric)
             if value is not None:
@@ -688,8 +761,7 @@ def plot_peers_startup(df: pd.DataFrame) -> Figure:
     def medians(metric: str, scale: float = 1.0) -> list[float]:
         values = []
         for key, _, _, _ in found:
-            path, fmt = key.split(":", 1)
-            mine = jpeg[(jpeg["path"] == path) & (jpeg["format"] == fmt)]
+            mine = jpeg[jpeg["key"] == key]
             values.append(stat(mine, metric).median / scale
                           if not select(mine, metric).empty else np.nan)
         return values
@@ -731,21 +803,25 @@ def target_findings(results: Results) -> list[str]:
     epochs 2 and on), and JPEG decode against cores x one thread (``decode_efficiency``)."""
     df = results.df
     out = []
-    for encoding in ENCODINGS:
-        found = best_against_peers(df, encoding)
+    for encoding, filter, threshold, against in (
+            ("jpeg", "antialiased", TARGET_RATIO, "the best peer"),
+            ("raw", "antialiased", TARGET_RATIO, "the best peer"),
+            ("jpeg", "plain", PLAIN_TARGET_RATIO, "tf.data")):
+        found = best_against_peers(df, encoding, filter)
         what = ENCODING_NAMES.get(encoding, encoding)
         if found is None:
             continue
         ours, peer, (ratio, low, high) = found
-        met = "met" if low >= TARGET_RATIO else "not met"
+        met = "met" if low >= threshold else "not met"
         interval = (f"95% interval {_precise(low)}\u2013{_precise(high)}" if math.isfinite(low)
                     else f"fewer than {MIN_PAIRED_REPEATS} repeats on a side: no interval")
         workload = results.workload(NAME, encoding)
         on = f" ({workload})" if workload else ""
+        resize = "" if encoding == "raw" else f", both resizing {filter}"
         out.append(
-            f"{what}, warm, epochs 2 and on{on}: storebench's best path, {ours[1]} at "
-            f"{ours[3]}, runs {_precise(ratio)} the best peer, {peer[1]} at {peer[3]} "
-            f"({interval}); the target of {format_ratio(TARGET_RATIO)} is {met} by its "
+            f"{what}, warm, epochs 2 and on{on}{resize}: storebench's best path, {ours[1]} "
+            f"at {ours[3]}, runs {_precise(ratio)} {against}, {peer[1]} at {peer[3]} "
+            f"({interval}); the target of {format_ratio(threshold)} is {met} by its "
             "interval's lower end.")
     efficiency = decode_efficiency(df)
     if efficiency is None:
@@ -778,13 +854,13 @@ def spdl_findings(df: pd.DataFrame) -> list[str]:
     for encoding in ENCODINGS:
         found = candidates(df, encoding, "warm", RATE)
         ours = [c for c in found if is_storebench_over_core(c[0], c[2])]
-        spdl = [c for c in found if c[0].split(":", 1)[0] in SPDL_PATHS]
+        spdl = [c for c in found if key_parts(c[0])[0] in SPDL_PATHS]
         if not ours or not spdl:
             continue
         what = ENCODING_NAMES.get(encoding, encoding)
         pairs = [(ours[0], spdl[0], "storebench's best path")]
-        thread = [c for c in ours if c[0].split(":", 1)[0] == "thread"]
-        spdl_thread = [c for c in spdl if c[0].split(":", 1)[0] == "spdl"]
+        thread = [c for c in ours if key_parts(c[0])[0] == "thread"]
+        spdl_thread = [c for c in spdl if key_parts(c[0])[0] == "spdl"]
         if thread and spdl_thread and (thread[0], spdl_thread[0]) != (ours[0], spdl[0]):
             pairs.append((thread[0], spdl_thread[0], "our ThreadPrefetcher"))
         for mine, theirs, who in pairs:
@@ -803,7 +879,7 @@ def findings(results: Results) -> list[str]:
     rows = peers_rows(df)
     jpeg = rows[(rows["encoding"] == "jpeg") & (rows["cache"] == "warm")]
     starts = []
-    for _, mine in jpeg.groupby(["path", "format"], sort=False):
+    for _, mine in jpeg.groupby("key", sort=False):
         if not select(mine, "fresh_process_first_batch_s").empty:
             starts.append((stat(mine, "fresh_process_first_batch_s"), mine["label"].iloc[0]))
     if len(starts) > 1:
@@ -812,7 +888,7 @@ def findings(results: Results) -> list[str]:
                    f"JPEG, warm) runs from {starts[0][0]} ({starts[0][1]}) to "
                    f"{starts[-1][0]} ({starts[-1][1]}); the rates above exclude it.")
     spreads = []
-    for _, mine in jpeg.groupby(["path", "format"], sort=False):
+    for _, mine in jpeg.groupby("key", sort=False):
         if not select(mine, "shuffle_spread").empty:
             spreads.append((stat(mine, "shuffle_spread").median, mine["label"].iloc[0]))
     if spreads:
@@ -835,16 +911,21 @@ def guide(results: Results) -> list:
     for encoding in ENCODINGS:
         for cache, metric, epoch in (("warm", RATE, "epochs 2 and on"),
                                       ("cold", COLD_RATE, "epoch 1")):
-            found = candidates(results.df, encoding, cache, metric)
-            if not found:
-                continue
-            what = ENCODING_NAMES.get(encoding, encoding)
-            question = (f"{what}, {cache} cache, {epoch}, shuffled, {WORKERS} workers: which "
-                        f"loader library and format? ({sets_caption(rows, encoding)})")
-            row = choose(NAME, question, metric,
-                         [Candidate(key, label, value) for key, label, _, value in found])
-            if row is not None:
-                out.append(row)
+            every = candidates(results.df, encoding, cache, metric)
+            # Speed is compared within one resize filter class (tf.data's is plain).
+            classes = sorted({filter_class(c[0]) for c in every})
+            for filter in classes:
+                found = [c for c in every if filter_class(c[0]) == filter]
+                what = ENCODING_NAMES.get(encoding, encoding)
+                resize = (f", resizing {filter}" if len(classes) > 1 or filter == "plain"
+                          else "")
+                question = (f"{what}, {cache} cache, {epoch}, shuffled, {WORKERS} workers"
+                            f"{resize}: which loader library and format? "
+                            f"({sets_caption(rows, encoding)})")
+                row = choose(NAME, question, metric,
+                             [Candidate(key, label, value) for key, label, _, value in found])
+                if row is not None:
+                    out.append(row)
     return out
 
 

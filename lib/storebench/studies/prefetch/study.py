@@ -101,7 +101,8 @@ COMPACT_RAW = (*COMPACT_CORE, PrefetchVariant("pickled_baseline", 2, "fork"),
 
 # The ImageNet-like set (``grid.is_training_set``), decode-bound at about 2 ms a sample: the
 # worker sweep and the process start methods on simplejpeg, the two-worker
-# core for PIL and for the reduced-size DCT decode (``decode="reduced"``), the copy-bound
+# core for PIL, for the reduced-size DCT decode (``decode="reduced"``) and for the
+# crop-window decode (``decode="window"``), the copy-bound
 # core on its raw copy (through the same crop). Left out there: the paths whose question
 # the synthetic sets answer already (a consumer that reads too, the locked-list baseline,
 # torch in-process: one thread again, tf.data from_generator: GIL-bound).
@@ -113,7 +114,7 @@ TRAINING_JPEG = (
     PrefetchVariant("pickled_baseline", 2, "fork"),
     PrefetchVariant("torch", 2, "fork"),
 )
-TRAINING_DECODERS = ("simplejpeg", "pil", "reduced")
+TRAINING_DECODERS = ("simplejpeg", "pil", "reduced", "window")
 
 
 def grid_plans(datasets, *, compact: bool) -> list:
@@ -224,7 +225,8 @@ def decoded_label(dataset: str, decode: str) -> str:
 
 def decoder_name(decode: str) -> str:
     """A decoder as a question names it."""
-    return "reduced-size (DCT-scaled) simplejpeg" if decode == "reduced" else decode
+    return {"reduced": "reduced-size (DCT-scaled) simplejpeg",
+            "window": "crop-window (libjpeg-turbo)"}.get(decode, decode)
 
 
 def bound_by(decode: str, transform: str) -> str:
@@ -340,8 +342,9 @@ def worker_sweep_findings(table: pd.DataFrame) -> list[str]:
 
 DECODER_PATHS = (("none", 0, None), ("thread", 2, None), ("process", 2, None))
 # The decoders compared, in figure order ("auto": an import's mixed JPEG/PNG set).
-# "reduced": simplejpeg decoding at the smallest DCT scale that covers the training crop.
-DECODER_ORDER = ("pil", "simplejpeg", "reduced", "auto")
+# "reduced": simplejpeg decoding at the smallest DCT scale that covers the training crop;
+# "window": libjpeg-turbo decoding only the crop's window, resized into the batch.
+DECODER_ORDER = ("pil", "simplejpeg", "reduced", "window", "auto")
 
 
 def decoder_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -434,20 +437,30 @@ def threads_vs_processes_findings(table: pd.DataFrame) -> list[str]:
     return sentences
 
 
+# The partial decodes set against the full simplejpeg decode, as the findings word them.
+PARTIAL_DECODES = {
+    "reduced": "decoding each JPEG at the smallest DCT scale that covers its training crop "
+               "(decode='reduced')",
+    "window": "decoding only each JPEG's crop window and resizing it into the batch "
+              "(decode='window')",
+}
+
+
 def reduced_decode_findings(dataset: str, part: pd.DataFrame) -> list[str]:
-    """The reduced-size decode against the full simplejpeg decode on the same paths."""
+    """The reduced-size and crop-window decodes against the full simplejpeg decode on the
+    same paths."""
     sentences = []
-    for prefetcher, workers in (("none", 0), ("thread", 2), ("process", 2)):
-        full, reduced = (_path(part[part["decode"] == d], prefetcher, workers)
-                         for d in ("simplejpeg", "reduced"))
-        if full is None or reduced is None:
-            continue
-        sentences.append(
-            f"{dataset}, {reduced['label']}: decoding each JPEG at the smallest DCT scale "
-            f"that covers its training crop (decode='reduced') runs "
-            f"{relative_text(reduced['samples_per_s'] / full['samples_per_s'])} the full "
-            f"simplejpeg decode ({format_value(reduced['samples_per_s'], 'samples/s')} vs "
-            f"{format_value(full['samples_per_s'], 'samples/s')}).")
+    for decode, what in PARTIAL_DECODES.items():
+        for prefetcher, workers in (("none", 0), ("thread", 2), ("process", 2)):
+            full, partial = (_path(part[part["decode"] == d], prefetcher, workers)
+                             for d in ("simplejpeg", decode))
+            if full is None or partial is None:
+                continue
+            sentences.append(
+                f"{dataset}, {partial['label']}: {what} runs "
+                f"{relative_text(partial['samples_per_s'] / full['samples_per_s'])} the full "
+                f"simplejpeg decode ({format_value(partial['samples_per_s'], 'samples/s')} vs "
+                f"{format_value(full['samples_per_s'], 'samples/s')}).")
     return sentences
 
 
@@ -618,6 +631,7 @@ def plot_decoders(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figu
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=0.8)
     names = {"pil": "PIL (holds the GIL)", "simplejpeg": "simplejpeg (releases the GIL)",
              "reduced": "reduced-size DCT decode\n(simplejpeg, at the crop's scale)",
+             "window": "crop-window decode\n(libjpeg-turbo, resized into the batch)",
              "auto": "auto (simplejpeg for JPEG, else PIL)"}
     ax.set_xticks(range(len(decoders)), [names.get(d, d) for d in decoders])
     ax.set_ylabel("throughput / one thread, same decoder")
