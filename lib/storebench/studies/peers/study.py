@@ -852,7 +852,9 @@ def spdl_findings(df: pd.DataFrame) -> list[str]:
     stages (the same design: thread pools, GIL-releasing decode, one process)."""
     out = []
     for encoding in ENCODINGS:
-        found = candidates(df, encoding, "warm", RATE)
+        # SPDL's pipelines resize with Pillow: ours of the same (antialiased) class.
+        found = [c for c in candidates(df, encoding, "warm", RATE)
+                 if filter_class(c[0]) == "antialiased"]
         ours = [c for c in found if is_storebench_over_core(c[0], c[2])]
         spdl = [c for c in found if key_parts(c[0])[0] in SPDL_PATHS]
         if not ours or not spdl:
