@@ -37,8 +37,9 @@ def ci_workdir(tmp_path_factory):
     return workdir
 
 
-def test_readme_has_the_six_loader_snippets():
-    assert len(SNIPPETS) == 6
+def test_readme_has_the_seven_loader_snippets():
+    assert len(SNIPPETS) == 7
+    assert any('decode="window"' in s and "StepInput" in s for s in SNIPPETS)
     assert any("SeaweedServer" in s and "s3://" in s for s in SNIPPETS)
     assert any("torch_dataloader" in s for s in SNIPPETS)
     assert any("ProcessPrefetcher" in s for s in SNIPPETS)
@@ -48,7 +49,7 @@ def test_readme_has_the_six_loader_snippets():
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("index", range(6))
+@pytest.mark.parametrize("index", range(7))
 def test_snippet_runs(ci_workdir, index):
     script = ci_workdir / f"snippet_{index}.py"
     body = "\n".join("    " + line for line in SNIPPETS[index].splitlines())

@@ -5,7 +5,8 @@ ThreadPrefetcher / ProcessPrefetcher -> GpuFeeder``. Torch and TensorFlow are im
 inside the functions that use them (``storebench.loaders.torch_adapter``, ``.tf_adapter``).
 Per-sample transforms (``Resize``, ``ResizeShorter``, ``CenterCrop``, ``Compose``) give images
 of different sizes one shape before batching; ``RandomResizedCropFlip`` is the standard
-training transform, seeded per (seed, epoch, sample) so every path delivers the same pixels.
+training transform, seeded per (seed, epoch, sample) so every path delivers the same pixels;
+``StepInput`` turns a batch into the tensor a training step takes.
 """
 
 from .baselines import BaselineLockedListPrefetcher, BaselinePickledQueuePrefetcher
@@ -28,6 +29,7 @@ from .samplers import (
     ShuffleSampler,
     merge_rank_states,
 )
+from .step_input import StepInput
 from .train_transform import RandomResizedCropFlip, ReducedDecodeReport, reduced_decode_psnr
 from .transforms import (
     CenterCrop,
@@ -66,6 +68,7 @@ __all__ = [
     "ResizeShorter",
     "SequentialSampler",
     "ShuffleSampler",
+    "StepInput",
     "ThreadPrefetcher",
     "WorkerDiedError",
     "WorkerError",

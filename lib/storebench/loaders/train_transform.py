@@ -7,10 +7,10 @@ randomness is a pure function of ``(seed, epoch, sample index)``, not of a globa
 So every loader path (a dataset read directly, ``ThreadPrefetcher``, ``ProcessPrefetcher``
 under fork, spawn or forkserver, torch's ``DataLoader``) delivers the same pixels for the same
 epoch, whichever worker reads which sample, and a resumed epoch repeats them. The crop is cut
-and resized with Pillow's bilinear filter (what torchvision applies to PIL images), the one
-resize every path uses, so full decodes agree bit for bit.
+and resized with one bilinear resize (below) on every path, so full decodes agree bit for bit.
 
-Give it to a dataset as ``transform=`` with ``decode="simplejpeg"`` (or ``"pil"``/``"auto"``);
+Give it to a dataset as ``transform=`` with ``decode="window"``, ``"simplejpeg"`` (or
+``"pil"``/``"auto"``);
 the dataset passes each sample's index and its epoch (``dataset.set_epoch``; a prefetcher
 or ``torch_dataloader`` takes the epoch from its sampler's ``set_epoch``).
 

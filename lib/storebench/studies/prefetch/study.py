@@ -629,11 +629,11 @@ def plot_decoders(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figu
             ax.errorbar(x, median, yerr=[[median - low], [high - median]], fmt="none",
                         ecolor="black", capsize=2)
     ax.axhline(1.0, color="grey", linestyle=":", linewidth=0.8)
-    names = {"pil": "PIL (holds the GIL)", "simplejpeg": "simplejpeg (releases the GIL)",
-             "reduced": "reduced-size DCT decode\n(simplejpeg, at the crop's scale)",
-             "window": "crop-window decode\n(libjpeg-turbo, resized into the batch)",
-             "auto": "auto (simplejpeg for JPEG, else PIL)"}
-    ax.set_xticks(range(len(decoders)), [names.get(d, d) for d in decoders])
+    names = {"pil": "PIL\n(holds the GIL)", "simplejpeg": "simplejpeg\n(releases the GIL)",
+             "reduced": "reduced-size DCT\n(simplejpeg, the\ncrop's scale)",
+             "window": "crop window only\n(libjpeg-turbo, resized\ninto the batch)",
+             "auto": "auto (simplejpeg\nfor JPEG, else PIL)"}
+    ax.set_xticks(range(len(decoders)), [names.get(d, d) for d in decoders], fontsize="small")
     ax.set_ylabel("throughput / one thread, same decoder")
     # Outside the axes: inside, the best corner can still hide a whisker.
     legend_below(fig, [ax], ncols=3)
