@@ -366,14 +366,21 @@ def training_grid(tmp_path):
 
 def test_on_a_training_family_every_path_applies_the_training_transform(tmp_path):
     cases = training_grid(tmp_path)
-    wanted = [(enc, path, fmt) for enc in peers.ENCODINGS
+    wanted = [(enc, path, fmt, "") for enc in peers.ENCODINGS
               for path, fmt in peers.TRAINING_PATHS[enc]]
-    assert [(c.encoding, c.prefetcher, c.format) for c in cases] == wanted
+    wanted[len(peers.TRAINING_PATHS["jpeg"]):len(peers.TRAINING_PATHS["jpeg"])] = [
+        ("jpeg", "thread", "lmdb", "window"), ("jpeg", "thread", "lmdb", "window+plain")]
+    assert [(c.encoding, c.prefetcher, c.format, peers.variant_of(dict(c.params or {})))
+            for c in cases] == wanted
     assert {c.cache or c.param("cache_wanted") for c in cases} == {"warm"}
     assert {c.param("transform") for c in cases} == {"train"}
-    # The library's own crop op where it has one, labelled; storebench's seeded crop else.
+    # The library's own crop op where it has one, labelled; storebench's seeded crop else,
+    # resized with Pillow for the peers and the default, as torchvision's transforms do.
     own = {(c.prefetcher, c.encoding) for c in cases if c.param("crop") == "library"}
-    assert own == {("dali_file", "jpeg"), ("ffcv", "jpeg"), ("ffcv", "raw")}
+    assert own == {("dali_file", "jpeg"), ("ffcv", "jpeg"), ("ffcv", "raw"),
+                   ("tf_data", "jpeg")}
+    pillow = {c.prefetcher for c in cases if c.param("crop_resampler") == "pillow"}
+    assert pillow == {"torch", "webdataset", "litdata", "mds", "spdl"}
     # Read from the family's own peers directory.
     assert {str(peer_sets_dir(family_data_dir(tmp_path, "imagenet")))} == {
         c.dataset.rsplit("/", 1)[0] for c in cases}

@@ -119,7 +119,8 @@ def test_prefetch_on_the_training_set(imagenet_dir):
     assert by_decode == {None: len(prefetch.COMPACT_RAW),
                          "simplejpeg": len(prefetch.TRAINING_JPEG),
                          "pil": len(prefetch.COMPACT_CORE),
-                         "reduced": len(prefetch.COMPACT_CORE), "tf": 1}
+                         "reduced": len(prefetch.COMPACT_CORE),
+                         "window": len(prefetch.COMPACT_CORE), "tf": 1}
     for case in cases:
         assert case.param("transform") == "train", case.case_id
     raw = [c for c in cases if c.param("decode") is None]
@@ -215,8 +216,8 @@ def test_prefetch_findings_on_the_training_set_name_the_crop_and_the_reduced_dec
     assert "each through the training crop" in fig._suptitle.get_text()
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_xticklabels()] == [
-        "simplejpeg (releases the GIL)",
-        "reduced-size DCT decode\n(simplejpeg, at the crop's scale)"]
+        "simplejpeg\n(releases the GIL)",
+        "reduced-size DCT\n(simplejpeg, the\ncrop's scale)"]
 
 
 def test_prefetch_guide_on_the_training_set_says_the_crop():
