@@ -55,8 +55,9 @@ def epochs(batches, n: int, count: int = 2) -> list[list]:
 
 def expected(root, epoch: int):
     reader = open_dataset(root, verify=False)
+    # The peers resize with Pillow, as the torchvision transforms of their docs do.
     dataset = LazyDataset(reader, decode="simplejpeg",
-                          transform=RandomResizedCropFlip(seed=SEED))
+                          transform=RandomResizedCropFlip(seed=SEED, resampler="pillow"))
     dataset.set_epoch(epoch)
     return dataset
 
