@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from storebench.report.figures import study_figures
 from storebench.studies import STUDIES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +57,7 @@ def test_every_page_is_in_the_nav_and_every_nav_entry_is_a_page():
 def test_each_study_page_shows_its_committed_figures(name):
     text = (DOCS / "studies" / f"{name}.md").read_text()
     assert STUDIES[name].question in text
-    for figure in STUDIES[name].figures:
+    for figure in study_figures(STUDIES[name]):
         shown = f"](../results/reference/figures/{figure.name}.png)" in text
         assert shown == (FIGURES / f"{figure.name}.png").exists(), figure.name
 

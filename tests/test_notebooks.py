@@ -18,8 +18,9 @@ import pytest
 from storebench.bench.envinfo import read_env
 from storebench.bench.schema import read_results
 from storebench.formats import knob_variants
+from storebench.report.figures import study_figures
 from storebench.studies import STUDIES
-from storebench.studies.targets.study import TARGETS
+from storebench.studies.targets.cases import TARGETS
 from storebench.study import NOTEBOOKS_DIR, REPO_ROOT
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
@@ -33,7 +34,7 @@ def test_the_notebooks_are_there_and_every_study_has_one():
     assert [p.stem for p in NOTEBOOKS] == [
         "01_storage_formats", "02_lazy_vs_preloaded", "03_thread_vs_process_prefetch",
         "04_gpu_feed", "05_findings", "06_out_of_core", "07_remote", "08_peers",
-        "09_gpu_decode", "10_startup", "11_resume"]
+        "09_gpu_decode", "10_startup", "11_resume", "12_correctness"]
     assert {study.notebook for study in STUDIES.values()} <= {p.name for p in NOTEBOOKS}
 
 
@@ -135,8 +136,8 @@ def test_study_on_the_ci_profile_end_to_end(ci_study):
     assert all(isinstance(p["emulated"], bool) and p["device"] for p in feed_params)
 
     figures = {p.name for p in (profile_dir / "figures").iterdir()}
-    expected = {f"{spec.name}{suffix}" for study in STUDIES.values() for spec in study.figures
-                for suffix in (".png", ".svg")}
+    expected = {f"{spec.name}{suffix}" for study in STUDIES.values()
+                for spec in study_figures(study) for suffix in (".png", ".svg")}
     assert expected <= figures, f"figures missing: {sorted(expected - figures)}"
 
     executed = sorted((profile_dir / "notebooks").glob("*.ipynb"))
@@ -166,7 +167,7 @@ def test_figures_regenerate_from_the_committed_reference_results(tmp_path):
     # The studies the reference run holds rows of: a study added since draws from the next.
     present = {path.name.split(".")[0] for path in REFERENCE.glob("*.csv*")}
     expected = {f"{spec.name}{suffix}" for study in STUDIES.values() if study.name in present
-                for spec in study.figures for suffix in (".png", ".svg")}
+                for spec in study_figures(study) for suffix in (".png", ".svg")}
     assert committed == expected
     assert committed, "the reference results have no figures"
     copy = tmp_path / "reference"

@@ -253,6 +253,27 @@ def summary_table(df: pd.DataFrame, metric: str, by: Sequence[str]) -> pd.DataFr
     return pd.DataFrame(groups, columns=columns)
 
 
+def medians_table(df: pd.DataFrame, metrics: Sequence[str], by: Sequence[str]) -> pd.DataFrame:
+    """A wide table of medians: one row per group of ``by`` columns that measured any of
+    ``metrics``, one column per metric, its median over the group's repeats
+    (``summary_table``'s); NaN where the group did not measure it."""
+    keys = list(by)
+    table = None
+    for metric in metrics:
+        part = summary_table(df, metric, keys)
+        if part.empty:
+            continue
+        part = part.set_index(keys)["median"].rename(metric)
+        table = part.to_frame() if table is None else table.join(part, how="outer")
+    if table is None:
+        return pd.DataFrame(columns=[*keys, *metrics])
+    table = table.reset_index()
+    for metric in metrics:
+        if metric not in table:
+            table[metric] = np.nan
+    return table[[*keys, *metrics]]
+
+
 def ratio_interval(top: Stat, other: Stat, *, resamples: int = BOOTSTRAP_RESAMPLES,
                    level: float = INTERVAL_LEVEL, seed: int = 0) -> tuple[float, float, float]:
     """(ratio of medians, low, high): the bootstrap interval of ``top.median /

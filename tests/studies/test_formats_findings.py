@@ -9,6 +9,7 @@ from result_rows import build_case, case_rows, frame, read_case
 from storebench.formats import FORMATS
 from storebench.results import Results, default_builds
 from storebench.studies.formats import study as formats
+from storebench.studies.shared_rows import build_cost_table
 from storebench.text import format_ratio, format_value
 
 
@@ -25,7 +26,7 @@ def formats_frame():
 
 def test_build_cost_and_cold_warm_tables():
     df = formats_frame()
-    build = formats.build_cost_table(df)
+    build = build_cost_table(df)
     assert list(build["format"]) == ["rawfiles", "memmap"]  # the registry's order
     assert list(FORMATS).index("rawfiles") < list(FORMATS).index("memmap")
     assert build.set_index("format").loc["rawfiles", "size_ratio"] == pytest.approx(1.2)

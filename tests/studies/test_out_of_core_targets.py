@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 from result_rows import case_rows, frame
 
+from storebench.report import targets
 from storebench.results import Results
 from storebench.studies.out_of_core import study as ooc
-from storebench.studies.targets import study as targets
 
 LIMIT_GBPS = 2.0
 

@@ -67,11 +67,11 @@ def decode_target(value: float = 0.93, low: float = 0.90, high: float = 0.98, *,
         "target_ratio": [low, value, high],
         "thread_prefetcher.samples_per_s": [thread] * 3,
         "process_prefetcher.samples_per_s": [process] * 3}, loader=key, format="lmdb",
-        encoding="jpeg")
+        encoding="jpeg", workers=2)
     whole = case_rows("targets", case_id, {
         "target_value": [value], "target_low": [low], "target_high": [high],
         "target_threshold": [0.85], "target_met": [1.0 if low >= 0.85 else 0.0]},
-        loader=key, format="lmdb", encoding="jpeg")
+        loader=key, format="lmdb", encoding="jpeg", workers=2)
     for row in whole:
         row["repeat"] = -1
     return rows + whole
@@ -323,7 +323,7 @@ def test_a_failed_peer_build_names_every_format_it_left_unbuilt(tmp_path, capfd)
     blocked = tmp_path / "a-file"
     blocked.write_text("not a directory")
     children_before = {p.pid for p in psutil.Process().children(recursive=True)}
-    peers.build_peer_formats(profile="ci", data_dir=blocked / "ci", progress=False, jobs=2)
+    peers.prepare(profile="ci", data_dir=blocked / "ci", progress=False, jobs=2)
     err = capfd.readouterr().err
     failures = [line for line in err.splitlines() if "peers study: building" in line]
     assert len(failures) == 2  # one line per process, each building both sets

@@ -159,8 +159,8 @@ def test_s3_at_0_ms_against_local_disk_names_the_cores_its_server_kept_busy():
 def test_the_streaming_peer_target_is_listed_with_why_it_is_not_measured():
     from result_rows import frame
 
+    from storebench.report import targets
     from storebench.results import Results
-    from storebench.studies.targets import study as targets
 
     results = Results(frame(remote_epoch("s3", 0, 350.0), remote_epoch("s3", 20, 300.0)))
     table = targets.all_targets_table(results).set_index("key")

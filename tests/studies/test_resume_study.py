@@ -22,8 +22,7 @@ from storebench.bench.case import CaseSkipped, Trial
 from storebench.bench.schema import make_row, read_results
 from storebench.processes import SHM_DIR, SHM_PREFIX
 from storebench.results import Results
-from storebench.studies.resume import cases
-from storebench.studies.resume import study as resume
+from storebench.studies.resume import cases, grid, guide, report
 from storebench.studies.resume.cases import audit_epoch, ids_of, sample_digests
 
 ORDER = [3, 0, 4, 1, 2]
@@ -90,7 +89,7 @@ def test_samples_are_identified_by_their_content():
 
 def ci_cases(data_dir) -> dict:
     return {(c.param("path"), c.param("scenario")): c
-            for c in resume.resume_grid(profile="ci", data_dir=data_dir)}
+            for c in grid.resume_grid(profile="ci", data_dir=data_dir)}
 
 
 def test_kill_points_are_seeded_inside_the_epoch_after_a_checkpoint(tmp_path):
@@ -105,14 +104,15 @@ def test_kill_points_are_seeded_inside_the_epoch_after_a_checkpoint(tmp_path):
 
 
 def test_repeats_are_killed_epochs_and_the_worst_audit_counts(tmp_path):
-    grid = resume.resume_grid(profile="ci", data_dir=tmp_path)
-    assert {c.repeats for c in grid} == {1} and not any(c.warmup for c in grid)
-    assert {c.repeats for c in resume.resume_grid(profile="ci", data_dir=tmp_path,
+    cases_laid_out = grid.resume_grid(profile="ci", data_dir=tmp_path)
+    assert {c.repeats for c in cases_laid_out} == {1}
+    assert not any(c.warmup for c in cases_laid_out)
+    assert {c.repeats for c in grid.resume_grid(profile="ci", data_dir=tmp_path,
                                                   repeats=3)} == {3}
     rows = resume_case_rows("thread", "same_workers", exact(300.0))
     bad = {**exact(300.0), "duplicated": 5, "in_order": 0.0, "exact": 0.0}
     rows += [{**row, "repeat": 1} for row in resume_case_rows("thread", "same_workers", bad)]
-    (row,) = resume.resume_table(frame(rows)).itertuples()
+    (row,) = report.resume_table(frame(rows)).itertuples()
     assert (row.outcome, row.kills) == ("0 lost, 5 duplicated", 4)
 
 
@@ -146,7 +146,7 @@ def test_paths_that_claim_nothing_and_scenarios_not_run_say_why(tmp_path):
     with pytest.raises(CaseSkipped, match="^unsupported: WebDataset keeps no position"):
         cases.resume_case(unsupported, Trial(unsupported, 0))
     full = {(c.param("path"), c.param("scenario")): c
-            for c in resume.resume_grid(profile="small", data_dir=tmp_path)}
+            for c in grid.resume_grid(profile="small", data_dir=tmp_path)}
     assert set(full) >= {(p, s) for p in ("process_fork", "process_spawn", "thread", "torch")
                          for s in cases.SCENARIOS}
     tf_ranks = full[("tf_data", "ranks_2_to_3")]
@@ -194,7 +194,7 @@ def chosen() -> Results:
 
 
 def test_the_table_reads_path_by_scenario(chosen):
-    table = resume.resume_table(chosen.df).set_index(["path", "scenario"])
+    table = report.resume_table(chosen.df).set_index(["path", "scenario"])
     assert table.loc[("process_fork", "same_workers"), "outcome"] == "exact"
     assert table.loc[("process_fork", "ranks_2_to_3"), "outcome"] == "exact"
     assert table.loc[("mds", "same_workers"), "outcome"] == "0 lost, 64 duplicated"
@@ -204,12 +204,12 @@ def test_the_table_reads_path_by_scenario(chosen):
         row = table.loc[("webdataset", scenario)]
         assert (row["outcome"], row["reason"]) == ("unsupported",
                                                    "WebDataset keeps no position to save")
-    grid = resume.outcome_grid(resume.resume_table(chosen.df))
-    assert grid.loc["ProcessPrefetcher (fork)", "workers_changed"] == "not run"
+    outcomes = report.outcome_grid(report.resume_table(chosen.df))
+    assert outcomes.loc["ProcessPrefetcher (fork)", "workers_changed"] == "not run"
 
 
 def test_findings_figure_and_guide_follow_the_rows(chosen):
-    sentences = resume.findings(chosen)
+    sentences = report.findings(chosen)
     text = "\n".join(sentences)
     assert "ProcessPrefetcher (fork) resumed exactly (same workers and 2 \u2192 3 ranks)" in text
     assert ("MosaicML StreamingDataLoader did not resume exactly after SIGKILL (same workers: "
@@ -218,10 +218,10 @@ def test_findings_figure_and_guide_follow_the_rows(chosen):
             "2\u21941: refused (restoring with 1 workers raised AssertionError))") in text
     assert "WebDataset + DataLoader: unsupported: WebDataset keeps no position" in text
     assert "from 120 B (MosaicML StreamingDataLoader) to 400 kB (tf.data" in text
-    fig = resume.plot_resume(chosen.df)
+    fig = report.plot_resume(chosen.df)
     assert isinstance(fig, Figure)
     assert fig.texts[0].get_text() == "Which loaders resume an epoch exactly after SIGKILL?"
-    (row,) = resume.guide(chosen)
+    (row,) = guide.guide(chosen)
     assert row.best.key == "process_fork" and row.best.stat.median == 2
     assert [c.key for c in row.candidates] == ["process_fork", "tf_data"]
     assert row.choice == "ProcessPrefetcher (fork)"
@@ -250,8 +250,8 @@ def test_the_ci_study_runs_and_writes_its_rows(ci_study, tmp_path):
         profile_dir / "resume.csv").read_bytes()
     rows = read_results(results / "ci" / "resume.csv")
     assert set(rows["status"]) <= {"ok", "skipped"}, rows[["case_id", "error"]]
-    table = resume.resume_table(rows).set_index(["path", "scenario"])
-    for key in resume.COMPACT:
+    table = report.resume_table(rows).set_index(["path", "scenario"])
+    for key in grid.COMPACT:
         assert key in table.index
     for key in [("process_fork", "same_workers"), ("thread", "workers_changed"),
                 ("process_fork", "ranks_3_to_2")]:

@@ -26,7 +26,7 @@ from storebench.loaders.index import (
 )
 from storebench.studies.grid import StudyNotApplicableError
 from storebench.studies.startup import cases as startup_cases
-from storebench.studies.startup import study as startup
+from storebench.studies.startup import grid, guide, report
 
 pytestmark = pytest.mark.timeout(600)
 CI = data_gen.PROFILES["ci"]
@@ -59,7 +59,7 @@ def case_for(dataset: Path, path: str, kind: str, *, method: str | None = None,
              epoch: bool = False, entries: int = ENTRIES) -> Case:
     params = {"index_kind": kind, "index_size": entries,
               **({"start_method": method} if method else {}), **({"epoch": True} if epoch else {})}
-    return Case(study="startup", function=f"{startup.CASES}:startup_case", format="memmap",
+    return Case(study="startup", function=f"{grid.CASES}:startup_case", format="memmap",
                 encoding="raw", dataset=str(dataset), loader="lazy", prefetcher=path,
                 workers=2, batch_size=256, access="shuffle", cache="", warmup=False,
                 params=params)
@@ -167,24 +167,24 @@ def test_an_epoch_under_fork_shows_the_copy_on_read_of_lists(memmap_set):
 
 
 def test_the_grid_declares_its_index_size_per_plan(data_root, monkeypatch, tmp_path):
-    ci = startup.grid(profile="ci", data_dir=data_root / "ci")
+    ci = grid.grid(profile="ci", data_dir=data_root / "ci")
     assert plan_for("ci").index_entries == ENTRIES
     assert {c.param("index_size") for c in ci} == {ENTRIES}
     assert {(c.prefetcher, c.param("start_method"), bool(c.param("epoch"))) for c in ci} == {
-        *((p, m, False) for p, m in startup.COMPACT_STARTUP_PATHS),
-        *((p, m, True) for p, m in startup.MEMORY_PATHS)}
+        *((p, m, False) for p, m in grid.COMPACT_STARTUP_PATHS),
+        *((p, m, True) for p, m in grid.MEMORY_PATHS)}
     # The small profile's grid over the ci set (the small set is 245 MB): only the lookup
     # of the set is replaced.
-    ci_set = startup.memmap_raw_set("ci", data_root / "ci")
-    monkeypatch.setattr(startup, "memmap_raw_set", lambda profile, data_dir: ci_set)
-    small = startup.grid(profile="small", data_dir=data_root / "ci")
+    ci_set = grid.memmap_raw_set("ci", data_root / "ci")
+    monkeypatch.setattr(grid, "memmap_raw_set", lambda profile, data_dir: ci_set)
+    small = grid.grid(profile="small", data_dir=data_root / "ci")
     assert {c.param("index_size") for c in small} == {IMAGENET_TRAIN_SAMPLES}
     few = {(c.prefetcher, c.param("start_method")) for c in small
-           if c.repeats == startup.SLOW_START_REPEATS}
-    assert few == startup.SLOW_STARTS
+           if c.repeats == grid.SLOW_START_REPEATS}
+    assert few == grid.SLOW_STARTS
     monkeypatch.undo()
     with pytest.raises(StudyNotApplicableError, match="no datasets of profile 'ci'"):
-        startup.grid(profile="ci", data_dir=tmp_path)
+        grid.grid(profile="ci", data_dir=tmp_path)
 
 
 def test_the_family_runs_under_the_ci_profile(ci_study):
@@ -200,13 +200,13 @@ def test_the_family_runs_under_the_ci_profile(ci_study):
     assert {"time_to_first_batch_s", "first_worker_start_s", "last_worker_start_s",
             "pickled_bytes_per_worker", "worker_uss_growth_bytes",
             "worker_private_dirty_growth_bytes"} <= metrics
-    assert metrics & set(startup.PEAKS)
+    assert metrics & set(report.PEAKS)
     results = Results.load(profile_dir)
-    sentences = startup.findings(results)
+    sentences = report.findings(results)
     assert any("Copy-on-read" in s for s in sentences), sentences
-    questions = [row.question for row in startup.guide(results)]
+    questions = [row.question for row in guide.guide(results)]
     assert [q.split(":")[0] for q in questions] == ["Fastest to first batch",
                                                     "Least memory for 2 workers"]
-    fig = startup.plot_startup(results.df)
+    fig = report.plot_startup(results.df)
     assert "an index of 50,000 entries" in fig.get_suptitle()
     assert all(ax.get_xscale() == "linear" for ax in fig.get_axes())

@@ -13,6 +13,7 @@ from matplotlib.figure import Figure
 
 from storebench.bench.schema import read_results
 from storebench.guide import GuideRow
+from storebench.report.figures import study_figures
 from storebench.results import Results
 from storebench.studies import STUDIES, Study, get_study
 from storebench.study import NOTEBOOKS_DIR
@@ -36,7 +37,7 @@ def test_its_ci_grid_ran_without_failures(name, ci_study):
 def test_every_figure_draws_from_its_ci_results(name, ci_results):
     study = STUDIES[name]
     assert study.figures, f"{name} has no figure"
-    for spec in study.figures:
+    for spec in study_figures(study):
         fig = spec.draw(ci_results)
         assert isinstance(fig, Figure), spec.name
         texts = [t.get_text() for ax in fig.axes for t in ax.texts]
@@ -61,11 +62,13 @@ def test_it_is_one_registered_folder_with_a_notebook(name):
     study = STUDIES[name]
     assert isinstance(study, Study) and study.name == name
     assert (NOTEBOOKS_DIR / study.notebook).is_file(), study.notebook
-    assert study.grid.__module__ == f"storebench.studies.{name}.study"
-    # Its case functions live in its own folder's cases module.
-    folder = Path(sys.modules[study.grid.__module__].__file__).parent
+    # Its grid and findings come from its own folder (``study``, or the module of that
+    # job: ``grid``, ``report``); its case functions from the folder's cases module.
+    for job in (study.grid, study.findings):
+        assert job.__module__.startswith(f"storebench.studies.{name}."), job.__module__
+    folder = Path(sys.modules[f"storebench.studies.{name}.study"].__file__).parent
     assert (folder / "cases.py").is_file() and (folder / "study.py").is_file()
-    names = [spec.name for spec in study.figures]
+    names = [spec.name for spec in study_figures(study)]
     assert len(names) == len(set(names))
 
 
@@ -75,5 +78,5 @@ def test_unknown_study_names_the_known_ones():
 
 
 def test_figure_names_are_unique_across_studies():
-    names = [spec.name for study in STUDIES.values() for spec in study.figures]
+    names = [spec.name for study in STUDIES.values() for spec in study_figures(study)]
     assert len(names) == len(set(names))

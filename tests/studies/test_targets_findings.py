@@ -11,8 +11,10 @@ from result_rows import RUN, case_rows, frame
 
 from storebench.bench.schema import make_row
 from storebench.report import findings
+from storebench.report import targets as all_targets
 from storebench.results import Results
-from storebench.studies.targets import study as targets
+from storebench.studies.targets import cases, guide
+from storebench.studies.targets import report as targets
 from storebench.studies.targets.cases import target_ratio
 
 
@@ -62,7 +64,7 @@ def test_targets_markdown_lists_every_declared_target_met_or_not():
         target_case("memmap_gather_vs_dram", [0.25, 0.25], threshold=0.5),
         target_case("thread_vs_serial_decode", [0.90, 0.95, 0.92], threshold=0.85),
     )
-    markdown = targets.targets_markdown(Results(df))
+    markdown = all_targets.targets_markdown(Results(df))
     assert ("| best prefetcher decode vs cores \u00d7 one thread | not recorded | 92% (no "
             "interval: fewer than "
             "5 repeats, n=3) | \u2265 85% | **undecided** (the median clears it; n=3) |"
@@ -80,15 +82,15 @@ def test_targets_markdown_lists_every_declared_target_met_or_not():
     # Targets other studies declare are listed though these rows hold none of them.
     assert ("| Out of core: shuffled vs cold sequential |  | not measured in these results | "
             "\u2265 50% | not measured |") in markdown
-    for _, spec in targets.every_target():
+    for _, spec in all_targets.every_target():
         assert f"| {spec.name} |" in markdown
-    assert {study for study, _ in targets.every_target()} >= {
+    assert {study for study, _ in all_targets.every_target()} >= {
         "targets", "out_of_core", "remote", "peers"}
     # The targets study's, on small synthetic sets, calibrate the machine; the others are
     # measured on the training set.
-    calibration = targets.targets_markdown(Results(df), calibration=True)
-    training = targets.targets_markdown(Results(df), calibration=False)
-    for study, spec in targets.every_target():
+    calibration = all_targets.targets_markdown(Results(df), calibration=True)
+    training = all_targets.targets_markdown(Results(df), calibration=False)
+    for study, spec in all_targets.every_target():
         assert spec.calibration == (study == "targets"), spec.name
         assert (f"| {spec.name} |" in calibration) == spec.calibration, spec.name
         assert (f"| {spec.name} |" in training) != spec.calibration, spec.name
@@ -97,11 +99,11 @@ def test_targets_markdown_lists_every_declared_target_met_or_not():
 def test_a_target_names_the_workload_its_rows_measured():
     df = frame(target_case("process_vs_torch", [3.0, 2.0, 2.5, 2.2, 2.8], threshold=1.0))
     results = Results(df, workloads={"targets": {"raw": "20 synthetic 8x8x3 raw arrays"}})
-    table = targets.all_targets_table(results).set_index("key")
+    table = all_targets.all_targets_table(results).set_index("key")
     assert table.loc["process_vs_torch", "workload"] == "20 synthetic 8x8x3 raw arrays"
     assert table.loc["out_of_core_cold_read", "workload"] == ""
     assert ("| ProcessPrefetcher vs torch DataLoader | 20 synthetic 8x8x3 raw arrays | "
-            "2.50\u00d7") in targets.targets_markdown(results)
+            "2.50\u00d7") in all_targets.targets_markdown(results)
 
 
 def test_target_sentences_state_value_interval_and_verdict():
@@ -117,7 +119,7 @@ def test_the_readme_and_the_methodology_page_list_every_target_declared_in_the_c
     table = readme[readme.index("**Performance targets**"):]
     methodology = (root / "docs" / "methodology.md").read_text()
     calibration = methodology[methodology.index("## Machine calibration"):]
-    for _, spec in targets.every_target():
+    for _, spec in all_targets.every_target():
         assert f"| {spec.name} |" in (calibration if spec.calibration else table), spec.name
         assert f"| {spec.name} |" not in (table if spec.calibration else calibration)
 
@@ -174,15 +176,15 @@ def test_parquet_sentence_says_where_the_epochs_time_goes():
 
 def test_the_thresholds_live_in_one_place():
     assert not hasattr(findings, "TARGETS")
-    assert len({t.key for t in targets.TARGETS}) == len(targets.TARGETS)
-    decode = targets.get_target("thread_vs_serial_decode")
+    assert len({t.key for t in cases.TARGETS}) == len(cases.TARGETS)
+    decode = cases.get_target("thread_vs_serial_decode")
     df = frame(target_case("thread_vs_serial_decode", [2.0], threshold=decode.threshold))
     (row,) = targets.targets_table(df).itertuples()
     assert row.threshold == decode.threshold and row.what == decode.description
 
 
 def test_target_ratio_takes_the_best_numerator_over_the_denominator():
-    tf = targets.get_target("torch_vs_tf_data")
+    tf = cases.get_target("torch_vs_tf_data")
     assert target_ratio(tf, {"torch_thread_prefetcher.samples_per_s": 500.0,
                              "torch_process_prefetcher.samples_per_s": 300.0,
                              "torch_dataloader.samples_per_s": 400.0,
@@ -194,7 +196,7 @@ def test_target_ratio_takes_the_best_numerator_over_the_denominator():
                           "tf_data_autotune.samples_per_s": 200.0})
     with pytest.raises(KeyError, match="did not measure"):
         target_ratio(tf, {"torch_dataloader.samples_per_s": 1.0})
-    gather = targets.get_target("memmap_gather_vs_dram")
+    gather = cases.get_target("memmap_gather_vs_dram")
     assert gather.is_fraction
     # The gather split over threads and the two prefetched ones are candidates too: the
     # fastest of the four is the figure.
@@ -215,8 +217,8 @@ def test_target_figure_draws_each_value_against_its_threshold_from_the_rows():
     df = frame(target_case("process_vs_torch", [2.0] * 5, threshold=1.0),
                target_case("block_vs_random_parquet", [50.0] * 5, threshold=200.0),
                target_case("memmap_gather_vs_dram", [0.9], threshold=0.75))
-    table = targets.all_targets_table(Results(df))
-    figure = targets.plot_target_ratios(table)
+    table = all_targets.all_targets_table(Results(df))
+    figure = all_targets.plot_target_ratios(table)
     (ax,) = figure.axes
     bars = {label.get_text().split("\n")[0]: patch
             for label, patch in zip(ax.get_yticklabels(), ax.patches, strict=True)}
@@ -278,11 +280,11 @@ def test_the_tfrecord_guide_row_compares_the_paths_measured_in_one_case():
         "torch_process_prefetcher.samples_per_s": [300.0, 290.0, 310.0, 305.0, 295.0],
         "torch_dataloader.samples_per_s": [150.0, 140.0, 160.0, 150.0, 150.0],
         "tf_data_autotune.samples_per_s": [200.0, 200.0, 200.0, 200.0, 200.0]}))
-    (row,) = targets.guide(Results(df, {}))
+    (row,) = guide.guide(Results(df, {}))
     assert row.best.key == "torch_process_prefetcher"
     assert [c.key for c in row.candidates] == [
         "torch_process_prefetcher", "torch_thread_prefetcher", "tf_data_autotune",
         "torch_dataloader"]
     assert row.candidates[1].label == "ThreadPrefetcher \u00d72 (simplejpeg)"
     assert row.ratio == pytest.approx(300 / 250) and not row.tie
-    assert targets.guide(Results(targets_frame(), {})) == []
+    assert guide.guide(Results(targets_frame(), {})) == []

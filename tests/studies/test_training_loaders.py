@@ -13,9 +13,12 @@ from result_rows import build_case, case_rows, frame
 from storebench.bench.plan import family_data_dir
 from storebench.formats import knob_variants
 from storebench.formats.traits import KnobVariant
+from storebench.studies import captions
 from storebench.studies.formats import study as formats
+from storebench.studies.grid import TRAINING_BATCH_SIZE
 from storebench.studies.lazy_vs_preloaded import study as lazy
 from storebench.studies.prefetch import study as prefetch
+from storebench.studies.shared_rows import build_cost_table
 from storebench.study import build_profile
 
 
@@ -110,7 +113,7 @@ def test_lazy_vs_preloaded_on_the_training_set(imagenet_dir):
         assert case.param("transform") == "train"
         assert case.param("ram_orders") is None
         assert case.batch_size == 8  # ci's 64 images: batch_size_for caps 32 at 8 batches
-    assert lazy.TRAINING_BATCH_SIZE == 32
+    assert TRAINING_BATCH_SIZE == 32
 
 
 def test_prefetch_on_the_training_set(imagenet_dir):
@@ -176,7 +179,7 @@ def test_formats_counts_a_builds_samples_from_its_row_not_a_profile_shape():
         format="rawfiles", encoding="jpeg")
     df = frame(rows)
     assert formats.allocated_per_sample(df, "rawfiles-jpeg").median == 150_000.0
-    table = formats.build_cost_table(df).iloc[0]
+    table = build_cost_table(df).iloc[0]
     assert formats._per_sample(df, table) == 150_000.0
 
 
@@ -247,18 +250,18 @@ def test_titles_and_questions_name_the_recorded_workload():
     jpeg = ("64 ImageNet-like JPEGs of many sizes, 104 KB stored per sample or 64 "
             "ImageNet-like JPEGs of many sizes, 106 KB stored per sample; read through the "
             "training crop (random resized crop to 224, flip)")
-    assert formats.compact_workload(jpeg) == (
+    assert captions.compact_workload(jpeg) == (
         "64 ImageNet-like JPEGs of many sizes, 104\u2013106 KB stored per sample; read "
         "through the training crop (random resized crop to 224, flip)")
-    assert formats.compact_workload("no sizes here") == "no sizes here"
+    assert captions.compact_workload("no sizes here") == "no sizes here"
     df = training_prefetch_frame()
-    assert formats.study_caption(df, "jpeg", {"jpeg": jpeg}, width=1000) == (
-        formats.compact_workload(jpeg))
+    assert captions.study_caption(df, "jpeg", {"jpeg": jpeg}, width=1000) == (
+        captions.compact_workload(jpeg))
     # Without a recorded workload: the profile's caption, as before.
-    assert formats.study_caption(df, "jpeg", None) == "256 samples, 64\u00d764\u00d73, jpeg"
+    assert captions.study_caption(df, "jpeg", None) == "256 samples, 64\u00d764\u00d73, jpeg"
     recorded = Results(df, {"cpus_usable": 2}, workloads={"prefetch": {"jpeg": jpeg}})
-    assert formats.question_caption(recorded, "prefetch", df, "jpeg") == ""
-    assert formats.question_caption(Results(df, {}), "prefetch", df, "jpeg") == (
+    assert captions.question_caption(recorded, "prefetch", df, "jpeg") == ""
+    assert captions.question_caption(Results(df, {}), "prefetch", df, "jpeg") == (
         " (256 samples, 64\u00d764\u00d73, jpeg)")
     rows = prefetch.guide(recorded)
     assert all("64\u00d764" not in row.question for row in rows if

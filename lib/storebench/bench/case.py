@@ -57,8 +57,8 @@ class Case:
     params: tuple[tuple[str, object], ...] = ()
     summarise: str = ""
     # The case reports a quantity measured once elsewhere (a build's time, from its
-    # manifest): it runs one repeat, and nothing repeats it, since a repeat would copy the
-    # value rather than measure it again.
+    # manifest) or exact counts of one seeded run (an audit's deliveries): it runs one
+    # repeat, and nothing repeats it, since a repeat would copy the value.
     measured_once: bool = False
     # The most samples a timed repeat of a loader epoch reads (the first of the epoch's
     # order); None: the whole set. Not part of ``case_id``: it sizes the measurement, like

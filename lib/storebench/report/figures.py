@@ -8,7 +8,22 @@ from pathlib import Path
 
 from ..plots import save_figure
 from ..results import Results
-from ..studies import STUDIES, get_study
+from ..studies import STUDIES, FigureSpec, Study, get_study
+
+
+def study_figures(study: Study) -> tuple[FigureSpec, ...]:
+    """A study's figures: its own, after every study's targets' figure on the study that
+    shows them (``Study.shows_every_target``)."""
+    from .targets import TARGETS_MET
+
+    return ((TARGETS_MET,) if study.shows_every_target else ()) + study.figures
+
+
+def readme_figures(study: Study) -> tuple[str, ...]:
+    """The names of the figures the README shows of a study."""
+    from .targets import TARGETS_MET
+
+    return ((TARGETS_MET.name,) if study.shows_every_target else ()) + study.readme_figures
 
 
 def _draw_figures(results_dir: str, figures: Sequence[tuple[str, str]],
@@ -20,7 +35,7 @@ def _draw_figures(results_dir: str, figures: Sequence[tuple[str, str]],
         results = Results.load(results_dir)
     written: list[Path] = []
     for study, name in figures:
-        spec = next(spec for spec in get_study(study).figures if spec.name == name)
+        spec = next(spec for spec in study_figures(get_study(study)) if spec.name == name)
         written += save_figure(spec.draw(results), Path(results_dir) / "figures" / name)
     return written
 
@@ -35,7 +50,7 @@ def plot_all(results_dir: Path | str, *, workers: int | None = None) -> list[Pat
     results = Results.load(results_dir)
     present = set(results.df["study"])
     wanted = [(study.name, spec.name) for study in STUDIES.values() if study.name in present
-              for spec in study.figures]
+              for spec in study_figures(study)]
     workers = max(1, min(workers if workers is not None else min(2, os.cpu_count() or 1),
                          len(wanted)))
     if workers == 1:

@@ -120,7 +120,7 @@ ANSWER_QUESTIONS = 6
 def targets_line(results: Results, study: str | None = None) -> str:
     """``"Targets met: 1 of 2 (name: verdict; ...)."``: every target (``study``'s only,
     unless it is None or the targets study, which reports them all); empty when none."""
-    from ..studies.targets.study import all_targets_table, target_verdict
+    from .targets import all_targets_table, target_verdict
 
     targets = all_targets_table(results)
     if study not in (None, "targets"):

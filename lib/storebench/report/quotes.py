@@ -137,7 +137,7 @@ def peers_quotes(df: pd.DataFrame, encodings: Iterable[str]) -> list[Quote]:
 
 def target_quotes(results: Results) -> list[Quote]:
     """Each performance target the results measure, as the targets table shows it."""
-    from ..studies.targets.study import every_target
+    from .targets import every_target
 
     found = []
     for _study, spec in every_target():

@@ -1,10 +1,12 @@
 """The studies: one folder per study and ``STUDIES``, the registry that also gives the run order.
 
-A study's folder holds ``study.py`` (its grid of cases, figures, findings, guide rows and
-README parts, as ``STUDY = Study(...)``) and ``cases.py`` (its case functions, light enough
-for a case worker to import without pandas or matplotlib). Adding a study is one folder, one
-line in ``STUDY_NAMES`` and one notebook; the contract tests then run its ci grid, draw every
-figure and render every finding.
+A study's folder holds ``study.py`` (``STUDY = Study(...)``), ``cases.py`` (its case
+functions, light enough for a case worker to import without pandas or matplotlib) and,
+split by job, its grid (``grid.py``), its tables, figures and findings (``report.py``) and its
+guide rows (``guide.py``). A folder imports no other study's folder and not this registry:
+what several studies share sits beside the folders. docs/contributing.md lists what adding a
+study touches; the contract tests then run its ci grid, draw every figure and render every
+finding.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ STUDY_NAMES = (
     "peers",
     "startup",
     "resume",
+    "correctness",
     "gpu_decode",
 )
 

@@ -101,6 +101,9 @@ class Study:
     # Its questions are about the synthetic profiles (e.g. targets set for their shapes):
     # ``storebench study --dataset`` leaves it out.
     synthetic_only: bool = False
+    # Its cases build the sets they read themselves (probe images, say): nothing of the
+    # profile's is built for it.
+    reads_profile_sets: bool = True
     # ``services(cases)``: a context manager the runner enters around the cases left to
     # run (an S3 server holding their datasets); its mapping goes into each case's
     # environment. None: the cases need nothing outside their own process.
@@ -116,8 +119,11 @@ class Study:
     # profile's core formats (the peers study: the peer formats, in the peers environment),
     # called by ``storebench study`` before the grid is laid out. None: nothing more.
     prepare: Callable | None = None
-    # The performance targets its rows decide (the targets study's table lists them all).
+    # The performance targets its rows decide (``storebench.report.targets`` lists them all).
     targets: tuple[TargetSpec, ...] = ()
+    # Its README part and figures show every study's targets too: their table and figure
+    # are drawn above the studies (``storebench.report.targets``), which know them all.
+    shows_every_target: bool = False
 
     def __post_init__(self) -> None:
         drawn = {spec.name for spec in self.figures}

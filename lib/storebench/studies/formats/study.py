@@ -31,7 +31,6 @@ from ...plots import (
     metric_title,
     plot_peak_memory,
     plot_resident_fraction,
-    profile_caption,
     summarise,
     titled,
 )
@@ -50,7 +49,6 @@ from ...results import (
     summary_table,
 )
 from ...text import (
-    DASH,
     ENCODING_NAMES,
     ENCODING_ORDER,
     MULTIPLY,
@@ -62,7 +60,9 @@ from ...text import (
     sig,
 )
 from ..base import FigureSpec, Study
+from ..captions import question_caption, study_caption
 from ..grid import dataset_files, knob_params, profile_datasets, repeat_fields
+from ..shared_rows import build_cost_table
 
 MB = 1e6
 CASES = "storebench.studies.formats.cases"
@@ -166,27 +166,6 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
 
 
 # -- findings -----------------------------------------------------------------------
-BUILD_METRICS = ("write_seconds", "write_MBps", "bytes_apparent", "bytes_allocated",
-                 "raw_bytes", "size_ratio", "file_count")
-
-
-def build_cost_table(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per built dataset: write time and rate, bytes apparent and allocated, bytes
-    on disk relative to the raw pixels, and file count."""
-    rows = select(df[df["study"] == "formats"])
-    rows = rows[rows["metric"].isin(BUILD_METRICS)]
-    if rows.empty:
-        return pd.DataFrame(columns=["encoding", "format", "dataset", *BUILD_METRICS])
-    rows = rows.assign(dataset=dataset_names(rows))
-    table = rows.pivot_table(index=["encoding", "format", "dataset"], columns="metric",
-                             values="value", aggfunc="median").reset_index()
-    table.columns.name = None
-    for metric in BUILD_METRICS:
-        if metric not in table:
-            table[metric] = np.nan
-    return sort_rows(table[["encoding", "format", "dataset", *BUILD_METRICS]])
-
-
 def cold_warm_table(df: pd.DataFrame, *, metric: str = "samples_per_s",
                     study: str = "formats", loader: str | None = "reader",
                     access: str | None = "sequential") -> pd.DataFrame:
@@ -409,50 +388,6 @@ def knob_findings(df: pd.DataFrame) -> list[str]:
 
 
 # -- figures ------------------------------------------------------------------------
-def study_caption(df: pd.DataFrame, encoding: str | None = None,
-                  workloads: Mapping | None = None, *, width: int = 60) -> str:
-    """What the rows read, for a title: the study's recorded workload of ``encoding`` (its
-    entry of ``Results.workloads``: the set, its samples' stored size, the transform; all
-    its encodings' without one), wrapped at ``width``; for results that record none, the
-    profile's caption (``plots.profile_caption``), which knows the synthetic sets only."""
-    import textwrap
-
-    texts = []
-    if workloads:
-        texts = ([workloads[encoding]] if encoding in workloads
-                 else [] if encoding else list(workloads.values()))
-    if not texts:
-        return profile_caption(df, encoding)
-    return "\n".join(textwrap.fill(compact_workload(str(text)), width) for text in texts)
-
-
-def compact_workload(text: str) -> str:
-    """A workload's builds of one set, which differ by their stored size only, said once
-    with the range of sizes: "64 ImageNet-like JPEGs of many sizes, 104-106 KB stored per
-    sample; read through ..." (``grid.cases_workloads`` joins them with " or ")."""
-    import re
-
-    head, sep, how = text.partition("; ")
-    sets: dict[str, list[float]] = {}
-    for part in head.split(" or "):
-        found = re.fullmatch(r"(.*), ([\d,.]+) KB stored per sample", part)
-        if found is None:
-            return text
-        sets.setdefault(found[1], []).append(float(found[2].replace(",", "")))
-    said = [f"{name}, {min(kb):,.0f}{'' if min(kb) == max(kb) else DASH + f'{max(kb):,.0f}'}"
-            " KB stored per sample" for name, kb in sets.items()]
-    return " or ".join(said) + sep + how
-
-
-def question_caption(results: Results, study: str, df: pd.DataFrame, encoding: str) -> str:
-    """A guide question's parenthesis on its data, " (...)": the profile's caption where
-    the results record no workload; nothing where they do, since the guide row names its
-    workload then (``GuideRow.workload``)."""
-    if results.workload(study, encoding):
-        return ""
-    return f" ({profile_caption(df, encoding)})"
-
-
 def build_cost_takeaway(table: pd.DataFrame) -> str:
     """The build-cost figure's answer: the encoding whose largest layout allocates the most
     disk per sample over its smallest, and by how much."""

@@ -35,7 +35,7 @@ from ...bench.case import Case
 from ...bench.plan import plan_for
 from ...loaders.paths import get_loader_path, path_label
 from ...plots import legend_below, question_title
-from ...results import Results, ok_repeats, select, stat, summary_table
+from ...results import Results, medians_table, ok_repeats, select, stat
 from ...text import format_percent, format_value
 from ..base import FigureSpec, Study
 from ..grid import repeat_fields
@@ -181,9 +181,9 @@ def device_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per device decode path: medians of images/s, CPU cores busy, device memory and the
     differences from its CPU fallback and from our decode."""
     rows = decode_rows(df)
-    return _medians(rows[rows["family"] == "device"], ["label"], (
+    return medians_table(rows[rows["family"] == "device"], (
         "samples_per_s", "cpu_cores_busy", "device_used_bytes", "fallback_mean_diff_levels",
-        "fallback_max_diff_levels", "ours_mean_diff_levels"))
+        "fallback_max_diff_levels", "ours_mean_diff_levels"), ["label"])
 
 
 def cores_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -191,25 +191,9 @@ def cores_table(df: pd.DataFrame) -> pd.DataFrame:
     cores busy, AU against the demand, and the demand itself."""
     rows = decode_rows(df)
     rows = rows.assign(workers=rows["workers"].fillna(0).astype(int))
-    return _medians(rows[rows["family"] == "cpu"], ["label", "decode", "prefetcher", "workers"], (
-        "samples_per_s", "cpu_cores_busy", "accelerator_utilisation", "demand_samples_per_s"))
-
-
-def _medians(rows: pd.DataFrame, keys: list[str], metrics: tuple[str, ...]) -> pd.DataFrame:
-    table = None
-    for metric in metrics:
-        part = summary_table(rows, metric, keys)
-        if part.empty:
-            continue
-        part = part.set_index(keys)[["median"]].rename(columns={"median": metric})
-        table = part if table is None else table.join(part, how="outer")
-    if table is None:
-        return pd.DataFrame(columns=[*keys, *metrics])
-    table = table.reset_index()
-    for metric in metrics:
-        if metric not in table:
-            table[metric] = np.nan
-    return table[[*keys, *metrics]]
+    return medians_table(rows[rows["family"] == "cpu"], (
+        "samples_per_s", "cpu_cores_busy", "accelerator_utilisation", "demand_samples_per_s"),
+        ["label", "decode", "prefetcher", "workers"])
 
 
 def model_demand(df: pd.DataFrame) -> float | None:

@@ -68,8 +68,9 @@ from ...text import (
     signed_bytes,
 )
 from ..base import FigureSpec, Study
-from ..formats.study import build_cost_table, question_caption, study_caption
+from ..captions import question_caption, study_caption
 from ..grid import (
+    TRAINING_BATCH_SIZE,
     batch_size_for,
     dataset_fields,
     decode_params,
@@ -79,6 +80,7 @@ from ..grid import (
     steady_fields,
 )
 from ..shared_cases import ACCESS_ORDERS
+from ..shared_rows import build_cost_table, last_epoch, ooc_rows
 
 CASES = "storebench.studies.lazy_vs_preloaded.cases"
 # Encoded (PNG/JPEG) sets on compact plans: one set of many small files and one single-file
@@ -89,15 +91,12 @@ COMPACT_ENCODED_FORMATS = ("rawfiles", "lmdb")
 RAM_ORDERS = ("sequential", "shuffle")
 
 
-# The ImageNet-like set (``grid.is_training_set``), where every sample is decoded and
-# cropped (about 2 ms a JPEG on one core), so a repeat's steady window of 20 batches costs
-# 20 x batch / rate seconds: a per-GPU batch of 32 (ResNet-50's 256 over eight GPUs).
-TRAINING_BATCH_SIZE = 32
-# ... its raw copy's formats: an array file and a single-file store (lmdb, as on the JPEG
-# set, so "store decoded or encoded?" compares one format); the access orders on the first
-# only. The JPEG set's: ``COMPACT_ENCODED_FORMATS``. The read-ahead knobs are left to the
-# out_of_core study: on a set that fits in RAM, read through the crop, they decide nothing
-# that study does not measure where they matter.
+# The ImageNet-like set's raw copy's formats (its batch: ``grid.TRAINING_BATCH_SIZE``): an
+# array file and a single-file store (lmdb, as on the JPEG set, so "store decoded or
+# encoded?" compares one format); the access orders on the first only. The JPEG set's:
+# ``COMPACT_ENCODED_FORMATS``. The read-ahead knobs are left to the out_of_core study: on a
+# set that fits in RAM, read through the crop, they decide nothing that study does not
+# measure where they matter.
 TRAINING_RAW_FORMATS = ("memmap", "lmdb")
 
 
@@ -654,12 +653,9 @@ def out_of_core_readahead(df: pd.DataFrame, k: int | None = None) -> tuple[pd.Da
     each format's ``out_of_core_options`` case and its default case in the same access
     order, labelled as ``plot_readahead`` labels its own (``"lmdb: readahead=True"``), and
     that k."""
-    from ..out_of_core.cases import DEFAULT_EPOCHS
-    from ..out_of_core.study import ooc_rows
-
     rows = ooc_rows(df)
-    rows = rows[(rows["loader"] == "lazy") & (rows["encoding"] == "raw")
-                & (rows["metric"] == f"epoch{DEFAULT_EPOCHS}.samples_per_s")]
+    rows = rows[(rows["loader"] == "lazy") & (rows["encoding"] == "raw")]
+    rows = rows[rows["metric"] == f"epoch{last_epoch(rows)}.samples_per_s"]
     if rows.empty:
         return rows.assign(label=[]), 0
     k = int(rows["k"].max()) if k is None else k

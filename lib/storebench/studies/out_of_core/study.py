@@ -45,6 +45,7 @@ from ...results import (
     Results,
     failed_cases,
     format_order,
+    medians_table,
     ordered,
     params_of,
     ratio_interval,
@@ -72,7 +73,8 @@ from ..grid import (
     knob_params,
     profile_datasets,
 )
-from ..out_of_core.cases import DEFAULT_EPOCHS
+from ..shared_rows import ooc_rows
+from .cases import DEFAULT_EPOCHS
 
 CASES = "storebench.studies.out_of_core.cases"
 NAME = "out_of_core"
@@ -234,43 +236,6 @@ def out_of_core_grid(
 
 
 # -- the one table figures, findings and the guide read ---------------------------------
-def _setting(params: dict) -> str:
-    """``"default"``, or the open option or build knob a case changed
-    (``"madvise_random=True"``)."""
-    changed = {k.removeprefix("open_"): v for k, v in params.items() if k.startswith("open_")}
-    changed |= {k.removeprefix("knob_"): v for k, v in params.items() if k.startswith("knob_")}
-    return ", ".join(f"{k}={v}" for k, v in sorted(changed.items())) or "default"
-
-
-def _reads(params: dict, encoding: str) -> str:
-    """How a case's samples were delivered: ``"decoded"`` (decoded and, on an ImageNet-like
-    set, transformed) or ``"undecoded"`` (as stored: raw arrays always)."""
-    return "decoded" if params.get("decode") or params.get("transform") else "undecoded"
-
-
-def ooc_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The study's rows with ``k`` (0: no cap), ``setting``, ``reads`` (``_reads``),
-    ``cached`` (the set was read into the page cache first) and ``label`` columns."""
-    rows = df[df["study"] == NAME]
-    if rows.empty:
-        return rows.assign(k=[], setting=[], reads=[], cached=[], label=[])
-    params = params_of(rows)
-    settings = params.map(_setting)
-    reads = [_reads(p, e) for p, e in zip(params, rows["encoding"])]
-    cached = params.map(lambda p: bool(p.get("cached", False)))
-    return rows.assign(
-        k=params.map(lambda p: int(p.get("k", 0))),
-        setting=settings, reads=reads, cached=cached,
-        label=[f"{f}-{e}, {a.replace('_', ' ')}" + ("" if s == "default" else f", {s}")
-               + ("" if loader == "lazy" else f", {loader}")
-               + (", undecoded" if r == "undecoded" and e != "raw" else "")
-               + (", cached" if c else "")
-               for f, e, a, s, loader, r, c in zip(rows["format"], rows["encoding"],
-                                                   rows["access"], settings, rows["loader"],
-                                                   reads, cached)],
-    )
-
-
 def set_caption(rows: pd.DataFrame, encoding: str | None = None) -> str:
     """``"12,000 samples, about 151 kB each stored, raw"`` per encoding of ``rows`` (or
     ``encoding`` only): the set the cases read, from their own ``samples`` and
@@ -307,20 +272,10 @@ def ooc_table(df: pd.DataFrame) -> pd.DataFrame:
         f"epoch{DEFAULT_EPOCHS}.seconds"]
     if rows.empty:
         return pd.DataFrame(columns=[*keys, *metrics, "resident_end_max"])
-    table = None
-    for metric in metrics:
-        part = summary_table(rows, metric, keys)
-        part = part.set_index(keys)["median"].rename(metric) if not part.empty else None
-        if part is None:
-            continue
-        table = part.to_frame() if table is None else table.join(part, how="outer")
+    table = medians_table(rows, metrics, keys).set_index(keys)
     resident = rows[rows["metric"].str.endswith(".resident_end")]
     resident = select(resident).groupby(keys)["value"].max().rename("resident_end_max")
-    table = table.join(resident, how="left").reset_index()
-    for metric in metrics:
-        if metric not in table:
-            table[metric] = np.nan
-    return sort_rows(table)
+    return sort_rows(table.join(resident, how="left").reset_index())
 
 
 def _last_rate(table: pd.DataFrame) -> pd.Series:

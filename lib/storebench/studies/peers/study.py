@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -55,7 +54,14 @@ from ...plots import (
     profile_caption,
     question_title,
 )
-from ...results import MIN_PAIRED_REPEATS, Results, ratio_interval, select, stat, summary_table
+from ...results import (
+    MIN_PAIRED_REPEATS,
+    Results,
+    medians_table,
+    ratio_interval,
+    select,
+    stat,
+)
 from ...text import (
     ENCODING_NAMES,
     MULTIPLY,
@@ -74,6 +80,8 @@ from ..grid import (
     repeat_fields,
     steady_fields,
 )
+from ..peer_sets import build_peer_formats
+from ..shared_rows import median_of_latest, target_result, target_workers
 
 NAME = "peers"
 CASES = "storebench.studies.peers.cases"
@@ -289,48 +297,13 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
     return cases
 
 
-def build_peer_formats(*, profile: str, data_dir: Path | str, progress: bool = True,
-                       jobs: int | None = None, formats: tuple[str, ...] | None = None
-                       ) -> None:
-    """Build the study's sets with the peers environment's interpreter (where it is missing
-    the grid's rows say so): the raw and JPEG sets of ``data_dir``'s family, cut
-    (``peer_specs``), in every format of ``study_formats()`` that holds them, in
-    ``sets_dir`` (``storebench build --peer-sets``). The formats are split among ``jobs``
-    processes (default: one per core, at most two), each building both sets of its formats:
-    importing the peer libraries, not writing the samples, is most of a small build, and
-    nothing is measured meanwhile. A failed build is reported, not fatal: its rows become
-    ``skipped``. ``formats``: these only (the resume study's)."""
-    import os
-    import sys
-
-    from ...environments import EnvironmentUnavailableError, python_for
-
-    try:
-        python = python_for("peers")
-    except EnvironmentUnavailableError as err:
-        print(f"storebench: peers study: {err}", file=sys.stderr)
-        return
-    family = data_dir_family(data_dir)
-    formats = formats or study_formats(family)
-    jobs = max(1, min(jobs or min(2, os.cpu_count() or 1), len(formats)))
-    processes = []
-    try:
-        for share in range(jobs):
-            command = [str(python), "-m", "storebench", "build", "--profile", profile,
-                       "--out", str(data_dir), "--peer-sets", "--family", family,
-                       "--formats", *formats[share::jobs]]
-            processes.append(subprocess.Popen(command + ([] if progress else ["--quiet"])))
-        failed = [(formats[share::jobs], process.wait())
-                  for share, process in enumerate(processes)]
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
-    for names, returncode in failed:
-        if returncode:
-            print(f"storebench: peers study: building {', '.join(names)} failed "
-                  f"({returncode}); their rows will be skipped", file=sys.stderr)
+def prepare(*, profile: str, data_dir: Path | str, progress: bool = True,
+            jobs: int | None = None) -> None:
+    """Build the study's sets in every format of ``study_formats()`` of ``data_dir``'s
+    family that holds them, with the peers environment's interpreter
+    (``peer_sets.build_peer_formats``)."""
+    build_peer_formats(profile=profile, data_dir=data_dir, progress=progress, jobs=jobs,
+                       formats=study_formats(data_dir_family(data_dir)))
 
 
 # -- reading the rows --------------------------------------------------------------------
@@ -523,26 +496,23 @@ PEER_TARGETS = (*(
 
 
 def decode_efficiency(df: pd.DataFrame):
-    """The targets study's row for JPEG decode against cores x one thread
-    (``DECODE_TARGET``: ``key``, ``value``, ``low``, ``high``, ``threshold``, ``met``,
-    ``repeats``) and the faster prefetcher's label; None where the results have no such row.
+    """The targets study's result for JPEG decode against cores x one thread
+    (``DECODE_TARGET``: ``shared_rows.target_result``'s ``key``, ``value``, ``low``,
+    ``high``, ``threshold``, ``met``, ``repeats``) and the faster prefetcher's label; None
+    where the results have no such row.
     Measured there, not here: the prefetchers and the one-thread rate on each core take
     turns over the same batches in one case. Timed in a case of its own, minutes from the
     loader epochs it was set against, the one-thread rate read low, and the fraction rose
     above 100%."""
-    from ..targets.cases import get_target
-    from ..targets.study import median_of_latest, targets_table
-
-    table = targets_table(df)
-    row = table[table["key"] == DECODE_TARGET]
-    if row.empty:
+    row = target_result(df, DECODE_TARGET)
+    if row is None:
         return None
     median = median_of_latest(df, DECODE_TARGET)
     rates = {path: median(f"{path}_prefetcher.samples_per_s") or 0.0
              for path in ("thread", "process")}
     faster = max(rates, key=rates.get)
-    workers = get_target(DECODE_TARGET).workers
-    return row.iloc[0], LOADER_PATHS[faster].label + (f" {MULTIPLY}{workers}" if workers else "")
+    workers = target_workers(df, DECODE_TARGET)
+    return row, LOADER_PATHS[faster].label + (f" {MULTIPLY}{workers}" if workers else "")
 
 
 TABLE_METRICS = ("epoch1_samples_per_s", RATE, "fresh_process_first_batch_s",
@@ -558,17 +528,7 @@ def peers_table(df: pd.DataFrame) -> pd.DataFrame:
     keys = ["encoding", "cache", "label", "path", "format"]
     if rows.empty or select(rows, RATE).empty:
         return pd.DataFrame(columns=[*keys, *TABLE_METRICS, "decoder", "shuffle"])
-    table = None
-    for metric in TABLE_METRICS:
-        part = summary_table(rows, metric, keys)
-        if part.empty:
-            continue
-        part = part.set_index(keys)["median"].rename(metric)
-        table = part.to_frame() if table is None else table.join(part, how="outer")
-    table = table.reset_index()
-    for metric in TABLE_METRICS:
-        if metric not in table:
-            table[metric] = np.nan
+    table = medians_table(rows, TABLE_METRICS, keys)
     table["decoder"] = [
         ("none (raw)" if enc == "raw" else
          "simplejpeg" if LOADER_PATHS[p].decode == "dataset" else LOADER_PATHS[p].decode)
@@ -958,6 +918,6 @@ STUDY = Study(
     notebook="08_peers.ipynb",
     readme_figures=("peers_rate",),
     readme_text=readme_text,
-    prepare=build_peer_formats,
+    prepare=prepare,
     targets=PEER_TARGETS,
 )

@@ -35,7 +35,7 @@ from ...plots import (
 from ...results import Results, best_row, ordered, params_of, select, stat, summary_table
 from ...text import DASH, ENCODING_NAMES, finite, format_ratio, format_value, relative_text
 from ..base import FigureSpec, Study
-from ..formats.study import build_cost_table, question_caption, study_caption
+from ..captions import question_caption, study_caption
 from ..grid import (
     DECODERS_FOR,
     batch_size_for,
@@ -47,6 +47,7 @@ from ..grid import (
     repeat_fields,
     steady_fields,
 )
+from ..shared_rows import build_cost_table
 
 CASES = "storebench.studies.prefetch.cases"
 # Start-up, from a fresh loader: its own guide question (``first_batch_guide``).
@@ -141,10 +142,9 @@ def grid_plans(datasets, *, compact: bool) -> list:
 
 
 def loader_batch_size(manifest: dict) -> int:
-    """256 samples (fewer on tiny sets); on the ImageNet-like set a per-GPU batch of 32,
-    as in the lazy_vs_preloaded study."""
-    from ..grid import is_training_set
-    from ..lazy_vs_preloaded.study import TRAINING_BATCH_SIZE
+    """256 samples (fewer on tiny sets); on the ImageNet-like set a per-GPU batch of 32
+    (``grid.TRAINING_BATCH_SIZE``), as in the lazy_vs_preloaded study."""
+    from ..grid import TRAINING_BATCH_SIZE, is_training_set
 
     preferred = TRAINING_BATCH_SIZE if is_training_set(manifest) else 256
     return batch_size_for(manifest["num_samples"], preferred)

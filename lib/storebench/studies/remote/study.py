@@ -37,6 +37,7 @@ from ...remote.capacity import Pipeline, predicted_rate, scale_out, workers_to_k
 from ...results import (
     MIN_PAIRED_REPEATS,
     Results,
+    medians_table,
     params_of,
     ratio_interval,
     select,
@@ -222,17 +223,7 @@ def remote_table(df: pd.DataFrame) -> pd.DataFrame:
                "samples_per_request", "bytes_per_request", "measured_rtt_s"]
     if rows.empty:
         return pd.DataFrame(columns=[*KEYS, *metrics, "predicted_samples_per_s"])
-    table = None
-    for metric in metrics:
-        part = summary_table(rows, metric, KEYS)
-        if part.empty:
-            continue
-        part = part.set_index(KEYS)["median"].rename(metric)
-        table = part.to_frame() if table is None else table.join(part, how="outer")
-    table = table.reset_index()
-    for metric in metrics:
-        if metric not in table:
-            table[metric] = np.nan
+    table = medians_table(rows, metrics, KEYS)
     table["predicted_samples_per_s"] = [_predict(table, row) for _, row in table.iterrows()]
     table["predicted_over_measured"] = table["predicted_samples_per_s"] / table["samples_per_s"]
     return table.sort_values(["source", "path", "ranks", "rtt_ms"], ignore_index=True)

@@ -1,1 +1,2 @@
-"""The targets study: its grid (``study``) and case functions (``cases``)."""
+"""The targets study: its grid (``grid``), tables, figures and findings (``report``), guide
+row (``guide``), case functions (``cases``) and ``STUDY`` (``study``)."""

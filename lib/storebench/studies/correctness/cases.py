@@ -1,0 +1,417 @@
+"""The correctness study's cases: one recipe's runs over a set of probe images, audited from
+what the recipe delivers.
+
+The set (``write_identified_probes``): ``samples`` probe images (``recipes.probe``: red is
+the column, green the row, so any delivered crop gives back its box and flip), each in a
+class of its own, so that a delivered label names its sample with nothing of ours in the
+loader; the blue channel carries a tag of the index too, so that a label delivered with
+another sample's pixels is caught. A case imports it into its recipe's layout, in a
+temporary directory of its own (the study's sets never join the profile's, which every other
+study reads).
+
+``audit_case`` runs, in one process, every run of one recipe the properties share:
+
+- ranks first (``storebench.ranks``: gloo, forked before any loader or library has started
+  a thread in this process): one epoch at 2, 3 and 4 ranks, each rank ``RANK_WORKERS``
+  worker, ``drop_last`` off;
+- run A, ``REFERENCE_WORKERS`` workers, seed ``SEED``: epochs 0 and 1, then (where the epoch
+  is the sampler's to be told) a pass without ``set_epoch``;
+- run B, the same seed and workers afresh: the first ``COMPARED_SAMPLES`` samples;
+- runs at 1 and 4 workers: one epoch each (tf.data has no worker count: AUTOTUNE).
+
+Metrics (``metric_name``): ``exactly_once.<setting>.<count>``, ``randomness.<what>.<share>``,
+``determinism.<what>.<share>``, ``shuffle.<measure>``. ``ranks_case`` is the skipped row of a
+recipe whose rank split storebench cannot run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ...bench.case import Case, CaseSkipped, Trial
+from ...recipes.probe import PROBE_QUALITY, PROBE_SIDE, CropBox, probe_pixels
+from .measures import (
+    count_deliveries,
+    longest_stored_run,
+    pooled_correlation,
+    recover_boxes,
+    same_draws,
+    same_order,
+    sequence_matches,
+    shared_draws,
+    storage_rank_correlation,
+)
+
+SEED = 11
+WORKER_COUNTS = (1, 2, 4)
+REFERENCE_WORKERS = 2
+RANK_COUNTS = (2, 3, 4)
+# Each rank's workers: one, so that 4 ranks do not crowd a small machine's cores (the split
+# over ranks is the sampler's, whatever each rank's workers).
+RANK_WORKERS = 1
+# Samples a second run of the same seed, and a pass without set_epoch, are compared over:
+# enough to tell "the same" (every one) from "independent" (almost none).
+COMPARED_SAMPLES = 512
+RANKS_TIMEOUT_S = 240.0
+# The blue channel's tag: index modulo TAG_LEVELS, TAG_STEP grey levels apart (a JPEG's
+# mean blue strays by a tenth of a level).
+TAG_LEVELS = 32
+TAG_STEP = 8
+
+# Loader paths whose rank split storebench does not run, and why.
+RANKS_NOT_RUN = {
+    "webdataset": "storebench's WebDataset path takes no rank: WebDataset's own node split "
+                  "(split_by_node) is not wired into it",
+    "litdata": "storebench's LitData path reads as one process (it refuses a distributed "
+               "run), so LitData's own rank split is not run",
+    "mds": "storebench's MosaicML Streaming path reads as one process (it refuses a "
+           "distributed run), so Streaming's own rank split is not run",
+    "dali_file": "storebench's DALI path takes no shard_id/num_shards: DALI's own reader "
+                 "sharding is not wired into it",
+    "ffcv": "storebench's FFCV path takes no distributed=True: FFCV's own rank split is not "
+            "wired into it",
+}
+# Paths whose workers may not outnumber the cores (FFCV's numba threads refuse), and why:
+# their larger worker counts are not run on a smaller machine.
+CORE_BOUND = {"ffcv": "FFCV's numba threads cannot outnumber the cores"}
+# Paths whose parallelism is not a worker count: run at REFERENCE_WORKERS only.
+NO_WORKER_COUNT = {"tf_data": "tf.data sizes its own parallel calls (AUTOTUNE): there is no "
+                              "worker count to change"}
+
+
+def pixel_tag(index: int) -> int:
+    """The blue level sample ``index`` carries."""
+    return TAG_STEP // 2 + TAG_STEP * (int(index) % TAG_LEVELS)
+
+
+def read_tags(images: np.ndarray) -> np.ndarray:
+    """The tag (index modulo ``TAG_LEVELS``) each delivered image's blue channel carries."""
+    levels = np.asarray(images)[..., 2].mean(axis=(1, 2), dtype=np.float64)
+    return np.round((levels - TAG_STEP // 2) / TAG_STEP).astype(np.int64) % TAG_LEVELS
+
+
+def write_identified_probes(root: Path | str, count: int) -> Path:
+    """An ImageFolder of ``count`` probe JPEGs under ``root``, sample ``i`` alone in class
+    ``i`` (folders sort as the indices do) with its tag in the blue channel."""
+    from PIL import Image
+
+    root = Path(root)
+    pixels = probe_pixels()
+    for index in range(count):
+        folder = root / f"{index:05d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels[..., 2] = pixel_tag(index)
+        Image.fromarray(pixels).save(folder / "probe.jpg", quality=PROBE_QUALITY)
+    return root
+
+
+def build_probe_set(recipe, root: Path | str, count: int) -> Path:
+    """The probe set in ``recipe``'s layout under ``root``; checks that stored sample ``i``
+    holds label ``i`` (the audits read a label as the sample's index)."""
+    from ...formats import open_dataset
+    from ...importer import import_images
+
+    root = Path(root)
+    source = write_identified_probes(root / "source", count)
+    # The probes are already the probe's size: a resize only where the layout stores raw
+    # pixels (it would also write a raw copy of every encoded layout).
+    resize = (PROBE_SIDE, PROBE_SIDE) if recipe.encoding == "raw" else None
+    import_images(source, root / "sets", formats=[recipe.layout], resize=resize,
+                  progress=False)
+    path = root / "sets" / f"{recipe.layout}-{recipe.encoding}"
+    reader = open_dataset(path)
+    try:
+        _, labels = reader.read_many(np.arange(count))
+    finally:
+        reader.close()
+    if not np.array_equal(labels, np.arange(count)):
+        raise RuntimeError(f"{path}: stored labels are not the sample indices")
+    return path
+
+
+# -- reading what a recipe delivers --------------------------------------------------------
+@dataclass
+class Delivered:
+    """One pass's deliveries, in order: each sample's label, its draw, and how many
+    images carried another sample's tag than their label's."""
+
+    labels: list[int] = field(default_factory=list)
+    boxes: list[CropBox] = field(default_factory=list)
+    tag_mismatches: int = 0
+
+    def draws(self) -> dict[int, CropBox]:
+        """Sample -> its first delivered draw."""
+        out: dict[int, CropBox] = {}
+        for label, box in zip(self.labels, self.boxes):
+            out.setdefault(label, box)
+        return out
+
+    def add(self, images, labels) -> None:
+        images, labels = np.asarray(images), np.asarray(labels).reshape(-1)
+        self.labels += [int(label) for label in labels]
+        self.boxes += recover_boxes(images)
+        tags = read_tags(images)
+        self.tag_mismatches += int((tags != labels % TAG_LEVELS).sum())
+
+    def to_arrays(self) -> tuple[np.ndarray, np.ndarray, int]:
+        """Picklable form (a rank's result)."""
+        from .measures import draw_array
+
+        return np.asarray(self.labels, np.int64), draw_array(self.boxes), self.tag_mismatches
+
+    @classmethod
+    def from_arrays(cls, labels, draws, mismatches) -> Delivered:
+        boxes = [CropBox(*row[:4], bool(row[4])) for row in np.asarray(draws)]
+        return cls([int(x) for x in labels], boxes, int(mismatches))
+
+
+def batch_parts(batch) -> tuple[np.ndarray, np.ndarray]:
+    """(images, labels) of a delivered batch: a ``Batch``, or a framework's (images,
+    labels) pair."""
+    if hasattr(batch, "images"):
+        return np.asarray(batch.images), np.asarray(batch.labels)
+    images, labels = batch[0], batch[1]
+    return np.asarray(images), np.asarray(labels)
+
+
+def read_pass(batches, limit: int | None = None) -> Delivered:
+    """Every sample of one pass over ``batches`` (the first ``limit`` or more)."""
+    delivered = Delivered()
+    for batch in batches:
+        delivered.add(*batch_parts(batch))
+        if limit is not None and len(delivered.labels) >= limit:
+            break
+    return delivered
+
+
+# -- opening a recipe as one rank ----------------------------------------------------------
+def open_rank(recipe, root: str, *, batch_size: int, workers: int, seed: int, rank: int,
+              world_size: int):
+    """``recipe``'s pipeline as rank ``rank`` of ``world_size``, as a ``RecipeRun``: over
+    storebench's reader, its sampler's rank split (``drop_last`` off: shares padded to even
+    length); tf.data, its own record split (``tf.distribute.InputContext``, whose batch size
+    is the global one)."""
+    from ...loaders import LazyDataset, RandomResizedCropFlip, ShuffleSampler
+    from ...loaders.paths import PathOptions
+    from ...recipes.base import RecipeRun
+
+    if recipe.loader == "tf_data":
+        import tensorflow as tf
+
+        from ...loaders.paths import TRAINING_CROP
+        from ...loaders.tf_adapter import tfrecord_pipeline
+
+        context = tf.distribute.InputContext(num_input_pipelines=world_size,
+                                             input_pipeline_id=rank,
+                                             num_replicas_in_sync=world_size)
+        # Record shares need one common record order: a deterministic interleave.
+        pipeline = tfrecord_pipeline(Path(root), batch_size=batch_size * world_size,
+                                     shuffle_buffer=PathOptions(1).shuffle_buffer, seed=seed,
+                                     deterministic=True, resize=(TRAINING_CROP,) * 2,
+                                     random_crop=True, input_context=context,
+                                     shard_by="record")
+        return RecipeRun(pipeline)
+    if recipe.path.reads_dataset_files:
+        raise ValueError(f"recipe {recipe.name}: {RANKS_NOT_RUN.get(recipe.loader, 'no rank')}")
+    from ...formats import open_dataset
+
+    options = PathOptions(batch_size=batch_size, workers=workers, seed=seed, root=root,
+                          decode=recipe.decode, transform="train",
+                          start_method=recipe.start_method)
+    crop = RandomResizedCropFlip(seed=seed, filter=recipe.transform.filter,
+                                 resampler=recipe.transform.resampler)
+    dataset = LazyDataset(open_dataset(root), decode=recipe.decode, transform=crop,
+                          output_shape=(224, 224, 3))
+    sampler = ShuffleSampler(len(dataset), seed=seed, rank=rank, world_size=world_size)
+    return RecipeRun(*recipe.path.open(dataset, sampler, options), sampler)
+
+
+def rank_epoch(rank: int, world_size: int, recipe_name: str, root: str, batch_size: int,
+               workers: int, seed: int):
+    """In a rank: epoch 0 of this rank's share, as picklable arrays."""
+    from ...recipes import get_recipe
+
+    recipe = get_recipe(recipe_name)
+    with open_rank(recipe, root, batch_size=batch_size, workers=workers, seed=seed,
+                   rank=rank, world_size=world_size) as run:
+        return read_pass(run.epoch(0)).to_arrays()
+
+
+def run_ranks_epoch(recipe, root: str, world_size: int, *, batch_size: int,
+                    workers: int) -> list[Delivered]:
+    # Imported before the fork (it starts no thread), not again in every rank.
+    import torch.distributed  # noqa: F401
+
+    from ...ranks import run_ranks
+
+    # Forked where the recipe's library allows it (fast); spawned where it does not (Lance,
+    # which this process has used to check the set, hangs in a fork).
+    method = "spawn" if recipe.start_method == "spawn" else "fork"
+    results = run_ranks(rank_epoch, world_size, start_method=method,
+                        args=(recipe.name, root, batch_size, workers, SEED),
+                        timeout_s=RANKS_TIMEOUT_S)
+    return [Delivered.from_arrays(*result) for result in results]
+
+
+def ranks_supported(recipe) -> str:
+    """Why storebench cannot run ``recipe`` over ranks ("" where it can)."""
+    if recipe.loader == "tf_data" or not recipe.path.reads_dataset_files:
+        return ""
+    return RANKS_NOT_RUN.get(recipe.loader, f"storebench's {recipe.path.label} path takes "
+                                            "no rank")
+
+
+# -- the metrics ---------------------------------------------------------------------------
+def metric_name(group: str, setting: str, measure: str) -> str:
+    return f"{group}.{setting}.{measure}"
+
+
+def once_metrics(setting: str, delivered: Delivered, samples: int,
+                 per_rank: list[int] | None = None) -> dict:
+    count = count_deliveries(delivered.labels, samples, per_rank=per_rank)
+    name = lambda measure: metric_name("exactly_once", setting, measure)  # noqa: E731
+    return {name("delivered"): (count.delivered, "count"),
+            name("duplicates"): (count.duplicates, "count"),
+            name("misses"): (count.misses, "count"),
+            name("unknown"): (len(count.unknown), "count"),
+            name("padding"): (count.padding, "count"),
+            name("tag_mismatches"): (delivered.tag_mismatches, "count")}
+
+
+def rank_metrics(world_size: int, shares: list[Delivered], samples: int) -> dict:
+    setting = f"ranks{world_size}"
+    everything = Delivered([x for s in shares for x in s.labels],
+                           [b for s in shares for b in s.boxes],
+                           sum(s.tag_mismatches for s in shares))
+    out = once_metrics(setting, everything, samples, per_rank=[len(s.labels) for s in shares])
+    pairs = [(a, b) for i, a in enumerate(shares) for b in shares[i + 1:]]
+    out[metric_name("randomness", setting, "sequence_match_max")] = (
+        max(sequence_matches(a.boxes, b.boxes) for a, b in pairs), "ratio")
+    correlation, compared = pooled_correlation([(a.boxes, b.boxes) for a, b in pairs])
+    out[metric_name("randomness", setting, "draw_correlation")] = (correlation, "ratio")
+    out[metric_name("randomness", setting, "draw_correlation_values")] = (compared, "count")
+    out[metric_name("randomness", setting, "shared_draws")] = (
+        shared_draws(list(everything.draws().values())), "ratio")
+    return out
+
+
+def run_passes(recipe, root: str, *, batch_size: int, workers: int,
+               limits: Sequence[int | None], forget_set_epoch: bool = False) -> list:
+    """One run of ``recipe`` seeded ``SEED``: epoch ``k`` for each ``limits[k]`` (its first
+    that many samples, or all for None), then, with ``forget_set_epoch``, the last epoch's
+    first ``COMPARED_SAMPLES`` again without telling the epoch (None where the library
+    advances its epoch itself)."""
+    import gc
+
+    with recipe.open(root, batch_size=batch_size, workers=workers, seed=SEED) as run:
+        passes = [read_pass(run.epoch(number), limit) for number, limit in enumerate(limits)]
+        if forget_set_epoch:
+            passes.append(read_pass(run.batches, COMPARED_SAMPLES) if run.sampler is not None
+                          else None)
+    # A run does not close its reader: let it go before the next run opens the set again
+    # (LMDB refuses a second open of one environment in a process).
+    del run
+    gc.collect()
+    return passes
+
+
+def audit_recipe(recipe, root: str, samples: int, *, batch_size: int,
+                 rank_counts: Sequence[int] = RANK_COUNTS,
+                 worker_counts: Sequence[int] = WORKER_COUNTS) -> dict:
+    """Every run of ``recipe`` over the probe set at ``root`` (see the module doc) and its
+    metrics."""
+    metrics: dict = {}
+    if not ranks_supported(recipe):
+        for world_size in rank_counts:
+            shares = run_ranks_epoch(recipe, root, world_size, batch_size=batch_size,
+                                     workers=RANK_WORKERS)
+            metrics.update(rank_metrics(world_size, shares, samples))
+    reference = REFERENCE_WORKERS
+    first, second, forgot = run_passes(recipe, root, batch_size=batch_size, workers=reference,
+                                       limits=(None, COMPARED_SAMPLES), forget_set_epoch=True)
+    (again,) = run_passes(recipe, root, batch_size=batch_size, workers=reference,
+                          limits=(COMPARED_SAMPLES,))
+    setting = f"workers{reference}"
+    metrics.update(once_metrics(setting, first, samples))
+    metrics[metric_name("randomness", "epochs", "same_draws")] = (
+        same_draws(first.draws(), second.draws())[0], "ratio")
+    metrics[metric_name("randomness", "epochs", "same_order")] = (
+        same_order(first.labels[:len(second.labels)], second.labels), "ratio")
+    metrics[metric_name("randomness", setting, "shared_draws")] = (
+        shared_draws(list(first.draws().values())), "ratio")
+    if forgot is not None:
+        count = len(forgot.labels)
+        metrics[metric_name("randomness", "no_set_epoch", "same_order")] = (
+            same_order(second.labels[:count], forgot.labels[:count]), "ratio")
+        metrics[metric_name("randomness", "no_set_epoch", "same_draws")] = (
+            same_draws(second.draws(), forgot.draws())[0], "ratio")
+    count = len(again.labels)
+    metrics[metric_name("determinism", "same_workers", "same_order")] = (
+        same_order(first.labels[:count], again.labels), "ratio")
+    metrics[metric_name("determinism", "same_workers", "same_draws")] = (
+        same_draws(first.draws(), again.draws())[0], "ratio")
+    metrics["shuffle.storage_rank_correlation"] = (storage_rank_correlation(first.labels),
+                                                   "ratio")
+    metrics["shuffle.longest_stored_run"] = (longest_stored_run(first.labels), "count")
+    if recipe.loader not in NO_WORKER_COUNT:
+        for workers in worker_counts:
+            if workers == reference or (recipe.loader in CORE_BOUND
+                                        and workers > (os.cpu_count() or 1)):
+                continue
+            (other,) = run_passes(recipe, root, batch_size=batch_size, workers=workers,
+                                  limits=(None,))
+            setting = f"workers{workers}"
+            metrics.update(once_metrics(setting, other, samples))
+            metrics[metric_name("randomness", setting, "shared_draws")] = (
+                shared_draws(list(other.draws().values())), "ratio")
+            if workers == 1:
+                metrics[metric_name("determinism", "other_workers", "same_order")] = (
+                    same_order(first.labels, other.labels), "ratio")
+                metrics[metric_name("determinism", "other_workers", "same_draws")] = (
+                    same_draws(first.draws(), other.draws())[0], "ratio")
+    return metrics
+
+
+@contextlib.contextmanager
+def probe_set(recipe, samples: int):
+    with tempfile.TemporaryDirectory(prefix="storebench-correctness-") as scratch:
+        yield build_probe_set(recipe, scratch, samples)
+
+
+def _recipe(case: Case):
+    from ...recipes import get_recipe
+
+    recipe = get_recipe(str(case.param("recipe")))
+    reason = recipe.unavailable()
+    if reason:
+        raise CaseSkipped(reason)
+    return recipe
+
+
+def counts(text) -> tuple[int, ...]:
+    """``"1,2,4"`` (a case param) as ``(1, 2, 4)``; "" as none."""
+    return tuple(int(part) for part in str(text or "").split(",") if part)
+
+
+def audit_case(case: Case, trial: Trial) -> dict:
+    """One recipe's audit (the module doc), over ``samples`` probes in a set of its own."""
+    recipe = _recipe(case)
+    samples = int(case.param("samples"))
+    with probe_set(recipe, samples) as root:
+        return audit_recipe(recipe, str(root), samples, batch_size=int(case.batch_size),
+                            rank_counts=counts(case.param("rank_counts")),
+                            worker_counts=counts(case.param("worker_counts")))
+
+
+def ranks_case(case: Case, trial: Trial) -> dict:
+    """The rank split of a recipe storebench cannot run over ranks: a skipped row, why."""
+    recipe = _recipe(case)
+    raise CaseSkipped(ranks_supported(recipe) or f"recipe {recipe.name} runs over ranks in "
+                                                 "its audit case")
