@@ -113,6 +113,30 @@ def test_findings_block_matches_the_reference_results():
     assert block == render_findings_block(reference, relative_to=ROOT)
 
 
+def test_the_commands_block_states_each_commands_time_from_its_timing_file(tmp_path):
+    import json
+
+    from storebench.report.readme import QUICK_RUNS, render_commands_block
+
+    reference = ROOT / "results" / "reference"
+    block = re.search(r"<!-- commands:start -->\n(.*?)<!-- commands:end -->", README,
+                      flags=re.S).group(1)
+    assert block == render_commands_block(reference, ROOT)
+
+    results = tmp_path / "results" / "reference"
+    results.mkdir(parents=True)
+    assert "took" not in render_commands_block(results, tmp_path)
+    (results / "timing.json").write_text(json.dumps({"total_seconds": 4800.0}))
+    for run, seconds in (("20260101T000000Z-a", 900.0), ("20260102T000000Z-b", 690.0)):
+        (tmp_path / QUICK_RUNS / run).mkdir(parents=True)
+        (tmp_path / QUICK_RUNS / run / "timing.json").write_text(
+            json.dumps({"total_seconds": seconds}))
+    text = render_commands_block(results, tmp_path)
+    assert ("took 11.5 min (`results/quick-runs/20260102T000000Z-b/timing.json`)"
+            in text.splitlines()[3])
+    assert "took 80.0 min (`results/reference/timing.json`)" in text.splitlines()[6]
+
+
 def test_the_guide_page_matches_the_reference_results():
     from storebench.report.readme import GUIDE_PAGE, render_guide_page
 

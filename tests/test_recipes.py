@@ -164,3 +164,21 @@ def test_a_recipe_s_code_runs_an_epoch_of_its_dataset(ci_sets, name, tmp_path):
                             text=True, timeout=280)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.endswith("epoch done\n")
+
+
+def test_a_closed_recipe_run_lets_the_next_one_open_the_same_set(ci_sets):
+    """Closing a run closes the dataset it opened: an LMDB environment can be open once per
+    process, so a second run over the same set fails while the first one's is open."""
+    import gc
+
+    recipe = RECIPES["storebench-thread-lmdb"]
+    root = str(ci_sets / f"{recipe.layout}-{recipe.encoding}")
+    kept = []
+    for _ in range(2):
+        run = recipe.open(root, batch_size=16, workers=1, seed=3)
+        with run:
+            first = next(iter(run.epoch(0)))
+        kept.append(run)  # still referenced: only close() can have released its set
+        assert len(first.labels) == 16
+    gc.collect()
+    assert all(run.dataset is None for run in kept)

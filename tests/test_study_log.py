@@ -45,6 +45,7 @@ def test_the_summary_gives_stage_times_failed_and_skipped_cases_with_reasons(tmp
                         f"timing in {tmp_path / 'timing.json'}")
     assert lines[1] == "Cases: 3 ran, 0 reused from earlier runs, 1 failed."
     assert lines[2] == "Time: 3.0 min in all; build 30 s, study:demo 2.5 min."
+    assert not any(line.startswith("The studies' cases took") for line in lines)
     assert "  skipped study targets: applies to the synthetic profiles only" in lines
     assert "  failed demo broken: ValueError: boom in x.h5" in lines
     assert "  skipped demo absent: DALI is not installed in this environment" in lines
@@ -70,3 +71,14 @@ def test_each_stage_writes_one_line_as_it_starts_and_one_as_it_ends(tmp_path, ca
     ]
     assert set(times.stages) == {"plots", "study:demo"}
     assert (tmp_path / "timing.json").exists()
+
+
+def test_the_summary_says_how_far_the_estimate_was_off():
+    from storebench.study import eta_text
+
+    times = StudyTimes("small", "r1", stages={"build": 30.0, "study:a": 100.0,
+                                              "study:b": 50.0, "plots": 9.0},
+                       eta_seconds=120.0)
+    assert eta_text(times) == ("The studies' cases took 2.5 min; the estimate when they were "
+                               "planned was 2.0 min (-20%).")
+    assert eta_text(StudyTimes("small", "r1", stages={"study:a": 10.0})) == ""

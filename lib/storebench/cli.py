@@ -147,6 +147,22 @@ def _run(args: argparse.Namespace) -> int:
 def _study(args: argparse.Namespace) -> int:
     from .study import run_full_study
 
+    if args.quick:
+        from .quick_study import run_quick_study
+
+        given = [flag for flag, value in (("--dataset", args.dataset),
+                                          ("--family", args.family),
+                                          ("--repeats", args.repeats)) if value is not None]
+        if args.profile != data_gen.DEFAULT_PROFILE:
+            given.append("--profile")
+        if given:
+            raise ValueError(f"--quick measures the reference's own cases on its own sets; "
+                             f"it takes no {', '.join(given)}")
+
+        run_quick_study(reference_dir=args.reference, data_root=args.data,
+                        results_root=args.results, resume=not args.fresh,
+                        drop_caches=args.drop_caches, progress=_progress(args))
+        return 0
     run_full_study(
         dataset=args.dataset,
         profile=args.profile,
@@ -379,6 +395,14 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--quiet", action="store_true")
         if name == "study":
             s.add_argument("--no-notebooks", action="store_true", help="skip executing notebooks")
+            s.add_argument(
+                "--quick", action="store_true",
+                help="answer the README's table for this machine in minutes: measure only "
+                     "the two best candidates of each decision the reference's answer rests "
+                     "on, into <results>/quick/ (--profile, --dataset, --family and "
+                     "--repeats do not apply)")
+            s.add_argument("--reference", type=Path, default=DEFAULT_RESULTS_ROOT / "reference",
+                           help="with --quick: the results whose answer is measured again")
         s.set_defaults(func=func)
 
     f = sub.add_parser("findings", help="print this machine's decision guide from results")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import shutil
 import sys
@@ -33,6 +34,8 @@ class StudyTimes:
     ran_cases: dict[str, int] = field(default_factory=dict)
     reused_cases: dict[str, int] = field(default_factory=dict)
     skipped_studies: dict[str, str] = field(default_factory=dict)
+    # The studies' cases' estimated seconds when they were planned (NaN: no estimate).
+    eta_seconds: float = math.nan
 
     def write(self, results_dir: Path) -> Path:
         path = results_dir / TIMING_FILE
@@ -46,6 +49,7 @@ class StudyTimes:
             "ran_cases": self.ran_cases,
             "reused_cases": self.reused_cases,
             "skipped_studies": self.skipped_studies,
+            "eta_seconds": self.eta_seconds if math.isfinite(self.eta_seconds) else None,
         }
         path.write_text(json.dumps(data, indent=2) + "\n")
         return path
@@ -212,8 +216,10 @@ def build_families(profile: str, data_dir: Path | str, names: Sequence[str],
     """Build the sets of every dataset family studies ``names`` read (``study_family``),
     each in its own directory under ``data_dir``."""
     from .bench.plan import family_data_dir
+    from .studies import get_study
 
-    families = dict.fromkeys(study_family(name, profile, family) for name in names)
+    families = dict.fromkeys(study_family(name, profile, family) for name in names
+                             if get_study(name).reads_profile_sets)
     return [result for chosen in families for result in build_profile(
         profile, family_data_dir(data_dir, chosen), family=chosen, **options)]
 
@@ -421,8 +427,9 @@ def run_study(
     else:
         label = profile
         data_dir = study_data_dir(name, profile, data_dir_for(profile, data_root), family)
-        build_profile(profile, data_dir, progress=progress,
-                      family=study_family(name, profile, family))
+        if study.reads_profile_sets:
+            build_profile(profile, data_dir, progress=progress,
+                          family=study_family(name, profile, family))
         if study.prepare is not None:
             study.prepare(profile=profile, data_dir=data_dir, progress=progress)
     results_dir = results_dir_for(label, results_root)
@@ -641,6 +648,7 @@ def run_full_study(
           run_id=times.run_id, drop_caches=drop_caches, label=label)
     estimate = stage.estimate = run_estimate(names, profile, data_dir, repeats, results_dir,
                                              label, resume=resume, family=family)
+    times.eta_seconds = estimate.seconds_left()
 
     def case_done(case, outcome):
         estimate.done(case.study, case.case_id, outcome.seconds)
@@ -731,7 +739,8 @@ def top_up_timed(results_dir: Path, *, profile: str, data_root: Path | str = "da
     timing = json.loads(timing_path.read_text())
     times = StudyTimes(timing["profile"], timing["run_id"], dict(timing["stage_seconds"]),
                        timing["failed_cases"], timing["ran_cases"], timing["reused_cases"],
-                       timing["skipped_studies"])
+                       timing["skipped_studies"],
+                       timing.get("eta_seconds") or math.nan)
     data_dir = data_dir_for(profile, data_root)
     studies = [name for name in times.ran_cases if name not in times.skipped_studies]
     stage = StageLog(times, results_dir)
@@ -744,6 +753,17 @@ def top_up_timed(results_dir: Path, *, profile: str, data_root: Path | str = "da
 def duration_text(seconds: float) -> str:
     """``"42 s"`` or ``"3.5 min"``."""
     return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+def eta_text(times: StudyTimes) -> str:
+    """How far the estimate made when the cases were planned was from the time the studies
+    took; "" without an estimate."""
+    took = sum(seconds for name, seconds in times.stages.items() if name.startswith("study:"))
+    if not math.isfinite(times.eta_seconds) or took <= 0:
+        return ""
+    off = times.eta_seconds / took - 1
+    return (f"The studies' cases took {duration_text(took)}; the estimate when they were "
+            f"planned was {duration_text(times.eta_seconds)} ({off:+.0%}).")
 
 
 def study_summary(results_dir: Path, times: StudyTimes) -> str:
@@ -768,6 +788,9 @@ def study_summary(results_dir: Path, times: StudyTimes) -> str:
     total = sum(times.stages.values())
     lines.append(f"Time: {duration_text(total)} in all; " + ", ".join(
         f"{name} {duration_text(seconds)}" for name, seconds in times.stages.items()) + ".")
+    eta = eta_text(times)
+    if eta:
+        lines.append(eta)
     for study, reason in times.skipped_studies.items():
         lines.append(f"  skipped study {study}: {reason}")
     results = Results.load(results_dir)

@@ -201,7 +201,12 @@ class Recipe:
         dataset = LazyDataset(open_dataset(root), decode=self.decode, transform=crop,
                               output_shape=(224, 224, 3))
         sampler = ShuffleSampler(len(dataset), seed=seed)
-        return RecipeRun(*self.path.open(dataset, sampler, options), sampler)
+        try:
+            batches, stop = self.path.open(dataset, sampler, options)
+        except BaseException:
+            dataset.close()
+            raise
+        return RecipeRun(batches, stop, sampler, dataset)
 
 
 @dataclass
@@ -209,11 +214,13 @@ class RecipeRun:
     """An open recipe: ``epoch(n)`` is epoch ``n``'s batches (a path over storebench's
     reader is told the epoch through its sampler, which its workers' crops follow; a path
     that reads its own files starts the next epoch on each pass); ``close()`` stops its
-    workers."""
+    workers, then closes the dataset it opened (an LMDB environment may be open once per
+    process: a second run over the same set needs the first one's closed)."""
 
     batches: object
     stop: object = None
     sampler: object = None
+    dataset: object = None
 
     def epoch(self, number: int):
         if self.sampler is not None:
@@ -221,8 +228,13 @@ class RecipeRun:
         return self.batches
 
     def close(self) -> None:
-        if self.stop is not None:
-            self.stop()
+        try:
+            if self.stop is not None:
+                self.stop()
+        finally:
+            if self.dataset is not None:
+                self.dataset.close()
+                self.dataset = None
 
     def __enter__(self) -> RecipeRun:
         return self

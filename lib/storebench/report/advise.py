@@ -209,15 +209,21 @@ class Choice:
     worst_median: float = math.nan
     # Why the guide could not decide (``GuideRow.undecided_reason``); empty where it did.
     undecided_reason: str = ""
+    # (study, case_id, metric) of the result rows behind the best and the runner-up: the
+    # cases a quick study measures again to decide the same question (``report.quick``).
+    evidence: tuple[tuple[str, str, str], ...] = ()
 
     @classmethod
     def of(cls, row) -> Choice:
         second, last = row.runner_up, row.candidates[-1]
+        evidence = tuple(dict.fromkeys(
+            source for candidate in row.candidates[:2]
+            for source in (candidate.stat.sources or candidate.stat.derived_from)))
         return cls(row.study, row.question, row.best.key, row.best.label, row.best.stat.median,
                    row.best.stat.unit, tuple(row.tied) if row.tie and not row.undecided else (),
                    row.undecided, second.label if second else None, dict(row.facets),
                    last.label if second else None, last.stat.median if second else math.nan,
-                   row.undecided_reason if row.undecided else "")
+                   row.undecided_reason if row.undecided else "", evidence)
 
     @property
     def avoid(self) -> str | None:

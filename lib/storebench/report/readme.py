@@ -10,6 +10,9 @@ from .examples import EXAMPLES_PAGE, render_examples_page
 from .recipes import RECIPES_PAGE, render_recipes_page
 
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"
+COMMANDS_START, COMMANDS_END = "<!-- commands:start -->", "<!-- commands:end -->"
+# Committed runs of ``make quick``, one directory per run id, relative to the README.
+QUICK_RUNS = "results/quick-runs"
 
 
 def study_time_text(results_dir: Path, base: Path) -> str:
@@ -51,7 +54,9 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
     from ..studies import STUDIES
     from ..studies.base import ReadmePlace
     from .answer import answer_markdown
+    from .figures import readme_figures, study_figures
     from .guide import decision_guide
+    from .targets import readme_text as every_target_text
 
     results_dir = Path(results_dir)
     place = ReadmePlace(results_dir=results_dir,
@@ -70,12 +75,12 @@ def render_findings_block(results_dir: Path | str, *, relative_to: Path | None =
     present = set(results.df["study"])
     studies = [study for study in STUDIES.values() if study.name in present]
     for study in studies:
-        text = study.readme_text(results, place) if study.readme_text else ""
-        if text:
-            parts += ["", text.rstrip("\n")]
+        texts = [study.readme_text(results, place) if study.readme_text else "",
+                 every_target_text(results, place) if study.shows_every_target else ""]
+        parts += [part for text in texts if text for part in ("", text.rstrip("\n"))]
     for study in studies:
-        captions = {spec.name: spec.caption for spec in study.figures}
-        for stem in study.readme_figures:
+        captions = {spec.name: spec.caption for spec in study_figures(study)}
+        for stem in readme_figures(study):
             png = results_dir / "figures" / f"{stem}.png"
             if png.exists():
                 parts += ["", f"![{captions[stem]}]({place.relative(png)})"]
@@ -151,20 +156,53 @@ def render_calibration_block(results_dir: Path | str) -> str:
     """The methodology page's machine-calibration block: the machine line, then the
     targets measured on small synthetic sets (``TargetSpec.calibration``)."""
     from ..results import Results
-    from ..studies.targets.study import targets_markdown
+    from .targets import targets_markdown
 
     results = Results.load(results_dir)
     return (machine_line(results) + "\n\n" + targets_markdown(results, calibration=True)
             + "\n")
 
 
-def _fill(path: Path, block: str) -> bool:
-    """Rewrite the block between the findings markers of ``path``; True when it changed."""
+def _minutes(timing_path: Path, base: Path) -> str:
+    """``"12.3 min (`results/…/timing.json`)"``, or "" where the file is missing."""
+    if not timing_path.exists():
+        return ""
+    seconds = json.loads(timing_path.read_text())["total_seconds"]
+    return (f"{seconds / 60:.1f} min "
+            f"(`{timing_path.resolve().relative_to(base.resolve()).as_posix()}`)")
+
+
+def render_commands_block(results_dir: Path | str, base: Path) -> str:
+    """The README's commands, each with how long it took on the machine of its timing
+    file: ``make quick`` from the latest committed quick run, ``make study`` from
+    ``results_dir``'s ``timing.json``."""
+    runs = sorted(p for p in (base / QUICK_RUNS).glob("*/timing.json"))
+    quick = _minutes(runs[-1], base) if runs else ""
+    study = _minutes(Path(results_dir) / "timing.json", base)
+    lines = [
+        "make quick   # the answer table for this machine: measures only the cases the",
+        "             # reference's answer rests on (each decision's two best candidates)",
+        f"             # into results/quick/; took {quick}" if quick else
+        "             # into results/quick/",
+        "make study   # creates .venv and .venv-peers, installs, builds the default (small)",
+        "             # profile, runs every study, regenerates the figures and executes the",
+        f"             # notebooks into results/small/; took {study}" if study else
+        "             # notebooks into results/small/",
+        "make test    # creates them if missing, runs ruff and the whole test suite (which",
+        "             # also runs the ci-profile study end to end and executes every",
+        "             # notebook), then the tests marked `peers` with the peers environment",
+    ]
+    return "```bash\n" + "\n".join(lines) + "\n```\n"
+
+
+def _fill(path: Path, block: str, start: str = START, end: str = END) -> bool:
+    """Rewrite the block between the ``start`` and ``end`` markers of ``path`` (the
+    findings block's by default); True when it changed."""
     text = path.read_text()
-    if START not in text or END not in text:
-        raise ValueError(f"{path}: no {START} ... {END} block to fill")
-    new = re.sub(re.escape(START) + r"\n.*?" + re.escape(END),
-                 lambda _: f"{START}\n{block}{END}", text, flags=re.S)
+    if start not in text or end not in text:
+        raise ValueError(f"{path}: no {start} ... {end} block to fill")
+    new = re.sub(re.escape(start) + r"\n.*?" + re.escape(end),
+                 lambda _: f"{start}\n{block}{end}", text, flags=re.S)
     if new != text:
         path.write_text(new)
     return new != text
@@ -177,6 +215,8 @@ def update_readme(readme: Path | str, results_dir: Path | str) -> bool:
     readme = Path(readme)
     block = render_findings_block(results_dir, relative_to=readme.resolve().parent)
     changed = _fill(readme, block)
+    changed = _fill(readme, render_commands_block(results_dir, readme.resolve().parent),
+                    COMMANDS_START, COMMANDS_END) or changed
     guide = readme.resolve().parent / GUIDE_PAGE
     if guide.exists():
         changed = _fill(guide, render_guide_page(results_dir)) or changed
