@@ -67,6 +67,22 @@ def test_every_quick_case_names_its_reference_runs_and_dataset(reference):
     assert {"store", "loader", "sample size"} <= parts
 
 
+def test_answers_agree_by_the_candidates_they_name_not_their_order(reference):
+    from storebench.report.quick import agreement, compared_answers, named
+
+    advice = advise(situation_for(ANSWER_SITUATIONS[0], reference), reference)
+    pair = named(advice.store)
+    assert advice.store.label in pair
+    a, b, c = frozenset({"x", "y"}), frozenset({"y", "x"}), frozenset({"y", "z"})
+    assert agreement([a, frozenset()], [b, frozenset()]) == "same"
+    assert agreement([a, a], [c, a]) == "overlapping"
+    assert agreement([a, a], [frozenset({"z"}), a]) == "different"
+    # The reference against itself: every answered row the same.
+    table = compared_answers(reference, reference)
+    assert set(table["answers"]) <= {"same", "not answered on both"}
+    assert (table["answers"] == "same").sum() >= 4
+
+
 def test_quick_refuses_the_options_of_a_full_study(capsys):
     from storebench.cli import main
 

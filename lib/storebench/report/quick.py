@@ -143,20 +143,52 @@ def _stat_text(found) -> str:
     return f"{format_value(found.median, found.unit)} (n = {found.count})"
 
 
+def named(choice) -> frozenset[str]:
+    """What a choice names: its best, those tied with it, and the runner-up it could not be
+    told from; the order of an undecided pair is not part of the answer."""
+    if choice is None:
+        return frozenset()
+    names = {choice.label, *choice.tied}
+    if choice.undecided and choice.runner_up:
+        names.add(choice.runner_up)
+    return frozenset(names)
+
+
+def agreement(mine: Sequence[frozenset], theirs: Sequence[frozenset]) -> str:
+    """``"same"`` where every part names the same candidates, ``"overlapping"`` where each
+    part shares one, else ``"different"``."""
+    if list(mine) == list(theirs):
+        return "same"
+    if all(a & b or (not a and not b) for a, b in zip(mine, theirs)):
+        return "overlapping"
+    return "different"
+
+
+def _parts(results: Results, situation) -> list[frozenset] | None:
+    try:
+        advice = advise(situation_for(situation, results), results)
+    except (AdviceError, LookupError):
+        return None
+    return [named(advice.store), named(advice.loader), named(advice.decoder)]
+
+
 def compared_answers(reference: Results, quick: Results) -> pd.DataFrame:
     """Each situation's store and loader on this machine beside the reference's, and
-    whether they agree."""
+    whether they name the same candidates (``agreement``; the order of an undecided pair
+    does not count)."""
     here = answer_rows(quick).set_index("your situation")
     there = answer_rows(reference).set_index("your situation")
     out = []
-    for situation in there.index:
-        mine = here.loc[situation] if situation in here.index else None
-        row = {"your situation": situation}
+    for situation in ANSWER_SITUATIONS:
+        text = situation.text
+        row = {"your situation": text}
         for column in ("store as", "load with"):
-            row[f"{column}, reference machine"] = there.loc[situation, column]
-            row[f"{column}, this machine"] = mine[column] if mine is not None else DASH
-        row["same answer"] = ("yes" if mine is not None and all(
-            mine[c] == there.loc[situation, c] for c in ("store as", "load with")) else "no")
+            row[f"{column}, reference machine"] = there.loc[text, column]
+            row[f"{column}, this machine"] = (here.loc[text, column] if text in here.index
+                                              else DASH)
+        mine, theirs = _parts(quick, situation), _parts(reference, situation)
+        row["answers"] = (agreement(mine, theirs) if mine is not None and theirs is not None
+                          else "not answered on both")
         out.append(row)
     return pd.DataFrame(out)
 
