@@ -225,3 +225,17 @@ def test_the_grid_has_an_audit_per_recipe_and_a_skipped_rank_case_where_ranks_ca
                if RECIPES[c.param("recipe")].environment == "peers")
     skipped = {c.param("recipe") for c in grid if c.function.endswith(":ranks_case")}
     assert "webdataset" in skipped and "storebench-thread-lmdb" not in skipped
+
+
+def test_a_case_that_failed_reads_as_an_error_not_as_a_failed_property():
+    rows = pd.DataFrame([{
+        "study": "correctness", "case_id": "audit:lmdb-jpeg/thread/recipe=x", "run_id": "r1",
+        "repeat": -1, "metric": "case_seconds", "value": 0.0, "unit": "s",
+        "status": "failed", "prefetcher": "thread",
+        "error": "Traceback (most recent call last):\n  ...\nRuntimeError: boom",
+        "params": json.dumps({"recipe": "storebench-thread-lmdb"})}])
+    table = study.correctness_table(rows)
+    assert len(table) == 1
+    for prop in ("exactly_once", "randomness", "determinism", "shuffle"):
+        assert table[prop].iloc[0] == "error"
+        assert table[prop + "_text"].iloc[0] == "failed: RuntimeError: boom"

@@ -99,8 +99,10 @@ PROPERTIES = ("exactly once", "distinct randomness", "deterministic", "shuffled"
 PROPERTY_COLUMNS = {"exactly once": "exactly_once", "distinct randomness": "randomness",
                     "deterministic": "determinism", "shuffled": "shuffle",
                     "resume": "resume"}
+# "error": the case itself failed, so nothing was measured (not a property that failed).
 VERDICT_COLOURS = {"pass": "#4caf50", "fail": "#e53935", "partial": "#ff9800",
-                   "not promised": "#cddc39", "skipped": "#e0e0e0", "not run": "#f5f5f5"}
+                   "not promised": "#cddc39", "error": "#9575cd", "skipped": "#e0e0e0",
+                   "not run": "#f5f5f5"}
 
 
 def size_for(profile: str) -> AuditSize:
@@ -353,7 +355,7 @@ def correctness_table(results: Results | pd.DataFrame) -> pd.DataFrame:
         if status != "ok":
             # A failure's traceback ends with what went wrong: its last line says it.
             last = next((line for line in reversed(error.splitlines()) if line.strip()), "")
-            outcomes = {p: Outcome("skipped" if status == "skipped" else "fail",
+            outcomes = {p: Outcome("skipped" if status == "skipped" else "error",
                                    f"{status}: {last}") for p in PROPERTIES[:-1]}
         else:
             values = _values(case)
