@@ -146,3 +146,25 @@ def test_a_quick_run_measures_only_its_cases_and_resumes(ci_study, tmp_path):
     assert again.ran_cases == {"prefetch": 0}
     assert again.reused_cases == {"prefetch": 2}
     assert _case_ids(quick / "prefetch.csv") == ids
+
+
+@pytest.mark.timeout(300)
+def test_the_build_makes_only_the_sets_its_cases_read(tmp_path):
+    """A peers case over LMDB: its study's own sets in that format only, none of the other
+    peer formats the peers study builds for a whole run."""
+    from storebench.bench.plan import peer_sets_dir
+    from storebench.environments import EnvironmentUnavailableError, python_for
+    from storebench.quick_study import _build
+    from storebench.study import data_dir_for, study_data_dir
+
+    try:
+        python_for("peers")
+    except EnvironmentUnavailableError as err:
+        pytest.skip(str(err))
+    data_dir = data_dir_for("ci", tmp_path / "data")
+    case = QuickCase("peers", "peer_epochs:lmdb-jpeg/x", "later_epochs_samples_per_s", "lmdb",
+                     "jpeg", "lmdb-jpeg")
+    _build("ci", data_dir, [case], progress=False)
+    built = sorted(p.name for p in peer_sets_dir(study_data_dir("peers", "ci", data_dir))
+                   .iterdir() if (p / "manifest.json").exists())
+    assert built == ["lmdb-jpeg", "lmdb-raw"]

@@ -298,12 +298,12 @@ def peers_grid(*, profile: str, data_dir: Path | str, repeats: int | None = None
 
 
 def prepare(*, profile: str, data_dir: Path | str, progress: bool = True,
-            jobs: int | None = None) -> None:
+            jobs: int | None = None, formats: tuple[str, ...] | None = None) -> None:
     """Build the study's sets in every format of ``study_formats()`` of ``data_dir``'s
-    family that holds them, with the peers environment's interpreter
-    (``peer_sets.build_peer_formats``)."""
+    family that holds them (or in ``formats`` only: a quick study's), with the peers
+    environment's interpreter (``peer_sets.build_peer_formats``)."""
     build_peer_formats(profile=profile, data_dir=data_dir, progress=progress, jobs=jobs,
-                       formats=study_formats(data_dir_family(data_dir)))
+                       formats=formats or study_formats(data_dir_family(data_dir)))
 
 
 # -- reading the rows --------------------------------------------------------------------
