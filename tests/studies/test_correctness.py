@@ -183,6 +183,45 @@ def test_the_table_reads_the_audit_as_passing(thread_audit):
     assert row["randomness"] == "pass" and "repeats the last one's" in row["randomness_text"]
     assert row["determinism"] == "pass"
     assert row["resume"] == "not run"
+    # The thread recipe's workers are threads: no worker process to kill, and the table
+    # says so rather than passing or failing it.
+    assert row["killed_worker"] == "no processes"
+
+
+@pytest.mark.timeout(120)
+def test_killing_a_process_worker_mid_epoch_stops_the_epoch_with_an_error():
+    recipe = RECIPES["storebench-process-lmdb"]
+    with cases.probe_set(recipe, 64) as root:
+        metrics = {name.split(".")[-1]: value for name, (value, _) in
+                   cases.killed_worker_metrics(recipe, str(root), 64, batch_size=8).items()}
+    # Two worker processes found; the one killed after 16 samples makes the epoch raise,
+    # and nothing delivered before it is repeated or foreign.
+    assert metrics["worker_processes"] == 2 and metrics["delivered_before_kill"] == 16
+    assert metrics["raised"] == 1 and metrics["hung"] == 0
+    assert metrics["duplicates"] == 0 and metrics["unknown"] == 0
+    assert 16 <= metrics["delivered"] < 64
+
+
+def test_a_killed_worker_s_outcome_fails_a_silent_loss_or_a_hang_only():
+    def values(**measures):
+        return {f"killed_worker.workers{cases.REFERENCE_WORKERS}.{k}": float(v)
+                for k, v in measures.items()}
+
+    loud = study.killed_worker_outcome(values(hung=0, worker_processes=2,
+                                              delivered_before_kill=16, raised=1,
+                                              delivered=24, duplicates=0, misses=40))
+    assert loud.verdict == "pass" and "stopped with an error after 24" in loud.text
+    silent = study.killed_worker_outcome(values(hung=0, worker_processes=2,
+                                                delivered_before_kill=16, raised=0,
+                                                delivered=56, duplicates=0, misses=8))
+    assert silent.verdict == "fail" and "carried on without an error, 8 missed" in silent.text
+    hung = study.killed_worker_outcome(values(hung=1, timeout_s=120))
+    assert hung.verdict == "fail" and hung.text.startswith("hung")
+    whole = study.killed_worker_outcome(values(hung=0, worker_processes=2,
+                                               delivered_before_kill=16, raised=0,
+                                               delivered=64, duplicates=0, misses=0))
+    assert whole.verdict == "pass" and "every sample exactly once" in whole.text
+    assert study.killed_worker_outcome({}).verdict == "not run"
 
 
 def test_a_planted_duplicate_fails_the_table_and_names_the_setting():

@@ -14,13 +14,17 @@ study reads).
 - ranks first (``storebench.ranks``: gloo, forked before any loader or library has started
   a thread in this process): one epoch at 2, 3 and 4 ranks, each rank ``RANK_WORKERS``
   worker, ``drop_last`` off;
+- a worker killed mid-epoch (``killed_worker_epoch``, forked like a rank): epoch 0 at
+  ``REFERENCE_WORKERS`` workers, the loader's oldest worker process killed once
+  ``KILL_AFTER_SHARE`` of it is delivered, then read on;
 - run A, ``REFERENCE_WORKERS`` workers, seed ``SEED``: epochs 0 and 1, then (where the epoch
   is the sampler's to be told) a pass without ``set_epoch``;
 - run B, the same seed and workers afresh: the first ``COMPARED_SAMPLES`` samples;
 - runs at 1 and 4 workers: one epoch each (tf.data has no worker count: AUTOTUNE).
 
 Metrics (``metric_name``): ``exactly_once.<setting>.<count>``, ``randomness.<what>.<share>``,
-``determinism.<what>.<share>``, ``shuffle.<measure>``. ``ranks_case`` is the skipped row of a
+``determinism.<what>.<share>``, ``shuffle.<measure>``, ``killed_worker.<setting>.<what>``.
+``ranks_case`` is the skipped row of a
 recipe whose rank split storebench cannot run.
 """
 
@@ -78,6 +82,13 @@ RANKS_NOT_RUN = {
     "ffcv": "storebench's FFCV path takes no distributed=True: FFCV's own rank split is not "
             "wired into it",
 }
+# A worker killed mid-epoch: once this share of the epoch is delivered, the loader's oldest
+# worker process gets SIGKILL and the epoch is read on; a run not over KILLED_TIMEOUT_S
+# after it started (a small probe set's epoch takes seconds) counts as a hang.
+KILL_AFTER_SHARE = 0.25
+KILLED_TIMEOUT_S = 120.0
+# Processes multiprocessing starts beside a loader's workers: not workers, never killed.
+HELPER_PROCESSES = ("resource_tracker", "semaphore_tracker", "forkserver")
 # Paths whose workers may not outnumber the cores (FFCV's numba threads refuse), and why:
 # their larger worker counts are not run on a smaller machine.
 CORE_BOUND = {"ffcv": "FFCV's numba threads cannot outnumber the cores"}
@@ -260,6 +271,84 @@ def run_ranks_epoch(recipe, root: str, world_size: int, *, batch_size: int,
     return [Delivered.from_arrays(*result) for result in results]
 
 
+# -- a worker killed mid-epoch ---------------------------------------------------------------
+def loader_worker_pids(before: set[int]) -> list[int]:
+    """This process's descendants started since ``before`` (their pids), multiprocessing's
+    helper processes left out, oldest first: the worker processes a loader started."""
+    import psutil
+
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if child.pid in before or child.status() == psutil.STATUS_ZOMBIE:
+                continue
+            if any(helper in part for part in child.cmdline() for helper in HELPER_PROCESSES):
+                continue
+            found.append((child.create_time(), child.pid))
+    return [pid for _, pid in sorted(found)]
+
+
+def killed_worker_epoch(rank: int, world_size: int, recipe_name: str, root: str,
+                        batch_size: int, workers: int, seed: int, kill_after: int) -> tuple:
+    """In a process of its own: epoch 0 of ``recipe_name``, its oldest worker process
+    killed (SIGKILL) once ``kill_after`` samples are delivered, then read on. Returns the
+    delivered arrays, the worker processes found at the kill (0: its workers are threads,
+    and the epoch stops there), the samples delivered before the kill, and whether reading
+    on raised."""
+    import signal
+
+    import psutil
+
+    from ...recipes import get_recipe
+
+    recipe = get_recipe(recipe_name)
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
+    delivered = Delivered()
+    processes, before_kill, raised = -1, 0, False
+    try:
+        with recipe.open(root, batch_size=batch_size, workers=workers, seed=seed) as run:
+            for batch in run.epoch(0):
+                delivered.add(*batch_parts(batch))
+                if processes < 0 and len(delivered.labels) >= kill_after:
+                    pids = loader_worker_pids(before)
+                    processes, before_kill = len(pids), len(delivered.labels)
+                    if not pids:
+                        break
+                    os.kill(pids[0], signal.SIGKILL)
+    except Exception:  # noqa: BLE001 - what the loader raises on a dead worker is the finding
+        raised = True
+    return (*delivered.to_arrays(), max(processes, 0), before_kill, raised)
+
+
+def killed_worker_metrics(recipe, root: str, samples: int, *, batch_size: int) -> dict:
+    """A worker killed mid-epoch (``killed_worker_epoch``): how many worker processes the
+    loader had, what it delivered after the kill (counted as exactly-once counts), whether
+    it raised, and whether it hung."""
+    from ...ranks import RankTimeoutError, run_ranks
+
+    name = lambda measure: metric_name("killed_worker", "workers"  # noqa: E731
+                                       f"{REFERENCE_WORKERS}", measure)
+    kill_after = max(1, int(samples * KILL_AFTER_SHARE))
+    method = "spawn" if recipe.start_method == "spawn" else "fork"
+    try:
+        ((labels, draws, mismatches, processes, before_kill, raised),) = run_ranks(
+            killed_worker_epoch, 1, start_method=method, timeout_s=KILLED_TIMEOUT_S,
+            args=(recipe.name, root, batch_size, REFERENCE_WORKERS, SEED, kill_after))
+    except RankTimeoutError:
+        return {name("hung"): (1, "count"), name("timeout_s"): (KILLED_TIMEOUT_S, "s")}
+    out = {name("hung"): (0, "count"), name("worker_processes"): (processes, "count"),
+           name("delivered_before_kill"): (before_kill, "count"),
+           name("raised"): (int(raised), "count")}
+    if processes:
+        delivered = Delivered.from_arrays(labels, draws, mismatches)
+        count = count_deliveries(delivered.labels, samples)
+        out.update({name("delivered"): (count.delivered, "count"),
+                    name("duplicates"): (count.duplicates, "count"),
+                    name("misses"): (count.misses, "count"),
+                    name("unknown"): (len(count.unknown), "count")})
+    return out
+
+
 def ranks_supported(recipe) -> str:
     """Why storebench cannot run ``recipe`` over ranks ("" where it can)."""
     if recipe.loader == "tf_data" or not recipe.path.reads_dataset_files:
@@ -333,6 +422,8 @@ def audit_recipe(recipe, root: str, samples: int, *, batch_size: int,
             shares = run_ranks_epoch(recipe, root, world_size, batch_size=batch_size,
                                      workers=RANK_WORKERS)
             metrics.update(rank_metrics(world_size, shares, samples))
+    # In a process of its own, before this one starts any loader thread (it forks).
+    metrics.update(killed_worker_metrics(recipe, root, samples, batch_size=batch_size))
     reference = REFERENCE_WORKERS
     first, second, forgot = run_passes(recipe, root, batch_size=batch_size, workers=reference,
                                        limits=(None, COMPARED_SAMPLES), forget_set_epoch=True)

@@ -18,9 +18,11 @@ delivers, with no hook of ours in its loader:
   the row says so);
 - **shuffle quality**: the delivered order's rank correlation with the stored order and its
   longest run of consecutive stored samples, one measure for every recipe;
-- **resume**: the resume study's rows, joined by loader path (``resume_outcomes``).
-
-A worker killed mid-epoch is not measured yet: its column says so.
+- **resume**: the resume study's rows, joined by loader path (``resume_outcomes``);
+- **a worker killed mid-epoch** (SIGKILL to the loader's oldest worker process a quarter of
+  the way in): whether it stops with an error, carries on, or hangs, and the duplicates and
+  misses it delivers. Shown beside the five properties, not counted among them: a loader
+  whose workers are threads has no worker process to lose.
 """
 
 from __future__ import annotations
@@ -99,10 +101,11 @@ PROPERTIES = ("exactly once", "distinct randomness", "deterministic", "shuffled"
 PROPERTY_COLUMNS = {"exactly once": "exactly_once", "distinct randomness": "randomness",
                     "deterministic": "determinism", "shuffled": "shuffle",
                     "resume": "resume"}
+KILLED_WORKER = "killed worker"
 # "error": the case itself failed, so nothing was measured (not a property that failed).
 VERDICT_COLOURS = {"pass": "#4caf50", "fail": "#e53935", "partial": "#ff9800",
                    "not promised": "#cddc39", "error": "#9575cd", "skipped": "#e0e0e0",
-                   "not run": "#f5f5f5"}
+                   "not run": "#f5f5f5", "no processes": "#cfd8dc"}
 
 
 def size_for(profile: str) -> AuditSize:
@@ -271,6 +274,37 @@ def shuffle_outcome(values: dict) -> Outcome:
     return Outcome("pass" if shuffled else "fail", text)
 
 
+def killed_worker_outcome(values: dict) -> Outcome:
+    """What the loader did when its oldest worker process was killed mid-epoch: stopping
+    with an error, or carrying on with every sample exactly once, passes (nothing wrong is
+    delivered silently); a hang, or carrying on with misses or duplicates, fails."""
+    prefix = f"killed_worker.workers{REFERENCE_WORKERS}."
+    get = lambda measure: values.get(prefix + measure)  # noqa: E731
+    if get("hung") is None:
+        return Outcome("not run", "no run")
+    if get("hung"):
+        return Outcome("fail", f"hung: the epoch had neither ended nor raised "
+                               f"{get('timeout_s'):.0f} s after it started")
+    if not get("worker_processes"):
+        return Outcome("no processes", "its workers are threads of the training process: "
+                                       "there is no worker process to kill")
+    delivered, before = int(get("delivered") or 0), int(get("delivered_before_kill") or 0)
+    wrong = [f"{int(get(m) or 0)} {word}" for m, word in (
+        ("duplicates", "duplicated"), ("misses", "missed"), ("unknown", "unknown"))
+        if get(m)]
+    killed = f"killed after {before:,} samples"
+    if get("raised"):
+        duplicated = int(get("duplicates") or 0) + int(get("unknown") or 0)
+        return Outcome("fail" if duplicated else "pass",
+                       f"{killed}: stopped with an error after {delivered:,}"
+                       + (f"; {duplicated} duplicated or unknown" if duplicated else
+                          ", none twice"))
+    if wrong:
+        return Outcome("fail", f"{killed}: carried on without an error, {', '.join(wrong)}")
+    return Outcome("pass", f"{killed}: carried on, every sample exactly once "
+                           f"({delivered:,} delivered)")
+
+
 # The resume study's rows, read by their columns and params (not its module: a study
 # stands alone): which loader path and start method a row resumed, and its audit.
 RESUME_STUDY = "resume"
@@ -335,7 +369,7 @@ def correctness_table(results: Results | pd.DataFrame) -> pd.DataFrame:
     resumes = resume_outcomes(df)
     columns = ["recipe", "label", "parallelism"] + [
         c for p in PROPERTIES for c in (PROPERTY_COLUMNS[p], PROPERTY_COLUMNS[p] + "_text")
-    ] + ["killed_worker", "case_id"]
+    ] + ["killed_worker", "killed_worker_text", "case_id"]
     if rows.empty:
         return pd.DataFrame(columns=columns)
     # Why a recipe's rank split was not run: its skipped ranks case's reason.
@@ -350,19 +384,21 @@ def correctness_table(results: Results | pd.DataFrame) -> pd.DataFrame:
         status, error = case["status"].iloc[0], str(case["error"].iloc[0] or "")
         ranks_reason = ranks_reasons.get(recipe.name, "")
         row = {"recipe": recipe.name, "label": recipe.label,
-               "parallelism": recipe.parallelism, "case_id": case["case_id"].iloc[0],
-               "killed_worker": "not measured yet"}
+               "parallelism": recipe.parallelism, "case_id": case["case_id"].iloc[0]}
         if status != "ok":
             # A failure's traceback ends with what went wrong: its last line says it.
             last = next((line for line in reversed(error.splitlines()) if line.strip()), "")
             outcomes = {p: Outcome("skipped" if status == "skipped" else "error",
                                    f"{status}: {last}") for p in PROPERTIES[:-1]}
+            killed = outcomes["exactly once"]
         else:
             values = _values(case)
             outcomes = {"exactly once": exactly_once_outcome(values, ranks_reason),
                         "distinct randomness": randomness_outcome(values, ranks_reason),
                         "deterministic": determinism_outcome(values, recipe.loader),
                         "shuffled": shuffle_outcome(values)}
+            killed = killed_worker_outcome(values)
+        row["killed_worker"], row["killed_worker_text"] = killed.verdict, killed.text
         outcomes["resume"] = resume_for(recipe, resumes)
         for name, outcome in outcomes.items():
             row[PROPERTY_COLUMNS[name]] = outcome.verdict
@@ -388,19 +424,24 @@ def plot_correctness(results: Results) -> Figure:
         return empty_figure("no correctness rows")
     fig = Figure(figsize=(11, 0.42 * len(table) + 1.8), layout="constrained")
     ax = fig.add_subplot()
+    columns = [PROPERTY_COLUMNS[p] for p in PROPERTIES] + ["killed_worker"]
+    names = list(PROPERTIES) + [KILLED_WORKER]
     for y, (_, row) in enumerate(table.iterrows()):
-        for x, prop in enumerate(PROPERTIES):
-            verdict = row[PROPERTY_COLUMNS[prop]]
+        for x, column in enumerate(columns):
+            verdict = row[column]
             ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, edgecolor="white",
                                    facecolor=VERDICT_COLOURS.get(verdict, "#b71c1c")))
             ax.text(x, y, verdict, ha="center", va="center", fontsize="x-small")
-    ax.set_xlim(-0.5, len(PROPERTIES) - 0.5)
+    # The killed worker sits beside the properties, apart: it is not counted among them.
+    ax.axvline(len(PROPERTIES) - 0.5, color="black", linewidth=1.5)
+    ax.set_xlim(-0.5, len(names) - 0.5)
     ax.set_ylim(len(table) - 0.5, -0.5)
-    ax.set_xticks(range(len(PROPERTIES)), PROPERTIES, fontsize="small")
+    ax.set_xticks(range(len(names)), names, fontsize="small")
     ax.set_yticks(range(len(table)), list(table["recipe"]), fontsize="small")
     ax.tick_params(length=0)
     ax.set_title("read from the delivered samples' labels and crop pixels (resume: the "
-                 "resume study's rows)", fontsize="small")
+                 "resume study's rows; killed worker: SIGKILL to one worker process a "
+                 "quarter of the way in)", fontsize="small")
     fig.suptitle(QUESTION, fontsize="medium")
     return fig
 
@@ -423,6 +464,8 @@ def findings(results: Results) -> list[str]:
             column = PROPERTY_COLUMNS[prop]
             if row[column] in ("fail", "partial", "not promised"):
                 out.append(f"{row['recipe']}: {prop}: {row[column]}: {row[column + '_text']}.")
+        if row["killed_worker"] == "fail":
+            out.append(f"{row['recipe']}: {KILLED_WORKER}: fail: {row['killed_worker_text']}.")
     skipped = table[table["exactly_once"] == "skipped"]
     for _, row in skipped.iterrows():
         out.append(f"{row['recipe']}: not run here: {row['exactly_once_text']}.")
@@ -433,8 +476,11 @@ def findings(results: Results) -> list[str]:
                    "as with torch's DistributedSampler).")
     out.append(f"Draws were compared over the first {COMPARED_SAMPLES:,} samples of a "
                f"second run; ranks' draws count as correlated beyond "
-               f"{RANK_CORRELATION_LIMIT} and beyond three standard errors. A worker killed "
-               "mid-epoch is not measured yet.")
+               f"{RANK_CORRELATION_LIMIT} and beyond three standard errors.")
+    stopped = measured[measured["killed_worker_text"].str.contains("stopped with an error")]
+    if not stopped.empty:
+        out.append(f"A worker killed mid-epoch stops the epoch with an error in "
+                   f"{', '.join(stopped['recipe'])}: nothing wrong is delivered silently.")
     return out
 
 
