@@ -474,9 +474,11 @@ def import_images(
     progress: bool = True,
     force: bool = False,
     log: Callable[[str], None] | None = None,
+    knobs: dict[str, dict] | None = None,
 ) -> list:
     """Import ``source`` into ``out_dir/<format>-<encoding>`` for every format (or those
-    named) that can hold it; returns the ``BuildResult`` of each copy.
+    named) that can hold it; returns the ``BuildResult`` of each copy. ``knobs``: a format's
+    knobs by its name (its defaults otherwise).
 
     Without ``resize`` the encoded formats are written and raw-only formats (memmap) are
     skipped with a log line saying why; naming a raw-only format explicitly without a resize
@@ -518,7 +520,7 @@ def import_images(
                          samples=source_samples(plan, spec)) as cache:
             for name in chosen:
                 result = build_dataset(spec, name, out_dir, source=cache, force=force,
-                                       progress=progress,
+                                       progress=progress, knobs=(knobs or {}).get(name),
                                        sidecars={"sources.json": plan.sources_sidecar()})
                 results.append(result)
                 m = result.manifest

@@ -387,6 +387,10 @@ def _rank_main(
         import torch.distributed as dist
 
         os.environ.setdefault("GLOO_SOCKET_IFNAME", _loopback_interface())
+        # What torchrun sets on one node: libraries that read their rank from the
+        # environment (MosaicML Streaming, WebDataset, LitData) see the group's.
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
+                          LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0")
         dist.init_process_group(
             "gloo",
             init_method=f"file://{store}",

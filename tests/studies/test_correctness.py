@@ -255,15 +255,13 @@ def test_resume_rows_join_by_loader_path():
     assert study.resume_for(RECIPES["tf-data-tfrecord"], outcomes).verdict == "not run"
 
 
-def test_the_grid_has_an_audit_per_recipe_and_a_skipped_rank_case_where_ranks_cannot_run(
-        tmp_path):
+def test_the_grid_has_one_audit_per_recipe_and_each_runs_ranks(tmp_path):
     grid = study.grid(profile="ci", data_dir=tmp_path)
-    audits = [c for c in grid if c.function.endswith(":audit_case")]
-    assert [c.param("recipe") for c in audits] == list(RECIPES)
-    assert all(c.param("environment") == "peers" for c in audits
+    assert [c.param("recipe") for c in grid] == list(RECIPES)
+    assert all(c.function.endswith(":audit_case") and c.param("rank_counts") == "3"
+               for c in grid)
+    assert all(c.param("environment") == "peers" for c in grid
                if RECIPES[c.param("recipe")].environment == "peers")
-    skipped = {c.param("recipe") for c in grid if c.function.endswith(":ranks_case")}
-    assert "webdataset" in skipped and "storebench-thread-lmdb" not in skipped
 
 
 def test_a_case_that_failed_reads_as_an_error_not_as_a_failed_property():

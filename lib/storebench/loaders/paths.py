@@ -59,6 +59,17 @@ class PathOptions:
     # "train": the standard training crop and flip. Datasets carry it themselves; paths
     # that decode themselves (tf.data over TFRecord) apply their own library's version.
     transform: str | None = None
+    # This process's rank of ``world_size``: peer paths that read their own files split
+    # them with their library's own mechanism and check that it sees the same rank (paths
+    # over storebench's reader get the split from their sampler). 1: the whole set.
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.world_size, int) and self.world_size >= 1
+                and isinstance(self.rank, int) and 0 <= self.rank < self.world_size):
+            raise ValueError(f"rank must be in [0, world_size) with world_size >= 1, got "
+                             f"rank {self.rank!r} of {self.world_size!r}")
 
 
 @dataclass(frozen=True)

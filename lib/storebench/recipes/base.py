@@ -183,14 +183,18 @@ class Recipe:
                                       decode=self.decode, start_method=self.start_method)
         return code.replace("{dataset}", dataset)
 
-    def open(self, root: str, *, batch_size: int, workers: int, seed: int = 0) -> RecipeRun:
+    def open(self, root: str, *, batch_size: int, workers: int, seed: int = 0,
+             rank: int = 0, world_size: int = 1) -> RecipeRun:
         """The recipe's pipeline over the dataset at ``root`` with the training transform,
-        as storebench measures it (its loader path, its decoder)."""
+        as storebench measures it (its loader path, its decoder); as rank ``rank`` of
+        ``world_size``, its share of each epoch (split by storebench's sampler, or by the
+        peer library's own mechanism where it reads its own files)."""
         from ..loaders.paths import PathOptions
 
         options = PathOptions(batch_size=batch_size, workers=workers, seed=seed, root=root,
                               decode=self.decode, transform="train",
-                              start_method=self.start_method)
+                              start_method=self.start_method, rank=rank,
+                              world_size=world_size)
         if self.path.reads_dataset_files:
             return RecipeRun(*self.path.open(None, None, options))
         from ..formats import open_dataset
@@ -200,7 +204,7 @@ class Recipe:
                                      resampler=self.transform.resampler)
         dataset = LazyDataset(open_dataset(root), decode=self.decode, transform=crop,
                               output_shape=(224, 224, 3))
-        sampler = ShuffleSampler(len(dataset), seed=seed)
+        sampler = ShuffleSampler(len(dataset), seed=seed, rank=rank, world_size=world_size)
         try:
             batches, stop = self.path.open(dataset, sampler, options)
         except BaseException:

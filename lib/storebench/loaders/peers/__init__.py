@@ -69,6 +69,17 @@ def shut_down_dataloader_workers(iterator) -> None:
             worker.join(WORKER_REAP_TIMEOUT_S)
 
 
+def check_rank(root: Path, library: str, seen: tuple[int, int], options) -> None:
+    """A peer library's own rank split must see this run's rank: ``seen`` is its (rank,
+    world size), which it reads from the environment or ``torch.distributed``."""
+    wanted = (int(options.rank), int(options.world_size))
+    if tuple(int(x) for x in seen) != wanted:
+        raise DatasetError(
+            f"{root}: {library} sees rank {seen[0]} of {seen[1]} (from the environment or "
+            f"torch.distributed), but this run is rank {wanted[0]} of {wanted[1]}: it would "
+            "read another share of each epoch")
+
+
 def open_peer_dataset(root: Path, format_name: str, *, what: str) -> tuple[dict, Spec]:
     """(manifest, spec) of the dataset at ``root``, refused unless it is ``format_name``
     (``what`` names its files in the message); its files' sizes and fingerprints are checked

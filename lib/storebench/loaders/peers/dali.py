@@ -91,7 +91,7 @@ class DaliEpochs:
         self.root = root
         self.manifest = manifest
         self.batch_size = int(pipe.max_batch_size)
-        self.epoch_size = int(pipe.epoch_size(READER_NAME))
+        self.epoch_size = shard_size(pipe.reader_meta(READER_NAME))
         self.runs_per_epoch = math.ceil(self.epoch_size / self.batch_size)
         self._runs_left = 0  # of an epoch left unfinished
         self.epochs_begun = 0
@@ -139,6 +139,14 @@ class DaliEpochs:
         del pipe
 
 
+def shard_size(meta: dict) -> int:
+    """Samples in this reader's shard for one epoch, as DALI cuts the set (shard ``s`` of
+    ``k`` holds ``[n * s // k, n * (s + 1) // k)``); the whole set for one shard."""
+    total, shards, shard = (int(meta[key]) for key in ("epoch_size", "number_of_shards",
+                                                       "shard_id"))
+    return total * (shard + 1) // shards - total * shard // shards
+
+
 def _spec_and_manifest(root: Path):
     manifest = read_manifest(root)
     return spec_from_dict(manifest["spec"]), manifest
@@ -154,13 +162,17 @@ def _check_options(options: PathOptions, spec, root: Path) -> None:
 
 
 def _pipeline_kwargs(options: PathOptions) -> dict:
+    # Each rank's pipeline its own seed, as DALI's ImageNet example offsets it by the rank:
+    # one seed would draw the same crops on every rank.
     return {"batch_size": options.batch_size, "num_threads": max(1, options.workers),
-            "device_id": None, "seed": options.seed}
+            "device_id": None, "seed": options.seed + options.rank}
 
 
 def _reader_kwargs(options: PathOptions) -> dict:
+    # Across ranks, DALI's readers shard the set themselves (shard_id / num_shards).
     return {"random_shuffle": options.shuffle, "initial_fill": INITIAL_FILL,
-            "pad_last_batch": True, "name": READER_NAME}
+            "pad_last_batch": True, "name": READER_NAME, "shard_id": options.rank,
+            "num_shards": options.world_size}
 
 
 def _train_crop_kwargs() -> dict:

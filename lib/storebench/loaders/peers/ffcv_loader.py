@@ -47,7 +47,7 @@ from ...formats import DatasetError, ffcv_beton, open_dataset, read_manifest
 from ...formats.specs import fixed_size, spec_from_dict
 from ..batching import Batch
 from ..paths import TRAINING_CROP, Batches, PathOptions
-from . import CROP_RATIO, CROP_SCALE, TRAIN
+from . import CROP_RATIO, CROP_SCALE, TRAIN, check_rank
 
 # How long close() waits for FFCV's epoch thread to end (it polls its stop flag every 0.5 s).
 _JOIN_SECONDS = 10.0
@@ -97,6 +97,13 @@ def _make_loader(path: Path, options: PathOptions):
     from ffcv.fields.decoders import IntDecoder
     from ffcv.loader import Loader, OrderOption
 
+    distributed = options.world_size > 1
+    if distributed:
+        import torch.distributed as dist
+
+        # FFCV's distributed order is torch's DistributedSampler, reading this rank.
+        seen = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+        check_rank(path.parent, "FFCV", seen, options)
     return Loader(
         str(path),
         batch_size=options.batch_size,
@@ -105,6 +112,7 @@ def _make_loader(path: Path, options: PathOptions):
         seed=options.seed,
         drop_last=False,
         os_cache=True,
+        distributed=distributed,
         pipelines={
             "image": _image_pipeline(options),
             "label": [IntDecoder()],

@@ -62,6 +62,7 @@ from ...formats.litdata_chunks import NAME as FORMAT_NAME
 from ..batching import Batch
 from ..paths import PathOptions
 from . import (
+    check_rank,
     decode_image,
     decoded_arrays,
     open_peer_dataset,
@@ -169,13 +170,9 @@ class LitDataBatches:
                 seed=int(options.seed), drop_last=False, decode=decode,
                 channels=self.spec.channels, resize=resize, crop=crop,
             )
-            world_size = self.dataset.distributed_env.world_size
-            if world_size != 1:
-                raise DatasetError(
-                    f"{root}: LitData sees a distributed run of {world_size} processes (from "
-                    "WORLD_SIZE or torch.distributed) and would give this one a share of "
-                    "each epoch"
-                )
+            # LitData splits the chunks over the ranks it detects itself.
+            env = self.dataset.distributed_env
+            check_rank(root, "LitData", (env.global_rank, env.world_size), options)
             workers = max(int(options.workers), 0)
             extra = {"multiprocessing_context": options.start_method} if (
                 workers and options.start_method) else {}

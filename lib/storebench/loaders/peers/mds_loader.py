@@ -78,6 +78,7 @@ from ...streaming_import import import_streaming
 from ..batching import Batch
 from ..paths import PathOptions
 from . import (
+    check_rank,
     decode_image,
     decoded_arrays,
     open_peer_dataset,
@@ -196,12 +197,9 @@ class MDSBatches:
             crop=training_crop(options),
         )
         try:
-            ranks = self.dataset._unique_rank_world.num_ranks
-            if ranks != 1:
-                raise DatasetError(
-                    f"{root}: streaming sees a distributed run of {ranks} ranks (from "
-                    "WORLD_SIZE or torch.distributed) and would give this one a share of "
-                    "each epoch")
+            # Streaming splits the samples over the ranks it reads from the environment.
+            world = self.dataset._unique_rank_world
+            check_rank(root, "MosaicML Streaming", (world.rank, world.num_ranks), options)
             self.workers = max(int(options.workers), 0)
             extra = {"multiprocessing_context": options.start_method} if (
                 self.workers and options.start_method) else {}
@@ -237,24 +235,30 @@ class MDSBatches:
         return self._epoch()
 
     def _epoch(self) -> Iterator[Batch]:
+        # One process reads every sample once. A rank reads streaming's share of the set
+        # (its len()), which repeats as many samples as even shares need over every rank.
+        ranks = self.dataset._unique_rank_world.num_ranks
+        share = self.num_samples if ranks == 1 else len(self.dataset)
+        padding = share * ranks - self.num_samples
         seen = np.zeros(self.num_samples, dtype=bool)
-        count = 0
+        count = repeats = 0
         for images, labels, indices in self.loader:
             indices = indices.numpy().astype(np.int64, copy=False)
-            if seen[indices].any() or len(np.unique(indices)) != len(indices):
-                again = next(int(i) for k, i in enumerate(indices)
-                             if seen[i] or i in indices[:k])
-                raise DatasetError(f"{self.root}: streaming delivered sample {again} twice "
+            again = [int(i) for k, i in enumerate(indices) if seen[i] or i in indices[:k]]
+            repeats += len(again)
+            if repeats > padding:
+                raise DatasetError(f"{self.root}: streaming delivered sample {again[0]} twice "
                                    "in one epoch")
             seen[indices] = True
             count += len(indices)
             if not isinstance(images, list):
                 images = images.numpy()
             yield Batch(images, labels.numpy().astype(np.int64, copy=False), indices)
-        if count != self.num_samples:
-            missing = np.flatnonzero(~seen)
-            raise DatasetError(f"{self.root}: the epoch ended after {count} of "
-                               f"{self.num_samples} samples (first missing: {missing[:5]})")
+        if count != share:
+            detail = (f"samples (first missing: {np.flatnonzero(~seen)[:5]})" if ranks == 1
+                      else "samples of this rank's share")
+            raise DatasetError(f"{self.root}: the epoch ended after {count} of {share} "
+                               f"{detail}")
 
     def _stop_workers(self) -> None:
         iterator, self.loader.live_iterator = self.loader.live_iterator, None

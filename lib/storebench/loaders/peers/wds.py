@@ -57,12 +57,19 @@ import numpy as np
 
 from ...formats import DatasetError
 from ...formats.manifest import check_files
-from ...formats.webdataset_tar import IMAGE_EXTS, LABEL_EXT, shard_paths
+from ...formats.webdataset_tar import (
+    IMAGE_EXTS,
+    LABEL_EXT,
+    samples_per_shard_of,
+    shard_bounds,
+    shard_paths,
+)
 from ...formats.webdataset_tar import NAME as FORMAT_NAME
 from ..batching import Batch
 from ..paths import PathOptions
 from . import (
     EpochCrop,
+    check_rank,
     decoded_arrays,
     open_peer_dataset,
     shut_down_dataloader_workers,
@@ -140,7 +147,16 @@ class WebDatasetBatches:
         self._manifest = manifest
         self.options = options
         self.urls = [str(path) for path in shard_paths(root, manifest)]
-        self.workers = min(max(int(options.workers), 0), len(self.urls))
+        if options.world_size > 1:
+            import webdataset as wds
+
+            # WebDataset's node split (split_by_node): every world_size-th shard.
+            check_rank(root, "WebDataset", wds.utils.pytorch_worker_info()[:2], options)
+        # This rank's shards (split_by_node's cut) and the samples they hold.
+        mine = range(options.rank, len(self.urls), options.world_size)
+        bounds = shard_bounds(self.spec.num_samples, samples_per_shard_of(manifest, root))
+        self.share = int(sum(bounds[i + 1] - bounds[i] for i in mine))
+        self.workers = min(max(int(options.workers), 0), len(mine))
         encoding, decode = self.spec.encoding, options.decode
         self._crop = training_crop(options)
         arrays = decoded_arrays(root, self.spec, decode, options.resize,
@@ -157,8 +173,12 @@ class WebDatasetBatches:
 
         seed = epoch_seed(self.options.seed, epoch)
         shuffle = self.options.shuffle
+        # Across ranks, WebDataset's README splits the shards by node; one process reads
+        # them all (single_node_only, its default, refuses a distributed run).
+        nodes = wds.split_by_node if self.options.world_size > 1 else wds.single_node_only
         dataset = wds.WebDataset(
-            self.urls, shardshuffle=len(self.urls) if shuffle else False, seed=seed
+            self.urls, shardshuffle=len(self.urls) if shuffle else False, seed=seed,
+            nodesplitter=nodes,
         )
         if shuffle:
             dataset = dataset.shuffle(SHUFFLE_BUFFER, seed=seed)
@@ -203,12 +223,13 @@ class WebDatasetBatches:
         finally:
             if self._iterator is iterator:
                 self.close()
-        if delivered != self.spec.num_samples:
+        if delivered != self.share:
             # tarfile takes a shard cut at a member boundary for its end: samples go missing
             # without an error from WebDataset.
-            raise self._failure(
-                f"an epoch delivered {delivered} samples, the dataset has "
-                f"{self.spec.num_samples}")
+            whose = ("the dataset has" if self.options.world_size == 1 else
+                     f"rank {self.options.rank}'s shards hold")
+            raise self._failure(f"an epoch delivered {delivered} samples, {whose} "
+                                f"{self.share}")
 
     def _failure(self, reason: str) -> DatasetError:
         """``reason`` as a DatasetError naming the damaged file when the manifest's sizes

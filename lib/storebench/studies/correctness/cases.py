@@ -24,13 +24,12 @@ study reads).
 
 Metrics (``metric_name``): ``exactly_once.<setting>.<count>``, ``randomness.<what>.<share>``,
 ``determinism.<what>.<share>``, ``shuffle.<measure>``, ``killed_worker.<setting>.<what>``.
-``ranks_case`` is the skipped row of a
-recipe whose rank split storebench cannot run.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import tempfile
 from collections.abc import Sequence
@@ -69,19 +68,6 @@ RANKS_TIMEOUT_S = 240.0
 TAG_LEVELS = 32
 TAG_STEP = 8
 
-# Loader paths whose rank split storebench does not run, and why.
-RANKS_NOT_RUN = {
-    "webdataset": "storebench's WebDataset path takes no rank: WebDataset's own node split "
-                  "(split_by_node) is not wired into it",
-    "litdata": "storebench's LitData path reads as one process (it refuses a distributed "
-               "run), so LitData's own rank split is not run",
-    "mds": "storebench's MosaicML Streaming path reads as one process (it refuses a "
-           "distributed run), so Streaming's own rank split is not run",
-    "dali_file": "storebench's DALI path takes no shard_id/num_shards: DALI's own reader "
-                 "sharding is not wired into it",
-    "ffcv": "storebench's FFCV path takes no distributed=True: FFCV's own rank split is not "
-            "wired into it",
-}
 # A worker killed mid-epoch: once this share of the epoch is delivered, the loader's oldest
 # worker process gets SIGKILL and the epoch is read on; a run not over KILLED_TIMEOUT_S
 # after it started (a small probe set's epoch takes seconds) counts as a hang.
@@ -123,6 +109,16 @@ def write_identified_probes(root: Path | str, count: int) -> Path:
     return root
 
 
+def probe_knobs(layout: str, count: int) -> dict:
+    """Knobs for a probe set: WebDataset splits whole shards over ranks and workers, so it
+    needs at least as many shards as ranks times workers (its docs advise many more), which
+    its default shard size does not cut a small set into."""
+    if layout == "webdataset":
+        most = max(RANK_COUNTS) * max(WORKER_COUNTS)
+        return {layout: {"samples_per_shard": max(1, math.ceil(count / most))}}
+    return {}
+
+
 def build_probe_set(recipe, root: Path | str, count: int) -> Path:
     """The probe set in ``recipe``'s layout under ``root``; checks that stored sample ``i``
     holds label ``i`` (the audits read a label as the sample's index)."""
@@ -135,7 +131,7 @@ def build_probe_set(recipe, root: Path | str, count: int) -> Path:
     # pixels (it would also write a raw copy of every encoded layout).
     resize = (PROBE_SIDE, PROBE_SIDE) if recipe.encoding == "raw" else None
     import_images(source, root / "sets", formats=[recipe.layout], resize=resize,
-                  progress=False)
+                  progress=False, knobs=probe_knobs(recipe.layout, count))
     path = root / "sets" / f"{recipe.layout}-{recipe.encoding}"
     reader = open_dataset(path)
     try:
@@ -207,9 +203,9 @@ def open_rank(recipe, root: str, *, batch_size: int, workers: int, seed: int, ra
               world_size: int):
     """``recipe``'s pipeline as rank ``rank`` of ``world_size``, as a ``RecipeRun``: over
     storebench's reader, its sampler's rank split (``drop_last`` off: shares padded to even
-    length); tf.data, its own record split (``tf.distribute.InputContext``, whose batch size
-    is the global one)."""
-    from ...loaders import LazyDataset, RandomResizedCropFlip, ShuffleSampler
+    length); a peer that reads its own files, its library's own split (``Recipe.open``);
+    tf.data, its own record split (``tf.distribute.InputContext``, whose batch size is the
+    global one)."""
     from ...loaders.paths import PathOptions
     from ...recipes.base import RecipeRun
 
@@ -229,19 +225,8 @@ def open_rank(recipe, root: str, *, batch_size: int, workers: int, seed: int, ra
                                      random_crop=True, input_context=context,
                                      shard_by="record")
         return RecipeRun(pipeline)
-    if recipe.path.reads_dataset_files:
-        raise ValueError(f"recipe {recipe.name}: {RANKS_NOT_RUN.get(recipe.loader, 'no rank')}")
-    from ...formats import open_dataset
-
-    options = PathOptions(batch_size=batch_size, workers=workers, seed=seed, root=root,
-                          decode=recipe.decode, transform="train",
-                          start_method=recipe.start_method)
-    crop = RandomResizedCropFlip(seed=seed, filter=recipe.transform.filter,
-                                 resampler=recipe.transform.resampler)
-    dataset = LazyDataset(open_dataset(root), decode=recipe.decode, transform=crop,
-                          output_shape=(224, 224, 3))
-    sampler = ShuffleSampler(len(dataset), seed=seed, rank=rank, world_size=world_size)
-    return RecipeRun(*recipe.path.open(dataset, sampler, options), sampler)
+    return recipe.open(root, batch_size=batch_size, workers=workers, seed=seed, rank=rank,
+                       world_size=world_size)
 
 
 def rank_epoch(rank: int, world_size: int, recipe_name: str, root: str, batch_size: int,
@@ -349,14 +334,6 @@ def killed_worker_metrics(recipe, root: str, samples: int, *, batch_size: int) -
     return out
 
 
-def ranks_supported(recipe) -> str:
-    """Why storebench cannot run ``recipe`` over ranks ("" where it can)."""
-    if recipe.loader == "tf_data" or not recipe.path.reads_dataset_files:
-        return ""
-    return RANKS_NOT_RUN.get(recipe.loader, f"storebench's {recipe.path.label} path takes "
-                                            "no rank")
-
-
 # -- the metrics ---------------------------------------------------------------------------
 def metric_name(group: str, setting: str, measure: str) -> str:
     return f"{group}.{setting}.{measure}"
@@ -417,11 +394,10 @@ def audit_recipe(recipe, root: str, samples: int, *, batch_size: int,
     """Every run of ``recipe`` over the probe set at ``root`` (see the module doc) and its
     metrics."""
     metrics: dict = {}
-    if not ranks_supported(recipe):
-        for world_size in rank_counts:
-            shares = run_ranks_epoch(recipe, root, world_size, batch_size=batch_size,
-                                     workers=RANK_WORKERS)
-            metrics.update(rank_metrics(world_size, shares, samples))
+    for world_size in rank_counts:
+        shares = run_ranks_epoch(recipe, root, world_size, batch_size=batch_size,
+                                 workers=RANK_WORKERS)
+        metrics.update(rank_metrics(world_size, shares, samples))
     # In a process of its own, before this one starts any loader thread (it forks).
     metrics.update(killed_worker_metrics(recipe, root, samples, batch_size=batch_size))
     reference = REFERENCE_WORKERS
@@ -499,10 +475,3 @@ def audit_case(case: Case, trial: Trial) -> dict:
         return audit_recipe(recipe, str(root), samples, batch_size=int(case.batch_size),
                             rank_counts=counts(case.param("rank_counts")),
                             worker_counts=counts(case.param("worker_counts")))
-
-
-def ranks_case(case: Case, trial: Trial) -> dict:
-    """The rank split of a recipe storebench cannot run over ranks: a skipped row, why."""
-    recipe = _recipe(case)
-    raise CaseSkipped(ranks_supported(recipe) or f"recipe {recipe.name} runs over ranks in "
-                                                 "its audit case")

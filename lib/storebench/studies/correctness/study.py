@@ -47,7 +47,6 @@ from .cases import (
     RANK_COUNTS,
     REFERENCE_WORKERS,
     WORKER_COUNTS,
-    ranks_supported,
 )
 from .measures import RANK_CORRELATION_LIMIT, correlated
 
@@ -117,9 +116,9 @@ def _joined(numbers) -> str:
 
 
 def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> list[Case]:
-    """One audit case per recipe (every run its properties share), and for a recipe whose
-    rank split storebench cannot run, a skipped ranks case saying why. Each case builds its
-    own probe set: ``data_dir``'s sets are not read. Counts, not times: one repeat."""
+    """One audit case per recipe (every run its properties share, ranks included: a peer
+    that reads its own files splits them with its library's own mechanism). Each case builds
+    its own probe set: ``data_dir``'s sets are not read. Counts, not times: one repeat."""
     plan = plan_for(profile)
     size = size_for(profile)
     cases = []
@@ -135,10 +134,6 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
                   "measured_once": True,
                   "warmup": False, "timeout_s": plan.timeout_s}
         cases.append(Case(function=f"{CASES}:audit_case", params=params, **common))
-        if ranks_supported(recipe):
-            cases.append(Case(function=f"{CASES}:ranks_case", **common,
-                              params={k: v for k, v in params.items()
-                                      if k in ("recipe", "environment")}))
     return cases
 
 
@@ -170,7 +165,7 @@ def _setting_text(setting: str) -> str:
     return f"{setting.removeprefix('ranks')} ranks"
 
 
-def exactly_once_outcome(values: dict, ranks_reason: str = "") -> Outcome:
+def exactly_once_outcome(values: dict) -> Outcome:
     """Exact at every setting, or the duplicates, misses, unknown labels and label/pixel
     mismatches of each setting that is not; the padding of rank splits is stated apart."""
     settings = _settings(values, "exactly_once")
@@ -190,13 +185,12 @@ def exactly_once_outcome(values: dict, ranks_reason: str = "") -> Outcome:
             padding.append(f"{get('padding')} padding at {_setting_text(setting)}")
     ran = ", ".join(_setting_text(s) for s in settings)
     note = f" ({'; '.join(padding)}, counted apart)" if padding else ""
-    ranks = f"; ranks not run: {ranks_reason}" if ranks_reason else ""
     if wrong:
-        return Outcome("fail", "; ".join(wrong) + note + ranks)
-    return Outcome("pass", f"exact at {ran}{note}{ranks}")
+        return Outcome("fail", "; ".join(wrong) + note)
+    return Outcome("pass", f"exact at {ran}{note}")
 
 
-def randomness_outcome(values: dict, ranks_reason: str = "") -> Outcome:
+def randomness_outcome(values: dict) -> Outcome:
     """Epochs, workers and ranks draw apart; a pass without set_epoch is recorded, not
     judged (it is what the library does)."""
     problems, good = [], []
@@ -229,8 +223,6 @@ def randomness_outcome(values: dict, ranks_reason: str = "") -> Outcome:
     else:
         without = (f"without set_epoch: {order or 0:.0%} of the order and {forgot:.0%} of "
                    "draws repeat")
-    if ranks_reason:
-        without += "; ranks not run"
     if not problems and not good:
         return Outcome("not run", without)
     if problems:
@@ -372,9 +364,6 @@ def correctness_table(results: Results | pd.DataFrame) -> pd.DataFrame:
     ] + ["killed_worker", "killed_worker_text", "case_id"]
     if rows.empty:
         return pd.DataFrame(columns=columns)
-    # Why a recipe's rank split was not run: its skipped ranks case's reason.
-    ranks_reasons = {json.loads(p).get("recipe"): str(e or "") for c, p, e in zip(
-        rows["case_id"], rows["params"], rows["error"]) if str(c).startswith("ranks:")}
     out = []
     for _, case in rows.groupby("case_id", sort=False):
         params = json.loads(case["params"].iloc[0])
@@ -382,7 +371,6 @@ def correctness_table(results: Results | pd.DataFrame) -> pd.DataFrame:
         if recipe is None or not str(case["case_id"].iloc[0]).startswith("audit:"):
             continue
         status, error = case["status"].iloc[0], str(case["error"].iloc[0] or "")
-        ranks_reason = ranks_reasons.get(recipe.name, "")
         row = {"recipe": recipe.name, "label": recipe.label,
                "parallelism": recipe.parallelism, "case_id": case["case_id"].iloc[0]}
         if status != "ok":
@@ -393,8 +381,8 @@ def correctness_table(results: Results | pd.DataFrame) -> pd.DataFrame:
             killed = outcomes["exactly once"]
         else:
             values = _values(case)
-            outcomes = {"exactly once": exactly_once_outcome(values, ranks_reason),
-                        "distinct randomness": randomness_outcome(values, ranks_reason),
+            outcomes = {"exactly once": exactly_once_outcome(values),
+                        "distinct randomness": randomness_outcome(values),
                         "deterministic": determinism_outcome(values, recipe.loader),
                         "shuffled": shuffle_outcome(values)}
             killed = killed_worker_outcome(values)
