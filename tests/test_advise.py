@@ -54,13 +54,24 @@ def situation(**values) -> adv.Situation:
                             "demand": 1800, **values})
 
 
+def loader_cores(reference, row) -> float:
+    """The reference's cores less what the S3 server and proxy used in ``row``'s best case:
+    their CPU is never the loader's."""
+    case_id = row.best.stat.sources[0][1]
+    rows = reference.df[(reference.df["case_id"] == case_id) & (reference.df["status"] == "ok")
+                        & (reference.df["repeat"] >= 0)]
+    taken = sum(rows.loc[rows["metric"] == m, "value"].median()
+                for m in ("server_cores", "proxy_cores") if (rows["metric"] == m).any())
+    return float(reference_cores(reference) - taken)
+
+
 def expected_busy(reference, basis_row, s: adv.Situation, bound: float = math.inf) -> tuple:
     """(per core, per accelerator, keeps busy) as the reference's rows imply them."""
     encoding = basis_row.facets.get("encoding", "jpeg")
-    per_core = (basis_row.best.stat.median / reference_cores(reference)
+    per_core = (basis_row.best.stat.median / loader_cores(reference, basis_row)
                 * reference_bytes(reference, encoding) / s.mean_bytes)
     per_accelerator = min(per_core * s.cores / s.accelerators, bound / s.accelerators)
-    return per_core, per_accelerator, per_accelerator / s.demand >= adv.BUSY_HEADROOM
+    return per_core, per_accelerator, bool(per_accelerator / s.demand >= adv.BUSY_HEADROOM)
 
 
 def best_decoder_row(rows):
@@ -186,7 +197,12 @@ def test_a_no_lists_its_remedies_largest_gain_first_a_yes_none(reference, guides
     stored = by_kind["store"]
     assert stored.kind == "measured"
     assert stored.gain == pytest.approx(raw.best.stat.median / answer.loader.median)
-    in_flight = math.ceil(adv.BUSY_HEADROOM * 2500 * 4 * 40 / 1e3)
+    # Little's law: requests in flight = requests a second x round trip, at the headroom.
+    case_id = answer.store.evidence[0][1]
+    per_request = stat(reference.study("remote"), "samples_per_request", case_id=case_id).median
+    in_flight = math.ceil(adv.BUSY_HEADROOM * 2500 * 4 / max(per_request, 1) * 40 / 1e3)
+    assert answer.in_flight == in_flight
+    assert f"In flight:  about {in_flight:,} requests per node" in answer.text()
     assert by_kind["keep"].what == f"keep about {in_flight:,} requests in flight per node"
     assert "Little's law" in by_kind["keep"].detail
     assert [r.kind for r in answer.remedies if r.what.startswith("decode on the GPU")] == [
@@ -248,7 +264,8 @@ def test_json_is_one_object_with_the_same_answer(capsys, reference):
     data = json.loads(capsys.readouterr().out)
     assert set(data) == {"situation", "store", "loader", "busy",
                          "cores_per_accelerator_needed", "numbers", "assumptions", "notes",
-                         "measured_on", "commands", "remedies"}
+                         "measured_on", "commands", "remedies", "in_flight_per_node",
+                         "units"}
     answer = adv.advise(situation(), reference)
     assert data["store"]["best"] == answer.store.key
     assert data["loader"]["workers"] == answer.workers
@@ -259,7 +276,7 @@ def test_json_is_one_object_with_the_same_answer(capsys, reference):
                             "headroom_needed": adv.BUSY_HEADROOM,
                             "samples_per_s_per_accelerator": answer.per_accelerator,
                             "samples_per_s_per_core": answer.per_core}
-    assert {n["kind"] for n in data["numbers"]} == {"measured", "extrapolated"}
+    assert {n["kind"] for n in data["numbers"]} == {"measured", "extrapolated", "cited"}
     assert data["measured_on"]["run_id"] == reference.env["run_id"]
     assert main(args) == 0
     assert capsys.readouterr().out.startswith("Situation: 1,281,167 JPEG samples")
@@ -424,3 +441,104 @@ def test_a_recipe_that_cannot_serve_the_situation_is_never_the_answer_there(refe
     why = get_recipe("tf-data-tfrecord").why_not(OBJECT_STORAGE)
     assert (f"not {in_ram.loader.label}, the fastest in RAM: its recipe (tf-data-tfrecord) "
             f"cannot serve object storage: {why}") in remote.notes
+
+
+def numeric_leaves(value, path=""):
+    """(dotted path with ``[]`` for list items, key, parent, value) of every number."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from numeric_leaves(item, f"{path}.{key}" if path else key) if isinstance(
+                item, dict | list) else ([(f"{path}.{key}" if path else key, key, value, item)]
+                                         if isinstance(item, int | float)
+                                         and not isinstance(item, bool) else [])
+    elif isinstance(value, list):
+        for item in value:
+            yield from numeric_leaves(item, f"{path}[]")
+
+
+@pytest.mark.parametrize("values", [
+    {},  # larger than RAM on local disk: a yes
+    {"storage": "s3", "rtt_ms": 40, "accelerators": 4, "demand": 2500},  # a no, remedies
+    {"images": "raw", "count": 20_000, "mean_bytes": 150_528},  # in RAM, no decoder
+])
+def test_every_number_in_the_json_names_its_unit(reference, values):
+    """A number carries its unit beside it (a choice's median, a figure's value) or in the
+    answer's ``units``; the loader and decoder comparisons are rates, never seconds."""
+    data = adv.advise(situation(**values), reference).to_dict()
+    units = data["units"]
+    missing = [path for path, key, parent, _ in numeric_leaves(data)
+               if not (key in ("median", "worst_median", "value") and parent.get("unit"))
+               and path not in units]
+    assert missing == []
+    assert data["loader"]["unit"] == "samples/s"
+    if data["loader"]["decoder"] is not None:
+        assert data["loader"]["decoder"]["unit"] == "samples/s"
+        assert data["loader"]["decoder"]["worst_median"] > 1  # a rate, not a first batch's s
+    assert all(n["unit"] for n in data["numbers"])
+
+
+def test_an_nvme_disk_is_not_answered_from_a_virtio_disk_larger_than_ram(reference):
+    assert adv.disk_kind(reference.env["storage"]) == "virtio"
+    with pytest.raises(adv.AdviceError, match=r"^an NVMe SSD for a set .*: not measured; "
+                                              r"nearest measured: a virtio disk"):
+        adv.advise(situation(disk="nvme"), reference)
+    adv.advise(situation(disk="virtio"), reference)
+    in_ram = adv.advise(situation(disk="nvme", count=10_000), reference)
+    assert any(note.startswith("the first epoch reads an NVMe SSD, not measured")
+               for note in in_ram.notes)
+    with pytest.raises(adv.AdviceError, match="--disk applies to --storage local"):
+        situation(disk="nvme", storage="s3", rtt_ms=1)
+
+
+def test_every_reason_a_situation_is_not_measured_is_given_at_once(reference):
+    with pytest.raises(adv.AdviceError) as refused:
+        adv.advise(situation(images="raw", mean_bytes=2e6, count=200_000, ram_gb=256,
+                             disk="nvme"), reference)
+    assert "an NVMe SSD for a set" in str(refused.value)
+    assert "; also samples of 2.00 MB: not measured" in str(refused.value)
+
+
+def test_public_per_core_rates_stand_beside_ours_and_a_gap_is_explained(reference, guides):
+    answer = adv.advise(situation(), reference)
+    cited = {n.what.split(":")[0] for n in answer.numbers if n.kind == "cited"}
+    assert {a.name for a in adv.PER_CORE_ANCHORS} <= cited
+    ooc = sorted(rows_of(guides, "out_of_core", encoding="jpeg"), key=lambda r: r.facets["k"])
+    row = next((r for r in ooc if r.facets["k"] >= answer.situation.ram_ratio), ooc[-1])
+    ours = row.best.stat.median / loader_cores(reference, row)
+    far = [a for a in adv.PER_CORE_ANCHORS
+           if a.high / ours > adv.ANCHOR_GAP or a.low / ours < 1 / adv.ANCHOR_GAP]
+    notes = [n for n in answer.notes if n.startswith("per core at ")]
+    assert len(notes) == (1 if far else 0)
+    for anchor in far:
+        assert f"{anchor.name} {anchor.range_text}/s is" in notes[0]
+    # The one-thread rate of the same run and decoder is what tells this machine's cores.
+    one = [r for r in rows_of(guides, "prefetch", encoding="jpeg", decode="simplejpeg")
+           if r.best.stat.unit == "samples/s"][0]
+    single = next(c for c in one.candidates if c.key.startswith("none/w0/"))
+    assert any(n.kind == "measured" and n.value == single.stat.median
+               for n in answer.numbers)
+
+
+def test_the_s3_servers_cpu_is_never_counted_as_the_loaders(reference, guides):
+    answer = adv.advise(situation(storage="s3", rtt_ms=20), reference)
+    row = sorted(guides["remote"], key=lambda r: r.facets["rtt_ms"])[-1]
+    taken = reference_cores(reference) - loader_cores(reference, row)
+    assert 0 < taken < reference_cores(reference)
+    assert any(n.unit == "cores" and n.value == pytest.approx(taken) for n in answer.numbers)
+    assert answer.per_core == pytest.approx(
+        row.best.stat.median / (reference_cores(reference) - taken)
+        * reference_bytes(reference, "jpeg") / 110e3)
+
+
+def test_a_faster_decoder_is_a_remedy_with_the_gain_our_rows_measured(reference, guides):
+    answer = adv.advise(situation(storage="s3", rtt_ms=40, accelerators=4, demand=2500),
+                        reference)
+    rates = {r.facets["decode"]: next(c.stat.median for c in r.candidates
+                                      if c.key.startswith("thread/w2/"))
+             for r in rows_of(guides, "prefetch", encoding="jpeg")
+             if r.best.stat.unit == "samples/s"}
+    window = next(r for r in answer.remedies if r.what.startswith("decode only the crop"))
+    assert window.kind == "measured"
+    assert window.gain == pytest.approx(rates["window"] / rates["simplejpeg"])
+    nodes = next(r for r in answer.remedies if r.what.startswith("preprocess on CPU nodes"))
+    assert "of network per node" in nodes.detail

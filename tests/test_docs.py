@@ -69,10 +69,13 @@ def test_the_readme_links_into_the_docs_and_its_links_resolve():
     assert all((ROOT / link).exists() for link in links), links
 
 
-# How the project was built, not what the user reads: issue numbers, short run ids quoted as
-# "run 1a2b3c", the sessions that built it, machines lent to it.
+# How the project was built, not what the user reads: issue numbers ("issue 46", or "#46"
+# with no project before it: "pytorch#139792" and a link's "[#880]" cite another project's),
+# run ids quoted as "run 1a2b3c" or whole (outside a path: a results directory is named by
+# its run), the sessions that built it, machines lent to it.
 PROJECT_HISTORY = re.compile(
-    r"\bissues? #?\d+\b|\bruns? [0-9a-f]{6}\b|\bthe issue\b|\bthe session\b|\bborrowed\b",
+    r"\bissues? #?\d+\b|\bruns? [0-9a-f]{6}\b|\bthe issue\b|\bthe session\b|\bborrowed\b"
+    r"|(?<![\w\[/.-])#\d+\b|(?<![\w/.-])\d{8}T\d{6}Z-[0-9a-f]{6}\b",
     flags=re.I)
 
 
@@ -83,4 +86,11 @@ def test_the_readme_and_the_docs_speak_to_the_user_not_of_the_project_s_history(
              for number, line in enumerate(page.read_text().splitlines(), start=1)
              for match in PROJECT_HISTORY.finditer(line)]
     assert found == []
-    assert PROJECT_HISTORY.search("in the H200 run a18d21, as issue 46 asks")
+    for internal in ("in the H200 run a18d21", "as issue 46 asks", "see #46",
+                     "correctness in run 20261207T160248Z-5aec74", "the issue asks",
+                     "(20261207T160248Z-5aec74)"):
+        assert PROJECT_HISTORY.search(internal), internal
+    for cited in ("pytorch#139792", "[#880](https://github.com/mosaicml/streaming/issues/880)",
+                  "results/gpu-runs/20261127T210559Z-673565/figures", "# A heading",
+                  "colour #1f77b4"):
+        assert not PROJECT_HISTORY.search(cited), cited

@@ -216,7 +216,8 @@ def _advise(args: argparse.Namespace) -> int:
     print(advise_command(
         args.results, as_json=args.json, images=args.images, count=args.count,
         mean_bytes=args.mean_bytes, storage=args.storage, rtt_ms=args.rtt_ms,
-        ram_gb=args.ram_gb, cores=args.cores, accelerators=args.accelerators, nodes=args.nodes,
+        disk=args.disk, ram_gb=args.ram_gb, cores=args.cores, accelerators=args.accelerators,
+        nodes=args.nodes,
         demand=args.demand, workload=args.workload, dataset=args.dataset))
     return 0
 
@@ -495,7 +496,7 @@ def _recipes_parser(sub) -> None:
 
 
 def _advise_parser(sub) -> None:
-    from .report.advise import IMAGE_KINDS, STORAGES, WORKLOADS
+    from .report.advise import DISK_KINDS, IMAGE_KINDS, STORAGES, WORKLOADS
 
     a = sub.add_parser(
         "advise", help="which format, loader and cores for your images, storage and "
@@ -509,6 +510,8 @@ def _advise_parser(sub) -> None:
     a.add_argument("--storage", choices=STORAGES, default="local",
                    help="where the data lives (default: local)")
     a.add_argument("--rtt-ms", type=float, help="round trip to nfs or s3 storage, ms")
+    a.add_argument("--disk", choices=DISK_KINDS,
+                   help="the local disk's kind; not given, the measured disk's is assumed")
     a.add_argument("--ram-gb", type=float, help="RAM per node, GB")
     a.add_argument("--cores", type=int, help="CPU cores per node")
     a.add_argument("--accelerators", type=int, default=1, help="accelerators per node")

@@ -133,8 +133,7 @@ def test_the_newest_stored_run_on_a_cuda_device_is_found_and_an_emulated_one_is_
 
     text = cuda_feed_text(root, ReadmePlace(results_dir=root, base=tmp_path))
     assert text.startswith("**On a real GPU** (the `gpu_feed` study in "
-                           "`results/gpu-runs/20260102T000000Z-bbbbbb`, run "
-                           "20260102T000000Z-bbbbbb; machine: ")
+                           "`results/gpu-runs/20260102T000000Z-bbbbbb`; machine: ")
     assert "- Copies went to NVIDIA H100 (a real CUDA device" in text
     assert "At 2 ms of compute" not in text  # per compute time: the figure's, not the README's
     assert "![" not in text  # no figure drawn for that run

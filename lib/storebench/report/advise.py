@@ -25,6 +25,11 @@ from ..text import ENCODING_NAMES, format_percent, format_value
 
 IMAGE_KINDS = ("jpeg", "png", "raw")
 STORAGES = ("local", "nfs", "s3")
+# Local disk kinds, as ``--disk`` names them and as the results' env.json implies them: a
+# disk's bandwidth and queue depth are its own, so one kind's rows never answer for another.
+DISK_NAMES = {"virtio": "a virtio disk", "nvme": "an NVMe SSD", "ssd": "a SATA/SAS SSD",
+              "hdd": "a spinning disk"}
+DISK_KINDS = tuple(DISK_NAMES)
 # MLPerf Storage's rule: a run is valid while the accelerators are at least 90% busy.
 BUSY_TARGET = 0.90
 # "Busy: yes" needs a feed at least this many times the demand: the gpu_feed study's
@@ -92,6 +97,9 @@ class Situation:
     mean_bytes: float
     storage: str = "local"
     rtt_ms: float | None = None
+    # The local disk's kind (``DISK_KINDS``); None where not given: the reference's is
+    # assumed, and the answer says so.
+    disk: str | None = None
     ram_gb: float
     cores: int
     accelerators: int = 1
@@ -116,6 +124,13 @@ class Situation:
                             ("--accelerators", self.accelerators), ("--nodes", self.nodes)):
             if value != int(value):
                 raise AdviceError(f"{flag} must be a whole number, got {value!r}")
+        if self.disk is not None:
+            if self.disk not in DISK_KINDS:
+                raise AdviceError(f"--disk must be one of {', '.join(DISK_KINDS)}, "
+                                  f"got {self.disk!r}")
+            if self.storage != "local":
+                raise AdviceError("--disk applies to --storage local, not to "
+                                  f"{self.storage}")
         if self.storage == "local" and self.rtt_ms is not None:
             raise AdviceError("--rtt-ms applies to --storage nfs or s3, not to local disk")
         if self.storage != "local":
@@ -145,13 +160,15 @@ class Situation:
     def to_dict(self) -> dict:
         return {"images": self.images, "count": self.count, "mean_bytes": self.mean_bytes,
                 "dataset_bytes": self.dataset_bytes, "storage": self.storage,
-                "rtt_ms": self.rtt_ms, "ram_gb": self.ram_gb, "fits_in_ram": self.fits_in_ram,
+                "rtt_ms": self.rtt_ms, "disk": self.disk, "ram_gb": self.ram_gb,
+                "fits_in_ram": self.fits_in_ram,
                 "ram_ratio": self.ram_ratio, "cores": self.cores,
                 "accelerators": self.accelerators, "nodes": self.nodes,
                 "demand_samples_per_s": self.demand, "workload": self.workload}
 
     def text(self) -> str:
-        where = ("on local disk" if self.storage == "local" else
+        disk = "disk" if self.disk is None else DISK_NAMES[self.disk].split(" ", 1)[1]
+        where = (f"on local {disk}" if self.storage == "local" else
                  f"on a network file system {self.rtt_ms:g} ms away" if self.storage == "nfs"
                  else f"in object storage {self.rtt_ms:g} ms away")
         ram = ("fits in RAM" if self.fits_in_ram else
@@ -274,14 +291,48 @@ class Number:
         return f"{self.kind:12} {value:>18}  {self.what} ({self.basis})"
 
 
-# Public figures a remedy cites where our rows measured nothing like it (marked "cited").
-GPU_DECODE_ANCHOR = Number(
-    "JPEG decode on one A100 with DALI's mixed decoder", 5000.0, "samples/s", "cited",
-    "about 5,000 (hardware decoder alone) to 7,000 images/s; NVIDIA/DALI#5362")
-CROP_DECODE_ANCHOR = Number(
-    "decode and random resized crop per thread, crop-window decode", 727.0, "samples/s",
-    "cited", "727-1,077 images/s on images pre-resized to 256-512 px, another machine; "
-    "harvard-visionlab/slipstream")
+@dataclass(frozen=True)
+class Anchor:
+    """A published rate (samples/s) from another machine, cited beside ours: ``low`` to
+    ``high`` where the source gives a range."""
+
+    name: str
+    what: str
+    low: float
+    high: float
+    source: str
+
+    @property
+    def range_text(self) -> str:
+        return (f"{self.low:,.0f}" if self.low == self.high
+                else f"{self.low:,.0f}-{self.high:,.0f}")
+
+    def number(self) -> Number:
+        return Number(f"{self.name}: {self.what}", self.low, "samples/s", "cited",
+                      f"{self.range_text}/s; {self.source}")
+
+
+# Public figures (the anchors) a comparison or a remedy cites where our rows measured
+# nothing like them; always marked "cited".
+GPU_DECODE_ANCHOR = Anchor(
+    "GPU decode", "JPEG decode on one A100 with DALI's mixed decoder", 5000.0, 7000.0,
+    "about 5,000 with the hardware decoder alone; NVIDIA/DALI#5362")
+CROP_DECODE_ANCHOR = Anchor(
+    "crop-window decode", "decode and random resized crop per thread, images pre-resized to "
+    "256-512 px", 727.0, 1077.0, "harvard-visionlab/slipstream")
+# Whole JPEG training pipelines per core on ImageNet-size images, shown beside our rate.
+PER_CORE_ANCHORS = (
+    Anchor("tuned DataLoader", "torch DataLoader tuned, full-size ImageNet, per allocated CPU",
+           359.0, 359.0, "mghpcc aicr-benchmarks, B200 node"),
+    Anchor("FFCV", "FFCV, per vCPU", 326.0, 326.0, "FFCV paper and repo"),
+    CROP_DECODE_ANCHOR,
+)
+# What one core of the anchors' machines decodes: it tells their cores' speed from ours.
+DECODE_ANCHOR = Anchor(
+    "one-core decode", "full JPEG decode, one core, ImageNet-size, libjpeg-turbo on x86",
+    690.0, 864.0, "ternaus/imread_benchmark")
+# Our rate per core and an anchor's may differ this much before advise says so, and why.
+ANCHOR_GAP = 1.5
 # What one decoded training sample weighs on the wire: 224 x 224 RGB, uint8.
 DECODED_SAMPLE_BYTES = 224 * 224 * 3
 
@@ -304,6 +355,27 @@ class Remedy:
     def text(self) -> str:
         gain = "" if not math.isfinite(self.gain) else f"{self.gain:.2f}\u00d7 the feed, "
         return f"{self.what}: {gain}{self.kind} ({self.detail})"
+
+
+# The unit of every number in ``Advice.to_dict()`` that carries no ``unit`` beside it
+# (a choice's ``median`` and a number's ``value`` do): its dotted path, ``[]`` for a list.
+JSON_UNITS = {
+    "situation.count": "samples", "situation.mean_bytes": "bytes",
+    "situation.dataset_bytes": "bytes", "situation.rtt_ms": "ms", "situation.ram_gb": "GB",
+    "situation.ram_ratio": "ratio (dataset bytes / RAM)", "situation.cores": "cores",
+    "situation.accelerators": "accelerators", "situation.nodes": "nodes",
+    "situation.demand_samples_per_s": "samples/s",
+    "store.facets.k": "ratio (dataset bytes / RAM left for the page cache)",
+    "store.facets.rtt_ms": "ms",
+    "loader.workers": "workers per accelerator",
+    "in_flight_per_node": "requests",
+    "busy.utilisation": "fraction of the demand", "busy.target": "fraction of the demand",
+    "busy.headroom": "ratio (feed / demand)", "busy.headroom_needed": "ratio (feed / demand)",
+    "busy.samples_per_s_per_accelerator": "samples/s",
+    "busy.samples_per_s_per_core": "samples/s",
+    "cores_per_accelerator_needed": "cores",
+    "remedies[].gain": "ratio (feed after / feed now)",
+}
 
 
 @dataclass(frozen=True)
@@ -331,6 +403,8 @@ class Advice:
     remedies: tuple[Remedy, ...] = ()
     # How a path that sizes its own parallelism does (``LoaderPath.parallelism``), else "".
     parallelism: str = ""
+    # Requests in flight per node that hide the round trip (Little's law); None on local disk.
+    in_flight: int | None = None
 
     @property
     def recipe(self):
@@ -376,6 +450,7 @@ class Advice:
                        "parallelism": self.parallelism_text,
                        "recipe": None if self.recipe is None else self.recipe.name,
                        "decoder": None if self.decoder is None else self.decoder.to_dict()},
+            "in_flight_per_node": self.in_flight,
             "busy": {"utilisation": self.utilisation, "target": BUSY_TARGET,
                      "keeps_busy": self.keeps_busy, "verdict": self.busy,
                      "headroom": self.headroom, "headroom_needed": BUSY_HEADROOM,
@@ -389,6 +464,7 @@ class Advice:
                             "results": self.results_dir},
             "commands": list(self.commands),
             "remedies": [r.to_dict() for r in self.remedies],
+            "units": dict(JSON_UNITS),
         }
 
     def text(self) -> str:
@@ -414,13 +490,17 @@ class Advice:
             f"{format_value(s.demand, 'samples/s')} needed)",
             f"Cores:      about {self.cores_needed:.1f} per accelerator needed; you have "
             f"{s.cores_per_accelerator:g}",
+            *([f"In flight:  about {self.in_flight:,} requests per node to hide "
+               f"{s.rtt_ms:g} ms (Little's law, below)"] if self.in_flight is not None
+              else []),
         ]
         lines += [f"Note:       {note}" for note in self.notes]
         if self.remedies:
             lines += ["", f"To reach {BUSY_HEADROOM:g}\u00d7 the demand (the feed is "
                           f"{self.headroom:.2f}\u00d7; largest gain first):"]
             lines += [f"  {i}. {r.text()}" for i, r in enumerate(self.remedies, start=1)]
-        lines += ["", f"Measured on {self.machine} (run {self.run_id}, {self.results_dir}):"]
+        run = f"run {self.run_id}, " if self.run_id else ""
+        lines += ["", f"Measured on {self.machine} ({run}{self.results_dir}):"]
         lines += [f"  {n.text()}" for n in self.numbers]
         lines += ["", "Assumptions behind the extrapolated numbers:"]
         lines += [f"  - {a}" for a in self.assumptions]
@@ -486,6 +566,29 @@ def sample_bytes(results, encoding: str) -> float:
     return total / stat(rows, "file_count", **where).median
 
 
+def disk_kind(storage: Mapping) -> str | None:
+    """The ``DISK_KINDS`` entry of env.json's ``storage`` (its block device), or None."""
+    device = str(storage.get("device") or "")
+    if device.startswith(("vd", "xvd")):
+        return "virtio"
+    if device.startswith("nvme"):
+        return "nvme"
+    if device.startswith(("sd", "hd")):
+        return "hdd" if storage.get("rotational") else "ssd"
+    return None
+
+
+def disk_text(results) -> str:
+    """The measured disk in words: ``"a virtio disk (ext4 vda), 2.24 GB/s cold sequential"``."""
+    storage = results.env.get("storage", {})
+    kind = disk_kind(storage)
+    where = " ".join(str(storage[k]) for k in ("fs_type", "device") if storage.get(k))
+    cold = results.limits.get("cold_seq_read_GBps")
+    return ((DISK_NAMES[kind] if kind else "the reference's disk")
+            + (f" ({where})" if where else "")
+            + (f", {format_value(cold, 'GB/s')} cold sequential" if cold else ""))
+
+
 @dataclass
 class _Draft:
     """What the answer's parts add as they are worked out."""
@@ -503,6 +606,9 @@ def _store_local(results, s: Situation, draft: _Draft) -> tuple[Choice, float]:
                            encoding=rows[0].facets["encoding"])
         if first:
             draft.notes.append(f"for the first epoch from a cold cache: {Choice.of(first[0]).text}")
+        if s.disk is not None and s.disk != disk_kind(results.env.get("storage", {})):
+            draft.notes.append(f"the first epoch reads {DISK_NAMES[s.disk]}, not measured "
+                               f"(measured: {disk_text(results)}); later epochs read RAM")
         return Choice.of(rows[0]), math.inf
     rows = rows_for_kind(results, "out_of_core", s.images)
     by_k = sorted(rows, key=lambda r: r.facets["k"])
@@ -518,8 +624,9 @@ def _store_local(results, s: Situation, draft: _Draft) -> tuple[Choice, float]:
             "the disk's bound per node at your sample size", bound, "samples/s",
             "extrapolated", f"cold sequential read {format_value(disk / 1e6, 'MB/s')} "
             "(env.json limits) over your mean bytes"))
-        draft.assumptions.append("your disk reads as fast as the reference's cold sequential "
-                                 "read; a block-shuffled epoch reads nearly sequentially")
+        draft.assumptions.append(
+            f"your disk reads sequentially as fast as the reference's, {disk_text(results)} "
+            "(--disk names another kind); a block-shuffled epoch reads nearly sequentially")
     return Choice.of(row), bound
 
 
@@ -547,8 +654,10 @@ def _store_remote(results, s: Situation, draft: _Draft) -> tuple[Choice, float]:
         draft.notes.append(f"{s.rtt_ms:g} ms is farther than any round trip measured "
                            f"({row.facets['rtt_ms']:g} ms): the rate below is an upper bound; "
                            "more requests in flight hide distance (storebench.remote.capacity)")
-    draft.assumptions.append("the reference's S3 server ran on the same 2 cores as the "
-                             "loader, so its rates per core are low estimates")
+    draft.assumptions.append(
+        "the reference's S3 server and delaying proxy ran on the loader's cores: the CPU "
+        "they used is taken out before the rate is divided by cores, yet their share of "
+        "memory bandwidth and caches is not")
     return Choice.of(row), math.inf
 
 
@@ -714,6 +823,10 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Adv
 
     s = situation
     check_results(results, needed_studies(s))
+    # Every way the situation lies beyond the rows, said at once, before any is answered.
+    refused = unmeasured(s, results, s.images)
+    if refused:
+        raise NotMeasuredError("; also ".join(refused))
     draft = _Draft()
     store, bound = (_store_local if s.storage == "local" else _store_remote)(results, s, draft)
     loader, decoder = _loader(results, s.images, recipe_situation(s), draft.notes,
@@ -735,32 +848,49 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Adv
     basis = loader if s.storage == "local" and s.fits_in_ram else store
     encoding = basis.facets.get("encoding", "jpeg")
     ref_bytes = sample_bytes(results, encoding)
-    if not 1 / MAX_BYTES_FACTOR <= s.mean_bytes / ref_bytes <= MAX_BYTES_FACTOR:
-        raise NotMeasuredError(
-            f"samples of {format_value(s.mean_bytes, 'bytes')}: not measured, more than "
-            f"{MAX_BYTES_FACTOR:g}\u00d7 from the measured set's "
-            f"{format_value(ref_bytes, 'bytes')} ({ENCODING_NAMES[encoding]}), and a sample's "
-            "cost is not proportional to its bytes that far; nearest measured: "
-            f"{format_value(ref_bytes, 'bytes')}")
-    per_core = basis.median / ref_cores * ref_bytes / s.mean_bytes
+    loader_cores = _loader_cores(results, basis, ref_cores, draft)
+    per_core = basis.median / loader_cores * ref_bytes / s.mean_bytes
     per_accelerator = min(per_core * s.cores_per_accelerator, bound / s.accelerators)
     draft.numbers[:0] = [
         Number(f"{basis.label}, {ENCODING_NAMES[encoding]} samples of "
                f"{format_value(ref_bytes, 'bytes')}", basis.median, basis.unit, "measured",
                f"{basis.study} study, {ref_cores} cores, median of its repeats"),
         Number("per core at your sample size", per_core, "samples/s", "extrapolated",
-               f"the measured rate over {ref_cores} cores, times "
-               f"{format_value(ref_bytes, 'bytes')} / {format_value(s.mean_bytes, 'bytes')}"),
+               f"the measured rate over {loader_cores:.3g} cores"
+               + (" (the cores the S3 server and proxy left)" if loader_cores < ref_cores
+                  else "")
+               + f", times {format_value(ref_bytes, 'bytes')} / "
+               f"{format_value(s.mean_bytes, 'bytes')}"),
         Number("per accelerator on your cores", per_accelerator, "samples/s", "extrapolated",
                f"per core times {s.cores_per_accelerator:g} cores"
                + (", capped by the node's bound" if per_core * s.cores_per_accelerator
                   > bound / s.accelerators else "")),
     ]
+    decode = basis_decoder(basis)
+    if s.images == "jpeg":
+        comparison, why = per_core_anchors(results, basis.median / loader_cores, decode,
+                                           ref_bytes)
+        draft.numbers += comparison
+        draft.notes += why
+    if decode is not None and decoder is not None and decode != decoder.key:
+        # The rate rests on the decoder the basis study ran, not always the one chosen.
+        draft.notes.append(
+            f"the rate above decodes with {decode} (what the {basis.study} study ran); "
+            f"the decoder named, {decoder.label}, is the prefetch study's choice in RAM")
     total = s.demand * s.accelerators * s.nodes
     draft.numbers.append(Number(
         f"what the storage delivers to all {s.nodes * s.accelerators} accelerator(s)",
         total * s.mean_bytes / 1e6, "MB/s", "extrapolated",
         f"{format_value(total, 'samples/s')} times your mean bytes"))
+    in_flight = None
+    if s.storage != "local" and s.rtt_ms:
+        in_flight, spr, measured = requests_in_flight(results, store, s)
+        draft.numbers.append(Number(
+            "requests in flight per node to hide the round trip", in_flight, "requests",
+            "extrapolated",
+            f"Little's law: {format_value(BUSY_HEADROOM * s.demand * s.accelerators, 'samples/s')}"
+            f" a node ({BUSY_HEADROOM:g}\u00d7 the demand), {spr:.3g} sample(s) a request "
+            f"(measured), times {s.rtt_ms:g} ms; the rows measured {measured} in flight"))
     draft.assumptions[:0] = [
         "the loader's rate per core holds on your cores (the measured paths are CPU-bound: "
         "reading, checking and decoding)",
@@ -778,45 +908,205 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Adv
         tuple(draft.numbers), tuple(dict.fromkeys(draft.assumptions)), tuple(draft.notes),
         machine_text(results.env), str(results.env.get("run_id", "")),
         str(results.directory or ""), measure_commands(s, dataset),
-        parallelism=getattr(loader_path_of(loader), "parallelism", ""))
+        parallelism=getattr(loader_path_of(loader), "parallelism", ""), in_flight=in_flight)
     if advice.busy == "yes":
         return advice
     return dataclasses.replace(advice, remedies=remedies(advice, results, bound=bound))
 
 
+def unmeasured(s: Situation, results, encoding: str) -> list[str]:
+    """Why ``s`` lies beyond what ``results`` measured and advise extrapolates: samples
+    more than ``MAX_BYTES_FACTOR`` from the measured set's ``encoding`` samples, or a set
+    larger than RAM on another disk kind than the measured one; each names the nearest
+    measured. Image kinds, storages and round trips are refused where their rows are
+    chosen."""
+    from ..results import MissingResultError
+
+    found = []
+    if s.disk is not None and not s.fits_in_ram and s.disk != disk_kind(
+            results.env.get("storage", {})):
+        found.append(f"{DISK_NAMES[s.disk]} for a set {s.ram_ratio:.2g}\u00d7 the RAM: not "
+                     f"measured; nearest measured: {disk_text(results)}, whose bandwidth "
+                     "and queue depth are its own")
+    try:
+        ref_bytes = sample_bytes(results, encoding)
+    except MissingResultError:
+        return found  # the kind itself is refused where its rows are looked up
+    if not 1 / MAX_BYTES_FACTOR <= s.mean_bytes / ref_bytes <= MAX_BYTES_FACTOR:
+        found.append(
+            f"samples of {format_value(s.mean_bytes, 'bytes')}: not measured, more than "
+            f"{MAX_BYTES_FACTOR:g}\u00d7 from the measured set's "
+            f"{format_value(ref_bytes, 'bytes')} ({ENCODING_NAMES[encoding]}), and a sample's "
+            "cost is not proportional to its bytes that far; nearest measured: "
+            f"{format_value(ref_bytes, 'bytes')}")
+    return found
+
+
+def case_knobs(case_id: str) -> dict[str, str]:
+    """A case id's ``key=value`` parts, and its loader path as ``path``
+    (``"thread/w2/"``, the prefetch study's candidate key prefix)."""
+    parts = case_id.partition(":")[2].split("/")
+    knobs = dict(part.split("=", 1) for part in parts if "=" in part)
+    if len(parts) > 3 and parts[3].startswith("w"):
+        knobs["path"] = f"{parts[2]}/{parts[3]}/"
+    return knobs
+
+
+def basis_decoder(basis: Choice) -> str | None:
+    """The decoder the rows behind ``basis`` ran (``decode=`` in its case id), or None."""
+    if basis.facets.get("decode"):
+        return str(basis.facets["decode"])
+    knobs = case_knobs(basis.evidence[0][1]) if basis.evidence else {}
+    return knobs.get("decode")
+
+
+def evidence_median(results, choice: Choice, metric: str) -> float:
+    """The median of ``metric`` over the repeats of the case behind ``choice``'s best; NaN
+    where that case did not record it."""
+    from ..results import MissingResultError, stat
+
+    if not choice.evidence:
+        return math.nan
+    study, case_id, _ = choice.evidence[0]
+    try:
+        return stat(results.study(study), metric, case_id=case_id).median
+    except MissingResultError:
+        return math.nan
+
+
+def _loader_cores(results, basis: Choice, ref_cores: int, draft: _Draft) -> float:
+    """The cores the loader had in ``basis``'s case: the reference's, less what the S3
+    server and the delaying proxy used on the same machine (measured per case)."""
+    others = [evidence_median(results, basis, m) for m in ("server_cores", "proxy_cores")]
+    others = [v for v in others if math.isfinite(v)]
+    if basis.study != "remote" or not others:
+        return float(ref_cores)
+    taken = sum(others)
+    draft.numbers.append(Number(
+        "the S3 server's and the delaying proxy's CPU in that case, not the loader's",
+        taken, "cores", "measured", "remote study, medians of its repeats; taken out of the "
+        f"{ref_cores} cores before dividing"))
+    return max(ref_cores - taken, 0.5)
+
+
+def decoder_rates(results, path: str) -> dict[str, float]:
+    """JPEG decoder -> the prefetch study's loader rate through ``path`` (a candidate key
+    prefix such as ``"thread/w2/"``; ``"none/w0/"`` is one thread, no prefetcher)."""
+    rates = {}
+    for row in loader_rates(guide_rows(results, "prefetch", encoding="jpeg")):
+        found = [c for c in row.candidates if c.key.startswith(path)]
+        if found and "decode" in row.facets:
+            rates[str(row.facets["decode"])] = found[0].stat.median
+    return rates
+
+
+def per_core_anchors(results, per_core: float, decode: str | None,
+                     ref_bytes: float) -> tuple[list[Number], list[str]]:
+    """The published per-core rates of JPEG pipelines on ImageNet-size images beside ours
+    (``per_core`` at the measured set's ``ref_bytes``, near ImageNet's mean), this run's
+    one-thread rate of the same decoder (measured), and, where an anchor differs from ours
+    by more than ``ANCHOR_GAP``, a note saying so and why."""
+    numbers = [a.number() for a in PER_CORE_ANCHORS]
+    one_thread = decoder_rates(results, "none/w0/").get(decode or "", math.nan)
+    if math.isfinite(one_thread):
+        numbers.insert(0, Number(
+            f"one thread, no prefetcher, {decode} through the training crop", one_thread,
+            "samples/s", "measured", "prefetch study, the same run's "
+            f"{format_value(ref_bytes, 'bytes')} JPEGs: how fast one of these cores is"))
+    far = [(a, a.low / per_core, a.high / per_core) for a in PER_CORE_ANCHORS
+           if a.high / per_core > ANCHOR_GAP or a.low / per_core < 1 / ANCHOR_GAP]
+    if not far:
+        return numbers, []
+    gaps = "; ".join(f"{a.name} {a.range_text}/s is " + (
+        f"{lo:.1f}\u00d7" if lo == hi else f"{lo:.1f}-{hi:.1f}\u00d7") + " ours"
+        for a, lo, hi in far)
+    why = []
+    if math.isfinite(one_thread):
+        # Each rate over its own machine's one-core rate compares the pipelines, not the
+        # cores.
+        tuned = PER_CORE_ANCHORS[0]
+        why.append(
+            f"one thread here decodes and crops {format_value(one_thread, 'samples/s')}, "
+            f"where the anchors' cores decode {DECODE_ANCHOR.range_text}/s "
+            f"({DECODE_ANCHOR.source}); over that one-core rate, ours is "
+            f"{per_core / one_thread:.2f} and the {tuned.name}'s "
+            f"{tuned.low / DECODE_ANCHOR.high:.2f}-{tuned.low / DECODE_ANCHOR.low:.2f} (ours "
+            "counts the crop and resize in the one-thread rate, theirs the decode alone)")
+    window = decoder_rates(results, "thread/w2/")
+    if decode and decode != "window" and "window" in window and decode in window:
+        why.append(f"our rate decodes whole images ({decode}): crop-window decode is "
+                   f"{window['window'] / window[decode]:.2f}\u00d7 through the same path "
+                   "here (prefetch study)")
+    if any(a is CROP_DECODE_ANCHOR for a, _, _ in far):
+        why.append(f"{CROP_DECODE_ANCHOR.source} pre-resizes its images to 256-512 px, "
+                   "fewer pixels than ImageNet's")
+    return numbers, [f"per core at {format_value(ref_bytes, 'bytes')} a JPEG "
+                     f"({format_value(per_core, 'samples/s')} here), {gaps}: "
+                     f"{'; '.join(why) or 'our rows do not say why'}"]
+
+
+def requests_in_flight(results, store: Choice, s: Situation) -> tuple[int, float, str]:
+    """(requests in flight per node for ``BUSY_HEADROOM`` times the demand, the measured
+    samples a request, the in-flight count the rows ran): Little's law, in flight = request
+    rate x round trip."""
+    spr = evidence_median(results, store, "samples_per_request")
+    spr = spr if math.isfinite(spr) and spr >= 1 else 1.0
+    requests_per_s = BUSY_HEADROOM * s.demand * s.accelerators / spr
+    measured = (case_knobs(store.evidence[0][1]).get("concurrency", "an unrecorded number")
+                if store.evidence else "an unrecorded number")
+    return math.ceil(requests_per_s * s.rtt_ms / 1e3), spr, measured
+
+
 def remedies(advice: Advice, results, *, bound: float = math.inf) -> tuple[Remedy, ...]:
     """What would take ``advice``'s feed to ``BUSY_HEADROOM`` times the demand, largest
-    gain first (those that add capacity rather than speed last): from the same rows the
-    answer rests on where they measured it, else cited and marked so."""
+    gain first (those that add capacity rather than speed last): from our rows where they
+    measured it, else cited and marked so."""
     s = advice.situation
     target = BUSY_HEADROOM * s.demand
     found: list[Remedy] = []
+    if s.images == "jpeg":
+        basis = (advice.loader if s.storage == "local" and s.fits_in_ram
+                 else advice.store)
+        decode = basis_decoder(basis) or (advice.decoder.key if advice.decoder else None)
+        path = case_knobs(advice.loader.evidence[0][1]).get("path", "thread/w2/") \
+            if advice.loader.evidence else "thread/w2/"
+        rates = decoder_rates(results, path)
+        for faster, what in (("window", "decode only the crop window (libjpeg-turbo)"),
+                             ("reduced", "decode at a reduced DCT scale")):
+            if decode in rates and faster in rates and faster != decode \
+                    and rates[faster] > rates[decode]:
+                found.append(Remedy(
+                    what, rates[faster] / rates[decode], "measured",
+                    f"{format_value(rates[faster], 'samples/s')} against "
+                    f"{format_value(rates[decode], 'samples/s')} with {decode}, the same "
+                    f"loader path in RAM, prefetch study"))
+        if "window" not in rates:
+            found.append(Remedy(
+                "decode only the crop window", CROP_DECODE_ANCHOR.low / advice.per_core,
+                "cited", f"{CROP_DECODE_ANCHOR.what}: {CROP_DECODE_ANCHOR.range_text}/s a "
+                f"thread on another machine ({CROP_DECODE_ANCHOR.source}), against "
+                f"{format_value(advice.per_core, 'samples/s')} a core here"))
     if s.images != "raw":
         raw = loader_rates(guide_rows(results, "prefetch", encoding="raw"))
         if raw:
-            ratio = sample_bytes(results, "raw") / sample_bytes(results, s.images)
+            raw_bytes = sample_bytes(results, "raw")
             found.append(Remedy(
                 "store decoded 224x224 arrays instead (pre-resized, no decode in the loop)",
                 raw[0].best.stat.median / advice.loader.median, "measured",
                 f"{raw[0].best.label} over raw arrays against {advice.loader.label}, the "
-                f"prefetch study; costs {ratio:.2f}\u00d7 the stored bytes, and fixes each "
-                "sample's crop at conversion"))
+                f"prefetch study; {format_value(raw_bytes, 'bytes')} a sample, "
+                f"{raw_bytes / s.mean_bytes:.2f}\u00d7 your stored bytes, and each sample's "
+                "crop is fixed at conversion"))
         found.append(Remedy(
-            "decode on the GPU", GPU_DECODE_ANCHOR.value / advice.per_accelerator, "cited",
-            f"{GPU_DECODE_ANCHOR.what}: {GPU_DECODE_ANCHOR.basis}; frees the cores from "
-            "decoding"))
+            "decode on the GPU", GPU_DECODE_ANCHOR.low / advice.per_accelerator, "cited",
+            f"{GPU_DECODE_ANCHOR.what}: {GPU_DECODE_ANCHOR.range_text}/s "
+            f"({GPU_DECODE_ANCHOR.source}); frees the cores from decoding"))
+    if s.storage != "local" and advice.in_flight is not None:
         found.append(Remedy(
-            "decode only the crop window", CROP_DECODE_ANCHOR.value / advice.per_core, "cited",
-            f"{CROP_DECODE_ANCHOR.what}: {CROP_DECODE_ANCHOR.basis}, against "
-            f"{format_value(advice.per_core, 'samples/s')} a core here"))
-    if s.storage != "local" and s.rtt_ms:
-        # Little's law: requests in flight = request rate x round trip, one GET a sample.
-        in_flight = math.ceil(target * s.accelerators * s.rtt_ms / 1e3)
-        found.append(Remedy(
-            f"keep about {in_flight:,} requests in flight per node", math.nan, "extrapolated",
+            f"keep about {advice.in_flight:,} requests in flight per node", math.nan,
+            "extrapolated",
             f"Little's law: {format_value(target * s.accelerators, 'samples/s')} a node "
-            f"times {s.rtt_ms:g} ms, one GET a sample; the rows measured "
-            f"{advice.store.label}"))
+            f"times {s.rtt_ms:g} ms; the rows measured {advice.store.label}"))
     if math.isfinite(bound) and bound < target * s.accelerators:
         found.append(Remedy(
             "faster storage", math.nan, "extrapolated",
@@ -833,8 +1123,8 @@ def remedies(advice: Advice, results, *, bound: float = math.inf) -> tuple[Remed
         f"preprocess on CPU nodes: about {extra_cores} more cores per node", math.nan,
         "extrapolated",
         f"{format_value(missing, 'samples/s')} a node decoded elsewhere, shipped as "
-        f"{format_value(DECODED_SAMPLE_BYTES, 'bytes')} samples: "
-        f"{format_value(missing * DECODED_SAMPLE_BYTES / 1e6, 'MB/s')} of network "
+        f"{format_value(DECODED_SAMPLE_BYTES, 'bytes')} samples (224x224x3): "
+        f"{format_value(missing * DECODED_SAMPLE_BYTES / 1e6, 'MB/s')} of network per node "
         "(Ray Data, tf.data service)"))
     return tuple(sorted(found, key=lambda r: (not math.isfinite(r.gain),
                                               -r.gain if math.isfinite(r.gain) else 0)))
@@ -845,6 +1135,7 @@ def measure_commands(s: Situation, dataset: Path | str | None) -> tuple[str, ...
     target = Path(dataset) if dataset is not None else Path("data/mine")
     flags = (f"--storage {s.storage}" + (f" --rtt-ms {s.rtt_ms:g}" if s.rtt_ms is not None
                                           else "")
+             + (f" --disk {s.disk}" if s.disk else "")
              + f" --ram-gb {s.ram_gb:g} --cores {s.cores} --accelerators {s.accelerators}"
              + (f" --nodes {s.nodes}" if s.nodes > 1 else "")
              + (f" --workload {s.workload}" if s.workload else f" --demand {s.demand:g}"))
@@ -856,7 +1147,8 @@ def measure_commands(s: Situation, dataset: Path | str | None) -> tuple[str, ...
 
 def situation_from(*, images: str | None = None, count: int | None = None,
                    mean_bytes: float | None = None, storage: str = "local",
-                   rtt_ms: float | None = None, ram_gb: float | None = None,
+                   rtt_ms: float | None = None, disk: str | None = None,
+                   ram_gb: float | None = None,
                    cores: int | None = None, accelerators: int = 1, nodes: int = 1,
                    demand: float | None = None, workload: str | None = None,
                    dataset: Path | str | None = None) -> Situation:
@@ -878,7 +1170,8 @@ def situation_from(*, images: str | None = None, count: int | None = None,
         raise AdviceError(f"needs {', '.join(missing)}"
                           + (" (or --dataset DIR for the images)" if dataset is None and
                              "--images" in missing else ""))
-    return Situation(**given, storage=storage, rtt_ms=rtt_ms, accelerators=accelerators,
+    return Situation(**given, storage=storage, rtt_ms=rtt_ms, disk=disk,
+                     accelerators=accelerators,
                      nodes=nodes, workload=workload)
 
 

@@ -41,8 +41,9 @@ EXAMPLES = (
     Example("60k small PNGs, one accelerator at 20,000/s",
             {"images": "png", "count": 60_000, "mean_bytes": 20_000, "ram_gb": 64,
              "cores": 16, "accelerators": 1, "demand": 20_000}),
-    Example("200k raw arrays of 2 MB on local disk, 2 accelerators at 500/s",
-            {"images": "raw", "count": 200_000, "mean_bytes": 2_000_000, "ram_gb": 256,
+    Example("200k raw arrays of 2 MB on NVMe, 2 accelerators at 500/s",
+            {"images": "raw", "count": 200_000, "mean_bytes": 2_000_000, "disk": "nvme",
+             "ram_gb": 256,
              "cores": 32, "accelerators": 2, "demand": 500}),
 )
 
@@ -63,7 +64,8 @@ def render_examples_page(results_dir: Path | str, *, relative_to: Path) -> str:
     for example in EXAMPLES:
         try:
             answered = advise(situation_from(**example.values), results)
-            answer = dataclasses.replace(answered, results_dir=str(shown)).text()
+            # The page names the results directory; its rows name their runs.
+            answer = dataclasses.replace(answered, results_dir=str(shown), run_id="").text()
         except AdviceError as refused:
             answer = f"storebench advise: {str(refused).replace(str(results_dir), str(shown))}"
         command = shlex.join(["storebench", "advise", *example.flags(), "--results",

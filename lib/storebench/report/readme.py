@@ -102,16 +102,18 @@ def later_runs_text(results) -> str:
     if not later:
         return ""
     parts = []
-    for run, studies in later.items():
+    for studies in later.values():
         env = results.study_env(studies[0])
         limits = env.get("limits") or {}
         copy = limits.get("dram_copy_GBps")
-        parts.append(f"{', '.join(studies)} in run {run}"
-                     + (f" (DRAM copy {copy:.1f} GB/s)" if copy else ""))
+        parts.append(f"{', '.join(studies)}" + (f" (DRAM copy {copy:.1f} GB/s)" if copy else ""))
     main_copy = (results.env.get("limits") or {}).get("dram_copy_GBps")
-    return ("Some studies' rows come from later runs on the same machine kind, each with its "
-            "own `env-<run>.json`: " + "; ".join(parts) + ". The machine line above is run "
-            f"{main_run}'s" + (f" (DRAM copy {main_copy:.1f} GB/s)" if main_copy else "")
+    # The reader needs which rows share a machine's run, not the runs' ids: the
+    # ``env-<run>.json`` files beside the rows name them.
+    return ("Some studies' rows come from later runs on the same machine kind, each run "
+            "described by its own `env-<run>.json` beside the rows: " + "; ".join(parts)
+            + ". The machine line above is the first run's"
+            + (f" (DRAM copy {main_copy:.1f} GB/s)" if main_copy else "")
             + ". Rates are compared within a study's own run, never across runs.")
 
 

@@ -630,8 +630,8 @@ def cuda_feed_text(cuda_runs_dir: Path, place) -> str:
     run = latest_cuda_run(cuda_runs_dir)
     if run is None:
         return ""
-    parts = [f"**On a real GPU** (the `gpu_feed` study in `{place.relative(run.directory)}`, "
-             f"run {run.env.get('run_id')}; machine: {machine_text(run.env)})", "",
+    parts = [f"**On a real GPU** (the `gpu_feed` study in `{place.relative(run.directory)}`; "
+             f"machine: {machine_text(run.env)})", "",
              bullets(feed_findings(run.df, per_compute_time=False)).rstrip("\n")]
     png = run.directory / "figures" / "gpu_feed_utilisation.png"
     if png.exists():
