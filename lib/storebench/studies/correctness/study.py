@@ -428,8 +428,8 @@ def plot_correctness(results: Results) -> Figure:
     ax.set_yticks(range(len(table)), list(table["recipe"]), fontsize="small")
     ax.tick_params(length=0)
     ax.set_title("read from the delivered samples' labels and crop pixels (resume: the "
-                 "resume study's rows; killed worker: SIGKILL to one worker process a "
-                 "quarter of the way in)", fontsize="small")
+                 "resume study's rows; killed worker: SIGKILL to a worker process "
+                 "mid-epoch)", fontsize="small")
     fig.suptitle(QUESTION, fontsize="medium")
     return fig
 
