@@ -14,7 +14,8 @@ FFCV_APT := libopencv-dev libturbojpeg0-dev pkg-config
 SPDL_APT := libavcodec59 libavformat59 libavfilter8 libavdevice59 libavutil57 libswscale6 \
 	libswresample4
 
-.PHONY: setup peers study quick test test-fast test-durations lint docs clean-data gpu-study gpu-wheels
+.PHONY: setup peers study quick test test-fast test-durations lint docs clean-data gpu-study gpu-wheels \
+	notebook-screenshot
 
 # The C extensions (lib/storebench/*.c), built into the checkout by `pip install -e`. The
 # crop-window JPEG decoder compiles against libjpeg-turbo's headers, installed with apt when
@@ -111,6 +112,13 @@ test-durations: $(STAMP)
 # Serve the docs site (mkdocs.yml, docs/) at http://127.0.0.1:8000, rebuilt on every edit.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+# Open JupyterLab headless on 127.0.0.1, load one executed notebook and save a screenshot
+# outside the repository (SCREENSHOT, default under /tmp): it renders with its figures.
+# Without Playwright's Chromium or the system's, it says so and skips.
+SCREENSHOT ?= /tmp/storebench-notebook-screenshot.png
+notebook-screenshot: $(STAMP)
+	$(BIN)/python tests/notebook_screenshot.py --out $(SCREENSHOT)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

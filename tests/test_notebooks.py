@@ -19,6 +19,7 @@ from storebench.bench.envinfo import read_env
 from storebench.bench.schema import read_results
 from storebench.formats import knob_variants
 from storebench.report.figures import study_figures
+from storebench.report.recipes import RECIPES_NOTEBOOK
 from storebench.studies import STUDIES
 from storebench.studies.targets.cases import TARGETS
 from storebench.study import NOTEBOOKS_DIR, REPO_ROOT
@@ -32,10 +33,11 @@ STOREBENCH = Path(sys.executable).with_name("storebench")
 
 def test_the_notebooks_are_there_and_every_study_has_one():
     """Each study's notebook, named by its registry entry (the targets study's is the
-    findings notebook, over every study), and nothing else: never listed here again."""
+    findings notebook, over every study), and the recipes' notebook: never listed here
+    again."""
     named = {study.notebook for study in STUDIES.values()}
     assert all(named) and "05_findings.ipynb" in named
-    assert sorted(p.name for p in NOTEBOOKS) == sorted(named)
+    assert sorted(p.name for p in NOTEBOOKS) == sorted(named | {RECIPES_NOTEBOOK})
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
@@ -108,6 +110,10 @@ def _errors(notebook) -> list[str]:
             for output in cell.outputs if output.output_type == "error"]
 
 
+# The notebooks with no live cell: the correctness study audits properties, not rates.
+NO_LIVE_CELL = {Path(study.notebook).stem for study in STUDIES.values() if study.live is None}
+
+
 def test_study_on_the_ci_profile_end_to_end(ci_study):
     """Build, every study, plots and every notebook, as ``make study`` runs them."""
     profile_dir, completed = ci_study
@@ -154,6 +160,18 @@ def test_study_on_the_ci_profile_end_to_end(ci_study):
         last = notebook.cells[-1].outputs
         assert any("text/markdown" in output.get("data", {}) for output in last), \
             f"{path.name}: the findings cell produced no markdown"
+        # The live cell timed its comparison on the ci sets and printed it beside the
+        # reference's (every study notebook but correctness's, and the recipes').
+        printed = "".join(output.get("text", "") for cell in notebook.cells
+                          if cell.cell_type == "code" and ("run_live" in cell.source
+                                                           or "run_recipes" in cell.source)
+                          for output in cell.outputs)
+        if path.stem not in NO_LIVE_CELL:
+            # Both numbers: a ratio on this machine and the reference's, neither missing.
+            for label in ("your machine:", "reference machine:"):
+                line = next((ln for ln in printed.splitlines() if label in ln), "")
+                assert line and "not measured" not in line, \
+                    f"{path.name}: the live cell printed no {label} {printed[-600:]!r}"
     timing = json.loads((profile_dir / "timing.json").read_text())
     assert "notebooks" in timing["stage_seconds"]
     assert timing["failed_cases"] == {}
@@ -198,9 +216,11 @@ def findings_run_from(tmp_path_factory):
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(len(CWDS), mp_context=context) as pool:
         # A cell over the limit fails in its own process, which shuts its kernel down.
+        # The ci profile: its live cell then times the ci sets (built in seconds under the
+        # repository's data/), not the small profile's (a minute's build).
         running = {name: pool.submit(papermill.execute_notebook, str(path), str(outs[name]),
                                      cwd=str(cwd), progress_bar=False, kernel_name="python3",
-                                     execution_timeout=280)
+                                     execution_timeout=280, parameters={"profile": "ci"})
                    for name, cwd in CWDS.items()}
         return {name: future.exception() or outs[name] for name, future in running.items()}
 

@@ -14,8 +14,10 @@ Conventions:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -193,9 +195,31 @@ class Stat:
         """The Stat of ``rows`` (one metric of one case: ok timed repeats)."""
         ordered = rows.sort_values("repeat", kind="stable")
         values = ordered["value"].astype(float)
-        return cls(float(values.median()), float(values.min()), float(values.max()),
-                   int(values.size), str(ordered["unit"].iloc[0]),
-                   tuple(float(v) for v in values), row_sources(ordered))
+        found = cls(float(values.median()), float(values.min()), float(values.max()),
+                    int(values.size), str(ordered["unit"].iloc[0]),
+                    tuple(float(v) for v in values), row_sources(ordered))
+        seen = _SEEN_STATS.get()
+        if seen is not None:
+            seen.append((found, ordered.iloc[0]))
+        return found
+
+
+# Where ``Stat.of`` reports each figure it computes while ``stats_read()`` is open: every
+# median a figure draws comes through it, so the figure's rows are those it reported.
+_SEEN_STATS: contextvars.ContextVar[list | None] = contextvars.ContextVar("seen_stats",
+                                                                          default=None)
+
+
+@contextlib.contextmanager
+def stats_read() -> Iterator[list]:
+    """``with stats_read() as seen:`` every ``Stat`` computed inside, with the first row of
+    the rows it was computed from, appended to ``seen`` as ``(stat, row)``."""
+    seen: list = []
+    token = _SEEN_STATS.set(seen)
+    try:
+        yield seen
+    finally:
+        _SEEN_STATS.reset(token)
 
 
 def row_sources(rows: pd.DataFrame) -> tuple[tuple[str, str, str], ...]:

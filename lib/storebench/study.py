@@ -541,12 +541,30 @@ def execute_notebooks(
     return targets
 
 
+# Set to "off" in the kernels of notebooks a study run executes on a full (not compact)
+# plan: their live cells then say how to run them rather than time their comparison again,
+# which the study's own rows time (and which would add a minute a notebook to the study).
+# On a compact plan (ci) the live cells run, so that every run of the tests exercises them.
+LIVE_CELLS_ENV = "STOREBENCH_LIVE_CELLS"
+
+
 def _execute_notebook(notebook: Path, target: Path, parameters: dict, cwd: Path,
                       progress: bool) -> None:
     import papermill
 
-    papermill.execute_notebook(str(notebook), str(target), parameters=parameters,
-                               cwd=str(cwd), kernel_name="python3", progress_bar=progress)
+    from .bench.plan import plan_for
+
+    live = "on" if plan_for(str(parameters.get("profile"))).compact else "off"
+    before = os.environ.get(LIVE_CELLS_ENV)
+    os.environ[LIVE_CELLS_ENV] = live  # the kernel papermill starts inherits it
+    try:
+        papermill.execute_notebook(str(notebook), str(target), parameters=parameters,
+                                   cwd=str(cwd), kernel_name="python3", progress_bar=progress)
+    finally:
+        if before is None:
+            os.environ.pop(LIVE_CELLS_ENV, None)
+        else:
+            os.environ[LIVE_CELLS_ENV] = before
     _relative_papermill_paths(target)
 
 
@@ -798,3 +816,62 @@ def study_summary(results_dir: Path, times: StudyTimes) -> str:
         lines.append(f"  {row.status} {row.study} {row.case_id}: {row.error or 'no reason given'}")
     lines += ["", "Decision guide for this machine:", guide_text(decision_guide(results))]
     return "\n".join(lines)
+
+
+# Set to any non-empty value, a notebook's ``measure = True`` never asks before measuring.
+HEADLESS_ENV = "STOREBENCH_HEADLESS"
+
+
+def asks_before_measuring() -> bool:
+    """Whether someone can answer a question now: a Jupyter kernel asked by a front end
+    that takes input (JupyterLab does; papermill and nbclient do not), or a terminal.
+    Never with ``STOREBENCH_HEADLESS`` set."""
+    if os.environ.get(HEADLESS_ENV):
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        shell = None
+    else:
+        shell = get_ipython()
+    kernel = getattr(shell, "kernel", None)
+    if kernel is not None:
+        return bool(getattr(kernel, "_allow_stdin", False))
+    return sys.stdin is not None and sys.stdin.isatty()
+
+
+def measure_plan_text(name: str, *, profile: str, data_root: Path | str,
+                      results_root: Path | str) -> str:
+    """What ``measure = True`` will do for study ``name``: its case count and estimated
+    time, from the committed reference's case times (same profile) where it has them."""
+    from .studies import get_study
+
+    data_dir = data_dir_for(profile, resolve_repo_path(data_root))
+    results_dir = results_dir_for(profile, resolve_repo_path(results_root))
+    estimate = run_estimate([name], profile, data_dir, None, results_dir, profile)
+    sets = ("its sets are built first where missing, then " if
+            get_study(name).reads_profile_sets else "")
+    return (f"measure = True runs the {name} study on this machine ({profile} profile): "
+            f"{sets}{estimate.text()}; results go to {repo_relative(results_dir)}/, never "
+            "over the reference.")
+
+
+def measure_study(name: str, *, profile: str, data_root: Path | str, results_dir: Path | str,
+                  ask: Callable[[str], str] = input, run: Callable | None = None,
+                  interactive: bool | None = None) -> Path:
+    """A notebook's ``measure = True``: print the study's plan (cases, estimated time)
+    first, ask before starting when someone can answer (``asks_before_measuring``), never
+    when run headless, then run it (``run_study``) into ``<results root>/<profile>`` and
+    return that directory. Declined, nothing runs and ``results_dir`` is returned."""
+    results_dir = resolve_repo_path(results_dir)
+    print(measure_plan_text(name, profile=profile, data_root=data_root,
+                            results_root=results_dir.parent), flush=True)
+    if asks_before_measuring() if interactive is None else interactive:
+        answer = ask("Start measuring? [y/N] ").strip().lower()
+        if answer not in ("y", "yes"):
+            print("Not measured: the results below are those of "
+                  f"{repo_relative(results_dir)}.")
+            return results_dir
+    (run or run_study)(name, profile=profile, data_root=resolve_repo_path(data_root),
+                       results_root=results_dir.parent)
+    return results_dir.parent / profile

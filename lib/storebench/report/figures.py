@@ -6,9 +6,16 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
+import pandas as pd
+
 from ..plots import save_figure
-from ..results import Results
+from ..results import Results, stats_read
 from ..studies import STUDIES, FigureSpec, Study, get_study
+from ..text import DASH, format_value
+
+# What a figure's row is, where its rows have it: shown when it differs between rows.
+FIGURE_ROW_FIELDS = ("study", "format", "encoding", "loader", "prefetcher", "workers",
+                     "batch_size", "access", "cache")
 
 
 def study_figures(study: Study) -> tuple[FigureSpec, ...]:
@@ -62,3 +69,33 @@ def plot_all(results_dir: Path | str, *, workers: int | None = None) -> list[Pat
         done = list(pool.map(_draw_figures, [str(results_dir)] * workers,
                              [wanted[share::workers] for share in range(workers)]))
     return [path for paths in done for path in paths]
+
+
+def figure_rows(spec: FigureSpec, results: Results) -> pd.DataFrame:
+    """The rows figure ``spec`` draws from ``results``, one per median it computes: what
+    was measured (the fields that differ between its rows, and the cases), the metric, the
+    median, the spread of the repeats (min to max) and their count ``n``. The figure is
+    drawn again and every median it takes through the query layer (``results.Stat``) is
+    reported, so the table holds what the bars and points were drawn from."""
+    with stats_read() as seen:
+        spec.draw(results)
+    out, kept = [], set()
+    for stat, row in seen:
+        key = (stat.sources, stat.unit, stat.values)
+        if key in kept:
+            continue
+        kept.add(key)
+        cases = list(dict.fromkeys(case for _, case, _ in stat.sources)) or [row["case_id"]]
+        out.append({
+            **{name: row.get(name) for name in FIGURE_ROW_FIELDS},
+            "metric": str(row["metric"]),
+            "median": format_value(stat.median, stat.unit),
+            "spread": stat.spread if stat.count > 1 else DASH,
+            "n": stat.count,
+            "case": cases[0] + (f" (+{len(cases) - 1} more)" if len(cases) > 1 else ""),
+        })
+    table = pd.DataFrame(out, columns=[*FIGURE_ROW_FIELDS, "metric", "median", "spread", "n",
+                                       "case"])
+    varying = [name for name in FIGURE_ROW_FIELDS
+               if table[name].astype(str).nunique() > 1]
+    return table[[*varying, "metric", "median", "spread", "n", "case"]].reset_index(drop=True)

@@ -12,6 +12,8 @@ from ..text import markdown_table
 # Where a recipe's code reads its dataset, as the user's own set would lie.
 EXAMPLE_DATASET = "data/mine/{layout}-{encoding}"
 RECIPES_PAGE = "docs/recipes.md"
+# The notebook showing the recipes: no study's, so no study names it.
+RECIPES_NOTEBOOK = "13_recipes.ipynb"
 
 
 def example_dataset(recipe: Recipe) -> str:

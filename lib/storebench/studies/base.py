@@ -4,8 +4,8 @@ README parts, in one folder (``storebench.studies.<name>``) registered in
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -74,6 +74,47 @@ def no_sentences(results: Results) -> list[str]:
 
 
 @dataclass(frozen=True)
+class LiveComparison:
+    """The one comparison a study's notebook times on the reader's machine in about a
+    minute (``storebench.live``): two of the study's own cases, each picked from its grid by
+    a choice's case fields (``choices``: a name -> ``{field: value}``; a ``param_<name>``
+    key matches a param, ``function`` the case function's name), the first of ``pair`` over
+    the second, by ``metric`` (or ``metrics``, one per side, where one case times both).
+    ``settings`` are the knobs the notebook's cell names, with the study's own values:
+    ``workers``, ``batch_size``, ``decoder`` (the ``decode`` param), ``cache``. ``formats``
+    and ``encodings`` are the sets built for it, where missing."""
+
+    pair: tuple[str, str]
+    choices: Mapping[str, Mapping[str, object]]
+    formats: tuple[str, ...]
+    encodings: tuple[str, ...]
+    metric: str = "samples_per_s"
+    metrics: tuple[str, str] | None = None
+    settings: Mapping[str, object] = field(default_factory=dict)
+    # False where a smaller number is better (a time to first batch): the ratio is then
+    # the second over the first, so that above 1 still reads "the first is better".
+    higher_is_better: bool = True
+
+    def __post_init__(self) -> None:
+        unknown = [name for name in self.pair if name not in self.choices]
+        if unknown:
+            raise ValueError(f"live comparison: {unknown} not among its choices "
+                             f"{sorted(self.choices)}")
+        wrong = sorted(set(self.settings) - set(LIVE_SETTINGS))
+        if wrong:
+            raise ValueError(f"live comparison: unknown settings {wrong}; known: "
+                             f"{list(LIVE_SETTINGS)}")
+
+    def side_metric(self, side: int) -> str:
+        return self.metrics[side] if self.metrics is not None else self.metric
+
+
+# The knobs a live cell may set, and the case field each one sets.
+LIVE_SETTINGS = {"workers": "workers", "batch_size": "batch_size", "decoder": "param_decode",
+                 "cache": "cache"}
+
+
+@dataclass(frozen=True)
 class ReadmePlace:
     """Where the README's findings block is written: paths in it are relative to ``base``;
     ``results_dir`` holds the results it states."""
@@ -124,6 +165,8 @@ class Study:
     # Its README part and figures show every study's targets too: their table and figure
     # are drawn above the studies (``storebench.report.targets``), which know them all.
     shows_every_target: bool = False
+    # The comparison its notebook's live cell times on the reader's machine; None: none.
+    live: LiveComparison | None = None
 
     def __post_init__(self) -> None:
         drawn = {spec.name for spec in self.figures}

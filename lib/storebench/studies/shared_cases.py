@@ -513,3 +513,32 @@ def loader_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
         "cpu_utilisation": (measurement.cpu_seconds / measurement.wall_seconds, "ratio"),
         **more,
     }
+
+
+def recipe_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
+    """One epoch of a recipe's whole pipeline (``storebench.recipes``, named by the
+    ``recipe`` param) over ``case.dataset``, a fresh pipeline per repeat: ``samples_per_s``
+    from its start to the last batch read (at most the case's ``epoch_samples``), so its
+    workers' start counts, as it does for a user's epoch."""
+    from storebench.formats import read_manifest
+    from storebench.recipes import get_recipe
+
+    recipe = get_recipe(case.param("recipe"))
+    num_samples = int(read_manifest(case.dataset)["num_samples"])
+    max_batches = trial.batches_wanted(None, samples=num_samples)
+    run = None
+    try:
+        with trial.measure():
+            started = time.perf_counter()
+            run = recipe.open(case.dataset, batch_size=case.batch_size or 64,
+                              workers=case.workers or 0, seed=max(trial.repeat, 0))
+            tally = drain(run.epoch(0), started=started, max_batches=max_batches)
+            seconds = epoch_ended(tally, max_batches) - started
+    finally:
+        if run is not None:
+            run.close()
+    if tally.samples == 0:
+        raise RuntimeError(f"recipe {recipe.name} over {case.dataset}: delivered no sample")
+    return {"samples": (tally.samples, "count"),
+            "time_to_first_batch_s": (tally.first_batch_seconds, "s"),
+            "samples_per_s": (tally.samples / seconds, "samples/s")}

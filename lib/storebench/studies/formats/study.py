@@ -59,7 +59,7 @@ from ...text import (
     format_value,
     sig,
 )
-from ..base import FigureSpec, Study
+from ..base import FigureSpec, LiveComparison, Study
 from ..captions import question_caption, study_caption
 from ..grid import dataset_files, knob_params, profile_datasets, repeat_fields
 from ..shared_rows import build_cost_table
@@ -773,6 +773,15 @@ def readme_text(results: Results, place) -> str:
             "[Integrity](docs/integrity.md))\n\n" + bullets(sentences))
 
 
+# The live cell: two formats' warm sequential read of the same raw set.
+LIVE = LiveComparison(
+    pair=("memmap", "lmdb"),
+    choices={name: {"function": "sequential_read", "format": name, "encoding": "raw"}
+             for name in ("memmap", "lmdb", "hdf5", "tfrecord", "parquet", "rawfiles")},
+    formats=(), encodings=("raw",), settings={"cache": "warm"},
+)
+
+
 STUDY = Study(
     name="formats",
     question="What does each storage format cost to build, and to read cold and warm?",
@@ -783,4 +792,5 @@ STUDY = Study(
     notebook="01_storage_formats.ipynb",
     readme_figures=("formats_build_cost", "formats_sequential_read"),
     readme_text=readme_text,
+    live=LIVE,
 )

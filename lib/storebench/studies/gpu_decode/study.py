@@ -37,7 +37,7 @@ from ...loaders.paths import get_loader_path, path_label
 from ...plots import legend_below, question_title
 from ...results import Results, medians_table, ok_repeats, select, stat
 from ...text import format_percent, format_value
-from ..base import FigureSpec, Study
+from ..base import FigureSpec, LiveComparison, Study
 from ..grid import repeat_fields
 from . import cases as decode_cases
 from .cases import decode_set_path, decode_spec
@@ -467,6 +467,16 @@ def guide(results: Results) -> list:
     return [row for row in out if row is not None]
 
 
+# The live cell: JPEG decode on the CPU feeding the accelerator, two workers against one.
+LIVE = LiveComparison(
+    pair=("2 workers", "1 worker"),
+    choices={f"{n} worker{'s' if n > 1 else ''}": {"function": "cpu_decode_feed", "workers": n,
+                                                  "param_decode": "full"}
+             for n in (1, 2)},
+    formats=("lmdb",), encodings=("jpeg",), metric="fed_samples_per_s",
+)
+
+
 STUDY = Study(
     name=NAME,
     question="How many CPU cores does one accelerator need on JPEGs, and when does GPU "
@@ -479,4 +489,5 @@ STUDY = Study(
     # It reads its own ImageNet-like set, never a user's import (``study --dataset``).
     synthetic_only=True,
     prepare=prepare,
+    live=LIVE,
 )

@@ -48,7 +48,7 @@ from ...text import (
     machine_text,
     sig,
 )
-from ..base import FigureSpec, Study
+from ..base import FigureSpec, LiveComparison, Study
 from ..gpu_feed.cases import START_BATCHES
 from ..grid import (
     StudyNotApplicableError,
@@ -648,6 +648,16 @@ def caveats(results: Results) -> list[str]:
     return [feed_device_text(results.df)] if not feed_devices(results.df).empty else []
 
 
+# The live cell: the accelerator's utilisation fed by processes against one thread.
+LIVE = LiveComparison(
+    pair=("process", "one thread"),
+    choices={"process": {"prefetcher": "process", "param_compute_ms": 10.0},
+             "one thread": {"prefetcher": "none", "param_compute_ms": 10.0}},
+    formats=("memmap",), encodings=("raw",), metric="accelerator_utilisation",
+    settings={"workers": 2, "batch_size": None},
+)
+
+
 STUDY = Study(
     name="gpu_feed",
     question="Does the loader keep an accelerator busy?",
@@ -659,4 +669,5 @@ STUDY = Study(
     readme_figures=("gpu_feed_utilisation",),
     readme_text=readme_text,
     caveats=caveats,
+    live=LIVE,
 )

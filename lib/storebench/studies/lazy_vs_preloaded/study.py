@@ -67,7 +67,7 @@ from ...text import (
     sig,
     signed_bytes,
 )
-from ..base import FigureSpec, Study
+from ..base import FigureSpec, LiveComparison, Study
 from ..captions import question_caption, study_caption
 from ..grid import (
     TRAINING_BATCH_SIZE,
@@ -845,6 +845,16 @@ def caveats(results: Results) -> list[str]:
     return ram_findings(results.df, results.env)
 
 
+# The live cell: lazy against preloaded loading of one raw set, block-shuffled.
+LIVE = LiveComparison(
+    pair=("lazy", "preloaded"),
+    choices={kind: {"function": "loader_epoch", "loader": kind, "format": "memmap",
+                    "encoding": "raw", "access": "block_shuffle"}
+             for kind in ("lazy", "preloaded")},
+    formats=(), encodings=(), settings={"batch_size": None, "cache": "warm"},
+)
+
+
 STUDY = Study(
     name="lazy_vs_preloaded",
     question="Read from storage per access, or preload into RAM first?",
@@ -855,4 +865,5 @@ STUDY = Study(
     notebook="02_lazy_vs_preloaded.ipynb",
     readme_figures=("lazy_vs_preloaded_throughput",),
     caveats=caveats,
+    live=LIVE,
 )

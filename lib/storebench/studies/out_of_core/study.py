@@ -63,7 +63,7 @@ from ...text import (
     format_value,
     relative_text,
 )
-from ..base import FigureSpec, Study, TargetMeasure, TargetSpec
+from ..base import FigureSpec, LiveComparison, Study, TargetMeasure, TargetSpec
 from ..grid import (
     batch_size_for,
     dataset_fields,
@@ -842,6 +842,17 @@ def default_knob_findings(df: pd.DataFrame) -> list[str]:
     return out
 
 
+# The live cell: block-shuffled against shuffled reads from a cold cache, no memory cap.
+LIVE = LiveComparison(
+    pair=("block_shuffle", "shuffle"),
+    choices={order: {"format": "memmap", "loader": "lazy", "access": order, "param_k": 0,
+                     "param_open_madvise_random": None}
+             for order in ("block_shuffle", "shuffle", "sequential")},
+    formats=("memmap",), encodings=("raw",), metric="epoch2.samples_per_s",
+    settings={"workers": 2, "batch_size": None},
+)
+
+
 STUDY = Study(
     name=NAME,
     question="What changes when the dataset no longer fits in memory?",
@@ -851,4 +862,5 @@ STUDY = Study(
     guide=guide,
     notebook="06_out_of_core.ipynb",
     targets=(COLD_READ, DECODE_KEEP),
+    live=LIVE,
 )

@@ -70,7 +70,7 @@ from ...text import (
     format_ratio,
     format_value,
 )
-from ..base import FigureSpec, Study, TargetMeasure, TargetSpec
+from ..base import FigureSpec, LiveComparison, Study, TargetMeasure, TargetSpec
 from ..grid import (
     TRAINING_TRANSFORM,
     StudyNotApplicableError,
@@ -899,6 +899,21 @@ def readme_text(results: Results, place) -> str:
     return ("**Against the peer libraries** (the `peers` study)\n\n" + bullets(sentences))
 
 
+# The live cell: our process prefetcher against a peer library over the same JPEGs.
+LIVE = LiveComparison(
+    pair=("ProcessPrefetcher", "SPDL"),
+    choices={"ProcessPrefetcher": {"function": "peer_epochs", "prefetcher": "process",
+                                   "format": "lmdb",
+                                   "encoding": "jpeg"},
+             "ThreadPrefetcher": {"function": "peer_epochs", "prefetcher": "thread",
+                                  "format": "lmdb", "encoding": "jpeg",
+                                  "param_decode": "simplejpeg"},
+             "SPDL": {"function": "peer_epochs", "prefetcher": "spdl", "format": "lmdb",
+                      "encoding": "jpeg"}},
+    formats=("lmdb",), encodings=("jpeg",), metric="later_epochs_samples_per_s",
+)
+
+
 STUDY = Study(
     name=NAME,
     question="Which loader library: storebench's, or WebDataset, LitData, MDS, DALI, FFCV, "
@@ -920,4 +935,5 @@ STUDY = Study(
     readme_text=readme_text,
     prepare=prepare,
     targets=PEER_TARGETS,
+    live=LIVE,
 )

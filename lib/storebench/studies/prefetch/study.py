@@ -34,7 +34,7 @@ from ...plots import (
 )
 from ...results import Results, best_row, ordered, params_of, select, stat, summary_table
 from ...text import DASH, ENCODING_NAMES, finite, format_ratio, format_value, relative_text
-from ..base import FigureSpec, Study
+from ..base import FigureSpec, LiveComparison, Study
 from ..captions import question_caption, study_caption
 from ..grid import (
     DECODERS_FOR,
@@ -751,6 +751,23 @@ def findings(results: Results) -> list[str]:
     return prefetch_findings(results.df) + tf_data_findings(results.df)
 
 
+# The live cell: our thread against our process prefetcher on the JPEG set.
+LIVE = LiveComparison(
+    pair=("thread", "process"),
+    choices={
+        "one thread": {"prefetcher": "none", "format": "lmdb", "encoding": "jpeg"},
+        "thread": {"prefetcher": "thread", "format": "lmdb", "encoding": "jpeg"},
+        "process": {"prefetcher": "process", "param_start_method": "fork", "format": "lmdb",
+                    "encoding": "jpeg"},
+        "pickled_baseline": {"prefetcher": "pickled_baseline", "format": "lmdb",
+                             "encoding": "jpeg"},
+        "torch": {"prefetcher": "torch", "format": "lmdb", "encoding": "jpeg"},
+    },
+    formats=(), encodings=(),
+    settings={"workers": 2, "batch_size": None, "decoder": "simplejpeg", "cache": "warm"},
+)
+
+
 STUDY = Study(
     name="prefetch",
     question="One thread, threads or processes, or a framework's loader?",
@@ -760,4 +777,5 @@ STUDY = Study(
     guide=guide,
     notebook="03_thread_vs_process_prefetch.ipynb",
     readme_figures=("prefetch_paths",),
+    live=LIVE,
 )

@@ -45,7 +45,7 @@ from ...results import (
     summary_table,
 )
 from ...text import format_percent, format_ratio, format_value
-from ..base import FigureSpec, Study, TargetMeasure, TargetSpec
+from ..base import FigureSpec, LiveComparison, Study, TargetMeasure, TargetSpec
 from ..grid import (
     batch_size_for,
     dataset_fields,
@@ -695,6 +695,17 @@ def findings(results: Results) -> list[str]:
     return remote_findings(results.df, results.env)
 
 
+# The live cell: the same epoch from local disk and from an S3 server on this machine.
+LIVE = LiveComparison(
+    pair=("local disk", "S3 at 0 ms"),
+    choices={"local disk": {"format": "tfrecord", "param_source": "local", "param_ranks": 1},
+             "S3 at 0 ms": {"format": "tfrecord", "param_source": "s3", "param_rtt_ms": 0,
+                            "param_ranks": 1, "param_bandwidth_mbit": None}},
+    formats=("tfrecord",), encodings=("jpeg",),
+    settings={"workers": 2, "batch_size": None},
+)
+
+
 STUDY = Study(
     name=NAME,
     question="How fast can training read its data from object storage at a distance, by "
@@ -706,4 +717,5 @@ STUDY = Study(
     notebook="07_remote.ipynb",
     services=object_store,
     targets=(KEEP, PEER),
+    live=LIVE,
 )

@@ -21,10 +21,20 @@ case functions ``cases``; this module ties them into ``STUDY``.
 
 from __future__ import annotations
 
-from ..base import Study
+from ..base import LiveComparison, Study
 from .grid import NAME, prepare, resume_grid
 from .guide import guide
 from .report import FIGURES, findings
+
+# The live cell: a restart's time to its first batch, same workers against fewer ranks.
+LIVE = LiveComparison(
+    pair=("same workers", "ranks 3 to 2"),
+    choices={"same workers": {"param_path": "process_fork", "param_scenario": "same_workers"},
+             "ranks 3 to 2": {"param_path": "process_fork", "param_scenario": "ranks_3_to_2"}},
+    formats=("memmap",), encodings=("raw",), metric="restart_to_first_batch_s",
+    higher_is_better=False,
+)
+
 
 STUDY = Study(
     name=NAME,
@@ -37,4 +47,5 @@ STUDY = Study(
     readme_figures=("resume_exact",),
     synthetic_only=True,
     prepare=prepare,
+    live=LIVE,
 )

@@ -23,10 +23,24 @@ functions ``cases``; this module ties them into ``STUDY``.
 
 from __future__ import annotations
 
-from ..base import Study
+from ..base import LiveComparison, Study
 from .grid import NAME, grid
 from .guide import guide
 from .report import FIGURES, findings
+
+# The live cell: time to the first batch, threads against forked processes.
+LIVE = LiveComparison(
+    pair=("thread", "process"),
+    choices={"thread": {"prefetcher": "thread", "param_index_kind": "lists",
+                        "param_epoch": None},
+             "process": {"prefetcher": "process", "param_start_method": "fork",
+                         "param_index_kind": "lists", "param_epoch": None},
+             "torch": {"prefetcher": "torch", "param_start_method": "fork",
+                       "param_index_kind": "lists", "param_epoch": None}},
+    formats=("memmap",), encodings=("raw",), metric="time_to_first_batch_s",
+    higher_is_better=False,
+)
+
 
 STUDY = Study(
     name=NAME,
@@ -39,4 +53,5 @@ STUDY = Study(
     guide=guide,
     notebook="10_startup.ipynb",
     synthetic_only=True,
+    live=LIVE,
 )

@@ -14,10 +14,20 @@ its case functions ``cases``; this module ties them into ``STUDY``.
 
 from __future__ import annotations
 
-from ..base import Study
+from ..base import LiveComparison, Study
 from .grid import grid
 from .guide import guide
 from .report import FIGURES, OWN_TARGETS, findings
+
+# The live cell: one target's two paths, timed in one case.
+LIVE = LiveComparison(
+    pair=("ProcessPrefetcher", "torch DataLoader"),
+    choices={"ProcessPrefetcher": {"param_target": "process_vs_torch"},
+             "torch DataLoader": {"param_target": "process_vs_torch"}},
+    formats=("memmap",), encodings=("raw",),
+    metrics=("process_prefetcher.samples_per_s", "torch_dataloader.samples_per_s"),
+)
+
 
 STUDY = Study(
     name="targets",
@@ -30,4 +40,5 @@ STUDY = Study(
     synthetic_only=True,
     targets=OWN_TARGETS,
     shows_every_target=True,
+    live=LIVE,
 )
