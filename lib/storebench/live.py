@@ -6,10 +6,11 @@ its own cases, picked from its grid by their fields. ``run_live`` builds the set
 where missing (once: later calls find them), lays the study's grid out over them, picks the
 two cases, applies the cell's settings (workers, batch size, decoder, cache state), and runs
 them with the study's own runner and cache control, each at least ``LIVE_REPEATS`` timed
-repeats, into ``<results root>/live/``. The ratio is the repeat-paired ratio of medians and its
-bootstrap interval (``results.ratio_interval``); the reference's is computed the same way from
-the reference's rows of the same comparison. ``run_recipes`` does the same for any two
-recipes (``storebench.recipes``), timed by one case function over each recipe's pipeline.
+repeats, into a directory of its own under ``<results root>/live/``. The ratio is the
+repeat-paired ratio of medians and its bootstrap interval (``results.ratio_interval``);
+the reference's is computed the same way from the reference's rows of the same comparison.
+``run_recipes`` does the same for any two recipes (``storebench.recipes``), timed by one case
+function over each recipe's pipeline.
 """
 
 from __future__ import annotations
@@ -266,14 +267,16 @@ def _load_reference(reference_dir):
 
 
 def _run(cases, *, study: str, profile: str, results_dir: Path, services, log) -> object:
-    """Run ``cases`` fresh into ``<results_dir>/live/<study>.csv``, a line per case."""
+    """Run ``cases`` into ``<results_dir>/live/<study>-<time>-<pid>/<study>.csv``, a line
+    per case: a directory of each run's own, so that two cells running at once (two
+    notebooks, two kernels) never write or read each other's rows."""
     from .bench import runner
     from .results import Results
 
-    live_dir = Path(results_dir) / LIVE_DIR
-    live_dir.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+    live_dir = Path(results_dir) / LIVE_DIR / f"{study}-{stamp}-{os.getpid()}"
+    live_dir.mkdir(parents=True, exist_ok=False)
     path = live_dir / f"{study}.csv"
-    path.unlink(missing_ok=True)
     count = len(cases)
 
     def done(case, outcome):

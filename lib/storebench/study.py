@@ -488,10 +488,12 @@ def execute_notebooks(
     notebooks_dir: Path = NOTEBOOKS_DIR,
     progress: bool = True,
     jobs: int | None = None,
+    live_cells: bool | None = None,
 ) -> list[Path]:
     """Execute every notebook with papermill into ``<results_dir>/notebooks/``, ``jobs`` at
     a time (default: one per core, at most two: each is a kernel that starts, imports and
-    draws, mostly on one core).
+    draws, mostly on one core). ``live_cells``: whether their live cells time their
+    comparison (``LIVE_CELLS_ENV``); None: on a compact plan (ci) only.
 
     The notebooks read ``results_dir`` (and re-measure first only if ``measure``). Paths
     are passed relative to the repository when they lie inside it, so executed notebooks
@@ -501,6 +503,11 @@ def execute_notebooks(
 
     from tqdm.auto import tqdm
 
+    from .bench.plan import plan_for
+
+    if live_cells is None:
+        live_cells = plan_for(profile).compact
+    live = "on" if live_cells else "off"
     results_dir = Path(results_dir).resolve()
     out_dir = results_dir / "notebooks"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -516,7 +523,7 @@ def execute_notebooks(
     if measure or jobs == 1:
         # Measuring notebooks time things: one at a time, nothing beside them.
         for notebook, target in zip(notebooks, targets, strict=True):
-            _execute_notebook(notebook, target, parameters, notebooks_dir, progress)
+            _execute_notebook(notebook, target, parameters, notebooks_dir, progress, live)
         return targets
     # Spawned: the pool's processes start clean, not as copies of a study's threads.
     context = multiprocessing.get_context("spawn")
@@ -524,8 +531,8 @@ def execute_notebooks(
             total=len(notebooks), desc="notebooks", unit="notebook",
             disable=not progress) as bar:
         running = {
-            pool.submit(_execute_notebook, notebook, target, parameters, notebooks_dir, False):
-            notebook.name
+            pool.submit(_execute_notebook, notebook, target, parameters, notebooks_dir, False,
+                        live): notebook.name
             for notebook, target in zip(notebooks, targets, strict=True)
         }
         for done in concurrent.futures.as_completed(running):
@@ -549,12 +556,9 @@ LIVE_CELLS_ENV = "STOREBENCH_LIVE_CELLS"
 
 
 def _execute_notebook(notebook: Path, target: Path, parameters: dict, cwd: Path,
-                      progress: bool) -> None:
+                      progress: bool, live: str = "off") -> None:
     import papermill
 
-    from .bench.plan import plan_for
-
-    live = "on" if plan_for(str(parameters.get("profile"))).compact else "off"
     before = os.environ.get(LIVE_CELLS_ENV)
     os.environ[LIVE_CELLS_ENV] = live  # the kernel papermill starts inherits it
     try:
@@ -701,8 +705,11 @@ def run_full_study(
               done_text=topup_text)
     stage("plots", plot_all, results_dir)
     if notebooks:
+        # Over a user's own images, the live cells (which time the profile's synthetic
+        # sets) stay off: the rows above them are that dataset's measurement.
         stage("notebooks", execute_notebooks, results_dir, profile=profile,
-              data_root=data_root, progress=progress)
+              data_root=data_root, progress=progress,
+              live_cells=False if dataset is not None else None)
     times.write(results_dir)
     os.sync()
     (log or (lambda text: print(text, flush=True)))(study_summary(results_dir, times))

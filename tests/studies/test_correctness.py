@@ -185,7 +185,7 @@ def test_the_table_reads_the_audit_as_passing(thread_audit):
     assert row["resume"] == "not run"
     # The thread recipe's workers are threads: no worker process to kill, and the table
     # says so rather than passing or failing it.
-    assert row["killed_worker"] == "no processes"
+    assert row["killed_worker"] == "threads"
 
 
 @pytest.mark.timeout(120)

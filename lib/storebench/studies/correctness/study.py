@@ -104,7 +104,7 @@ KILLED_WORKER = "killed worker"
 # "error": the case itself failed, so nothing was measured (not a property that failed).
 VERDICT_COLOURS = {"pass": "#4caf50", "fail": "#e53935", "partial": "#ff9800",
                    "not promised": "#cddc39", "error": "#9575cd", "skipped": "#e0e0e0",
-                   "not run": "#f5f5f5", "no processes": "#cfd8dc"}
+                   "not run": "#f5f5f5", "threads": "#cfd8dc"}
 
 
 def size_for(profile: str) -> AuditSize:
@@ -278,7 +278,7 @@ def killed_worker_outcome(values: dict) -> Outcome:
         return Outcome("fail", f"hung: the epoch had neither ended nor raised "
                                f"{get('timeout_s'):.0f} s after it started")
     if not get("worker_processes"):
-        return Outcome("no processes", "its workers are threads of the training process: "
+        return Outcome("threads", "its workers are threads of the training process: "
                                        "there is no worker process to kill")
     delivered, before = int(get("delivered") or 0), int(get("delivered_before_kill") or 0)
     wrong = [f"{int(get(m) or 0)} {word}" for m, word in (
