@@ -15,11 +15,17 @@ pytestmark = pytest.mark.peers
 SAMPLES = 48
 
 
-def audit(name: str) -> dict:
+def available(name: str):
+    """The recipe ``name``, or a skip saying why it cannot run here."""
     recipe = RECIPES[name]
     reason = recipe.unavailable()
     if reason:
         pytest.skip(reason)
+    return recipe
+
+
+def audit(name: str) -> dict:
+    recipe = available(name)
     with cases.probe_set(recipe, SAMPLES) as root:
         found = cases.audit_recipe(recipe, str(root), SAMPLES, batch_size=8,
                                    rank_counts=(3,), worker_counts=(1, 2))
@@ -36,10 +42,7 @@ def test_a_peer_over_storebench_s_sampler_delivers_every_sample_once_at_3_ranks(
 
 
 def ranks_epoch(name: str, world_size: int) -> tuple[dict, list[int]]:
-    recipe = RECIPES[name]
-    reason = recipe.unavailable()
-    if reason:
-        pytest.skip(reason)
+    recipe = available(name)
     with cases.probe_set(recipe, SAMPLES) as root:
         shares = cases.run_ranks_epoch(recipe, str(root), world_size, batch_size=8,
                                        workers=1)
