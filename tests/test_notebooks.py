@@ -22,7 +22,7 @@ from storebench.report.figures import study_figures
 from storebench.report.recipes import RECIPES_NOTEBOOK
 from storebench.studies import STUDIES
 from storebench.studies.targets.cases import TARGETS
-from storebench.study import LIVE_CELLS_ENV, NOTEBOOKS_DIR, REPO_ROOT
+from storebench.study import NOTEBOOKS_DIR, REPO_ROOT, live_cells_env
 
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("[0-9]*.ipynb"))
 PARAMETERS = {"profile": "small", "results_dir": "results/reference",
@@ -215,24 +215,16 @@ def findings_run_from(tmp_path_factory):
     outs = {name: tmp_path_factory.mktemp(f"from-{name}") / path.name for name in CWDS}
     context = multiprocessing.get_context("spawn")
     # The live cell stays off (the ci study's notebooks run every live cell): two at once
-    # would build the repository's data/ sets side by side.
-    before = os.environ.get(LIVE_CELLS_ENV)
-    os.environ[LIVE_CELLS_ENV] = "off"  # the spawned processes and their kernels inherit it
-    try:
-        with concurrent.futures.ProcessPoolExecutor(len(CWDS), mp_context=context) as pool:
-            # A cell over the limit fails in its own process, which shuts its kernel down.
-            running = {name: pool.submit(papermill.execute_notebook, str(path),
-                                         str(outs[name]), cwd=str(cwd), progress_bar=False,
-                                         kernel_name="python3", execution_timeout=280,
-                                         parameters={"profile": "ci"})
-                       for name, cwd in CWDS.items()}
-            return {name: future.exception() or outs[name]
-                    for name, future in running.items()}
-    finally:
-        if before is None:
-            os.environ.pop(LIVE_CELLS_ENV, None)
-        else:
-            os.environ[LIVE_CELLS_ENV] = before
+    # would build the repository's data/ sets side by side. The spawned processes and their
+    # kernels inherit the setting.
+    with live_cells_env("off"), concurrent.futures.ProcessPoolExecutor(
+            len(CWDS), mp_context=context) as pool:
+        # A cell over the limit fails in its own process, which shuts its kernel down.
+        running = {name: pool.submit(papermill.execute_notebook, str(path), str(outs[name]),
+                                     cwd=str(cwd), progress_bar=False, kernel_name="python3",
+                                     execution_timeout=280, parameters={"profile": "ci"})
+                   for name, cwd in CWDS.items()}
+        return {name: future.exception() or outs[name] for name, future in running.items()}
 
 
 # The first test to ask for the fixture carries both executions: the two tests' limits.

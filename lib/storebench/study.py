@@ -559,17 +559,25 @@ def _execute_notebook(notebook: Path, target: Path, parameters: dict, cwd: Path,
                       progress: bool, live: str = "off") -> None:
     import papermill
 
-    before = os.environ.get(LIVE_CELLS_ENV)
-    os.environ[LIVE_CELLS_ENV] = live  # the kernel papermill starts inherits it
-    try:
+    with live_cells_env(live):  # the kernel papermill starts inherits it
         papermill.execute_notebook(str(notebook), str(target), parameters=parameters,
                                    cwd=str(cwd), kernel_name="python3", progress_bar=progress)
+    _relative_papermill_paths(target)
+
+
+@contextlib.contextmanager
+def live_cells_env(state: str):
+    """``LIVE_CELLS_ENV`` set to ``state`` ("on" or "off") in this process while inside,
+    for the kernels and processes started meanwhile; as it was afterwards."""
+    before = os.environ.get(LIVE_CELLS_ENV)
+    os.environ[LIVE_CELLS_ENV] = state
+    try:
+        yield
     finally:
         if before is None:
             os.environ.pop(LIVE_CELLS_ENV, None)
         else:
             os.environ[LIVE_CELLS_ENV] = before
-    _relative_papermill_paths(target)
 
 
 def _relative_papermill_paths(path: Path) -> None:
