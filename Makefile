@@ -30,7 +30,7 @@ $(STAMP): pyproject.toml $(EXTENSIONS)
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
 	    --no-install-recommends $(JPEG_APT)) >/dev/null || echo "make: apt-get failed" >&2; \
 	fi
-	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev]'
+	$(BIN)/python -m pip install --disable-pip-version-check -q -e '.[dev,ray]'
 	touch $(STAMP)
 
 # FFCV compiles against OpenCV and libjpeg-turbo: installed with apt when we are root and
