@@ -51,6 +51,10 @@ class SourceImageError(DatasetError):
         self.reason = reason
         super().__init__(f"{self.path}: {reason}")
 
+    def __reduce__(self):
+        # Rebuilt from (path, reason), not from the message: a Ray task hands it back.
+        return (type(self), (str(self.path), self.reason))
+
 
 @dataclass(frozen=True)
 class SourceListing:
@@ -347,6 +351,84 @@ def scan_image(path: Path, label: int) -> ScannedImage:
     return ScannedImage(encoding, height, width, len(data), sample_checksum(data, label))
 
 
+def scan_or_fail(path: Path, label: int) -> ScannedImage | SourceImageError:
+    """``scan_image``, with a bad image's error returned rather than raised: the caller
+    decides, in listing order, whether it stops the import or is skipped."""
+    try:
+        return scan_image(path, label)
+    except SourceImageError as err:
+        return err
+
+
+def prepared_sample(path: Path, label: int, checksum: int,
+                    spec: ImportedSpec) -> np.ndarray | bytes:
+    """One sample of ``spec`` from its source file: the file's bytes, or for the raw copy its
+    resized pixels; checked against the checksum taken when the plan was made (a file
+    changed since is an error, not a silently different dataset)."""
+    data = read_source_bytes(path)
+    if sample_checksum(data, label) != checksum:
+        raise SourceImageError(path, "changed while it was being imported; import again")
+    if spec.encoding == "raw":
+        return resized_pixels(data, path, spec.height, spec.width)
+    return data
+
+
+class ThreadImportEngine:
+    """The single-process engine: images are checked in threads of this process (Pillow
+    releases the GIL while decoding) and the samples are read in order by the writer."""
+
+    def __init__(self, *, workers: int | None = None, progress: bool = False,
+                 address: str | None = None) -> None:
+        if address is not None:
+            raise ValueError("--address names a Ray cluster: it needs --engine ray")
+        self.workers = workers
+        self.progress = progress
+
+    def __enter__(self) -> ThreadImportEngine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+    def scan(self, listing: SourceListing) -> Iterator[ScannedImage | SourceImageError]:
+        """Each image of ``listing`` scanned, in listing order."""
+        from tqdm.auto import tqdm
+
+        def scan(k: int) -> ScannedImage | SourceImageError:
+            return scan_or_fail(listing.root / listing.paths[k], int(listing.labels[k]))
+
+        with ThreadPoolExecutor(max_workers=self.workers or os.cpu_count() or 1) as pool, tqdm(
+            total=len(listing), desc=f"check {listing.origin.name}", unit="img",
+            disable=None if self.progress else True, leave=False,
+        ) as bar:
+            for item in pool.map(scan, range(len(listing))):
+                bar.update()
+                yield item
+
+    def samples(self, plan: ImportPlan, spec: ImportedSpec) -> Callable[[], Iterator]:
+        return source_samples(plan, spec)
+
+
+def _ray_engine(**options):
+    from .ray_import import RayImportEngine
+
+    return RayImportEngine(**options)
+
+
+# Who does the reading, decoding, checking and resizing; the format writers are the same.
+IMPORT_ENGINES: dict[str, Callable] = {"process": ThreadImportEngine, "ray": _ray_engine}
+DEFAULT_ENGINE = "process"
+
+
+def open_engine(name: str, *, workers: int | None = None, progress: bool = False,
+                address: str | None = None):
+    """The import engine called ``name`` (a context manager), or a ``KeyError`` naming the
+    valid ones. ``address``: a Ray cluster to connect to, for the ``ray`` engine only."""
+    if name not in IMPORT_ENGINES:
+        raise KeyError(f"unknown import engine {name!r}; choose one of {sorted(IMPORT_ENGINES)}")
+    return IMPORT_ENGINES[name](workers=workers, progress=progress, address=address)
+
+
 def plan_import(
     source: Path | str,
     *,
@@ -355,34 +437,30 @@ def plan_import(
     on_error: str = "fail",
     workers: int | None = None,
     progress: bool = False,
+    engine=None,
 ) -> ImportPlan:
-    """Scan ``source`` and read and decode every image once (in threads: Pillow releases the
-    GIL while decoding). ``on_error="fail"`` stops at the first bad image with a
-    ``SourceImageError`` naming it; ``"skip"`` leaves bad images out and lists them."""
-    from tqdm.auto import tqdm
-
+    """Scan ``source`` and read and decode every image once, with ``engine`` (by default the
+    single-process one, in threads). ``on_error="fail"`` stops at the first bad image in
+    listing order with a ``SourceImageError`` naming it; ``"skip"`` leaves bad images out
+    and lists them."""
     if on_error not in ON_ERROR:
         raise ValueError(f"on_error must be one of {ON_ERROR}, got {on_error!r}")
     if resize is not None and (len(resize) != 2 or min(resize) < 1):
         raise ValueError(f"resize must be (height, width), both positive, got {resize}")
     listing = scan_source(source, limit=limit)
-
-    def scan(k: int) -> ScannedImage | SourceImageError:
-        try:
-            return scan_image(listing.root / listing.paths[k], int(listing.labels[k]))
-        except SourceImageError as err:
-            if on_error == "fail":
-                raise
-            return err
-
+    engine = engine or ThreadImportEngine(workers=workers, progress=progress)
     scanned: list[ScannedImage | SourceImageError] = []
-    with ThreadPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool, tqdm(
-        total=len(listing), desc=f"check {listing.origin.name}", unit="img",
-        disable=None if progress else True, leave=False,
-    ) as bar:
-        for item in pool.map(scan, range(len(listing))):
-            scanned.append(item)
-            bar.update()
+    for item in engine.scan(listing):
+        if isinstance(item, SourceImageError) and on_error == "fail":
+            raise item
+        scanned.append(item)
+    return plan_from_scans(listing, scanned, resize)
+
+
+def plan_from_scans(listing: SourceListing, scanned: Sequence[ScannedImage | SourceImageError],
+                    resize: tuple[int, int] | None) -> ImportPlan:
+    """The plan made of each image's scan (in listing order): the kept images, the specs of
+    the encoded copy and (with a resize) of the raw copy, and what was skipped."""
     skipped = tuple((listing.paths[k], item.reason) for k, item in enumerate(scanned)
                     if isinstance(item, SourceImageError))
     keep = np.array([k for k, item in enumerate(scanned) if isinstance(item, ScannedImage)],
@@ -417,22 +495,13 @@ def plan_import(
 
 
 def source_samples(plan: ImportPlan, spec: ImportedSpec) -> Callable[[], Iterator]:
-    """A factory of ``spec``'s samples from the source files, each checked against the
-    checksum taken when the plan was made (a file changed since is an error, not a silently
-    different dataset)."""
+    """A factory of ``spec``'s samples from the source files, in order (``prepared_sample``)."""
     listing = plan.listing
 
     def samples() -> Iterator[tuple[np.ndarray | bytes, int]]:
         for k, rel in enumerate(listing.paths):
-            path = listing.root / rel
             label = int(listing.labels[k])
-            data = read_source_bytes(path)
-            if sample_checksum(data, label) != int(plan.checksums[k]):
-                raise SourceImageError(path, "changed while it was being imported; import again")
-            if spec.encoding == "raw":
-                yield resized_pixels(data, path, spec.height, spec.width), label
-            else:
-                yield data, label
+            yield prepared_sample(listing.root / rel, label, int(plan.checksums[k]), spec), label
 
     return samples
 
@@ -475,17 +544,20 @@ def import_images(
     force: bool = False,
     log: Callable[[str], None] | None = None,
     knobs: dict[str, dict] | None = None,
+    engine: str = DEFAULT_ENGINE,
+    address: str | None = None,
 ) -> list:
     """Import ``source`` into ``out_dir/<format>-<encoding>`` for every format (or those
     named) that can hold it; returns the ``BuildResult`` of each copy. ``knobs``: a format's
-    knobs by its name (its defaults otherwise).
+    knobs by its name (its defaults otherwise). ``engine`` (``IMPORT_ENGINES``) reads,
+    checks and resizes the images; every engine hands the writers the same samples in the
+    same order, so the datasets are the same bytes (``storebench.ray_import``).
 
     Without ``resize`` the encoded formats are written and raw-only formats (memmap) are
     skipped with a log line saying why; naming a raw-only format explicitly without a resize
     is an error. With ``resize`` every format also gets a raw copy of the resized pixels.
     """
-    from .formats import FORMATS, build_dataset, get_format
-    from .formats.build import SampleCache
+    from .formats import FORMATS, get_format
 
     say = log or (lambda line: None)
     check_out_outside_source(Path(source), Path(out_dir))
@@ -500,8 +572,21 @@ def import_images(
                 f"{', '.join(raw_only)} store raw arrays of one size only: pass --resize HxW "
                 "(resize=(H, W)) to write them"
             )
-    plan = plan_import(source, resize=resize, limit=limit, on_error=on_error, workers=workers,
-                       progress=progress)
+    with open_engine(engine, workers=workers, progress=progress, address=address) as runner:
+        plan = plan_import(source, resize=resize, limit=limit, on_error=on_error,
+                           engine=runner)
+        return _write_copies(plan, runner, out_dir, names, modules, workers=workers,
+                             progress=progress, force=force, say=say, knobs=knobs)
+
+
+def _write_copies(plan: ImportPlan, runner, out_dir: Path | str, names: list[str],
+                  modules: dict, *, workers: int | None, progress: bool, force: bool,
+                  say: Callable[[str], None], knobs: dict[str, dict] | None) -> list:
+    """Every chosen format's copy of the plan's encoded (and raw) samples, each format
+    written by its one writer from one sample cache."""
+    from .formats import build_dataset
+    from .formats.build import SampleCache
+
     if plan.skipped:
         say(f"skipped {len(plan.skipped)} unreadable image(s), listed in sources.json; "
             f"the first: {plan.skipped[0][0]}: {plan.skipped[0][1]}")
@@ -517,7 +602,7 @@ def import_images(
                 say(f"skip   {name}: stores {'/'.join(modules[name].ENCODINGS)} only; "
                     "import with --resize HxW to write it")
         with SampleCache(spec, out_dir, workers=workers, progress=progress,
-                         samples=source_samples(plan, spec)) as cache:
+                         samples=runner.samples(plan, spec)) as cache:
             for name in chosen:
                 result = build_dataset(spec, name, out_dir, source=cache, force=force,
                                        progress=progress, knobs=(knobs or {}).get(name),
