@@ -265,7 +265,8 @@ def test_json_is_one_object_with_the_same_answer(capsys, reference):
     assert set(data) == {"situation", "store", "loader", "busy",
                          "cores_per_accelerator_needed", "numbers", "assumptions", "notes",
                          "measured_on", "commands", "remedies", "in_flight_per_node",
-                         "units"}
+                         "measured_here", "units"}
+    assert data["measured_here"] is None  # nothing timed here without --measure
     answer = adv.advise(situation(), reference)
     assert data["store"]["best"] == answer.store.key
     assert data["loader"]["workers"] == answer.workers
@@ -540,5 +541,226 @@ def test_a_faster_decoder_is_a_remedy_with_the_gain_our_rows_measured(reference,
     window = next(r for r in answer.remedies if r.what.startswith("decode only the crop"))
     assert window.kind == "measured"
     assert window.gain == pytest.approx(rates["window"] / rates["simplejpeg"])
-    nodes = next(r for r in answer.remedies if r.what.startswith("preprocess on CPU nodes"))
-    assert "of network per node" in nodes.detail
+    nodes = next(r for r in answer.remedies if "CPU-only node(s)" in r.what)
+    assert "into each training node" in nodes.detail
+
+
+# -- the capacity model: one core's calibration, scaling, CPU nodes ------------------------
+def prefetch_rate(reference, prefetcher, workers, decode) -> float:
+    rows = reference.study("prefetch")
+    return stat(rows, "samples_per_s", prefetcher=prefetcher, workers=workers,
+                encoding="jpeg", param_decode=decode).median
+
+
+def number(answer, what) -> adv.Number:
+    found = [n for n in answer.numbers if n.what.startswith(what)]
+    assert len(found) == 1, (what, [n.what for n in answer.numbers])
+    return found[0]
+
+
+def test_the_rate_per_core_is_shown_raw_and_over_one_cores_full_decode(reference, guides):
+    """The calibration is the same run's fastest one-thread full decode of the set; the
+    rate per core is divided by it, so that machines of other core speeds compare."""
+    answer = adv.advise(situation(count=10_000), reference)  # in RAM: the loader's rate
+    full = {d: prefetch_rate(reference, "none", 0, d) for d in adv.FULL_DECODERS}
+    decoder, calibration = max(full.items(), key=lambda item: item[1])
+    one_core = number(answer, "one thread, no prefetcher, full ")
+    assert (one_core.value, one_core.kind) == (calibration, "measured")
+    assert decoder in one_core.what
+    loader = best_decoder_row(rows_of(guides, "prefetch", encoding="jpeg"))
+    raw = loader.best.stat.median / reference_cores(reference)
+    assert number(answer, "per core at the measured set's").value == pytest.approx(raw)
+    normalised = number(answer, "per core over one core's full decode")
+    assert (normalised.value, normalised.unit) == (pytest.approx(raw / calibration), "ratio")
+    tuned = number(answer, "tuned DataLoader over its machine's one-core decode")
+    assert tuned.value == pytest.approx(adv.PER_CORE_ANCHORS[0].low / adv.DECODE_ANCHOR.high)
+    assert tuned.kind == "cited"
+
+
+def test_scaling_to_your_cores_states_the_one_to_two_worker_efficiency_measured_here(
+        reference):
+    s = situation(count=10_000)
+    answer = adv.advise(s, reference)
+    cores = reference_cores(reference)
+    path = adv.loader_path_of(answer.loader).name
+    one, many = (prefetch_rate(reference, path, w, "simplejpeg") for w in (1, cores))
+    efficiency = number(answer, f"1- to {cores}-worker scaling")
+    assert efficiency.value == pytest.approx(many / (cores * one))
+    assert efficiency.kind == "measured"
+    assumption = next(a for a in answer.assumptions if a.startswith("the rate per core "))
+    assert assumption.startswith(f"the rate per core measured on {cores} cores holds on your "
+                                 f"{s.cores_per_accelerator:g} per accelerator: linear "
+                                 f"scaling; from 1 to {cores} workers here, ")
+    assert f"{many / (cores * one):.2f} of linear (prefetch study, the same set)" in assumption
+    assert "beyond 2 cores nothing here measures it" in assumption
+
+
+S3_NO = {"storage": "s3", "rtt_ms": 20, "accelerators": 4, "demand": 2500, "nodes": 2}
+
+
+def expected_cpu_nodes(answer, per_core) -> tuple[int, float, float]:
+    s = answer.situation
+    gap_per_node = (adv.BUSY_HEADROOM * s.demand - answer.per_accelerator) * s.accelerators
+    nodes = math.ceil(gap_per_node * s.nodes / (per_core * s.cores))
+    return (nodes, gap_per_node * adv.DECODED_SAMPLE_BYTES / 1e6,
+            gap_per_node * s.nodes * adv.DECODED_SAMPLE_BYTES / nodes / 1e6)
+
+
+def cpu_node_remedy(answer) -> adv.Remedy:
+    return next(r for r in answer.remedies if "CPU-only node" in r.what)
+
+
+def test_cpu_nodes_are_sized_from_the_gap_and_the_answers_rate_without_ray_data_rows(
+        reference, monkeypatch):
+    from storebench import recipes
+
+    monkeypatch.setattr(recipes, "RECIPES", {
+        name: r for name, r in recipes.RECIPES.items()
+        if not name.startswith(adv.CPU_NODE_RECIPE_PREFIX)})
+    answer = adv.advise(situation(**S3_NO), reference)
+    assert answer.busy == "no"
+    nodes, into, out = expected_cpu_nodes(answer, answer.per_core)
+    remedy = cpu_node_remedy(answer)
+    assert remedy.what == f"add {nodes} CPU-only node(s) of 16 cores to preprocess"
+    assert remedy.kind == "extrapolated"
+    assert "the answer's own rate: no ray-data recipe measured" in remedy.detail
+    assert (f"{adv.format_value(into, 'MB/s')} into each training node, "
+            f"{adv.format_value(out, 'MB/s')} out of each CPU node") in remedy.detail
+
+
+def test_cpu_nodes_take_a_ray_data_recipes_measured_rate_where_its_rows_exist(
+        reference, monkeypatch):
+    """A recipe of the prefix with rows in the results sizes the nodes, and says so: here
+    one standing for it over the FFCV rows of the peers study."""
+    import dataclasses
+
+    from storebench import recipes
+
+    stand_in = dataclasses.replace(recipes.get_recipe("ffcv"), name="ray-data-stand-in")
+    monkeypatch.setattr(recipes, "RECIPES", {
+        **{name: r for name, r in recipes.RECIPES.items()
+           if not name.startswith(adv.CPU_NODE_RECIPE_PREFIX)},
+        stand_in.name: stand_in})
+    answer = adv.advise(situation(**S3_NO), reference)
+    rate = stat(reference.df, "later_epochs_samples_per_s", prefetcher="ffcv", format="ffcv",
+                encoding="jpeg").median
+    per_core = (rate / reference_cores(reference) * reference_bytes(reference, "jpeg")
+                / answer.situation.mean_bytes)
+    nodes, into, _ = expected_cpu_nodes(answer, per_core)
+    remedy = cpu_node_remedy(answer)
+    assert remedy.what.startswith(f"add {nodes} CPU-only node(s)")
+    assert remedy.kind == "measured"
+    assert "a core, ray-data-stand-in (peers study, " in remedy.detail
+    assert f"{adv.format_value(into, 'MB/s')} into each training node" in remedy.detail
+
+
+# -- advise --measure -----------------------------------------------------------------------
+def jpeg_import(tmp_path, formats, count=24) -> Path:
+    from storebench.importer import import_images
+
+    source = tmp_path / "photos"
+    for i in range(count):
+        folder = source / ("cat" if i % 2 else "dog")
+        folder.mkdir(parents=True, exist_ok=True)
+        buffer = io.BytesIO()
+        pixels = np.random.default_rng(i).integers(0, 255, (200 + i, 250, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+        (folder / f"{i}.jpg").write_bytes(buffer.getvalue())
+    out = tmp_path / "mine"
+    import_images(source, out, formats=formats, progress=False, log=lambda line: None)
+    return out
+
+
+IN_RAM = ("--ram-gb", "64", "--cores", "16", "--demand", "1800")
+
+
+def test_measure_prints_its_plan_then_a_line_per_case_and_marks_what_it_measured(
+        tmp_path, monkeypatch, capsys, reference):
+    """A real run on a tiny import, the runner-up's library made missing: one case runs,
+    the runner-up is a skipped line with its reason, and the answer's rate is the one
+    measured here, the reference's beside it."""
+    from storebench.advise_measure import CASE_START_S, MEASURE_REPEATS
+    from storebench.recipes import Recipe
+
+    mine = jpeg_import(tmp_path, ["lmdb"])
+    answer = adv.advise(adv.situation_from(dataset=mine, ram_gb=64, cores=16, demand=1800),
+                        reference, dataset=mine)
+    first, second = adv.recipes_to_measure(answer, reference)
+    original = Recipe.unavailable
+    monkeypatch.setattr(Recipe, "unavailable", lambda self: (
+        f"recipe {self.name}: no module 'elsewhere' in this environment"
+        if self.name == second.recipe.name else original(self)))
+    monkeypatch.chdir(tmp_path)
+    assert main(["advise", "--measure", "--dataset", str(mine), *IN_RAM,
+                 "--measure-samples", "24", "--results", str(REFERENCE)]) == 0
+    captured = capsys.readouterr()
+    log = captured.err.splitlines()
+    out = next(tmp_path.glob("results/advise-measure/*"))
+    estimate = CASE_START_S + (MEASURE_REPEATS + 1) * 24 / first.reference
+    assert log[:3] == [
+        f"advise --measure: 1 recipe(s) on this machine, {MEASURE_REPEATS} repeats of at "
+        f"most 24 samples each, in RAM, into {out.relative_to(tmp_path)}; about "
+        f"{estimate:.0f} s (from the reference's rates)",
+        f"  answer: recipe {first.recipe.name}, {first.workers} worker(s), over "
+        f"{mine / 'lmdb-jpeg'}",
+        f"  runner-up: recipe {second.recipe.name}, {second.workers} worker(s), skipped: "
+        "no module 'elsewhere' in this environment",
+    ]
+    assert log[3].startswith("  case 1/1 ok in ") and log[3].endswith(first.recipe.name)
+    rows = Results.load(out)
+    assert set(rows.df["study"]) == {"recipes"}
+    assert not (REFERENCE / "advise-measure").exists()
+    text = captured.out
+    here = next(line for line in text.splitlines() if line.startswith("  measured here "))
+    assert f"recipe {first.recipe.name} (answer), in RAM" in here
+    assert here.endswith(f"; the reference: "
+                         f"{adv.format_value(first.reference, 'samples/s')})")
+    assert (f"  skipped       recipe {second.recipe.name} (runner-up): no module 'elsewhere' "
+            "in this environment") in text
+    assert "; measured here: " in next(line for line in text.splitlines()
+                                       if line.startswith("Load with:"))
+    assert "from the rate measured here" in text
+
+
+def test_measured_rates_replace_the_references_in_the_answer_and_its_json(reference):
+    s = situation(count=10_000)
+    answer = adv.advise(s, reference)
+    mine = adv.RateHere("answer", "storebench-window-lmdb", answer.loader.median, 300.0, 3,
+                        2.0, s.mean_bytes, "data/mine/lmdb-jpeg")
+    here = adv.MeasuredHere((mine, adv.RateHere("runner-up", "storebench-thread-lmdb", 750.0,
+                                                skipped="its reason")), "this box", "out")
+    measured = adv.advise(s, reference, here=here)
+    assert measured.per_core == pytest.approx(150.0)
+    assert measured.per_accelerator == pytest.approx(150.0 * 16)
+    per_core = number(measured, "per core at your sample size")
+    assert per_core.reference == pytest.approx(answer.per_core)
+    data = measured.to_dict()
+    assert data["measured_here"]["measured"] is True
+    assert [r["measured"] for r in data["measured_here"]["recipes"]] == [True, False]
+    assert data["measured_here"]["recipes"][0]["samples_per_s"] == 300.0
+    assert data["measured_here"]["recipes"][0]["reference_samples_per_s"] == (
+        answer.loader.median)
+
+
+@pytest.mark.parametrize("layout", [None, "empty", "rawfiles"])
+def test_measure_refuses_a_dataset_it_cannot_time_in_one_line_naming_it(
+        tmp_path, capsys, layout):
+    if layout is None:
+        target, message = tmp_path / "absent", "no such directory"
+    elif layout == "empty":
+        target = tmp_path / "empty"
+        target.mkdir()
+        message = "holds no imported dataset"
+    else:
+        target = jpeg_import(tmp_path, ["rawfiles"], count=8)
+        message = (f"--measure: no recipe of the answer runs here: storebench-window-lmdb: "
+                   f"{target / 'lmdb-jpeg'}: not in the import")
+    err = refusal(capsys, "--measure", "--dataset", str(target), *IN_RAM,
+                  "--results", str(REFERENCE))
+    assert err.startswith("storebench advise: ") and str(target) in err and message in err
+
+
+def test_measure_samples_goes_with_measure(capsys):
+    assert refusal(capsys, *BASE, "--demand", "1800", "--measure-samples", "10",
+                   "--results", str(REFERENCE)) == (
+        "storebench advise: --measure-samples goes with --measure\n")

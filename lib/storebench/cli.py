@@ -67,6 +67,8 @@ def _import(args: argparse.Namespace) -> int:
         progress=_progress(args),
         force=args.force,
         log=lambda line: print(line, flush=True),
+        engine=args.engine,
+        address=args.address,
     )
     print(f"imported into {args.out}: {len(results)} dataset(s); next: storebench verify "
           f"{args.out}, then storebench study --dataset {args.out}", flush=True)
@@ -213,12 +215,24 @@ def _findings(args: argparse.Namespace) -> int:
 def _advise(args: argparse.Namespace) -> int:
     from .report.advise import advise_command
 
-    print(advise_command(
-        args.results, as_json=args.json, images=args.images, count=args.count,
-        mean_bytes=args.mean_bytes, storage=args.storage, rtt_ms=args.rtt_ms,
-        disk=args.disk, ram_gb=args.ram_gb, cores=args.cores, accelerators=args.accelerators,
-        nodes=args.nodes,
-        demand=args.demand, workload=args.workload, dataset=args.dataset))
+    values = dict(images=args.images, count=args.count, mean_bytes=args.mean_bytes,
+                  storage=args.storage, rtt_ms=args.rtt_ms, disk=args.disk,
+                  ram_gb=args.ram_gb, cores=args.cores, accelerators=args.accelerators,
+                  nodes=args.nodes, demand=args.demand, workload=args.workload,
+                  dataset=args.dataset)
+    if args.measure_samples is not None and not args.measure:
+        raise ValueError("--measure-samples goes with --measure")
+    if args.measure:
+        from .advise_measure import MEASURE_SAMPLES, measure_advice
+
+        # The plan and the progress go to stderr, so that --json's stdout stays one object.
+        print(measure_advice(
+            args.results, as_json=args.json, data_root=args.data,
+            samples=(MEASURE_SAMPLES if args.measure_samples is None
+                     else args.measure_samples),
+            log=lambda line: print(line, file=sys.stderr, flush=True), **values))
+        return 0
+    print(advise_command(args.results, as_json=args.json, **values))
     return 0
 
 
@@ -315,6 +329,8 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--quiet", action="store_true", help="no progress bars")
     b.set_defaults(func=_build)
 
+    from .importer import DEFAULT_ENGINE, IMPORT_ENGINES
+
     im = sub.add_parser(
         "import", help="import your own images (an ImageFolder tree or a CSV/Parquet listing "
                        "of path,label) into every format that can hold them")
@@ -328,7 +344,13 @@ def parser() -> argparse.ArgumentParser:
     im.add_argument("--on-error", choices=("fail", "skip"), default="fail",
                     help="a damaged or unreadable image stops the import (fail, the default) "
                          "or is left out and counted (skip)")
-    im.add_argument("--workers", type=positive_int, default=None, help="threads checking images")
+    im.add_argument("--workers", type=positive_int, default=None,
+                    help="threads checking images (with --engine ray: the CPUs of the local Ray)")
+    im.add_argument("--engine", choices=sorted(IMPORT_ENGINES), default=DEFAULT_ENGINE,
+                    help="who reads, checks and resizes the images: this process (the default) "
+                         "or Ray tasks; the datasets written are the same bytes")
+    im.add_argument("--address", help="with --engine ray: the Ray cluster to use (host:port; "
+                                      "default RAY_ADDRESS, else a Ray started here on loopback)")
     im.add_argument("--force", action="store_true", help="rebuild even if a matching build exists")
     im.add_argument("--quiet", action="store_true", help="no progress bars")
     im.set_defaults(func=_import)
@@ -524,6 +546,14 @@ def _advise_parser(sub) -> None:
     a.add_argument("--results", type=Path, default=Path("results/reference"),
                    help="the measured results to answer from (default: results/reference)")
     a.add_argument("--json", action="store_true", help="the same answer as one JSON object")
+    a.add_argument("--measure", action="store_true",
+                   help="time the recipes the answer names and its runner-up on this machine "
+                        "(over --dataset, else 2,000 training-set images built once), in "
+                        "RAM, and answer again with those rates")
+    a.add_argument("--measure-samples", type=int, metavar="N",
+                   help="with --measure: the images read per repeat (default 2,000)")
+    a.add_argument("--data", type=Path, default=DEFAULT_DATA_ROOT,
+                   help="with --measure: where the training-set images are built")
     a.set_defaults(func=_advise)
 
 

@@ -13,6 +13,16 @@ import pandas as pd
 
 MULTIPLY = "\u00d7"
 DASH = "\u2013"
+# What a cold row is on a virtual machine: the guest's page cache evicted and checked, while
+# a cache in its host may still hold the files (docs/methodology.md, "Cold on a virtual machine").
+GUEST_COLD = "guest-cold"
+
+
+def cache_label(cache: str) -> str:
+    """A cache state as a reader sees it: "cold" rows are guest-cold (``GUEST_COLD``)."""
+    return GUEST_COLD if cache == "cold" else cache
+
+
 ENCODING_ORDER = ("raw", "png", "jpeg", "mixed")
 ENCODING_NAMES = {"raw": "raw arrays", "png": "PNG", "jpeg": "JPEG", "mixed": "JPEG and PNG"}
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..results import DECISION_MARGIN
-from ..text import ENCODING_NAMES, format_percent, format_value
+from ..text import ENCODING_NAMES, GUEST_COLD, format_percent, format_value
 
 IMAGE_KINDS = ("jpeg", "png", "raw")
 STORAGES = ("local", "nfs", "s3")
@@ -229,6 +229,9 @@ class Choice:
     # (study, case_id, metric) of the result rows behind the best and the runner-up: the
     # cases a quick study measures again to decide the same question (``report.quick``).
     evidence: tuple[tuple[str, str, str], ...] = ()
+    # The runner-up's key and median (None and NaN where the row has one candidate).
+    runner_up_key: str | None = None
+    runner_up_median: float = math.nan
 
     @classmethod
     def of(cls, row) -> Choice:
@@ -240,7 +243,9 @@ class Choice:
                    row.best.stat.unit, tuple(row.tied) if row.tie and not row.undecided else (),
                    row.undecided, second.label if second else None, dict(row.facets),
                    last.label if second else None, last.stat.median if second else math.nan,
-                   row.undecided_reason if row.undecided else "", evidence)
+                   row.undecided_reason if row.undecided else "", evidence,
+                   second.key if second else None,
+                   second.stat.median if second else math.nan)
 
     @property
     def avoid(self) -> str | None:
@@ -271,24 +276,33 @@ class Choice:
                 "worst_median": self.worst_median}
 
 
+# A figure timed on this machine by ``advise --measure``, in place of the reference's.
+MEASURED_HERE = "measured here"
+
+
 @dataclass(frozen=True)
 class Number:
-    """One figure of the answer: ``measured`` on the reference machine, or ``extrapolated``
-    from measured ones (``basis`` says how)."""
+    """One figure of the answer: ``measured`` on the reference machine, ``measured here``
+    (by ``advise --measure``; ``reference`` is the reference's value of the same figure),
+    ``extrapolated`` from measured ones (``basis`` says how) or ``cited``."""
 
     what: str
     value: float
     unit: str
     kind: str
     basis: str
+    reference: float | None = None
 
     def to_dict(self) -> dict:
         return {"what": self.what, "value": self.value, "unit": self.unit, "kind": self.kind,
-                "basis": self.basis}
+                "basis": self.basis, "measured_here": self.kind == MEASURED_HERE,
+                "reference_value": self.reference}
 
     def text(self) -> str:
         value = format_value(self.value, self.unit)
-        return f"{self.kind:12} {value:>18}  {self.what} ({self.basis})"
+        beside = ("" if self.reference is None else
+                  f"; the reference: {format_value(self.reference, self.unit)}")
+        return f"{self.kind:13} {value:>18}  {self.what} ({self.basis}{beside})"
 
 
 @dataclass(frozen=True)
@@ -375,7 +389,69 @@ JSON_UNITS = {
     "busy.samples_per_s_per_core": "samples/s",
     "cores_per_accelerator_needed": "cores",
     "remedies[].gain": "ratio (feed after / feed now)",
+    "numbers[].reference_value": "the number's own unit (the reference's value of it)",
+    "measured_here.recipes[].samples_per_s": "samples/s",
+    "measured_here.recipes[].reference_samples_per_s": "samples/s",
+    "measured_here.recipes[].repeats": "repeats",
+    "measured_here.recipes[].cores": "cores",
+    "measured_here.recipes[].sample_bytes": "bytes",
 }
+
+
+@dataclass(frozen=True)
+class RateHere:
+    """One recipe the answer names (``role``: "answer" or "runner-up"), timed on this
+    machine by ``advise --measure`` over ``dataset`` (its samples of ``sample_bytes``
+    stored): the median samples/s in RAM after each epoch's first batch over ``repeats``,
+    on ``cores`` cores; ``reference`` is the reference's rate of the same path, the one the
+    answer used. Not measured: ``median`` NaN and ``skipped`` says why."""
+
+    role: str
+    recipe: str
+    reference: float
+    median: float = math.nan
+    repeats: int = 0
+    cores: float = math.nan
+    sample_bytes: float = math.nan
+    dataset: str = ""
+    skipped: str = ""
+
+    @property
+    def measured(self) -> bool:
+        return not self.skipped and math.isfinite(self.median)
+
+    def number(self) -> Number:
+        return Number(f"recipe {self.recipe} ({self.role}), in RAM", self.median, "samples/s",
+                      MEASURED_HERE, f"{self.dataset}, {self.cores:g} cores, median of "
+                      f"{self.repeats} repeats after each epoch's first batch",
+                      reference=self.reference)
+
+    def to_dict(self) -> dict:
+        return {"role": self.role, "recipe": self.recipe, "measured": self.measured,
+                "samples_per_s": self.median if self.measured else None,
+                "reference_samples_per_s": self.reference, "repeats": self.repeats,
+                "cores": self.cores if self.measured else None,
+                "sample_bytes": self.sample_bytes if self.measured else None,
+                "dataset": self.dataset, "skipped": self.skipped}
+
+
+@dataclass(frozen=True)
+class MeasuredHere:
+    """What ``advise --measure`` timed on this machine (``machine``), written to
+    ``results_dir``."""
+
+    rates: tuple[RateHere, ...]
+    machine: str
+    results_dir: str
+
+    @property
+    def answer(self) -> RateHere | None:
+        """The answer's recipe, where it was measured."""
+        return next((r for r in self.rates if r.role == "answer" and r.measured), None)
+
+    def to_dict(self) -> dict:
+        return {"measured": self.answer is not None, "machine": self.machine,
+                "results": self.results_dir, "recipes": [r.to_dict() for r in self.rates]}
 
 
 @dataclass(frozen=True)
@@ -405,6 +481,8 @@ class Advice:
     parallelism: str = ""
     # Requests in flight per node that hide the round trip (Little's law); None on local disk.
     in_flight: int | None = None
+    # The rates ``advise --measure`` timed on this machine, in place of the reference's.
+    here: MeasuredHere | None = None
 
     @property
     def recipe(self):
@@ -464,6 +542,7 @@ class Advice:
                             "results": self.results_dir},
             "commands": list(self.commands),
             "remedies": [r.to_dict() for r in self.remedies],
+            "measured_here": None if self.here is None else self.here.to_dict(),
             "units": dict(JSON_UNITS),
         }
 
@@ -474,20 +553,25 @@ class Advice:
             verdict = (f"marginal: the feed is {self.headroom:.2f}\u00d7 the demand, and the "
                        f"GPU evidence covers {BUSY_HEADROOM:g}\u00d7 and more")
         decoder = "" if self.decoder is None else f", decoding with {self.decoder.text}"
+        mine = self.here.answer if self.here is not None else None
+        here = "" if mine is None else (
+            f"; {MEASURED_HERE}: {format_value(mine.median, 'samples/s')} (the reference: "
+            f"{format_value(mine.reference, 'samples/s')})")
+        source = "" if mine is None else f", from the rate {MEASURED_HERE}"
         lines = [
             f"Situation: {s.text()}.",
             "",
             f"Store as:   {self.store.text}",
             f"            [{self.store.study}] {self.store.question}",
             f"Load with:  {self.loader.text}{decoder}; {self.parallelism_text} per "
-            f"accelerator on {s.cores_per_accelerator:g} cores",
+            f"accelerator on {s.cores_per_accelerator:g} cores{here}",
             f"            [{self.loader.study}] {self.loader.question}",
             *([f"Recipe:     storebench recipes {self.recipe.name} (its code, tuning and "
                "where it cannot serve)"] if self.recipe is not None else []),
             f"Busy:       {verdict}, about "
             f"{format_percent(self.utilisation)} (about "
-            f"{format_value(self.per_accelerator, 'samples/s')} per accelerator against "
-            f"{format_value(s.demand, 'samples/s')} needed)",
+            f"{format_value(self.per_accelerator, 'samples/s')} per accelerator{source} "
+            f"against {format_value(s.demand, 'samples/s')} needed)",
             f"Cores:      about {self.cores_needed:.1f} per accelerator needed; you have "
             f"{s.cores_per_accelerator:g}",
             *([f"In flight:  about {self.in_flight:,} requests per node to hide "
@@ -499,6 +583,12 @@ class Advice:
             lines += ["", f"To reach {BUSY_HEADROOM:g}\u00d7 the demand (the feed is "
                           f"{self.headroom:.2f}\u00d7; largest gain first):"]
             lines += [f"  {i}. {r.text()}" for i, r in enumerate(self.remedies, start=1)]
+        if self.here is not None:
+            lines += ["", f"{MEASURED_HERE.capitalize()}, on {self.here.machine} "
+                          f"({self.here.results_dir}), the reference's value beside:"]
+            lines += [f"  {r.number().text()}" if r.measured else
+                      f"  skipped       recipe {r.recipe} ({r.role}): {r.skipped}"
+                      for r in self.here.rates]
         run = f"run {self.run_id}, " if self.run_id else ""
         lines += ["", f"Measured on {self.machine} ({run}{self.results_dir}):"]
         lines += [f"  {n.text()}" for n in self.numbers]
@@ -579,14 +669,16 @@ def disk_kind(storage: Mapping) -> str | None:
 
 
 def disk_text(results) -> str:
-    """The measured disk in words: ``"a virtio disk (ext4 vda), 2.24 GB/s cold sequential"``."""
+    """The measured disk in words: ``"a virtio disk (ext4 vda), 2.24 GB/s guest-cold
+    sequential"``: on a VM the host may cache what the guest evicted, so it is not the
+    device's rate (docs/methodology.md, "Cold on a virtual machine")."""
     storage = results.env.get("storage", {})
     kind = disk_kind(storage)
     where = " ".join(str(storage[k]) for k in ("fs_type", "device") if storage.get(k))
     cold = results.limits.get("cold_seq_read_GBps")
     return ((DISK_NAMES[kind] if kind else "the reference's disk")
             + (f" ({where})" if where else "")
-            + (f", {format_value(cold, 'GB/s')} cold sequential" if cold else ""))
+            + (f", {format_value(cold, 'GB/s')} {GUEST_COLD} sequential" if cold else ""))
 
 
 @dataclass
@@ -605,7 +697,8 @@ def _store_local(results, s: Situation, draft: _Draft) -> tuple[Choice, float]:
         first = guide_rows(results, "lazy_vs_preloaded", epochs="first",
                            encoding=rows[0].facets["encoding"])
         if first:
-            draft.notes.append(f"for the first epoch from a cold cache: {Choice.of(first[0]).text}")
+            draft.notes.append(f"for the first epoch from a {GUEST_COLD} cache: "
+                                   f"{Choice.of(first[0]).text}")
         if s.disk is not None and s.disk != disk_kind(results.env.get("storage", {})):
             draft.notes.append(f"the first epoch reads {DISK_NAMES[s.disk]}, not measured "
                                f"(measured: {disk_text(results)}); later epochs read RAM")
@@ -622,8 +715,9 @@ def _store_local(results, s: Situation, draft: _Draft) -> tuple[Choice, float]:
     if math.isfinite(bound):
         draft.numbers.append(Number(
             "the disk's bound per node at your sample size", bound, "samples/s",
-            "extrapolated", f"cold sequential read {format_value(disk / 1e6, 'MB/s')} "
-            "(env.json limits) over your mean bytes"))
+            "extrapolated", f"{GUEST_COLD} sequential read {format_value(disk / 1e6, 'MB/s')} "
+            "(env.json limits; a cache below the VM may have served part of it, so a device "
+            "may read slower) over your mean bytes"))
         draft.assumptions.append(
             f"your disk reads sequentially as fast as the reference's, {disk_text(results)} "
             "(--disk names another kind); a block-shuffled epoch reads nearly sequentially")
@@ -805,12 +899,15 @@ def needed_studies(s: Situation) -> tuple[str, ...]:
     return ("formats", where, "prefetch")
 
 
-def advise(situation: Situation, results, *, dataset: Path | str | None = None) -> Advice:
+def advise(situation: Situation, results, *, dataset: Path | str | None = None,
+           here: MeasuredHere | None = None) -> Advice:
     """The answer to ``situation`` from ``results`` (a ``storebench.results.Results``);
     ``NotMeasuredError`` where it lies farther from the measured rows than advise
-    extrapolates, with the commands that measure the user's own."""
+    extrapolates, with the commands that measure the user's own. ``here``: rates timed on
+    this machine (``advise --measure``), which replace the reference's rate the answer
+    rests on."""
     try:
-        return _advise(situation, results, dataset=dataset)
+        return _advise(situation, results, dataset=dataset, here=here)
     except NotMeasuredError as err:
         own = (f"storebench study --dataset {dataset}" if dataset is not None else
                "storebench import YOUR_IMAGE_FOLDER --out data/mine, then storebench study "
@@ -818,7 +915,8 @@ def advise(situation: Situation, results, *, dataset: Path | str | None = None) 
         raise NotMeasuredError(f"{err}; measure yours: {own}") from None
 
 
-def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Advice:
+def _advise(situation: Situation, results, *, dataset: Path | str | None,
+            here: MeasuredHere | None = None) -> Advice:
     from ..text import machine_text
 
     s = situation
@@ -850,21 +948,41 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Adv
     ref_bytes = sample_bytes(results, encoding)
     loader_cores = _loader_cores(results, basis, ref_cores, draft)
     per_core = basis.median / loader_cores * ref_bytes / s.mean_bytes
+    per_core_basis = (f"the measured rate over {loader_cores:.3g} cores"
+                      + (" (the cores the S3 server and proxy left)"
+                         if loader_cores < ref_cores else "")
+                      + f", times {format_value(ref_bytes, 'bytes')} / "
+                      f"{format_value(s.mean_bytes, 'bytes')}")
+    reference_per_core = None
+    mine = here.answer if here is not None else None
+    if mine is not None:
+        reference_per_core = per_core
+        if basis is loader:
+            per_core = mine.median / mine.cores * mine.sample_bytes / s.mean_bytes
+            per_core_basis = (f"the rate {MEASURED_HERE} over {mine.cores:g} cores, times "
+                              f"{format_value(mine.sample_bytes, 'bytes')} / "
+                              f"{format_value(s.mean_bytes, 'bytes')}")
+        else:
+            # Only RAM is timed here: the store's rate is the reference's, times how much
+            # faster a core here ran the answer's recipe in RAM than a core there, per byte.
+            speed = (mine.median / mine.cores * mine.sample_bytes) / (
+                mine.reference / ref_cores * ref_bytes)
+            per_core *= speed
+            per_core_basis += (f", times {speed:.2f}: a core's rate in RAM {MEASURED_HERE} "
+                               "over the reference's, the answer's recipe, per byte")
     per_accelerator = min(per_core * s.cores_per_accelerator, bound / s.accelerators)
     draft.numbers[:0] = [
         Number(f"{basis.label}, {ENCODING_NAMES[encoding]} samples of "
                f"{format_value(ref_bytes, 'bytes')}", basis.median, basis.unit, "measured",
                f"{basis.study} study, {ref_cores} cores, median of its repeats"),
         Number("per core at your sample size", per_core, "samples/s", "extrapolated",
-               f"the measured rate over {loader_cores:.3g} cores"
-               + (" (the cores the S3 server and proxy left)" if loader_cores < ref_cores
-                  else "")
-               + f", times {format_value(ref_bytes, 'bytes')} / "
-               f"{format_value(s.mean_bytes, 'bytes')}"),
+               per_core_basis, reference=reference_per_core),
         Number("per accelerator on your cores", per_accelerator, "samples/s", "extrapolated",
                f"per core times {s.cores_per_accelerator:g} cores"
                + (", capped by the node's bound" if per_core * s.cores_per_accelerator
-                  > bound / s.accelerators else "")),
+                  > bound / s.accelerators else ""),
+               reference=None if reference_per_core is None else min(
+                   reference_per_core * s.cores_per_accelerator, bound / s.accelerators)),
     ]
     decode = basis_decoder(basis)
     if s.images == "jpeg":
@@ -891,9 +1009,15 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Adv
             f"Little's law: {format_value(BUSY_HEADROOM * s.demand * s.accelerators, 'samples/s')}"
             f" a node ({BUSY_HEADROOM:g}\u00d7 the demand), {spr:.3g} sample(s) a request "
             f"(measured), times {s.rtt_ms:g} ms; the rows measured {measured} in flight"))
+    scaling, efficiency = scaling_assumption(
+        results, encoding, ref_cores, getattr(loader_path_of(loader), "name", None),
+        s.cores_per_accelerator)
+    if efficiency is not None:
+        draft.numbers.append(efficiency)
     draft.assumptions[:0] = [
         "the loader's rate per core holds on your cores (the measured paths are CPU-bound: "
         "reading, checking and decoding)",
+        scaling,
         "a sample's CPU cost scales with its stored bytes (decode work grows with pixels)",
         "the accelerators' compute overlaps loading: a feed with "
         f"{BUSY_HEADROOM:g}\u00d7 the demand keeps them busy (the gpu_feed study: at "
@@ -908,7 +1032,8 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None) -> Adv
         tuple(draft.numbers), tuple(dict.fromkeys(draft.assumptions)), tuple(draft.notes),
         machine_text(results.env), str(results.env.get("run_id", "")),
         str(results.directory or ""), measure_commands(s, dataset),
-        parallelism=getattr(loader_path_of(loader), "parallelism", ""), in_flight=in_flight)
+        parallelism=getattr(loader_path_of(loader), "parallelism", ""), in_flight=in_flight,
+        here=here)
     if advice.busy == "yes":
         return advice
     return dataclasses.replace(advice, remedies=remedies(advice, results, bound=bound))
@@ -1000,19 +1125,148 @@ def decoder_rates(results, path: str) -> dict[str, float]:
     return rates
 
 
+# Decoders that decode the whole image at full scale. The one-thread rate of the fastest
+# of them on the set is the run's one-core calibration: what the anchors' one-core decode
+# rates measure on theirs.
+FULL_DECODERS = ("simplejpeg", "pil")
+
+
+@dataclass(frozen=True)
+class CoreCalibration:
+    """How fast one core of the measuring machine is: one thread, no prefetcher, decoding
+    the set's samples whole with ``decoder`` through the training crop (the prefetch
+    study's row ``source``, a (study, case_id))."""
+
+    rate: float
+    decoder: str
+    dataset: str
+    source: tuple[str, str]
+
+    def number(self) -> Number:
+        return Number(
+            f"one thread, no prefetcher, full {self.decoder} decode through the training crop",
+            self.rate, "samples/s", "measured",
+            f"prefetch study, {self.dataset}, the same run: how fast one of these cores is")
+
+
+def loader_table(results, encoding: str):
+    """The prefetch study's table (``prefetch_table``) of the set of ``encoding``, with a
+    ``start_method`` column."""
+    from ..studies.prefetch.study import prefetch_table
+
+    table = prefetch_table(results.df)
+    table = table[table["dataset"].str.endswith(f"-{encoding}")]
+    return table.assign(start_method=[p.split("/")[2] for p in table["path"]])
+
+
+def core_calibration(results, encoding: str = "jpeg") -> CoreCalibration | None:
+    """The run's one-thread full-decode rate of its ``encoding`` set: the fastest of
+    ``FULL_DECODERS`` measured; None where the prefetch study ran none."""
+    table = loader_table(results, encoding)
+    one = table[(table["prefetcher"] == "none") & table["decode"].isin(FULL_DECODERS)]
+    if one.empty:
+        return None
+    best = one.loc[one["samples_per_s"].idxmax()]
+    source = best["stat"].sources[0] if best["stat"].sources else ("prefetch", "")
+    return CoreCalibration(float(best["samples_per_s"]), str(best["decode"]),
+                           str(best["dataset"]), (source[0], source[1]))
+
+
+@dataclass(frozen=True)
+class Scaling:
+    """One loader path measured at one worker and at ``workers`` on the same set and
+    decoder: ``efficiency`` is the second rate over ``workers`` times the first (1.0 is
+    linear)."""
+
+    label: str
+    prefetcher: str
+    decoder: str
+    one: float
+    many: float
+    workers: int
+
+    @property
+    def efficiency(self) -> float:
+        return self.many / (self.workers * self.one)
+
+    @property
+    def text(self) -> str:
+        return (f"{self.label}, {self.decoder}: {format_value(self.one, 'samples/s')} on 1 "
+                f"worker, {format_value(self.many, 'samples/s')} on {self.workers}, "
+                f"{self.efficiency:.2f} of linear")
+
+
+def scaling_evidence(results, encoding: str, cores: int) -> list[Scaling]:
+    """Every loader path of the prefetch study measured at 1 worker and at ``cores``
+    workers (the run's cores) on its ``encoding`` set with one decoder, least efficient
+    first."""
+    from ..loaders.paths import path_label
+
+    table = loader_table(results, encoding)
+    found = []
+    for (prefetcher, method, decode), part in table.groupby(
+            ["prefetcher", "start_method", "decode"]):
+        by_workers = dict(zip(part["workers"], part["samples_per_s"]))
+        if prefetcher == "none" or 1 not in by_workers or cores not in by_workers \
+                or cores == 1:
+            continue
+        found.append(Scaling(path_label(prefetcher, 1, method or None).replace(" \u00d71", ""),
+                             str(prefetcher), str(decode), float(by_workers[1]),
+                             float(by_workers[cores]), cores))
+    return sorted(found, key=lambda s: s.efficiency)
+
+
+def scaling_assumption(results, encoding: str, cores: int, path_name: str | None,
+                       user_cores: float) -> tuple[str, Number | None]:
+    """The assumption behind scaling the rate per core from the run's ``cores`` to the
+    user's ``user_cores``, with its evidence: the 1- to ``cores``-worker efficiency of the
+    answer's loader path (``path_name``) where measured, else the least efficient measured,
+    as a measured ``Number``."""
+    found = scaling_evidence(results, encoding, cores)
+    base = (f"the rate per core measured on {cores} cores holds on your {user_cores:g} per "
+            "accelerator: linear scaling")
+    if not found:
+        return base + " (the prefetch study measured no path at 1 and at " \
+            f"{cores} workers here to check it)", None
+    mine = [s for s in found if s.prefetcher == path_name]
+    used = mine[0] if mine else found[0]
+    others = [s for s in found if s is not used]
+    text = (f"{base}; from 1 to {cores} workers here, {used.text} (prefetch study, the same "
+            "set)" + (f"; also {'; '.join(s.text for s in others)}" if others else "")
+            + ("" if user_cores <= cores else
+               f"; beyond {cores} cores nothing here measures it: shared memory bandwidth "
+               "and caches may bend it"))
+    return text, Number(f"1- to {cores}-worker scaling, {used.label}, {used.decoder}",
+                        used.efficiency, "ratio", "measured",
+                        f"{format_value(used.many, 'samples/s')} over {cores} \u00d7 "
+                        f"{format_value(used.one, 'samples/s')}, prefetch study; 1.0 is "
+                        "linear")
+
+
 def per_core_anchors(results, per_core: float, decode: str | None,
                      ref_bytes: float) -> tuple[list[Number], list[str]]:
     """The published per-core rates of JPEG pipelines on ImageNet-size images beside ours
-    (``per_core`` at the measured set's ``ref_bytes``, near ImageNet's mean), this run's
-    one-thread rate of the same decoder (measured), and, where an anchor differs from ours
-    by more than ``ANCHOR_GAP``, a note saying so and why."""
+    (``per_core`` at the measured set's ``ref_bytes``, near ImageNet's mean), raw and over
+    their machines' one-core decode rate (``DECODE_ANCHOR``); ours raw and over this run's
+    (``core_calibration``); and, where an anchor differs from ours by more than
+    ``ANCHOR_GAP``, a note saying so and why."""
+    calibration = core_calibration(results, "jpeg")
     numbers = [a.number() for a in PER_CORE_ANCHORS]
-    one_thread = decoder_rates(results, "none/w0/").get(decode or "", math.nan)
-    if math.isfinite(one_thread):
-        numbers.insert(0, Number(
-            f"one thread, no prefetcher, {decode} through the training crop", one_thread,
-            "samples/s", "measured", "prefetch study, the same run's "
-            f"{format_value(ref_bytes, 'bytes')} JPEGs: how fast one of these cores is"))
+    numbers.insert(0, Number(
+        f"per core at the measured set's {format_value(ref_bytes, 'bytes')}", per_core,
+        "samples/s", "measured", "the measured rate over the loader's cores, before any "
+        "scaling to your samples or cores"))
+    if calibration is not None:
+        numbers[1:1] = [calibration.number(), Number(
+            "per core over one core's full decode", per_core / calibration.rate, "ratio",
+            "measured", f"{format_value(per_core, 'samples/s')} over "
+            f"{format_value(calibration.rate, 'samples/s')}, both this run's: the pipeline's "
+            "cost against a bare decode, whatever the core's speed")]
+    numbers += [Number(
+        f"{a.name} over its machine's one-core decode", a.low / DECODE_ANCHOR.high, "ratio",
+        "cited", f"{a.range_text}/s over {DECODE_ANCHOR.range_text}/s "
+        f"({DECODE_ANCHOR.source}): {a.low / DECODE_ANCHOR.high:.2f}-"
+        f"{a.high / DECODE_ANCHOR.low:.2f}") for a in PER_CORE_ANCHORS]
     far = [(a, a.low / per_core, a.high / per_core) for a in PER_CORE_ANCHORS
            if a.high / per_core > ANCHOR_GAP or a.low / per_core < 1 / ANCHOR_GAP]
     if not far:
@@ -1021,15 +1275,15 @@ def per_core_anchors(results, per_core: float, decode: str | None,
         f"{lo:.1f}\u00d7" if lo == hi else f"{lo:.1f}-{hi:.1f}\u00d7") + " ours"
         for a, lo, hi in far)
     why = []
-    if math.isfinite(one_thread):
+    if calibration is not None:
         # Each rate over its own machine's one-core rate compares the pipelines, not the
         # cores.
         tuned = PER_CORE_ANCHORS[0]
         why.append(
-            f"one thread here decodes and crops {format_value(one_thread, 'samples/s')}, "
-            f"where the anchors' cores decode {DECODE_ANCHOR.range_text}/s "
-            f"({DECODE_ANCHOR.source}); over that one-core rate, ours is "
-            f"{per_core / one_thread:.2f} and the {tuned.name}'s "
+            f"one thread here decodes whole images ({calibration.decoder}) and crops "
+            f"{format_value(calibration.rate, 'samples/s')}, where the anchors' cores decode "
+            f"{DECODE_ANCHOR.range_text}/s ({DECODE_ANCHOR.source}); over that one-core "
+            f"rate, ours is {per_core / calibration.rate:.2f} and the {tuned.name}'s "
             f"{tuned.low / DECODE_ANCHOR.high:.2f}-{tuned.low / DECODE_ANCHOR.low:.2f} (ours "
             "counts the crop and resize in the one-thread rate, theirs the decode alone)")
     window = decoder_rates(results, "thread/w2/")
@@ -1117,17 +1371,148 @@ def remedies(advice: Advice, results, *, bound: float = math.inf) -> tuple[Remed
         f"{cores} cores per accelerator", cores / s.cores_per_accelerator, "extrapolated",
         f"{format_value(advice.per_core, 'samples/s')} a core at your sample size, "
         f"against {s.cores_per_accelerator:g} now"))
-    missing = max(0.0, target - advice.per_accelerator) * s.accelerators
-    extra_cores = math.ceil(missing / advice.per_core)
-    found.append(Remedy(
-        f"preprocess on CPU nodes: about {extra_cores} more cores per node", math.nan,
-        "extrapolated",
-        f"{format_value(missing, 'samples/s')} a node decoded elsewhere, shipped as "
-        f"{format_value(DECODED_SAMPLE_BYTES, 'bytes')} samples (224x224x3): "
-        f"{format_value(missing * DECODED_SAMPLE_BYTES / 1e6, 'MB/s')} of network per node "
-        "(Ray Data, tf.data service)"))
+    found.append(cpu_node_remedy(advice, results))
     return tuple(sorted(found, key=lambda r: (not math.isfinite(r.gain),
                                               -r.gain if math.isfinite(r.gain) else 0)))
+
+
+# Recipes whose pipeline runs its preprocessing on nodes apart from the training's: their
+# measured rate per core sizes the CPU nodes where the results hold their rows.
+CPU_NODE_RECIPE_PREFIX = "ray-data"
+
+
+def cpu_node_rate(results, s: Situation) -> tuple[str, float, str] | None:
+    """(recipe name, samples/s per core at ``s``'s sample size, where measured) of the
+    fastest ``CPU_NODE_RECIPE_PREFIX`` recipe with rows of ``s``'s image kind in
+    ``results``; None where none has."""
+    from ..recipes import RECIPES
+    from ..results import THROUGHPUT_METRICS, MissingResultError, select, stat
+
+    cores = float(results.env.get("cpus_usable") or results.env.get("cpu_count") or 1)
+    found = []
+    for recipe in RECIPES.values():
+        if not recipe.name.startswith(CPU_NODE_RECIPE_PREFIX) or recipe.encoding != s.images:
+            continue
+        for metric in THROUGHPUT_METRICS:
+            rows = select(results.df, metric, prefetcher=recipe.loader, format=recipe.layout,
+                          encoding=recipe.encoding)
+            if rows.empty:
+                continue
+            study = str(rows["study"].iloc[0])
+            try:
+                bytes_ = sample_bytes(results, recipe.encoding)
+            except MissingResultError:
+                bytes_ = s.mean_bytes
+            rate = stat(rows, metric).median
+            found.append((recipe.name, rate / cores * bytes_ / s.mean_bytes,
+                          f"{study} study, {format_value(rate, 'samples/s')} on {cores:g} "
+                          "cores"))
+            break
+    return max(found, key=lambda f: f[1]) if found else None
+
+
+def cpu_node_remedy(advice: Advice, results) -> Remedy:
+    """Add N CPU-only nodes of the training nodes' cores that decode what the training
+    nodes cannot (Ray Data, tf.data service): N from the gap to ``BUSY_HEADROOM`` times
+    the demand over a CPU node's rate, the rate per core of a Ray Data recipe where the
+    results measured one, else the answer's own; and the network the decoded samples
+    need, ``DECODED_SAMPLE_BYTES`` each."""
+    s = advice.situation
+    gap_per_node = max(0.0, BUSY_HEADROOM * s.demand - advice.per_accelerator) * s.accelerators
+    gap = gap_per_node * s.nodes
+    measured = cpu_node_rate(results, s)
+    if measured is not None:
+        name, per_core, where = measured
+        kind, source = "measured", f"{format_value(per_core, 'samples/s')} a core, {name} ({where})"
+    else:
+        per_core = advice.per_core
+        kind = "extrapolated"
+        source = (f"{format_value(per_core, 'samples/s')} a core, the answer's own rate: no "
+                  f"{CPU_NODE_RECIPE_PREFIX} recipe measured, so a CPU node is assumed to "
+                  "decode as fast as the training node's cores")
+    nodes = max(1, math.ceil(gap / (per_core * s.cores)))
+    return Remedy(
+        f"add {nodes} CPU-only node(s) of {s.cores} cores to preprocess", math.nan, kind,
+        f"{format_value(gap, 'samples/s')} decoded off the training nodes at {source}; "
+        f"shipped as {format_value(DECODED_SAMPLE_BYTES, 'bytes')} samples (224x224x3): "
+        f"{format_value(gap_per_node * DECODED_SAMPLE_BYTES / 1e6, 'MB/s')} into each "
+        f"training node, {format_value(gap * DECODED_SAMPLE_BYTES / nodes / 1e6, 'MB/s')} "
+        "out of each CPU node (Ray Data, tf.data service)")
+
+
+@dataclass(frozen=True)
+class MeasureTarget:
+    """A recipe ``advise --measure`` times (``role``: "answer" or "runner-up") with the
+    workers its loader path ran in the reference, and the reference's rate of the same
+    path, decoder and set in RAM (the prefetch study's; the guide row's where that study
+    did not run it)."""
+
+    role: str
+    recipe: object
+    workers: int
+    reference: float
+
+
+def key_workers(key: str) -> int:
+    """The workers in a loader path key (``"thread/w2/"``: 2); 0 where it names none."""
+    parts = [p for p in key.split("/") if p.startswith("w") and p[1:].isdigit()]
+    return int(parts[0][1:]) if parts else 0
+
+
+def reference_rate(results, recipe, workers: int, fallback: float) -> float:
+    """The prefetch study's median rate of ``recipe``'s loader path at ``workers`` over
+    its layout with its decoder; ``fallback`` where the study did not run it."""
+    table = loader_table(results, recipe.encoding)
+    found = table[(table["prefetcher"] == recipe.loader)
+                  & (table["dataset"] == f"{recipe.layout}-{recipe.encoding}")
+                  & (table["decode"] == (recipe.decode or "none"))
+                  & (table["workers"] == workers)]
+    return float(found["samples_per_s"].max()) if not found.empty else fallback
+
+
+def recipes_to_measure(advice: Advice, results) -> tuple[MeasureTarget, ...]:
+    """The recipe the answer names and a runner-up, the ones ``advise --measure`` times:
+    the loader row's runner-up with the answer's decoder, then the answer's path with the
+    decoder row's runner-up, then those paths' recipes with any decoder, the first that is
+    declared and not the answer's. Empty where no recipe is declared for the answer's
+    loader path."""
+    decode = None if advice.decoder is None else advice.decoder.key
+    answer = recipe_of(advice.loader, decode)
+    if answer is None:
+        return ()
+    dataset = str(advice.loader.facets.get("dataset", ""))
+    workers = key_workers(advice.loader.key)
+    found = [MeasureTarget("answer", answer, workers,
+                           reference_rate(results, answer, workers, advice.loader.median))]
+    second = advice.loader.runner_up_key
+    other_decode = None if advice.decoder is None else advice.decoder.runner_up_key
+    tries = [(key, recipe_for(key, dataset, wanted), wanted)
+             for key, wanted in ((second, decode), (advice.loader.key, other_decode))
+             if key is not None]
+    tries = [(key, recipe) for key, recipe, wanted in tries
+             if recipe is not None and recipe.decode == wanted]
+    tries += [(key, recipe) for key in (second, advice.loader.key) if key is not None
+              for recipe in recipes_over(key, dataset)]
+    for key, recipe in tries:
+        if recipe.name == answer.name:
+            continue
+        fallback = advice.loader.runner_up_median if key == second else math.nan
+        runs = key_workers(key) or workers
+        found.append(MeasureTarget("runner-up", recipe, runs,
+                                   reference_rate(results, recipe, runs, fallback)))
+        break
+    return tuple(found)
+
+
+def recipes_over(key: str, dataset: str) -> list:
+    """Every recipe of loader path key ``key``'s path over ``dataset``, antialiased
+    first."""
+    from ..recipes import RECIPES
+
+    path = next((part for part in key.split("/") if part), "")
+    mine = [r for r in RECIPES.values()
+            if r.loader == path and f"{r.layout}-{r.encoding}" == dataset]
+    return sorted(mine, key=lambda r: r.transform.filter != "antialiased")
 
 
 def measure_commands(s: Situation, dataset: Path | str | None) -> tuple[str, ...]:
@@ -1141,7 +1526,8 @@ def measure_commands(s: Situation, dataset: Path | str | None) -> tuple[str, ...
              + (f" --workload {s.workload}" if s.workload else f" --demand {s.demand:g}"))
     commands = [] if dataset is not None else [
         f"storebench import YOUR_IMAGE_FOLDER --out {target}"]
-    return (*commands, f"storebench study --dataset {target}",
+    return (*commands, f"storebench advise --measure --dataset {target} {flags}",
+            f"storebench study --dataset {target}",
             f"storebench advise --dataset {target} --results results/{target.name} {flags}")
 
 
