@@ -9,12 +9,10 @@ done by Ray tasks, on this machine or on a cluster.
   the samples in listing order, exactly as the single-process import writes it: a format's
   shard boundaries, offsets and indexes come from that one sequential pass, and its
   single-file formats (HDF5, LMDB) can only have one writer. So the datasets are those of
-  the single-process import: byte for byte where that import is itself reproducible (raw
-  files, memmap, Parquet, ``sources.json``, ``checksums.npy``), record for record where it
-  is not (TFRecord's feature maps are serialised in no fixed order, HDF5 stamps creation
-  times, LMDB pages keep stale buffer bytes). The manifest differs only in
-  ``write_seconds``, ``generate_seconds``, ``created_utc``, its own digest, and for those
-  three formats their files' fingerprints.
+  the single-process import, byte for byte (every writer is reproducible: TFRecord's
+  feature maps in key order, HDF5 without object times, LMDB with zeroed pages). The
+  manifest differs only in ``write_seconds``, ``generate_seconds``, ``created_utc`` and its
+  own digest.
 - **Local Ray binds to loopback.** Without an address, Ray starts here with ``num_cpus`` =
   ``workers``, no dashboard, its node on 127.0.0.1, no usage reports, a random auth token
   held in the environment (nothing written to ``~/.ray``) and a temporary directory that is

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import data_gen
-from storebench.formats import build_dataset, open_dataset, read_manifest
+from storebench.formats import FORMATS, build_dataset, open_dataset, read_manifest
 from storebench.formats.build import TMP_PREFIX, SampleCache
 
 SPECS = [
@@ -36,6 +36,23 @@ def test_builds_from_one_sample_cache_equal_direct_builds(tmp_path, spec):
         want_image, want_label = data_gen.sample(spec, len(reader) - 1)
         assert np.array_equal(np.asarray(image), np.asarray(want_image)) or image == want_image
         assert label == want_label
+
+
+@pytest.mark.parametrize(("format_name", "spec"), [
+    pytest.param(name, spec, id=f"{name}-{spec.encoding}") for name in FORMATS.core
+    for spec in SPECS if spec.encoding in FORMATS[name].ENCODINGS])
+def test_two_builds_of_one_spec_are_the_same_bytes(tmp_path, format_name, spec):
+    """A build is a function of its spec: every file but the manifest (which records when
+    and how fast it was written) is the same bytes, built a second apart."""
+    built = []
+    for name in ("first", "second"):
+        path = build_dataset(spec, format_name, tmp_path / name, workers=1).path
+        built.append({p.relative_to(path).as_posix(): p.read_bytes()
+                      for p in sorted(path.rglob("*")) if p.is_file()
+                      and p.name != "manifest.json"})
+        time.sleep(1.1)  # timestamps, where a writer records them, then differ
+    assert sorted(built[0]) == sorted(built[1])
+    assert [name for name in built[0] if built[0][name] != built[1][name]] == []
 
 
 def test_cache_of_another_spec_is_refused(tmp_path):

@@ -35,10 +35,6 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
 RESIZE = (20, 24)
 # What the manifest records about when and how fast a build ran, and the digest over it.
 TIMING_FIELDS = ("write_seconds", "generate_seconds", "created_utc", "manifest_digest")
-# Formats whose single-process writer gives the same bytes run after run; the others differ
-# between two single-process imports of the same folder already (TFRecord: protobuf map
-# order; HDF5: object timestamps; LMDB: page contents), so there the records are compared.
-SAME_BYTES_FORMATS = ("rawfiles", "memmap", "parquet")
 # Whether Ray's processes are gone after a killed import: bounded, never a hang.
 SETTLE_S = 150
 
@@ -87,15 +83,12 @@ def assert_same_datasets(single: Path, distributed: Path) -> None:
     assert names  # every core format, encoded and raw
     for name in names:
         a, b = single / name, distributed / name
-        fmt = read_manifest(a)["format"]
-        ignored = TIMING_FIELDS if fmt in SAME_BYTES_FORMATS else (*TIMING_FIELDS,
-                                                                   "fingerprints")
-        assert without(read_manifest(a), ignored) == without(read_manifest(b), ignored), name
+        assert (without(read_manifest(a), TIMING_FIELDS)
+                == without(read_manifest(b), TIMING_FIELDS)), name
         files_a, files_b = files_under(a), files_under(b)
         assert sorted(files_a) == sorted(files_b), name
         for rel in files_a:
-            data_files = set(read_manifest(a)["files"])
-            if rel != "manifest.json" and (fmt in SAME_BYTES_FORMATS or rel not in data_files):
+            if rel != "manifest.json":
                 assert files_a[rel] == files_b[rel], f"{name}/{rel}"
         with open_dataset(a) as one, open_dataset(b) as other:
             for i in range(len(one)):

@@ -105,7 +105,9 @@ def make_example(bytes_features: dict[str, bytes], int64_features: dict[str, int
         feature_map[name].bytes_list.value.append(value)
     for name, value in int64_features.items():
         feature_map[name].int64_list.value.append(int(value))
-    return example.SerializeToString()
+    # Map fields serialize in no fixed order by default: sorted keys give a build the same
+    # bytes every time (the readers parse either order).
+    return example.SerializeToString(deterministic=True)
 
 
 def parse_example(serialized: bytes | memoryview) -> Example:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import builtins
 import io
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -71,26 +72,39 @@ _H5_ERRORS = (OSError, KeyError, ValueError, RuntimeError, TypeError)
 def write(
     samples: Iterable, root: Path, spec: DatasetSpec, *, chunk_samples: int, compression: str | None
 ) -> None:
-    import h5py
 
     if chunk_samples < 1:
         raise ValueError(f"chunk_samples must be >= 1, got {chunk_samples}")
     chunk = min(chunk_samples, spec.num_samples)
     n = spec.num_samples
     labels = np.empty(n, dtype=np.int64)
-    with h5py.File(root / FILENAME, "w", libver="latest") as f:
+    with _created(root / FILENAME) as f:
         if spec.encoding == "raw":
             count = _write_raw(f, samples, labels, spec, chunk, compression)
         else:
             count = _write_encoded(f, samples, labels, root, spec, chunk, compression)
         if count != n:
             raise DatasetError(f"{root}: got {count} samples, the spec says {n}")
-        f.create_dataset("labels", data=labels)
+        f.create_dataset("labels", data=labels, track_times=False)
         f.attrs["storebench_spec"] = json.dumps(spec.to_dict())
         for key, value in spec.to_dict().items():
             # h5py cannot store a list of str as an attribute: class names go in as JSON.
             as_json = isinstance(value, list)
             f.attrs[key] = json.dumps(value, ensure_ascii=False) if as_json else value
+
+
+def _created(path: Path):
+    """A new ``h5py.File`` (libver latest) whose objects, the root group included, record no
+    timestamps: two builds of the same samples are then the same bytes. h5py's ``File``
+    takes no creation property list, so the file is created at the low level."""
+    import h5py
+
+    fcpl = h5py.h5p.create(h5py.h5p.FILE_CREATE)
+    fcpl.set_obj_track_times(False)
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    fapl.set_libver_bounds(h5py.h5f.LIBVER_LATEST, h5py.h5f.LIBVER_LATEST)
+    return h5py.File(h5py.h5f.create(os.fsencode(path), h5py.h5f.ACC_TRUNC, fcpl=fcpl,
+                                     fapl=fapl))
 
 
 def _write_raw(f, samples, labels, spec: DatasetSpec, chunk: int, compression) -> int:
@@ -100,6 +114,7 @@ def _write_raw(f, samples, labels, spec: DatasetSpec, chunk: int, compression) -
         dtype=np.uint8,
         chunks=(chunk, *spec.image_shape),
         compression=compression,
+        track_times=False,
     )
     # Whole chunks at a time: one write per chunk instead of one per sample.
     pending: list = []
@@ -140,15 +155,16 @@ def _write_encoded(f, samples, labels, root: Path, spec: DatasetSpec, chunk: int
         if compression is not None:  # filters need chunks: about ``chunk`` samples each
             chunks = (max(1, min(total, total * chunk // max(count, 1))),)
         images = f.create_dataset(
-            "images", shape=(total,), dtype=np.uint8, chunks=chunks, compression=compression
+            "images", shape=(total,), dtype=np.uint8, chunks=chunks, compression=compression,
+            track_times=False,
         )
         with builtins.open(staging, "rb") as source:
             for start in range(0, total, _COPY_BYTES):
                 block = np.frombuffer(source.read(_COPY_BYTES), dtype=np.uint8)
                 images[start : start + len(block)] = block
-        f.create_dataset("offsets", data=offsets)
+        f.create_dataset("offsets", data=offsets, track_times=False)
         if shapes is not None:
-            f.create_dataset("shapes", data=shapes)
+            f.create_dataset("shapes", data=shapes, track_times=False)
     finally:
         staging.unlink(missing_ok=True)
     return count

@@ -86,7 +86,9 @@ def write(samples: Iterable, root: Path, spec: DatasetSpec, *, batch_samples: in
         sync=False,
         metasync=False,
         readahead=False,
-        meminit=False,
+        # Zeroed pages: without it a page's unused bytes are whatever memory held, and two
+        # builds of the same samples differ.
+        meminit=True,
     )
     labels = np.empty(spec.num_samples, dtype="<i8")
     try:
