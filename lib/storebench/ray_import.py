@@ -14,11 +14,12 @@ done by Ray tasks, on this machine or on a cluster.
   manifest differs only in ``write_seconds``, ``generate_seconds``, ``created_utc`` and its
   own digest.
 - **Local Ray binds to loopback.** Without an address, Ray starts here with ``num_cpus`` =
-  ``workers``, no dashboard, its node on 127.0.0.1, no usage reports, a random auth token
-  held in the environment (nothing written to ``~/.ray``) and a temporary directory that is
-  removed afterwards. Its processes share the driver's fate (Ray's own Linux
-  ``PR_SET_PDEATHSIG``): a killed import takes them with it, and a small guard process
-  removes the temporary directory once the driver is gone.
+  ``workers``, no dashboard, its node on 127.0.0.1, no usage reports, Ray's default
+  authentication (as the Ray Data loader path starts it: one process holds one Ray
+  configuration) and a temporary directory that is removed afterwards. Its processes
+  share the driver's fate (Ray's own Linux ``PR_SET_PDEATHSIG``): a killed import takes
+  them with it, and a small guard process removes the temporary directory once the driver
+  is gone.
 - **A cluster.** ``address`` (or ``RAY_ADDRESS``) connects to an existing cluster instead
   (``ray start --head``, KubeRay); its nodes must see the source folder at the same path
   and run the same Pillow (the resized pixels are Pillow's). The cluster is left running,
@@ -28,7 +29,6 @@ done by Ray tasks, on this machine or on a cluster.
 from __future__ import annotations
 
 import os
-import secrets
 import shutil
 import socket
 import subprocess
@@ -62,7 +62,6 @@ LOCAL_RAY_ENVIRONMENT = {
     # Off: Ray would otherwise take this machine's private address for a one-node cluster.
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
-    "RAY_AUTH_MODE": "token",
 }
 # Removes Ray's temporary directory after a driver killed before it could (run by path, so
 # that it imports nothing of storebench).
@@ -102,22 +101,27 @@ def environment(values: dict[str, str]) -> Iterator[None]:
 def local_ray(num_cpus: int) -> Iterator[object]:
     """A one-node Ray on this machine, bound to loopback, shut down and its temporary
     directory removed on exit (see the module docstring); yields the ``ray`` module."""
-    with environment({**LOCAL_RAY_ENVIRONMENT, "RAY_AUTH_TOKEN": secrets.token_hex(32)}):
+    with environment(LOCAL_RAY_ENVIRONMENT):
         ray = import_ray()
         from ray._private import ray_constants
 
-        if ray_constants.ENABLE_RAY_CLUSTER:  # read once, when ray is first imported
-            raise RayUnavailableError(
-                "Ray was imported before storebench could bind it to loopback: import "
-                "nothing from ray before the import, or pass a cluster's address")
+        # Read once, when Ray is first imported: a process that imported Ray before the
+        # environment above was set has it on, and only this process's choice of node
+        # address reads it (Ray's own processes read the environment), so it is off for the
+        # start, as the Ray Data loader path does (``loaders.peers.ray_data.LocalRay``).
+        cluster = ray_constants.ENABLE_RAY_CLUSTER
+        ray_constants.ENABLE_RAY_CLUSTER = False
         # Short and in the system temp folder: Ray's socket paths under it must stay within
         # the 107 bytes of a Unix socket name.
         temp_dir = tempfile.mkdtemp(prefix="sb-ray-")
         guard = subprocess.Popen([sys.executable, str(TEMP_DIR_GUARD), temp_dir],
                                  stdin=subprocess.PIPE, start_new_session=True)
         try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir,
-                     logging_level="ERROR", log_to_driver=False)
+            try:
+                ray.init(num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir,
+                         logging_level="ERROR", log_to_driver=False)
+            finally:
+                ray_constants.ENABLE_RAY_CLUSTER = cluster
             try:
                 yield ray
             finally:

@@ -154,8 +154,8 @@ def test_the_sets_are_the_profiles_first_samples_as_many_as_an_epoch_reads():
             assert label_a == label_b and np.array_equal(a, b)
     # ci: the smaller set's count, under the cap.
     assert [s.num_samples for s in peers.peer_specs("ci")] == [256, 256]
-    assert peers.study_formats()[:4] == ("lmdb", "memmap", "rawfiles", "tfrecord")
-    assert set(peers.study_formats()[4:]) == set(peers.peer_formats())
+    assert peers.study_formats()[:5] == ("lmdb", "memmap", "parquet", "rawfiles", "tfrecord")
+    assert set(peers.study_formats()[5:]) == set(peers.peer_formats())
 
 
 def test_the_grid_reads_sets_cut_to_one_count_from_their_own_directory(ci_data_root):
@@ -244,8 +244,11 @@ def test_the_grid_runs_peer_cases_in_the_peers_environment_with_no_warm_up(ci_da
               or c.function.endswith(":missing_dataset_case")]
     assert epochs and not any(c.warmup for c in epochs)
     for case in epochs:
-        needs_peers = case.prefetcher not in ("process", "thread", "torch", "tf_data") or (
-            case.format in peers.peer_formats())
+        # Ray Data lives in the main environment, whatever format it reads.
+        needs_peers = case.prefetcher not in ("process", "thread", "torch", "tf_data",
+                                              *peers.RAY_DATA_PATH_NAMES) or (
+            case.format in peers.peer_formats()
+            and case.prefetcher not in peers.RAY_DATA_PATH_NAMES)
         assert (case.param("environment") == "peers") == needs_peers, case.case_id
 
 
@@ -380,7 +383,7 @@ def test_on_a_training_family_every_path_applies_the_training_transform(tmp_path
     assert own == {("dali_file", "jpeg"), ("ffcv", "jpeg"), ("ffcv", "raw"),
                    ("tf_data", "jpeg")}
     pillow = {c.prefetcher for c in cases if c.param("crop_resampler") == "pillow"}
-    assert pillow == {"torch", "webdataset", "litdata", "mds", "spdl"}
+    assert pillow == {"torch", "webdataset", "litdata", "mds", "spdl", "ray_data_files"}
     # Read from the family's own peers directory.
     assert {str(peer_sets_dir(family_data_dir(tmp_path, "imagenet")))} == {
         c.dataset.rsplit("/", 1)[0] for c in cases}
@@ -432,3 +435,17 @@ def test_a_training_row_s_label_says_which_crop_and_the_target_its_limit():
     caption = peers.sets_caption(rows, "jpeg")
     assert "ImageNet-like JPEGs of mixed sizes" in caption and "64\u00d764" not in caption
     assert "224\u00d7224" in caption
+
+
+def test_the_ray_data_target_compares_our_best_path_with_ray_data_s_best():
+    rows = [*all_rates(), peer_case("ray_data_files", "rawfiles", [900.0, 910.0, 905.0]),
+            peer_case("ray_data_parquet", "parquet", [1500.0, 1490.0, 1510.0])]
+    ours, ray, (ratio, low, high) = peers.best_against_ray_data(results(*rows).df)
+    assert ours[0] == "process:lmdb" and ray[0] == "ray_data_parquet:parquet"
+    assert ratio == pytest.approx(3050 / 1500) and low <= ratio <= high
+    (target,) = [t for t in peers.PEER_TARGETS if t.key == "peers_jpeg_ray_data"]
+    measured = target.measure(results(*rows))
+    assert measured.value == pytest.approx(ratio) and target.threshold == 1.2
+    assert "Ray Data read_parquet \u00d72 (parquet)" in measured.limiting
+    # Without a Ray Data row, the target is unmeasured, not met or missed.
+    assert target.measure(results(*all_rates())) is None

@@ -311,6 +311,15 @@ LOADER_PATHS: dict[str, LoaderPath] = {
                    _imported(f"{_PEERS}.spdl_loader:spdl_process_batches"),
                    start_method="fork", decode="simplejpeg", environment="peers",
                    libraries=("spdl.pipeline",)),
+        *(LoaderPath(name, f"Ray Data {reader}", "peer",
+                     _imported(f"{_PEERS}.ray_data:ray_data_batches"), decode="simplejpeg",
+                     reads_dataset_files=True, environment="main", libraries=("ray",),
+                     dataset_format=layout,
+                     shuffle="files shuffled, then a 1,000-sample local shuffle buffer")
+          for name, reader, layout in (
+              ("ray_data_files", "read_binary_files", "rawfiles"),
+              ("ray_data_parquet", "read_parquet", "parquet"),
+              ("ray_data_webdataset", "read_webdataset", "webdataset"))),
         LoaderPath("torchdata", "torchdata StatefulDataLoader", "peer",
                    _imported(f"{_PEERS}.torchdata_loader:torchdata_batches"),
                    start_method="fork", environment="peers",

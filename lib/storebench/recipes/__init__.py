@@ -29,7 +29,8 @@ from .base import (
 RECIPE_MODULES = ("storebench_window", "storebench_window_plain", "storebench_thread",
                   "storebench_process", "storebench_memmap",
                   "torch_imagefolder", "tf_data", "ffcv", "dali", "webdataset", "litdata",
-                  "mds", "spdl", "torchdata", "lance", "zarr")
+                  "mds", "spdl", "torchdata", "lance", "zarr",
+                  "ray_data_files", "ray_data_parquet", "ray_data_webdataset")
 
 
 def _load() -> dict[str, Recipe]:

@@ -1,4 +1,5 @@
-"""Peer libraries' own loader pipelines (peers environment): see ``loaders.paths``.
+"""Peer libraries' own loader pipelines (the peers environment; Ray Data's lives in the main
+one): see ``loaders.paths``.
 
 One module per peer; each imports its library only inside its functions. The helpers here
 are what several of them share.

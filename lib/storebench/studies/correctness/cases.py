@@ -240,12 +240,42 @@ def rank_epoch(rank: int, world_size: int, recipe_name: str, root: str, batch_si
         return read_pass(run.epoch(0)).to_arrays()
 
 
+def ray_data_rank_epoch(rank: int, world_size: int, recipe_name: str, root: str,
+                        batch_size: int, workers: int, seed: int, splits: int) -> list:
+    """In a process of its own: epoch 0 of a Ray Data recipe split ``splits`` ways by
+    ``Dataset.streaming_split`` from one driver (Ray's way to feed ranks), each split's
+    share as picklable arrays."""
+    from ...loaders.paths import PathOptions
+    from ...loaders.peers.ray_data import rank_epochs
+    from ...recipes import get_recipe
+
+    recipe = get_recipe(recipe_name)
+    options = PathOptions(batch_size=batch_size, workers=workers, seed=seed, root=root,
+                          decode=recipe.decode, transform="train")
+    shares = []
+    for batches in rank_epochs(root, splits, options):
+        delivered = Delivered()
+        for batch in batches:
+            delivered.add(*batch_parts(batch))
+        shares.append(delivered.to_arrays())
+    return shares
+
+
 def run_ranks_epoch(recipe, root: str, world_size: int, *, batch_size: int,
                     workers: int) -> list[Delivered]:
     # Imported before the fork (it starts no thread), not again in every rank.
     import torch.distributed  # noqa: F401
 
+    from ...loaders.peers.ray_data import RAY_DATA_PATHS
     from ...ranks import run_ranks
+
+    if recipe.loader in RAY_DATA_PATHS:
+        # One driver splits the epoch (streaming_split); spawned, so that this process
+        # forks its later runs before any Ray thread exists in it.
+        (shares,) = run_ranks(ray_data_rank_epoch, 1, start_method="spawn",
+                              args=(recipe.name, root, batch_size, REFERENCE_WORKERS, SEED,
+                                    world_size), timeout_s=RANKS_TIMEOUT_S)
+        return [Delivered.from_arrays(*share) for share in shares]
 
     # Forked where the recipe's library allows it (fast); spawned where it does not (Lance,
     # which this process has used to check the set, hangs in a fork).
@@ -288,6 +318,11 @@ def killed_worker_epoch(rank: int, world_size: int, recipe_name: str, root: str,
 
     recipe = get_recipe(recipe_name)
     before = {child.pid for child in psutil.Process().children(recursive=True)}
+    from ...loaders.peers.ray_data import RAY_DATA_PATHS, ray_worker_pids
+
+    # Ray's workers are the raylet's children; its GCS and raylet are the engine.
+    workers_of = ray_worker_pids if recipe.loader in RAY_DATA_PATHS else (
+        lambda: loader_worker_pids(before))
     delivered = Delivered()
     processes, before_kill, raised = -1, 0, False
     try:
@@ -295,7 +330,7 @@ def killed_worker_epoch(rank: int, world_size: int, recipe_name: str, root: str,
             for batch in run.epoch(0):
                 delivered.add(*batch_parts(batch))
                 if processes < 0 and len(delivered.labels) >= kill_after:
-                    pids = loader_worker_pids(before)
+                    pids = workers_of()
                     processes, before_kill = len(pids), len(delivered.labels)
                     if not pids:
                         break
@@ -358,10 +393,15 @@ def rank_metrics(world_size: int, shares: list[Delivered], samples: int) -> dict
                            sum(s.tag_mismatches for s in shares))
     out = once_metrics(setting, everything, samples, per_rank=[len(s.labels) for s in shares])
     pairs = [(a, b) for i, a in enumerate(shares) for b in shares[i + 1:]]
-    out[metric_name("randomness", setting, "sequence_match_max")] = (
-        max(sequence_matches(a.boxes, b.boxes) for a, b in pairs), "ratio")
+    # A rank may get nothing (a library that hands out whole files, one file in the set):
+    # only pairs of ranks that both delivered are compared, and with none, nothing is.
+    matches = [sequence_matches(a.boxes, b.boxes) for a, b in pairs if a.boxes and b.boxes]
+    if matches:
+        out[metric_name("randomness", setting, "sequence_match_max")] = (max(matches),
+                                                                          "ratio")
     correlation, compared = pooled_correlation([(a.boxes, b.boxes) for a, b in pairs])
-    out[metric_name("randomness", setting, "draw_correlation")] = (correlation, "ratio")
+    if compared:
+        out[metric_name("randomness", setting, "draw_correlation")] = (correlation, "ratio")
     out[metric_name("randomness", setting, "draw_correlation_values")] = (compared, "count")
     out[metric_name("randomness", setting, "shared_draws")] = (
         shared_draws(list(everything.draws().values())), "ratio")

@@ -10,7 +10,9 @@ reading, DALI's pipeline build. The case has no untimed warm-up: its first repea
 fresh process, so it also pays the library's imports and FFCV's JIT compilation, reported
 as ``fresh_process_first_batch_s`` (that repeat only). Epoch 1's rate counts the samples
 after its first batch over the time after it, so start-up and throughput are reported
-apart. The later epochs run on the same loader object, as a training loop's do, until they
+apart. A loader that runs an engine beside its workers (Ray Data) adds the engine's own
+metrics (``engine_metrics()``: its system processes' CPU seconds, its object store's spills).
+The later epochs run on the same loader object, as a training loop's do, until they
 took ``LATER_EPOCHS_MIN_S`` (a cached raw epoch lasts milliseconds):
 ``later_epochs_samples_per_s`` is all their samples over all their time, epoch boundaries
 included (the steady state a training job sees); ``epoch2_first_batch_s`` is the wait at
@@ -235,6 +237,10 @@ def peer_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
                 epochs.append(_run_epoch(loader, max_batches,
                                          keep=len(epochs) < CHECKED_EPOCHS))
                 epochs[-1].begun_at = begun
+        # An engine that runs beside its workers (Ray's GCS and raylet) reports its own CPU
+        # and object store use, read before close() shuts it down.
+        engine = getattr(loader, "engine_metrics", None)
+        engine_metrics = engine() if engine is not None else {}
         complete = max_batches is None
         for number, epoch in enumerate(epochs, start=1):
             _check_epoch(case, reader, epoch, number, complete=complete)
@@ -262,6 +268,7 @@ def peer_epochs_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:
                                                  "samples/s")
     if fresh:
         metrics["fresh_process_first_batch_s"] = metrics["epoch1_first_batch_s"]
+    metrics.update(engine_metrics)
     if first.indices:
         correlation, spread = shuffle_quality(first.order(), len(reader))
         metrics["order_correlation"] = (correlation, "ratio")

@@ -1,6 +1,6 @@
 """The peers study: storebench's loaders beside the libraries teams actually choose between
-(WebDataset, LitData, MosaicML Streaming, DALI, FFCV, torchdata, SPDL; Lance and Zarr as
-formats),
+(WebDataset, LitData, MosaicML Streaming, DALI, FFCV, torchdata, SPDL, Ray Data on a local
+Ray; Lance and Zarr as formats),
 under the same rules.
 
 Every path reads the same samples (the profile's JPEG set, decode-bound, and its raw set,
@@ -98,11 +98,23 @@ STOREBENCH_PATHS = {
              ("torch", "lmdb"), ("tf_data", "tfrecord"), DEFAULT_PATH),
     "raw": (("process", "memmap"), ("thread", "memmap"), ("torch", "memmap"), DEFAULT_PATH),
 }
+# Ray Data, the distributed engine users grow into, on a local Ray of the case's workers'
+# cores, over each layout it reads without glue.
+RAY_DATA_PATHS = (("ray_data_files", "rawfiles"), ("ray_data_parquet", "parquet"),
+                  ("ray_data_webdataset", "webdataset"))
+# The one the training-set and compact grids run (a Ray start costs seconds per repeat):
+# over the files the common default reads, so it needs no set of its own.
+RAY_DATA_PATH = RAY_DATA_PATHS[0]
+RAY_DATA_PATH_NAMES = tuple(path for path, _ in RAY_DATA_PATHS)
+# What a Ray case's peak memory counts (its param ``peak_memory_counts``): the harness
+# samples the PSS of the case's process tree, and ray.init starts GCS, raylet and workers
+# as its descendants; the object store's shared memory counts as they map it.
+RAY_MEMORY_COUNTED = "driver+gcs+raylet+workers+object_store"
 PEER_PATHS = {
     "jpeg": (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "mds"),
              ("dali_file", "rawfiles"), ("dali_tfrecord", "tfrecord"), ("ffcv", "ffcv"),
              ("torchdata", "lmdb"), ("spdl", "lmdb"), ("spdl_io", "lmdb"),
-             ("spdl_process", "lmdb")),
+             ("spdl_process", "lmdb"), *RAY_DATA_PATHS),
     "raw": (("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "mds"),
             ("ffcv", "ffcv"), ("torchdata", "memmap"), ("spdl", "memmap"),
             ("spdl_process", "memmap")),
@@ -124,7 +136,7 @@ TRAINING_PATHS = {
     "jpeg": (("process", "lmdb"), ("thread", "lmdb"), DEFAULT_PATH,
              ("webdataset", "webdataset"), ("litdata", "litdata"), ("mds", "mds"),
              ("dali_file", "rawfiles"), ("ffcv", "ffcv"), ("spdl", "lmdb"),
-             ("tf_data", "tfrecord")),
+             ("tf_data", "tfrecord"), RAY_DATA_PATH),
     "raw": (("process", "memmap"), ("thread", "memmap"), ("litdata", "litdata"),
             ("ffcv", "ffcv")),
 }
@@ -148,11 +160,12 @@ OWN_CROP_PATHS = ("dali_file", "dali_tfrecord", "ffcv", "tf_data")
 PILLOW_CROP_FAMILIES = ("peer", "baseline")
 COMPACT_LATER_EPOCHS_MIN_S = 0.25
 COMPACT = {"jpeg": (("process", "lmdb"), ("webdataset", "webdataset"), ("ffcv", "ffcv"),
-                    ("dali_tfrecord", "tfrecord"), ("spdl", "lmdb")),
+                    ("dali_tfrecord", "tfrecord"), ("spdl", "lmdb"), RAY_DATA_PATH),
            "raw": (("process", "memmap"), ("litdata", "litdata"))}
 ENCODINGS = ("jpeg", "raw")
 COLD_ENCODINGS = ("jpeg",)
 TARGET_RATIO = 1.2  # storebench's best path over the best peer
+RAY_TARGET_RATIO = 1.2  # storebench's best path over Ray Data's best, at WORKERS cores
 PLAIN_TARGET_RATIO = 1.0  # storebench's best plain-resize path: not slower than tf.data
 # The warm rows the target compares (see peers_grid): a candidate of a second or two a
 # repeat still gets 4 to 8 repeats; longer only let slow peers that decide nothing run all 9.
@@ -192,10 +205,14 @@ def decode_for(encoding: str) -> str | None:
 
 
 def _needs_peers(path: str, fmt: str) -> bool:
+    """Whether the case runs in the peers environment: its path's, or its format's where
+    its path names none (Ray Data lives in the main one and reads a peer format there)."""
     from ...formats import FORMATS
 
-    return (get_loader_path(path).environment == "peers"
-            or bool(getattr(FORMATS.get(fmt), "PEER", False)))
+    environment = get_loader_path(path).environment
+    if environment:
+        return environment == "peers"
+    return bool(getattr(FORMATS.get(fmt), "PEER", False))
 
 
 def _case(path: str, fmt: str, encoding: str, cache: str, built: dict, fields: dict,
@@ -213,6 +230,8 @@ def _case(path: str, fmt: str, encoding: str, cache: str, built: dict, fields: d
         params["later_epochs"] = False
     if _needs_peers(path, fmt):
         params["environment"] = "peers"
+    if path in RAY_DATA_PATH_NAMES:
+        params["peak_memory_counts"] = RAY_MEMORY_COUNTED
     if path == "process" and not getattr(FORMATS.get(fmt), "FORK_SAFE", True):
         params["start_method"] = "forkserver"  # Lance's runtime hangs in forked workers
     # No untimed warm-up: the first repeat measures start-up in a fresh process (imports,
@@ -477,6 +496,32 @@ def limiting_factor(df: pd.DataFrame, encoding: str) -> str:
     return "small cached arrays: each loader's per-batch overhead decides"
 
 
+def best_against_ray_data(df: pd.DataFrame, encoding: str = "jpeg"):
+    """(ours, Ray Data, (ratio, low, high)): storebench's best path over a storebench format
+    against Ray Data's best pipeline (``RAY_DATA_PATHS``), both resizing antialiased, warm,
+    epochs 2 and on, both at ``WORKERS`` cores; None where either side is missing."""
+    found = [c for c in candidates(df, encoding, "warm", RATE)
+             if filter_class(c[0]) == "antialiased"]
+    ours = [c for c in found if is_storebench_over_core(c[0], c[2])]
+    ray = [c for c in found if key_parts(c[0])[0] in RAY_DATA_PATH_NAMES]
+    if not ours or not ray:
+        return None
+    return ours[0], ray[0], ratio_interval(ours[0][3], ray[0][3])
+
+
+def ours_over_ray_data_target(results: Results) -> TargetMeasure | None:
+    """``measure`` of the Ray Data target: storebench's best path over Ray Data's best."""
+    found = best_against_ray_data(results.df)
+    if found is None:
+        return None
+    ours, ray, (ratio, low, high) = found
+    return TargetMeasure(
+        value=ratio, low=low, high=high, repeats=min(ours[3].count, ray[3].count),
+        sources=ours[3].sources, against=ray[3].sources,
+        limiting=f"{ours[1]} at {ours[3]} against {ray[1]} at {ray[3]}; Ray's raylet and "
+                 f"GCS share the {WORKERS} cores with its tasks")
+
+
 PEER_TARGETS = (*(
     TargetSpec(key=f"peers_{encoding}", name=f"Ours vs the best peer, {encoding}",
                description=f"storebench's best path over a storebench format against the "
@@ -492,7 +537,15 @@ PEER_TARGETS = (*(
                            "(decode_and_crop_jpeg, tf.image.resize without antialiasing), "
                            f"{ENCODING_NAMES.get('jpeg', 'jpeg')}, warm, epochs 2 and on",
                threshold=PLAIN_TARGET_RATIO, is_fraction=False,
-               measure=ours_over_peers_target("jpeg", "plain")))
+               measure=ours_over_peers_target("jpeg", "plain")),
+    TargetSpec(key="peers_jpeg_ray_data", name="Ours vs Ray Data, jpeg, 2 cores",
+               description="storebench's best path over a storebench format against Ray "
+                           "Data's best pipeline (read, decode and crop in map_batches, "
+                           "iter_torch_batches) on a local Ray of the same "
+                           f"{WORKERS} cores, both resizing antialiased, "
+                           f"{ENCODING_NAMES.get('jpeg', 'jpeg')}, warm, epochs 2 and on",
+               threshold=RAY_TARGET_RATIO, is_fraction=False,
+               measure=ours_over_ray_data_target))
 
 
 def decode_efficiency(df: pd.DataFrame):
