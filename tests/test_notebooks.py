@@ -110,7 +110,7 @@ def _errors(notebook) -> list[str]:
             for output in cell.outputs if output.output_type == "error"]
 
 
-# The notebooks with no live cell: the correctness study audits properties, not rates.
+# The notebooks with no live cell (``Study.live``).
 NO_LIVE_CELL = {Path(study.notebook).stem for study in STUDIES.values() if study.live is None}
 
 
@@ -160,18 +160,24 @@ def test_study_on_the_ci_profile_end_to_end(ci_study):
         last = notebook.cells[-1].outputs
         assert any("text/markdown" in output.get("data", {}) for output in last), \
             f"{path.name}: the findings cell produced no markdown"
-        # The live cell timed its comparison on the ci sets and printed it beside the
-        # reference's (every study notebook but correctness's, and the recipes').
+        # The live cell timed its comparison (or ran its audit) on the ci sets and printed
+        # it beside the reference's (every study notebook, and the recipes').
         printed = "".join(output.get("text", "") for cell in notebook.cells
-                          if cell.cell_type == "code" and ("run_live" in cell.source
-                                                           or "run_recipes" in cell.source)
+                          if cell.cell_type == "code" and any(
+                              call in cell.source
+                              for call in ("run_live", "run_recipes", "run_audit"))
                           for output in cell.outputs)
         if path.stem not in NO_LIVE_CELL:
-            # Both numbers: a ratio on this machine and the reference's, neither missing.
+            # Both: a ratio (an audit: each recipe's verdicts) on this machine and the
+            # reference's, neither missing.
             for label in ("your machine:", "reference machine:"):
-                line = next((ln for ln in printed.splitlines() if label in ln), "")
-                assert line and "not measured" not in line, \
+                lines = [ln for ln in printed.splitlines() if label in ln]
+                assert lines and not any("not measured" in ln for ln in lines), \
                     f"{path.name}: the live cell printed no {label} {printed[-600:]!r}"
+                if path.stem == Path(STUDIES["correctness"].notebook).stem:
+                    # One line per recipe of the cell's two.
+                    assert len(lines) == 2 and all("exactly once: " in ln for ln in lines), \
+                        f"{path.name}: the live audit printed no verdicts {printed[-600:]!r}"
     timing = json.loads((profile_dir / "timing.json").read_text())
     assert "notebooks" in timing["stage_seconds"]
     assert timing["failed_cases"] == {}

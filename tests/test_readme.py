@@ -156,6 +156,7 @@ def test_the_docs_home_methodology_and_recipes_pages_match_what_generates_them()
     """The home page's answer table and the methodology page's calibration targets from the
     reference results, the recipes page from the registry: each as ``storebench readme``
     writes it."""
+    from storebench.report.cold import cold_block
     from storebench.report.readme import (
         HOME_PAGE,
         METHODOLOGY_PAGE,
@@ -167,6 +168,9 @@ def test_the_docs_home_methodology_and_recipes_pages_match_what_generates_them()
     reference = ROOT / "results" / "reference"
     assert generated_block(HOME_PAGE) == render_home_block(reference)
     assert generated_block(METHODOLOGY_PAGE) == render_calibration_block(reference)
+    cold = re.search(r"<!-- cold:start -->\n(.*?)<!-- cold:end -->",
+                     (ROOT / METHODOLOGY_PAGE).read_text(), flags=re.S).group(1)
+    assert cold == cold_block(reference)
     assert generated_block(RECIPES_PAGE) == render_recipes_page()
     # The home page's links are the docs' own, not the README's.
     assert "](docs/" not in generated_block(HOME_PAGE)

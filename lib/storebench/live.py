@@ -10,7 +10,10 @@ repeats, into a directory of its own under ``<results root>/live/``. The ratio i
 repeat-paired ratio of medians and its bootstrap interval (``results.ratio_interval``);
 the reference's is computed the same way from the reference's rows of the same comparison.
 ``run_recipes`` does the same for any two recipes (``storebench.recipes``), timed by one case
-function over each recipe's pipeline.
+function over each recipe's pipeline. ``run_audit`` is the live cell of a study that audits
+properties rather than timing rates (``studies.base.LiveAudit``): it runs the study's own
+case for two recipes here, made smaller, and sets each property's verdict beside the
+reference's; there is no ratio to take.
 """
 
 from __future__ import annotations
@@ -305,13 +308,15 @@ def _machine(results, study: str) -> str:
     return machine_text(env) if env else ""
 
 
-def _live_cells_off(log: Callable[[str], None], what: str) -> bool:
+def _live_cells_off(log: Callable[[str], None], what: str,
+                    action: str = "time it") -> bool:
     """A study run executing its notebooks headless on a full plan turns live cells off
-    (``study.LIVE_CELLS_ENV``): say so, and how to run the cell, instead of timing."""
+    (``study.LIVE_CELLS_ENV``): say so, and how to run the cell, instead of measuring.
+    ``what``: what the notebook's rows above already did."""
     if os.environ.get(LIVE_CELLS_ENV) != "off":
         return False
-    log(f"live: not run: a study run executed this notebook, and its rows above time "
-        f"{what}. Run this cell in Jupyter to time it on your machine.")
+    log(f"live: not run: a study run executed this notebook, and its rows above {what}. "
+        f"Run this cell in Jupyter to {action} on your machine.")
     return True
 
 
@@ -337,15 +342,18 @@ def run_live(
     ``live/`` goes. Prints a line as it starts, one per case, and the result
     (``LiveResult.text``) at the end. None, having said why, in a notebook a study run
     executes on a full plan (``study.LIVE_CELLS_ENV``)."""
+    from .studies.base import LiveComparison
+
     comparison = study.live
-    if comparison is None:
-        raise LiveError(f"study {study.name!r} declares no live comparison")
+    if not isinstance(comparison, LiveComparison):
+        raise LiveError(f"study {study.name!r} declares no live comparison"
+                        + (": its live cell runs an audit (run_audit)" if comparison else ""))
     pair = tuple(pair or comparison.pair)
     unknown = [name for name in pair if name not in comparison.choices]
     if len(pair) != 2 or unknown:
         raise LiveError(f"pair {pair}: two of {list(comparison.choices)}")
     fields = _setting_fields({**comparison.settings, **settings})
-    if _live_cells_off(log, f"the {study.name} study's comparisons"):
+    if _live_cells_off(log, f"time the {study.name} study's comparisons"):
         return None
     _quiet_progress_bars()
     started = time.perf_counter()
@@ -442,7 +450,7 @@ def run_recipes(
     from .studies.grid import batch_size_for
 
     recipes = [get_recipe(name) for name in pair]
-    if _live_cells_off(log, "the recipes"):
+    if _live_cells_off(log, "time the recipes"):
         return None
     if repeats is None:
         repeats = COMPACT_LIVE_REPEATS if plan_for(profile).compact else LIVE_REPEATS
@@ -487,3 +495,129 @@ def run_recipes(
     return _finish(f"recipe {pair[0]} over {pair[1]}, samples/s (higher is better)",
                    here, there, True, reference, RECIPE_REFERENCE_STUDY, started, log)
 
+
+
+@dataclass(frozen=True)
+class AuditResult:
+    """A live audit's verdicts: per recipe, property -> verdict on this machine and on the
+    reference machine (empty where it has none, ``why``); ``text`` is what the cell prints
+    at its end."""
+
+    title: str
+    properties: tuple[str, ...]
+    here: Mapping[str, Mapping[str, str]]
+    there: Mapping[str, Mapping[str, str]]
+    why_not_there: str
+    reference_machine: str
+    seconds: float
+
+    @property
+    def text(self) -> str:
+        lines = [self.title]
+        for recipe, verdicts in self.here.items():
+            there = self.there.get(recipe)
+            lines += [f"  {recipe}",
+                      f"    your machine:      {self._verdicts_text(verdicts)}",
+                      "    reference machine: "
+                      + (self._verdicts_text(there) if there else
+                         f"not measured: {self.why_not_there or 'no row of this recipe'}")]
+        if self.reference_machine:
+            lines.append(f"  reference run: {self.reference_machine}")
+        return "\n".join(lines)
+
+    def _verdicts_text(self, verdicts: Mapping[str, str]) -> str:
+        return "; ".join(f"{name}: {verdicts.get(name, 'not run')}" for name in self.properties)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _audit_params(settings: Mapping[str, object]) -> dict[str, object]:
+    """The case params a live audit's settings set: a count as it is, counts as a
+    comma-separated list ("" for none)."""
+    from .studies.base import LIVE_AUDIT_SETTINGS
+
+    return {LIVE_AUDIT_SETTINGS[name]: (",".join(str(n) for n in value)
+                                        if isinstance(value, (tuple, list)) else value)
+            for name, value in settings.items() if value is not None}
+
+
+def _verdict_rows(audit, results, names) -> dict[str, dict[str, str]]:
+    """Recipe -> property -> verdict, of ``names``' rows in ``results``."""
+    table = audit.verdicts(results)
+    return {str(row["recipe"]): {name: str(row[name]) for name in audit.properties}
+            for _, row in table.iterrows() if row["recipe"] in names}
+
+
+def run_audit(
+    study,
+    *,
+    profile: str,
+    recipes: tuple[str, str] | None = None,
+    samples: int | None = None,
+    ranks: tuple[int, ...] | None = None,
+    workers: tuple[int, ...] | None = None,
+    data_root: Path | str = "data",
+    results_dir: Path | str = "results",
+    reference_dir: Path | str = REFERENCE_DIR,
+    log: Callable[[str], None] = print,
+) -> AuditResult | None:
+    """Run ``study``'s live audit (``Study.live``, a ``studies.base.LiveAudit``) on this
+    machine: its own case for each of ``recipes`` (default: the audit's pair), over a probe
+    set of ``samples`` images (None: the audit's own, at most the profile's), with
+    ``ranks`` (rank counts) and ``workers`` (worker counts) as the cell sets them (None: the
+    audit's own), into ``<results_dir>/live/`` (``data_root``: as the other live cells';
+    the audit builds its own probe sets); then print each recipe's verdicts beside
+    the reference's for the same recipe and property. None, having said why, in a notebook
+    a study run executes on a full plan (``study.LIVE_CELLS_ENV``)."""
+    from .studies.base import LiveAudit
+
+    audit = study.live
+    if not isinstance(audit, LiveAudit):
+        raise LiveError(f"study {study.name!r} declares no live audit")
+    recipes = tuple(recipes or audit.recipes)
+    if len(recipes) != 2:
+        raise LiveError(f"recipes {recipes}: two recipe names")
+    if _live_cells_off(log, "audit every recipe", "audit two of them"):
+        return None
+    _quiet_progress_bars()
+    started = time.perf_counter()
+    settings = {**audit.settings, **{name: value for name, value in
+                                     (("samples", samples), ("ranks", ranks),
+                                      ("workers", workers)) if value is not None}}
+    params = _audit_params(settings)
+    # The audit's cases build the probe sets they read: the grid reads no set of the data root.
+    grid = study.grid(profile=profile,
+                      data_dir=data_dir_for(profile, resolve_repo_path(data_root)))
+    cases = []
+    for name in recipes:
+        case = pick_case(grid, {"param_recipe": name}, {}, what=f"{study.name} live audit")
+        own = dict(case.params)
+        wanted = {**own, **params}
+        if "samples" in own and "samples" in params:
+            # A smaller set than the profile's audits, never a larger one.
+            wanted["samples"] = min(int(own["samples"]), int(params["samples"]))
+        cases.append(dataclasses.replace(case, params=wanted, timeout_s=min(
+            case.timeout_s or LIVE_CASE_TIMEOUT_S, LIVE_CASE_TIMEOUT_S)))
+    shown = {key: cases[0].param(key) for key in params}
+    log(f"live: {study.name} audit of {recipes[0]} and {recipes[1]} on this machine "
+        f"({profile} profile; " + ", ".join(f"{k} {v or 'none'}" for k, v in shown.items())
+        + ")")
+    results = _run(cases, study=study.name, profile=profile,
+                   results_dir=resolve_repo_path(results_dir), services=study.services,
+                   log=log)
+    here = _verdict_rows(audit, results, recipes)
+    for name in recipes:
+        here.setdefault(name, {prop: "not run" for prop in audit.properties})
+    reference = _load_reference(reference_dir)
+    there = _verdict_rows(audit, reference, recipes) if reference is not None else {}
+    seconds = time.perf_counter() - started
+    result = AuditResult(
+        f"{study.name}: each property's verdict, {recipes[0]} and {recipes[1]} (audited here "
+        f"in {seconds:.0f} s)",
+        tuple(audit.properties), {name: here[name] for name in recipes}, there,
+        "" if reference is not None else "no reference results",
+        _machine(reference, study.name), seconds)
+    log(f"live: done in {result.seconds:.0f} s")
+    log(result.text)
+    return result

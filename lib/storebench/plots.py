@@ -21,8 +21,15 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from .results import format_order, ordered, reliable_peaks, summary_table
-from .text import MULTIPLY
+from .results import (
+    format_order,
+    mark_drawn,
+    ordered,
+    reliable_peaks,
+    resident_fractions,
+    summary_table,
+)
+from .text import MULTIPLY, cache_label
 
 CACHE_HATCHES = {"cold": "//", "warm": "", "": ""}
 # One colour per loader family, wherever lazy and preloaded loading are compared.
@@ -34,6 +41,7 @@ PALETTE = (
     "#bcbd22", "#17becf",
     "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7",
     "#dbdb8d", "#9edae5",
+    "#393b79", "#637939", "#8c6d31", "#843c39",
 )
 # Axis titles: words and units, never a column name.
 METRIC_TITLES = {
@@ -269,18 +277,17 @@ def grouped(ax, summary: pd.DataFrame, *, formats: list[str], colours: dict,
         for name in series:
             # Neutral legend entries: colour belongs to the format, fill/hatch to the series.
             if dots:
-                ax.plot([], [], marker="o", linestyle="none", color="grey", label=name,
+                ax.plot([], [], marker="o", linestyle="none", color="grey", label=cache_label(name),
                         markerfacecolor="white" if name == "cold" else "grey")
             else:
                 ax.bar([], [], color="lightgrey", edgecolor="black",
-                       hatch=CACHE_HATCHES.get(name, ""), label=name)
+                       hatch=CACHE_HATCHES.get(name, ""), label=cache_label(name))
 
 
 def plot_resident_fraction(df: pd.DataFrame, *, title: str = "") -> Figure:
     """The page-cache residency each case started its repeats with: the evidence that cold
     was cold (near 0) and warm was warm (near 1)."""
-    rows = df[(df["repeat"] >= 0) & df["resident_fraction"].notna() & (df["cache"] != "")]
-    rows = rows.drop_duplicates(["run_id", "case_id", "repeat"])
+    rows = resident_fractions(df)
     if rows.empty:
         return empty_figure("no cache-controlled rows")
     caches = ordered(rows["cache"], ("cold", "warm"))
@@ -290,8 +297,8 @@ def plot_resident_fraction(df: pd.DataFrame, *, title: str = "") -> Figure:
         values = rows.loc[rows["cache"] == cache, "resident_fraction"].to_numpy()
         jitter = np.linspace(-0.2, 0.2, len(values)) if len(values) > 1 else np.zeros(1)
         ax.scatter(position + jitter, values, s=10, alpha=0.6,
-                   label=f"{cache}: {len(values)} repeats")
-    ax.set_xticks(range(len(caches)), [f"{c} cases" for c in caches])
+                   label=f"{cache_label(cache)}: {len(values)} repeats")
+    ax.set_xticks(range(len(caches)), [f"{cache_label(c)} cases" for c in caches])
     ax.set_ylim(-0.05, 1.05)
     ax.set_ylabel("fraction of the dataset's files\nin the page cache before the repeat")
     # Named by study: several studies draw this figure, and their titles must tell them apart.
@@ -336,6 +343,7 @@ def plot_peak_memory(df: pd.DataFrame, *, label_column: str, title: str,
     sizes = (df.dropna(subset=[size_column]).groupby(label_column)[size_column].median()
              if size_column else pd.Series(dtype=float))
     shown, rest = merged.iloc[:top], merged.iloc[top:]
+    mark_drawn([*shown["stat_pss"], *shown["stat_uss"]])
     fig = Figure(figsize=(7.5, 0.42 * len(shown) + 2.2), layout="constrained")
     ax = fig.add_subplot()
     y = np.arange(len(shown))

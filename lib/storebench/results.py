@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -222,6 +223,32 @@ def stats_read() -> Iterator[list]:
         _SEEN_STATS.reset(token)
 
 
+# Where a figure that computes more medians than it draws (the highest few of many cases,
+# say) reports the ones it drew (``mark_drawn``) while ``stats_drawn()`` is open.
+_DRAWN_STATS: contextvars.ContextVar[list | None] = contextvars.ContextVar("drawn_stats",
+                                                                           default=None)
+
+
+@contextlib.contextmanager
+def stats_drawn() -> Iterator[list]:
+    """``with stats_drawn() as drawn:`` every ``Stat`` a figure drawn inside reports as
+    drawn (``mark_drawn``); empty where it drew every median it read."""
+    drawn: list = []
+    token = _DRAWN_STATS.set(drawn)
+    try:
+        yield drawn
+    finally:
+        _DRAWN_STATS.reset(token)
+
+
+def mark_drawn(stats) -> None:
+    """Report ``stats`` (Stats, None skipped) as the medians a figure drew, where it reads
+    more than it shows: its rows table (``report.figures.figure_rows``) then lists these."""
+    drawn = _DRAWN_STATS.get()
+    if drawn is not None:
+        drawn.extend(found for found in stats if isinstance(found, Stat))
+
+
 def row_sources(rows: pd.DataFrame) -> tuple[tuple[str, str, str], ...]:
     """(study, case_id, metric) of every case among ``rows``, in first-seen order."""
     if not {"study", "case_id", "metric"} <= set(rows.columns):
@@ -242,6 +269,37 @@ def stat(df: pd.DataFrame, metric: str, **where) -> Stat:
     return Stat.of(rows)
 
 
+def stat_columns(found: Stat) -> dict[str, object]:
+    """A figure's row's numbers for a reader to check a mark against: the median and the
+    spread of the repeats (min to max; a dash for one repeat) as text, and their count."""
+    return {"median": str(found), "spread": found.spread if found.count > 1 else DASH,
+            "n": found.count}
+
+
+def resident_fractions(df: pd.DataFrame) -> pd.DataFrame:
+    """The cache-controlled timed repeats' rows, one per run, case and repeat, each with the
+    fraction of the dataset's files in the page cache as the repeat started
+    (``resident_fraction``): the evidence that cold was cold and warm was warm."""
+    rows = df[(df["repeat"] >= 0) & df["resident_fraction"].notna() & (df["cache"] != "")]
+    return rows.drop_duplicates(["run_id", "case_id", "repeat"])
+
+
+def resident_fraction_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """Per cache state, what the resident-fraction figure draws (a point per repeat of
+    ``resident_fractions``): the median, the spread (min to max) and the count of the
+    repeats' resident fractions, and the cases they belong to."""
+    rows = resident_fractions(df)
+    out = []
+    for cache in ordered(rows["cache"], ("cold", "warm")):
+        part = rows[rows["cache"] == cache]
+        values = part["resident_fraction"].astype(float)
+        found = Stat(float(values.median()), float(values.min()), float(values.max()),
+                     int(values.size), "ratio", tuple(values))
+        out.append({"cache": cache, "metric": "resident_fraction", **stat_columns(found),
+                    "cases": part["case_id"].nunique()})
+    return pd.DataFrame(out, columns=["cache", "metric", "median", "spread", "n", "cases"])
+
+
 def summed_stat(df: pd.DataFrame, metrics: Sequence[str], **where) -> Stat:
     """The Stat of the per-repeat sum of ``metrics`` (e.g. preload plus epoch seconds),
     summing within each repeat so that pairs stay paired."""
@@ -257,6 +315,50 @@ def summed_stat(df: pd.DataFrame, metrics: Sequence[str], **where) -> Stat:
     total = sum(per_metric[1:], per_metric[0]).dropna().sort_index()
     return Stat(float(total.median()), float(total.min()), float(total.max()), int(total.size),
                 unit, tuple(float(v) for v in total), derived_from=sources)
+
+
+# Later cold repeats at least this much faster than the first (median over a study's cold
+# cases) mean a cache below the guest's page cache served them: the host's, on a VM.
+HOST_CACHE_MARGIN = 0.05
+
+
+def cold_repeats(df: pd.DataFrame, metric: str) -> pd.DataFrame:
+    """Each cold case reading ``metric`` with at least two repeats: its first timed repeat
+    apart from the later ones. Every repeat starts from evicted, checked files, so a first
+    repeat slower than the later ones is the mark of a cache outside this guest (the VM's
+    host) that the eviction cannot reach. Columns: case_id, format, encoding, n, first,
+    later_median, later_over_first, resident_before (the most any repeat started with) and
+    resident_after (the most any ended with; NaN where not recorded), unit."""
+    rows = select(df[df["cache"] == "cold"], metric)
+    after = select(df[df["cache"] == "cold"], "resident_fraction_after")
+    columns = ["case_id", "format", "encoding", "n", "first", "later_median",
+               "later_over_first", "resident_before", "resident_after", "unit"]
+    table = []
+    for case_id, case in rows.groupby("case_id", sort=True):
+        case = case.sort_values("repeat", kind="stable")
+        if len(case) < 2:
+            continue
+        first = float(case["value"].iloc[0])
+        later = float(case["value"].iloc[1:].median())
+        ended = after.loc[after["case_id"] == case_id, "value"]
+        table.append({
+            "case_id": case_id, "format": case["format"].iloc[0],
+            "encoding": case["encoding"].iloc[0], "n": len(case), "first": first,
+            "later_median": later, "later_over_first": later / first if first else math.nan,
+            "resident_before": float(case["resident_fraction"].max()),
+            "resident_after": float(ended.max()) if len(ended) else math.nan,
+            "unit": str(case["unit"].iloc[0]),
+        })
+    return pd.DataFrame(table, columns=columns)
+
+
+def host_cache_detected(table: pd.DataFrame) -> bool | None:
+    """Whether ``cold_repeats``' cases show a cache below the guest: their later repeats'
+    median at least ``HOST_CACHE_MARGIN`` faster than the first, over the cases' median.
+    None: no case had two repeats. False never excludes such a cache: it was not seen."""
+    if table.empty:
+        return None
+    return bool(table["later_over_first"].median() >= 1 + HOST_CACHE_MARGIN)
 
 
 def summary_table(df: pd.DataFrame, metric: str, by: Sequence[str]) -> pd.DataFrame:

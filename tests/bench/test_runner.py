@@ -59,6 +59,13 @@ def test_cold_rows_were_cold_and_warm_rows_warm(formats_results):
     assert len(cold) and len(warm)
     assert cold.max() < 0.05
     assert warm.min() > 0.95
+    # Each cold repeat also records what it left in the page cache; a warm one does not.
+    after = timed[timed["metric"] == "resident_fraction_after"]
+    cold_repeats = timed.loc[timed["cache"] == "cold", ["case_id", "repeat"]].drop_duplicates()
+    assert sorted(map(tuple, after[["case_id", "repeat"]].to_numpy())) == sorted(
+        map(tuple, cold_repeats.to_numpy()))
+    assert set(after["cache"]) == {"cold"}
+    assert after["value"].between(0, 1).all()
 
 
 def _file_case(tmp_path, name, **fields):

@@ -44,7 +44,7 @@ def test_formats_findings_state_the_measured_ratios():
             "(1.00 MB); largest is rawfiles at 1.20\u00d7 (1.20 MB).") in sentences
     assert ("raw arrays: memmap reads 3.00\u00d7 faster than rawfiles warm, sequentially "
             "(median of 3 repeats: 3.00k samples/s vs 1.00k samples/s).") in sentences
-    assert any("memmap reads 8.00\u00d7 faster than rawfiles cold, sequentially" in s
+    assert any("memmap reads 8.00\u00d7 faster than rawfiles guest-cold, sequentially" in s
                and "at most 0% of the files resident" in s for s in sentences)
     assert any("slowest is rawfiles (2.00 s, 4.00\u00d7 longer)" in s for s in sentences)
     assert any("rawfiles writes 500 files, memmap 2" in s for s in sentences)
@@ -96,7 +96,7 @@ def test_knob_table_puts_each_variant_beside_the_default_build():
     assert list(table["setting"]) == ["1", f"{default} (default)", "1024"]
     assert list(table["random_cold"]) == [50.0, 100.0, 400.0]
     (sentence,) = formats.knob_findings(df)
-    assert sentence == (f"hdf5 (raw arrays) chunk_samples, random batches, cold: 1: 50.0 "
+    assert sentence == (f"hdf5 (raw arrays) chunk_samples, random batches, guest-cold: 1: 50.0 "
                         f"samples/s; {default} (default): 100 samples/s; 1024: 400 samples/s; "
                         "sequential warm reads are fastest with 1024, 3.00\u00d7 those with "
                         f"{default} (default).")
@@ -113,7 +113,7 @@ def test_the_formats_guide_compares_every_measured_build():
                build_case("rawfiles", seconds=2.0, apparent=1_200_000, files=500))
     rows = {row.question: row for row in formats.guide(Results(df, {}))}
     (cold,) = [row for question, row in rows.items()
-               if question.startswith("Reading every sample once from a cold cache, "
+               if question.startswith("Reading every sample once from a guest-cold cache, "
                                       "undecoded, raw")]
     assert {c.key for c in cold.candidates} == set(FORMATS)
     assert cold.best.key == list(FORMATS)[-1] and not cold.tie
@@ -178,7 +178,7 @@ def test_the_sequential_read_figure_answers_with_the_fastest_format_per_encoding
     df = pd.DataFrame(rows, columns=["encoding", "cache", "format", "value"]).assign(
         metric="file_MBps")
     assert sequential_read_takeaway(df, "file_MBps") == [
-        "raw arrays, fastest: warm memmap (24\u00d7 the slowest); cold memmap (19\u00d7 the "
+        "raw arrays, fastest: warm memmap (24\u00d7 the slowest); guest-cold memmap (19\u00d7 the "
         "slowest).",
         "JPEG, fastest: warm lmdb (1.67\u00d7 the slowest).",
     ]

@@ -36,7 +36,7 @@ def test_lazy_vs_preloaded_findings():
     assert "the preloaded epoch runs 4.00\u00d7 the lazy one's throughput on memmap" in text
     assert "preloading delays the first batch to 200 ms on memmap against 20.0 ms" in text
     assert "preloaded minus lazy is +10.0 MB" in text
-    assert "a cold cache costs lazy reading most on memmap (4.00\u00d7 slower than warm)" in text
+    assert "a guest-cold cache costs lazy reading most on memmap (4.00\u00d7 slower than warm)" in text
     assert ("The largest dataset measured is memmap-raw at 1.00 MB, <0.1% of this machine's "
             "10.0 GB RAM.") in text
     assert "opt-in `large` profile (25.0 GB, 250% of RAM)" in text
@@ -117,7 +117,7 @@ def test_access_orders_and_readahead_knobs():
     assert readahead.loc["True", "samples_per_s"] == 500.0
     assert readahead.loc["False", "option"] == "madvise_random"
     assert study.readahead_findings(df) == [
-        "memmap, cold, shuffled: madvise_random=True runs 2.00\u00d7 faster than "
+        "memmap, guest-cold, shuffled: madvise_random=True runs 2.00\u00d7 faster than "
         "madvise_random=False (500 samples/s vs 250 samples/s)."]
 
 

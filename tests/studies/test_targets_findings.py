@@ -80,7 +80,7 @@ def test_targets_markdown_lists_every_declared_target_met_or_not():
             "repeats, n=2) | "
             "\u2265 75% | **no** (67% short; n=2) |") in markdown
     # Targets other studies declare are listed though these rows hold none of them.
-    assert ("| Out of core: shuffled vs cold sequential |  | not measured in these results | "
+    assert ("| Out of core: shuffled vs guest-cold sequential |  | not measured in these results | "
             "\u2265 50% | not measured |") in markdown
     for _, spec in all_targets.every_target():
         assert f"| {spec.name} |" in markdown

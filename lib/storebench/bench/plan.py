@@ -105,7 +105,7 @@ PLANS: dict[str, StudyPlan] = {
     # budget of a few cases, so that the top-up runs too, and no floor of decision repeats.
     "ci": StudyPlan(repeats=3, adaptive=None, timeout_s=300.0, compact=True,
                     epoch_samples=None, index_entries=50_000, steady_batches=3,
-                    steady_seconds=0.0, topup_budget_s=20.0, decision_repeats=None),
+                    steady_seconds=0.0, topup_budget_s=5.0, decision_repeats=None),
 }
 
 

@@ -82,6 +82,9 @@ METRIC_UNITS: dict[str, str] = {
     "kernel_peak_bytes": "bytes",
     "kernel_peak_from_cgroup": "count",
     "peak_memory_reliable": "count",
+    # a cold repeat's residency of its dataset's files when it ended (the harness; the
+    # residency it started with is the row's resident_fraction column)
+    "resident_fraction_after": "ratio",
     # one per case: its whole wall time in the subprocess (also for failures)
     "case_seconds": "s",
     # reading and loading

@@ -32,7 +32,7 @@ import traceback
 from pathlib import Path
 
 from ..processes import die_with_parent
-from .cache import prepare
+from .cache import prepare, resident_fraction
 from .case import Case, CaseResources, CaseSkipped, Trial
 from .schema import CASE_REPEAT, METRIC_UNITS, UNITS
 from .stats import (
@@ -152,6 +152,11 @@ def run_job(job: dict) -> list[dict]:
         for repeat in range(case.repeats):
             trial = trial_for(repeat, f"repeat {repeat + 1} of {most}")
             metrics = _check_metrics(case, function(case, trial), trial.harness_metrics())
+            if case.cache == "cold" and case.cache_files:
+                # What the repeat left cached in this guest: with the residency it started
+                # at, the evidence of what a cold repeat read from below the page cache.
+                metrics["resident_fraction_after"] = (resident_fraction(case.cache_files),
+                                                      "ratio")
             for name, (value, unit) in metrics.items():
                 records.append({
                     "repeat": repeat,

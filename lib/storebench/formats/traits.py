@@ -11,8 +11,8 @@ SHUFFLE_UNITS = ("sample", "block")
 # What a build knob changes, as the formats study's knob table reads it: (its column, what
 # that column measures). A knob not declared is shown on warm sequential reads.
 KNOB_EFFECTS = {
-    "random_cold": "random batches, cold",
-    "sequential_cold": "a cold sequential read",
+    "random_cold": "random batches, guest-cold",
+    "sequential_cold": "a guest-cold sequential read",
     "sequential_warm": "sequential reads, warm",
     "size_ratio": "bytes on disk / raw bytes",
 }

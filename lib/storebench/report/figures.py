@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
 from ..plots import save_figure
-from ..results import Results, stats_read
+from ..results import Results, stat_columns, stats_drawn, stats_read
 from ..studies import STUDIES, FigureSpec, Study, get_study
-from ..text import DASH, format_value
 
 # What a figure's row is, where its rows have it: shown when it differs between rows.
 FIGURE_ROW_FIELDS = ("study", "format", "encoding", "loader", "prefetcher", "workers",
@@ -71,31 +71,85 @@ def plot_all(results_dir: Path | str, *, workers: int | None = None) -> list[Pat
     return [path for paths in done for path in paths]
 
 
-def figure_rows(spec: FigureSpec, results: Results) -> pd.DataFrame:
-    """The rows figure ``spec`` draws from ``results``, one per median it computes: what
-    was measured (the fields that differ between its rows, and the cases), the metric, the
-    median, the spread of the repeats (min to max) and their count ``n``. The figure is
-    drawn again and every median it takes through the query layer (``results.Stat``) is
-    reported, so the table holds what the bars and points were drawn from."""
-    with stats_read() as seen:
+# A figure's rows table shows at most this many rows, the rest counted in its note: a reader
+# checks a mark against it, and a screenful is what one reads.
+FIGURE_ROWS_LIMIT = 40
+
+
+@dataclass(frozen=True)
+class FigureRows:
+    """A figure's rows as a notebook shows them: ``table``, the first ``len(table)`` of
+    ``total`` rows, and above it, where some are left out, a line saying how many."""
+
+    table: pd.DataFrame
+    total: int
+
+    @property
+    def note(self) -> str:
+        if len(self.table) == self.total:
+            return ""
+        return (f"showing {len(self.table)} of {self.total}; figure_rows(..., limit=None) "
+                "for all")
+
+    def __len__(self) -> int:
+        return len(self.table)
+
+    # Shown as the table itself, with the note above it where there is one.
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        note = f"<p>{escape(self.note)}</p>" if self.note else ""
+        return note + self.table._repr_html_()
+
+    def __repr__(self) -> str:
+        return f"{self.note}\n{self.table!r}" if self.note else repr(self.table)
+
+
+def figure_rows(spec: FigureSpec, results: Results, *,
+                limit: int | None = FIGURE_ROWS_LIMIT) -> FigureRows:
+    """The rows figure ``spec`` draws from ``results``, one per mark: the figure's own
+    table where it declares one (``FigureSpec.rows``: verdicts, counts, points), else one
+    per median it computes: what was measured (the fields that differ between its rows, and
+    the cases), the metric, the median, the spread of the repeats (min to max) and their
+    count ``n``. The figure is drawn again and every median it takes through the query
+    layer (``results.Stat``) is reported, so the table holds what the bars and points were
+    drawn from. Beyond ``limit`` rows (None: no limit) only the first are shown, medians
+    ordered by metric and then largest first."""
+    if spec.rows is not None:
+        table = spec.rows(results).reset_index(drop=True)
+    else:
+        table = _median_rows(spec, results)
+        if limit is not None and len(table) > limit:
+            table = table.sort_values(["metric", "_value"], ascending=[True, False],
+                                      kind="stable")
+        table = table.drop(columns="_value").reset_index(drop=True)
+    shown = table if limit is None else table.head(limit)
+    return FigureRows(shown, len(table))
+
+
+def _median_rows(spec: FigureSpec, results: Results) -> pd.DataFrame:
+    """Every median drawing ``spec`` reads (``results.stats_read``), or where it reports
+    those it drew (``results.mark_drawn``) those, once each, with its value in ``_value``
+    for ordering."""
+    with stats_read() as seen, stats_drawn() as drawn:
         spec.draw(results)
+    shown = {(stat.sources, stat.unit, stat.values) for stat in drawn}
     out, kept = [], set()
     for stat, row in seen:
         key = (stat.sources, stat.unit, stat.values)
-        if key in kept:
+        if key in kept or (shown and key not in shown):
             continue
         kept.add(key)
         cases = list(dict.fromkeys(case for _, case, _ in stat.sources)) or [row["case_id"]]
         out.append({
             **{name: row.get(name) for name in FIGURE_ROW_FIELDS},
             "metric": str(row["metric"]),
-            "median": format_value(stat.median, stat.unit),
-            "spread": stat.spread if stat.count > 1 else DASH,
-            "n": stat.count,
+            **stat_columns(stat),
             "case": cases[0] + (f" (+{len(cases) - 1} more)" if len(cases) > 1 else ""),
+            "_value": stat.median,
         })
-    table = pd.DataFrame(out, columns=[*FIGURE_ROW_FIELDS, "metric", "median", "spread", "n",
-                                       "case"])
+    columns = ["metric", "median", "spread", "n", "case", "_value"]
+    table = pd.DataFrame(out, columns=[*FIGURE_ROW_FIELDS, *columns])
     varying = [name for name in FIGURE_ROW_FIELDS
                if table[name].astype(str).nunique() > 1]
-    return table[[*varying, "metric", "median", "spread", "n", "case"]].reset_index(drop=True)
+    return table[[*varying, *columns]]

@@ -6,11 +6,14 @@ import json
 import re
 from pathlib import Path
 
+from .cold import cold_block
 from .examples import EXAMPLES_PAGE, render_examples_page
 from .recipes import RECIPES_PAGE, render_recipes_page
 
 START, END = "<!-- findings:start -->", "<!-- findings:end -->"
 COMMANDS_START, COMMANDS_END = "<!-- commands:start -->", "<!-- commands:end -->"
+# The methodology page's block on cold reads under a virtual machine (``report.cold``).
+COLD_START, COLD_END = "<!-- cold:start -->", "<!-- cold:end -->"
 # Committed runs of ``make quick``, one directory per run id, relative to the README.
 QUICK_RUNS = "results/quick-runs"
 
@@ -231,6 +234,7 @@ def update_readme(readme: Path | str, results_dir: Path | str) -> bool:
     methodology = readme.resolve().parent / METHODOLOGY_PAGE
     if methodology.exists():
         changed = _fill(methodology, render_calibration_block(results_dir)) or changed
+        changed = _fill(methodology, cold_block(results_dir), COLD_START, COLD_END) or changed
     examples = readme.resolve().parent / EXAMPLES_PAGE
     if examples.exists():
         changed = _fill(examples, render_examples_page(

@@ -218,6 +218,26 @@ def plot_target_ratios(table: pd.DataFrame, df: pd.DataFrame | None = None) -> F
     return fig
 
 
+def target_rows(results: Results) -> pd.DataFrame:
+    """What the targets figure draws, one row per bar: the target, its verdict, its median
+    (value), 95% interval and repeats (n), and its threshold."""
+    table = all_targets_table(results)
+    out = []
+    for _, row in table.iterrows():
+        fmt = _text_for(row["is_fraction"])
+        bounded = (row["measured"] and np.isfinite(row["low"]) and np.isfinite(row["high"])
+                   and row["repeats"] >= MIN_DECISION_REPEATS)
+        out.append({"study": row["study"], "target": row["target"],
+                    "verdict": target_verdict(row),
+                    "median": fmt(row["value"]) if row["measured"] else DASH,
+                    "interval": f"{fmt(row['low'])}{DASH}{fmt(row['high'])}" if bounded
+                    else DASH,
+                    "n": int(row["repeats"]), "threshold": f"\u2265 {fmt(row['threshold'])}"})
+    return pd.DataFrame(out, columns=["study", "target", "verdict", "median", "interval", "n",
+                                      "threshold"])
+
+
 TARGETS_MET = FigureSpec("targets_met", "Every performance target against its threshold: met, "
                          "unmet or undecided",
-                         lambda r: plot_target_ratios(all_targets_table(r), r.df))
+                         lambda r: plot_target_ratios(all_targets_table(r), r.df),
+                         rows=target_rows)

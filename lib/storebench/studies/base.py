@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # a case worker imports this package: no pandas or matplotlib at run time
+    import pandas as pd
     from matplotlib.figure import Figure
 
     from ..results import Results
@@ -23,6 +24,11 @@ class FigureSpec:
     name: str
     caption: str
     draw: Callable[[Results], Figure]
+    # ``rows(results)``: the table of what the figure draws, one row per mark, for a figure
+    # whose marks are not each a median (``results.Stat``): verdicts, counts, every point of
+    # a scatter. None: the medians the figure reads are its rows
+    # (``report.figures.figure_rows``).
+    rows: Callable[[Results], pd.DataFrame] | None = None
 
 
 @dataclass(frozen=True)
@@ -115,6 +121,33 @@ LIVE_SETTINGS = {"workers": "workers", "batch_size": "batch_size", "decoder": "p
 
 
 @dataclass(frozen=True)
+class LiveAudit:
+    """The audit a study's notebook runs on the reader's machine in under a minute
+    (``storebench.live.run_audit``), for a study that checks properties rather than timing
+    rates: its own case for each of two recipes (``recipes``, the default pair; the case
+    whose ``recipe`` param names it), made smaller by ``settings``, and each property's
+    verdict here beside the reference's for the same recipe. ``verdicts(results)``: one row
+    per recipe (a ``recipe`` column) and a column per property, of which the cell prints
+    ``properties``. ``settings``: the study's own values of ``LIVE_AUDIT_SETTINGS``."""
+
+    recipes: tuple[str, str]
+    verdicts: Callable[[Results], pd.DataFrame]
+    properties: tuple[str, ...]
+    settings: Mapping[str, object] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        wrong = sorted(set(self.settings) - set(LIVE_AUDIT_SETTINGS))
+        if wrong:
+            raise ValueError(f"live audit: unknown settings {wrong}; known: "
+                             f"{list(LIVE_AUDIT_SETTINGS)}")
+
+
+# The knobs a live audit's cell may set, and the case param each one sets (a tuple of counts
+# is written as the param's comma-separated list).
+LIVE_AUDIT_SETTINGS = {"samples": "samples", "ranks": "rank_counts", "workers": "worker_counts"}
+
+
+@dataclass(frozen=True)
 class ReadmePlace:
     """Where the README's findings block is written: paths in it are relative to ``base``;
     ``results_dir`` holds the results it states."""
@@ -165,8 +198,13 @@ class Study:
     # Its README part and figures show every study's targets too: their table and figure
     # are drawn above the studies (``storebench.report.targets``), which know them all.
     shows_every_target: bool = False
-    # The comparison its notebook's live cell times on the reader's machine; None: none.
-    live: LiveComparison | None = None
+    # What its notebook's live cell runs on the reader's machine: a comparison it times,
+    # or an audit whose verdicts it reads; None: none.
+    live: LiveComparison | LiveAudit | None = None
+    # The rate its cold cases are read on, first repeat against the later ones
+    # (``results.cold_repeats``): the methodology's evidence of a cache below the guest.
+    # "": it has no cold cases.
+    cold_rate_metric: str = ""
 
     def __post_init__(self) -> None:
         drawn = {spec.name for spec in self.figures}

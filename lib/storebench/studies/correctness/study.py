@@ -40,7 +40,7 @@ from ...bench.plan import plan_for
 from ...plots import empty_figure
 from ...recipes import RECIPES
 from ...results import Results, latest_runs
-from ..base import FigureSpec, Study
+from ..base import FigureSpec, LiveAudit, Study
 from .cases import (
     COMPARED_SAMPLES,
     NO_WORKER_COUNT,
@@ -107,6 +107,16 @@ VERDICT_COLOURS = {"pass": "#4caf50", "fail": "#e53935", "partial": "#ff9800",
                    "not run": "#f5f5f5", "threads": "#cfd8dc"}
 
 
+# Probes the notebook's live audit reads (fewer where the profile's audit reads fewer).
+LIVE_SAMPLES = 256
+
+
+# On a compact plan (ci), one recipe of these engines is audited, not each: their recipes
+# differ in the reader only, and each run starts the engine (a Ray node: about 10 s), so
+# the ci audit of every one would take minutes. Full plans audit them all.
+ENGINES_AUDITED_ONCE_WHEN_COMPACT = frozenset({"ray"})
+
+
 def size_for(profile: str) -> AuditSize:
     return COMPACT_SIZE if plan_for(profile).compact else FULL_SIZE
 
@@ -122,7 +132,12 @@ def grid(*, profile: str, data_dir: Path | str, repeats: int | None = None) -> l
     plan = plan_for(profile)
     size = size_for(profile)
     cases = []
+    audited_engines = set()
     for name, recipe in RECIPES.items():
+        engine = ENGINES_AUDITED_ONCE_WHEN_COMPACT & set(recipe.path.libraries)
+        if plan.compact and engine & audited_engines:
+            continue
+        audited_engines |= engine
         params = {"recipe": name, "samples": size.samples,
                   "rank_counts": _joined(size.rank_counts),
                   "worker_counts": _joined(size.worker_counts)}
@@ -349,6 +364,10 @@ def resume_for(recipe, outcomes: dict) -> Outcome:
     found = outcomes.get(key) or next(
         (o for (loader, _), o in outcomes.items() if loader == recipe.loader), None)
     if found is None:
+        from ...loaders.peers.ray_data import NO_RESUME, RAY_DATA_PATHS
+
+        if recipe.loader in RAY_DATA_PATHS:
+            return Outcome("skipped", f"unsupported by the library: {NO_RESUME}")
         return Outcome("not run", "no resume row for its loader path")
     return Outcome(found.verdict, f"{found.text} (resume study, {recipe.path.label})")
 
@@ -402,18 +421,25 @@ def passed(row) -> int:
 
 
 # -- figure --------------------------------------------------------------------------------
+def verdict_grid(results: Results) -> pd.DataFrame:
+    """What the figure draws: one row per recipe, one column per property and the killed
+    worker, each cell its verdict."""
+    table = correctness_table(results)
+    columns = {PROPERTY_COLUMNS[p]: p for p in PROPERTIES} | {"killed_worker": KILLED_WORKER}
+    return table[["recipe", *columns]].rename(columns=columns)
+
+
 def plot_correctness(results: Results) -> Figure:
     """Recipe x property, each cell the verdict read from the delivered samples (green:
     holds; red: fails; orange: partly; grey: skipped or not run, the reason in the table)."""
     from matplotlib.patches import Rectangle
 
-    table = correctness_table(results)
+    table = verdict_grid(results)
     if table.empty:
         return empty_figure("no correctness rows")
     fig = Figure(figsize=(11, 0.42 * len(table) + 1.8), layout="constrained")
     ax = fig.add_subplot()
-    columns = [PROPERTY_COLUMNS[p] for p in PROPERTIES] + ["killed_worker"]
-    names = list(PROPERTIES) + [KILLED_WORKER]
+    names = columns = list(PROPERTIES) + [KILLED_WORKER]
     for y, (_, row) in enumerate(table.iterrows()):
         for x, column in enumerate(columns):
             verdict = row[column]
@@ -507,7 +533,7 @@ STUDY = Study(
         FigureSpec("correctness_properties", "Per recipe, whether each property holds as "
                    "read from what it delivered: exactly once (workers and ranks), distinct "
                    "randomness, determinism given a seed, a shuffled order, and exact resume "
-                   "(from the resume study).", plot_correctness),
+                   "(from the resume study).", plot_correctness, rows=verdict_grid),
     ),
     findings=findings,
     guide=guide,
@@ -515,4 +541,11 @@ STUDY = Study(
     readme_figures=("correctness_properties",),
     synthetic_only=True,
     reads_profile_sets=False,
+    # Two recipes whose workers are processes (a worker can be killed), over a few hundred
+    # probes: the audit's runs, ranks included, in well under a minute.
+    live=LiveAudit(recipes=("storebench-process-lmdb", "torch-imagefolder"),
+                   verdicts=verdict_grid,
+                   properties=(*PROPERTIES[:-1], KILLED_WORKER),
+                   settings={"samples": LIVE_SAMPLES, "ranks": (3,),
+                             "workers": (1, REFERENCE_WORKERS)}),
 )

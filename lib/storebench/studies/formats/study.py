@@ -38,10 +38,12 @@ from ...results import (
     Results,
     Stat,
     best_row,
+    cold_repeats,
     dataset_names,
     default_builds,
     format_order,
     ordered,
+    resident_fraction_rows,
     row_sources,
     select,
     sort_rows,
@@ -53,6 +55,7 @@ from ...text import (
     ENCODING_ORDER,
     MULTIPLY,
     bullets,
+    cache_label,
     faster_sentence,
     format_percent,
     format_ratio,
@@ -170,7 +173,9 @@ def cold_warm_table(df: pd.DataFrame, *, metric: str = "samples_per_s",
                     study: str = "formats", loader: str | None = "reader",
                     access: str | None = "sequential") -> pd.DataFrame:
     """Per dataset (knob variants included, by name): ``metric`` cold and warm (medians),
-    warm/cold, the resident fraction each started with, and the repeats."""
+    the cold case's first repeat apart (``cold_first``: a cache below the guest may serve
+    the later ones, ``results.cold_repeats``), warm/cold, the resident fraction each
+    started with, and the repeats."""
     rows = df[df["study"] == study]
     if loader is not None:
         rows = rows[rows["loader"] == loader]
@@ -178,8 +183,8 @@ def cold_warm_table(df: pd.DataFrame, *, metric: str = "samples_per_s",
         rows = rows[rows["access"] == access]
     rows = rows.assign(dataset=dataset_names(rows))
     summary = summary_table(rows, metric, ["encoding", "format", "dataset", "cache"])
-    columns = ["encoding", "format", "dataset", "cold", "warm", "warm_over_cold",
-               "cold_resident", "warm_resident", "repeats"]
+    columns = ["encoding", "format", "dataset", "cold", "cold_first", "warm",
+               "warm_over_cold", "cold_resident", "warm_resident", "repeats"]
     if summary.empty:
         return pd.DataFrame(columns=columns)
     values = summary.pivot_table(index=["encoding", "format", "dataset"], columns="cache",
@@ -193,6 +198,9 @@ def cold_warm_table(df: pd.DataFrame, *, metric: str = "samples_per_s",
         "repeats": repeats,
     }).reset_index()
     table["warm_over_cold"] = table["warm"] / table["cold"]
+    firsts = cold_repeats(rows, metric).merge(
+        rows[["case_id", "dataset"]].drop_duplicates(), on="case_id")
+    table["cold_first"] = table["dataset"].map(firsts.set_index("dataset")["first"])
     return sort_rows(table[columns])
 
 
@@ -239,7 +247,7 @@ def formats_findings(df: pd.DataFrame) -> list[str]:
         readings = reads[reads["encoding"] == encoding].dropna(subset=["warm"])
         cold = readings.dropna(subset=["cold"])
         for cache, rows, condition in (("warm", readings, "warm, sequentially"),
-                                       ("cold", cold, "cold, sequentially")):
+                                       ("cold", cold, "guest-cold, sequentially")):
             if len(rows) < 2:
                 continue
             best = best_row(rows, cache)
@@ -254,7 +262,7 @@ def formats_findings(df: pd.DataFrame) -> list[str]:
                 condition=condition)
             if cache == "cold":
                 sentence += (
-                    f"; cold repeats started with at most "
+                    f"; guest-cold repeats started with at most "
                     f"{format_percent(cold['cold_resident'].max())} of the files resident, "
                     f"warm ones with at least {format_percent(readings['warm_resident'].min())}"
                 )
@@ -495,7 +503,7 @@ def plot_sequential_read(df: pd.DataFrame, *, metric: str = "file_MBps",
         grouped(ax, summary, formats=formats, colours=colours, series=caches,
                 series_column="cache", dots=True)
         if limits and metric.endswith("MBps"):
-            for key, label, style in (("cold_seq_read_GBps", "cold read limit", "--"),
+            for key, label, style in (("cold_seq_read_GBps", "guest-cold read limit", "--"),
                                       ("page_cache_read_GBps", "page-cache limit", ":")):
                 if isinstance(limits.get(key), int | float):
                     ax.axhline(limits[key] * 1000.0, color="black", linestyle=style,
@@ -507,7 +515,7 @@ def plot_sequential_read(df: pd.DataFrame, *, metric: str = "file_MBps",
     fig.legend(handles, labels, loc="outside lower center", ncols=len(labels),
                fontsize="small")
     fig.suptitle("\n".join(["Which format reads a whole set fastest, front to back, "
-                            "undecoded, cold (hollow) and warm? "
+                            "undecoded, guest-cold (hollow) and warm? "
                             f"({metric_title(metric)}: median, min-max of repeats)",
                             *sequential_read_takeaway(df, metric)]),
                  fontsize="medium")
@@ -526,7 +534,7 @@ def sequential_read_takeaway(df: pd.DataFrame, metric: str) -> list[str]:
             if (encoding, cache) not in medians.index.droplevel("format"):
                 continue
             rates = medians.loc[(encoding, cache)]
-            said.append(f"{cache} {rates.idxmax()} "
+            said.append(f"{cache_label(cache)} {rates.idxmax()} "
                         f"({format_ratio(rates.max() / rates.min())} the slowest)")
         if said:
             parts.append(f"{ENCODING_NAMES.get(encoding, encoding)}, fastest: "
@@ -535,8 +543,8 @@ def sequential_read_takeaway(df: pd.DataFrame, metric: str) -> list[str]:
 
 
 KNOB_AXIS_TITLES = {
-    "random_cold": "random batches, cold\n(samples per second)",
-    "sequential_cold": "sequential read, cold\n(samples per second)",
+    "random_cold": "random batches, guest-cold\n(samples per second)",
+    "sequential_cold": "sequential read, guest-cold\n(samples per second)",
     "sequential_warm": "sequential read, warm\n(samples per second)",
     "size_ratio": "bytes on disk / raw pixel bytes",
 }
@@ -626,7 +634,7 @@ FIGURES = (
                lambda r: plot_build_cost(r.study("formats"),
                                          workloads=r.workloads.get("formats"))),
     FigureSpec("formats_sequential_read",
-               "Sequential read, cold vs warm, against the machine's limits",
+               "Sequential read, guest-cold vs warm, against the machine's limits",
                lambda r: plot_sequential_read(r.study("formats"), limits=r.limits,
                                               workloads=r.workloads.get("formats"))),
     FigureSpec("formats_sequential_read_samples", "Sequential read in samples per second",
@@ -636,7 +644,8 @@ FIGURES = (
                lambda r: plot_knobs(r.study("formats"),
                                     workloads=r.workloads.get("formats"))),
     FigureSpec("formats_resident_fraction", "Page-cache state before each repeat",
-               lambda r: plot_resident_fraction(r.study("formats"))),
+               lambda r: plot_resident_fraction(r.study("formats")),
+               rows=lambda r: resident_fraction_rows(r.study("formats"))),
     FigureSpec("formats_peak_memory", "Peak memory per read case",
                lambda r: plot_formats_memory(r.study("formats"))),
 )
@@ -678,7 +687,7 @@ def guide(results: Results) -> list:
         candidates = [Candidate(fmt, fmt, stat(part, "samples_per_s", format=fmt))
                       for fmt in ordered(part["format"], format_order())]
         rows.append(choose(
-            "formats", f"Reading every sample once from a cold cache, undecoded, "
+            "formats", f"Reading every sample once from a guest-cold cache, undecoded, "
             f"{ENCODING_NAMES.get(encoding, encoding)}"
             f"{question_caption(results, 'formats', part, encoding)}",
             "samples_per_s", candidates, facets={"encoding": encoding}))
@@ -793,4 +802,5 @@ STUDY = Study(
     readme_figures=("formats_build_cost", "formats_sequential_read"),
     readme_text=readme_text,
     live=LIVE,
+    cold_rate_metric="samples_per_s",
 )

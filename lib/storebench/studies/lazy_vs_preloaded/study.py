@@ -49,6 +49,7 @@ from ...results import (
     params_of,
     ratio_interval,
     reliable_peaks,
+    resident_fraction_rows,
     select,
     sort_rows,
     stat,
@@ -59,6 +60,7 @@ from ...text import (
     ENCODING_NAMES,
     ENCODING_ORDER,
     MULTIPLY,
+    cache_label,
     finite,
     format_percent,
     format_ratio,
@@ -235,7 +237,7 @@ def lazy_vs_preloaded_findings(df: pd.DataFrame, env: Mapping | None = None, *,
             first = cold["time_to_first_batch_s"]
             slowest = (first["preloaded"] / first["lazy"]).idxmax()
             sentences.append(
-                f"{name}, cold: preloading delays the first batch to "
+                f"{name}, guest-cold: preloading delays the first batch to "
                 f"{format_value(first.loc[slowest, 'preloaded'], 's')} on {slowest} against "
                 f"{format_value(first.loc[slowest, 'lazy'], 's')} when reading lazily "
                 f"({format_ratio(first.loc[slowest, 'preloaded'] / first.loc[slowest, 'lazy'])})."
@@ -266,10 +268,11 @@ def lazy_vs_preloaded_findings(df: pd.DataFrame, env: Mapping | None = None, *,
             if not penalty.empty:
                 worst = penalty.idxmax()
                 sentences.append(
-                    f"{name}: a cold cache costs lazy reading most on {worst} "
+                    f"{name}: a guest-cold cache costs lazy reading most on {worst} "
                     f"({format_ratio(penalty[worst])} slower than warm) and least on "
-                    f"{penalty.idxmin()} ({format_ratio(penalty.min())}); cold repeats started "
-                    f"with at most {format_percent(lazy[('resident_fraction', 'cold')].max())} "
+                    f"{penalty.idxmin()} ({format_ratio(penalty.min())}); guest-cold repeats "
+                    f"started with at most "
+                    f"{format_percent(lazy[('resident_fraction', 'cold')].max())} "
                     f"of the files resident, warm ones with at least "
                     f"{format_percent(lazy[('resident_fraction', 'warm')].min())}."
                 )
@@ -430,7 +433,7 @@ def readahead_findings(df: pd.DataFrame) -> list[str]:
         by = part.set_index("setting")["samples_per_s"]
         if {"True", "False"} <= set(by.index):
             sentences.append(
-                f"{fmt}, cold, shuffled: {option}=True runs "
+                f"{fmt}, guest-cold, shuffled: {option}=True runs "
                 f"{relative_text(by['True'] / by['False'])} {option}=False "
                 f"({format_value(by['True'], 'samples/s')} vs "
                 f"{format_value(by['False'], 'samples/s')}).")
@@ -518,7 +521,7 @@ def _loader_legend(fig: Figure, axes, series, *, dots: bool) -> None:
         dot = Line2D([], [], marker="o", linestyle="none", color=colour,
                      markerfacecolor="white" if cache == "cold" else colour)
         handles.append((bar, dot) if dots else bar)
-        labels.append(f"{loader}, {cache} page cache")
+        labels.append(f"{loader}, {cache_label(cache)} page cache")
     for handle, label in zip(*axes[0].get_legend_handles_labels(), strict=True):
         handles.append(handle)
         labels.append(label)
@@ -541,7 +544,7 @@ def loader_ratio_takeaway(df: pd.DataFrame, metric: str, *, cache: str, verb: st
                 parts.append(f"{encoding} {format_ratio(float(ratio.median()))}")
     if not parts:
         return ""
-    return f"{cache}, preloaded {verb} lazy (median over formats): {', '.join(parts)}"
+    return f"{cache_label(cache)}, preloaded {verb} lazy (median over formats): {', '.join(parts)}"
 
 
 def plot_throughput(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figure:
@@ -632,7 +635,7 @@ def plot_access_orders(df: pd.DataFrame, *, loader: str = "lazy",
         else:
             ax.set_ylim(bottom=0)
             linear_axis(ax)
-        ax.set_title(f"{cache} page cache")
+        ax.set_title(f"{cache_label(cache)} page cache")
     legend_below(fig, axes)
     axes[0].set_ylabel(metric_title("samples_per_s"))
     fig.suptitle(f"Access order, {loader} loader, one thread{transform_note(rows)}\n"
@@ -722,7 +725,7 @@ def plot_readahead(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Fig
         rows = rows.assign(label=rows["format"] + ": " + rows["setting"])
         fits = summarise(rows, "samples_per_s", ["label", "format"])
         title = (f"fits in RAM ({study_caption(rows, 'raw', workloads, width=50)}):"
-                 "\ncold, one thread")
+                 "\nguest-cold, one thread")
     panels = [(fits, title, "samples_per_s")]
     if not larger.empty:
         metric = str(larger["metric"].iloc[0])
@@ -777,7 +780,8 @@ FIGURES = (
                    pd.concat([r.study("lazy_vs_preloaded"), r.study("out_of_core")]),
                    workloads=r.workloads.get("lazy_vs_preloaded"))),
     FigureSpec("lazy_vs_preloaded_resident_fraction", "Page-cache state before each repeat",
-               lambda r: plot_resident_fraction(r.study("lazy_vs_preloaded"))),
+               lambda r: plot_resident_fraction(r.study("lazy_vs_preloaded")),
+               rows=lambda r: resident_fraction_rows(r.study("lazy_vs_preloaded"))),
 )
 
 
@@ -825,7 +829,7 @@ def guide(results: Results) -> list:
             candidates.append(Candidate(f"{fmt}/{loader}", f"{fmt} ({loader})", seconds))
         out.append(choose(
             "lazy_vs_preloaded",
-            f"{name}, the first epoch from a cold cache, one process: which format, lazy or "
+            f"{name}, the first epoch from a guest-cold cache, one process: which format, lazy or "
             f"preloaded? (time to the end of an epoch of the whole set, a preload "
             f"included{'; ' + caption[2:-1] if caption else ''})",
             "preload_plus_epoch_seconds", candidates, lower_is_better=True,
@@ -866,4 +870,5 @@ STUDY = Study(
     readme_figures=("lazy_vs_preloaded_throughput",),
     caveats=caveats,
     live=LIVE,
+    cold_rate_metric="samples_per_s",
 )

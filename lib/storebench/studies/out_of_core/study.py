@@ -53,6 +53,7 @@ from ...results import (
     select,
     sort_rows,
     stat,
+    stat_columns,
     summary_table,
 )
 from ...text import (
@@ -414,7 +415,7 @@ def cold_read_target(results: Results) -> TargetMeasure | None:
         sources=row_sources(select(rows[rows["label"] == best["label"]], f"{LAST}.read_MBps")),
         derived=True,
         limiting=(f"the best shuffled undecoded path at k = {top} ({best['label']}) delivers "
-                  f"{format_value(best['median'], 'MB/s')} against a cold sequential read "
+                  f"{format_value(best['median'], 'MB/s')} against a guest-cold sequential read "
                   f"limit of {format_value(limit, 'GB/s')}; its limit is "
                   f"{io_limit_text(row)}"))
 
@@ -477,7 +478,7 @@ def decode_keep_target(results: Results) -> TargetMeasure | None:
 
 
 COLD_READ = TargetSpec(
-    key="out_of_core_cold_read", name="Out of core: shuffled vs cold sequential",
+    key="out_of_core_cold_read", name="Out of core: shuffled vs guest-cold sequential",
     description=f"the best shuffled path reading undecoded samples at k = {max(K_VALUES)}, "
                 "bytes of samples per second over the same run's cold sequential read limit",
     threshold=COLD_READ_TARGET, is_fraction=True, measure=cold_read_target)
@@ -642,6 +643,21 @@ def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
     return _knob_dumbbells(labels, values, formats, notes, caption=caption, n_text=n_text)
 
 
+def knob_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per dot of the knobs figure: each knob's case and its format's default on
+    the same access order, at each k, with its epoch-2 samples/s (median, spread, n)."""
+    column = f"epoch{DEFAULT_EPOCHS}.samples_per_s"
+    keys = ["format", "access", "setting", "k"]
+    table = summary_table(ooc_rows(df).query("encoding == 'raw' and loader == 'lazy'"),
+                          column, keys)
+    knobbed = set(zip(table.loc[table["setting"] != "default", "format"],
+                      table.loc[table["setting"] != "default", "access"]))
+    out = [{"format": row["format"], "access": row["access"], "setting": row["setting"],
+            "k": k_text(row["k"]), "metric": column, **stat_columns(row["stat"])}
+           for _, row in table.iterrows() if (row["format"], row["access"]) in knobbed]
+    return pd.DataFrame(out, columns=[*keys, "metric", "median", "spread", "n"])
+
+
 def _knob_dumbbells(labels: list[str], values: dict, formats: list[str], notes: list,
                     *, caption: str, n_text: str) -> Figure:
     """``plot_ooc_knobs``' drawing: per label a dot per k (hollow: no cap), joined by a line
@@ -702,11 +718,36 @@ def _unmeasured_cases(df: pd.DataFrame) -> dict[tuple, str]:
     return found
 
 
+def budget_points(df: pd.DataFrame) -> pd.DataFrame:
+    """The lazy cases' points of the budget figure: ``ooc_table``'s rows with the highest
+    resident fraction at an epoch's end, and ``allowed``, what the cap lets stay resident
+    (1/k of the set, or all of it where the set is smaller than the least room a case
+    gets; NaN where the set fits)."""
+    table = ooc_table(df)
+    table = table[(table["loader"] == "lazy") & table["resident_end_max"].notna()].copy()
+    effective = table["effective_k"].fillna(table["k"]).astype(float)
+    table["allowed"] = np.where(table["k"] > 0, np.minimum(1.0, 1.0 / effective), np.nan)
+    return table
+
+
+def budget_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per point of the budget figure, by k: the case, the most of the dataset
+    resident at an epoch's end, what the cap allows, and whether it held."""
+    table = budget_points(df).sort_values(["k", "format", "access", "setting"], kind="stable")
+    held = table["resident_end_max"] <= table["allowed"] + RESIDENT_TOLERANCE
+    return pd.DataFrame({
+        "k": [k_text(k) for k in table["k"]], "format": table["format"],
+        "encoding": table["encoding"], "access": table["access"], "setting": table["setting"],
+        "resident_end_max": [format_percent(v) for v in table["resident_end_max"]],
+        "allowed": [format_percent(v) if np.isfinite(v) else DASH for v in table["allowed"]],
+        "held": np.where(table["k"] > 0, np.where(held, "yes", "no"), DASH),
+    }).reset_index(drop=True)
+
+
 def plot_ooc_budget(df: pd.DataFrame) -> Figure:
     """The evidence the cap held: the largest fraction of the dataset resident at an
     epoch's end in each case, against k; the dashed line is 1/k."""
-    table = ooc_table(df)
-    table = table[(table["loader"] == "lazy") & table["resident_end_max"].notna()]
+    table = budget_points(df)
     if table.empty:
         return empty_figure("no out-of-core rows")
     fig = Figure(figsize=(6, 3.6), layout="constrained")
@@ -718,7 +759,7 @@ def plot_ooc_budget(df: pd.DataFrame) -> Figure:
         ax.scatter(i + jitter, part["resident_end_max"], s=14, alpha=0.7,
                    label=f"{k_text(k)}: {len(part)} cases")
         if k > 0:
-            allowed = min(1.0, 1.0 / float(part["effective_k"].fillna(k).median()))
+            allowed = float(part["allowed"].median())
             ax.plot([i - 0.3, i + 0.3], [allowed] * 2, color="black", linestyle="--")
     ax.set_xticks(range(len(ks)), [k_text(k) for k in ks])
     ax.set_ylim(-0.05, 1.05)
@@ -734,9 +775,9 @@ FIGURES = (
     FigureSpec("out_of_core_epochs", "Epoch by epoch, fits vs k times larger than memory",
                lambda r: plot_ooc_epochs(r.df)),
     FigureSpec("out_of_core_knobs", "Readahead, chunk and shard knobs out of core",
-               lambda r: plot_ooc_knobs(r.df)),
+               lambda r: plot_ooc_knobs(r.df), rows=lambda r: knob_rows(r.df)),
     FigureSpec("out_of_core_budget", "Evidence that the memory cap held",
-               lambda r: plot_ooc_budget(r.df)),
+               lambda r: plot_ooc_budget(r.df), rows=lambda r: budget_rows(r.df)),
 )
 
 
@@ -863,4 +904,5 @@ STUDY = Study(
     notebook="06_out_of_core.ipynb",
     targets=(COLD_READ, DECODE_KEEP),
     live=LIVE,
+    cold_rate_metric="epoch1.samples_per_s",
 )

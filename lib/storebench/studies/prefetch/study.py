@@ -32,7 +32,16 @@ from ...plots import (
     summarise,
     titled,
 )
-from ...results import Results, best_row, ordered, params_of, select, stat, summary_table
+from ...results import (
+    Results,
+    best_row,
+    mark_drawn,
+    ordered,
+    params_of,
+    select,
+    stat,
+    summary_table,
+)
 from ...text import DASH, ENCODING_NAMES, finite, format_ratio, format_value, relative_text
 from ..base import FigureSpec, LiveComparison, Study
 from ..captions import question_caption, study_caption
@@ -353,7 +362,8 @@ def decoder_table(df: pd.DataFrame) -> pd.DataFrame:
     table = prefetch_table(df)
     table = table[table["decode"].isin(DECODER_ORDER)]
     keys = {f"{p}/w{w}/{m or LOADER_PATHS[p].start_method or ''}" for p, w, m in DECODER_PATHS}
-    columns = ["dataset", "decode", "path", "label", "samples_per_s", "low", "high", "speedup"]
+    columns = ["dataset", "decode", "path", "label", "samples_per_s", "low", "high", "speedup",
+               "stat"]
     return table[table["path"].isin(keys)][columns].reset_index(drop=True)
 
 
@@ -611,6 +621,7 @@ def plot_decoders(df: pd.DataFrame, *, workloads: Mapping | None = None) -> Figu
     if table.empty:
         return empty_figure("no decoder rows")
     labels = list(dict.fromkeys(table.sort_values("path")["label"]))
+    mark_drawn(table["stat"])  # a bar each, of prefetch_table's many paths
     fig = Figure(figsize=(7, 3.8), layout="constrained")
     ax = fig.add_subplot()
     width = 0.8 / len(labels)

@@ -80,6 +80,29 @@ def outcome_grid(table: pd.DataFrame) -> pd.DataFrame:
     return grid.reindex(index=labels, columns=scenarios).fillna("not run")
 
 
+def checkpoint_sizes(table: pd.DataFrame) -> dict[str, float]:
+    """Path label -> its median checkpoint size, same workers (``resume_table``'s)."""
+    sizes = table[(table["scenario"] == "same_workers") & table["checkpoint_bytes"].notna()]
+    found: dict[str, float] = {}
+    for label, size in zip(sizes["label"], sizes["checkpoint_bytes"]):
+        found.setdefault(label, float(size))
+    return found
+
+
+def resume_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """What the resume figure draws, one row per path: each scenario's outcome (a cell of
+    the left panel) and its checkpoint size (a bar of the right)."""
+    table = resume_table(df)
+    grid = outcome_grid(table)
+    if grid.empty:
+        return pd.DataFrame(columns=["path", "checkpoint bytes"])
+    sizes = checkpoint_sizes(table)
+    rows = grid.rename(columns=SCENARIO_TEXT).rename_axis(index="path", columns=None)
+    rows["checkpoint bytes"] = [format_value(sizes[label], "bytes") if label in sizes
+                                else "\u2014" for label in rows.index]
+    return rows.reset_index()
+
+
 OUTCOME_COLOURS = {"exact": "#4caf50", "exact samples, another order": "#cddc39",
                    "unsupported": "#9e9e9e", "skipped": "#e0e0e0", "not run": "#f5f5f5",
                    "failed": "#b71c1c", "timeout": "#b71c1c", "refused": "#ff9800"}
@@ -109,10 +132,9 @@ def plot_resume(df: pd.DataFrame) -> Figure:
     left.set_yticks(range(len(grid)), list(grid.index), fontsize="small")
     left.set_title("the epoch's samples after SIGKILL and restore, audited by content",
                    fontsize="small")
-    sizes = table[(table["scenario"] == "same_workers") & table["checkpoint_bytes"].notna()]
-    labels = [label for label in grid.index if label in set(sizes["label"])]
-    values = [float(sizes.loc[sizes["label"] == label, "checkpoint_bytes"].iloc[0])
-              for label in labels]
+    sizes = checkpoint_sizes(table)
+    labels = [label for label in grid.index if label in sizes]
+    values = [sizes[label] for label in labels]
     right.barh(range(len(labels)), values, color="C0")
     right.set_yticks(range(len(labels)), labels, fontsize="x-small")
     right.invert_yaxis()
@@ -138,7 +160,8 @@ FIGURES = (
     FigureSpec("resume_exact", "Per loader and scenario, what an epoch SIGKILLed and "
                "restored from its last checkpoint delivered (exact, or samples lost and "
                "duplicated), and each path's checkpoint size.",
-               lambda results: plot_resume(results.df)),
+               lambda results: plot_resume(results.df),
+               rows=lambda results: resume_rows(results.df)),
 )
 
 def findings(results: Results) -> list[str]:
