@@ -36,7 +36,8 @@ def test_lazy_vs_preloaded_findings():
     assert "the preloaded epoch runs 4.00\u00d7 the lazy one's throughput on memmap" in text
     assert "preloading delays the first batch to 200 ms on memmap against 20.0 ms" in text
     assert "preloaded minus lazy is +10.0 MB" in text
-    assert "a guest-cold cache costs lazy reading most on memmap (4.00\u00d7 slower than warm)" in text
+    assert ("a guest-cold cache costs lazy reading most on memmap (4.00\u00d7 slower than "
+            "warm)") in text
     assert ("The largest dataset measured is memmap-raw at 1.00 MB, <0.1% of this machine's "
             "10.0 GB RAM.") in text
     assert "opt-in `large` profile (25.0 GB, 250% of RAM)" in text
