@@ -212,15 +212,20 @@ _SEEN_STATS: contextvars.ContextVar[list | None] = contextvars.ContextVar("seen_
 
 
 @contextlib.contextmanager
-def stats_read() -> Iterator[list]:
+def _collecting(var: contextvars.ContextVar) -> Iterator[list]:
+    """A list that ``var`` points at while the block runs, for what is reported into it."""
+    found: list = []
+    token = var.set(found)
+    try:
+        yield found
+    finally:
+        var.reset(token)
+
+
+def stats_read() -> contextlib.AbstractContextManager[list]:
     """``with stats_read() as seen:`` every ``Stat`` computed inside, with the first row of
     the rows it was computed from, appended to ``seen`` as ``(stat, row)``."""
-    seen: list = []
-    token = _SEEN_STATS.set(seen)
-    try:
-        yield seen
-    finally:
-        _SEEN_STATS.reset(token)
+    return _collecting(_SEEN_STATS)
 
 
 # Where a figure that computes more medians than it draws (the highest few of many cases,
@@ -229,16 +234,10 @@ _DRAWN_STATS: contextvars.ContextVar[list | None] = contextvars.ContextVar("draw
                                                                            default=None)
 
 
-@contextlib.contextmanager
-def stats_drawn() -> Iterator[list]:
+def stats_drawn() -> contextlib.AbstractContextManager[list]:
     """``with stats_drawn() as drawn:`` every ``Stat`` a figure drawn inside reports as
     drawn (``mark_drawn``); empty where it drew every median it read."""
-    drawn: list = []
-    token = _DRAWN_STATS.set(drawn)
-    try:
-        yield drawn
-    finally:
-        _DRAWN_STATS.reset(token)
+    return _collecting(_DRAWN_STATS)
 
 
 def mark_drawn(stats) -> None:

@@ -469,14 +469,20 @@ def ours_over_peers_target(encoding: str, filter: str = "antialiased"):
         found = best_against_peers(results.df, encoding, filter)
         if found is None:
             return None
-        ours, peer, (ratio, low, high) = found
-        return TargetMeasure(
-            value=ratio, low=low, high=high, repeats=min(ours[3].count, peer[3].count),
-            sources=ours[3].sources, against=peer[3].sources,
-            limiting=f"{ours[1]} at {ours[3]} against {peer[1]} at {peer[3]}; "
-                     f"{limiting_factor(results.df, encoding)}")
+        ours, peer, interval = found
+        return paired_target(ours, peer, interval, limiting_factor(results.df, encoding))
 
     return measure
+
+
+def paired_target(ours, other, interval, limiting: str) -> TargetMeasure:
+    """A target read as our path over ``other`` (each a ``candidates`` entry), with the
+    ratio's ``interval`` and what limits it, naming both sides' rates."""
+    ratio, low, high = interval
+    return TargetMeasure(
+        value=ratio, low=low, high=high, repeats=min(ours[3].count, other[3].count),
+        sources=ours[3].sources, against=other[3].sources,
+        limiting=f"{ours[1]} at {ours[3]} against {other[1]} at {other[3]}; {limiting}")
 
 
 def limiting_factor(df: pd.DataFrame, encoding: str) -> str:
@@ -514,12 +520,9 @@ def ours_over_ray_data_target(results: Results) -> TargetMeasure | None:
     found = best_against_ray_data(results.df)
     if found is None:
         return None
-    ours, ray, (ratio, low, high) = found
-    return TargetMeasure(
-        value=ratio, low=low, high=high, repeats=min(ours[3].count, ray[3].count),
-        sources=ours[3].sources, against=ray[3].sources,
-        limiting=f"{ours[1]} at {ours[3]} against {ray[1]} at {ray[3]}; Ray's raylet and "
-                 f"GCS share the {WORKERS} cores with its tasks")
+    ours, ray, interval = found
+    return paired_target(ours, ray, interval,
+                         f"Ray's raylet and GCS share the {WORKERS} cores with its tasks")
 
 
 PEER_TARGETS = (*(
