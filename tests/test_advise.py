@@ -283,20 +283,26 @@ def test_json_is_one_object_with_the_same_answer(capsys, reference):
     assert capsys.readouterr().out.startswith("Situation: 1,281,167 JPEG samples")
 
 
-def test_dataset_reads_kind_count_and_mean_bytes_from_an_import(tmp_path, capsys):
-    from storebench.importer import import_images
-
-    source = tmp_path / "pets"
+def jpeg_folder(source: Path, count: int) -> list[int]:
+    """``count`` seeded noise JPEGs of about 200 x 250 (about the measured set's bytes a
+    sample, so they are answered) in two class folders; their sizes in bytes."""
     sizes = []
-    for i in range(6):
+    for i in range(count):
         folder = source / ("cat" if i % 2 else "dog")
         folder.mkdir(parents=True, exist_ok=True)
         buffer = io.BytesIO()
-        # Noise at 200 x 250: about the measured set's bytes a sample, so it is answered.
         pixels = np.random.default_rng(i).integers(0, 255, (200 + i, 250, 3), dtype=np.uint8)
         Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
         (folder / f"{i}.jpg").write_bytes(buffer.getvalue())
         sizes.append(len(buffer.getvalue()))
+    return sizes
+
+
+def test_dataset_reads_kind_count_and_mean_bytes_from_an_import(tmp_path, capsys):
+    from storebench.importer import import_images
+
+    source = tmp_path / "pets"
+    sizes = jpeg_folder(source, 6)
     out = tmp_path / "mine"
     import_images(source, out, formats=["rawfiles"], progress=False, log=lambda line: None)
     values = adv.dataset_situation(out)
@@ -659,13 +665,7 @@ def jpeg_import(tmp_path, formats, count=24) -> Path:
     from storebench.importer import import_images
 
     source = tmp_path / "photos"
-    for i in range(count):
-        folder = source / ("cat" if i % 2 else "dog")
-        folder.mkdir(parents=True, exist_ok=True)
-        buffer = io.BytesIO()
-        pixels = np.random.default_rng(i).integers(0, 255, (200 + i, 250, 3), dtype=np.uint8)
-        Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
-        (folder / f"{i}.jpg").write_bytes(buffer.getvalue())
+    jpeg_folder(source, count)
     out = tmp_path / "mine"
     import_images(source, out, formats=formats, progress=False, log=lambda line: None)
     return out
