@@ -15,7 +15,7 @@ from storebench.loaders.paths import LOADER_PATHS, path_label
 from storebench.report.guide import decision_guide
 from storebench.results import TIE_RULE, Results, Stat
 from storebench.studies import STUDIES
-from storebench.studies.prefetch.study import prefetch_grid
+from storebench.studies.prefetch.grid import prefetch_grid
 
 
 def candidate(key: str, values, unit: str = "samples/s") -> Candidate:

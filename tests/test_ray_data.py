@@ -168,9 +168,9 @@ def test_the_audit_splits_ray_data_exactly_once_between_ranks(ray_audit_rows):
 
 
 def test_the_audit_table_says_ray_data_cannot_resume(ray_audit_rows):
-    from storebench.studies.correctness import study
+    from storebench.studies.correctness import report
 
-    row = study.correctness_table(ray_audit_rows).iloc[0]
+    row = report.correctness_table(ray_audit_rows).iloc[0]
     assert row["exactly_once"] == "pass" and "3 ranks" in row["exactly_once_text"]
     assert row["resume"] == "skipped"
     assert row["resume_text"] == f"unsupported by the library: {NO_RESUME}"

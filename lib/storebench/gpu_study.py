@@ -6,7 +6,7 @@
    and crc32c everywhere, and where an NVIDIA driver is present nvImageCodec and DALI for
    torch's CUDA major version (``--wheels DIR``: from wheel files carried there, without an
    index). A package that will not install is reported and its cases are skipped rows.
-2. Builds the study's set only (``study.prepare``: 2,048 JPEGs of 375x500 in LMDB on the
+2. Builds the study's set only (``grid.prepare``: 2,048 JPEGs of 375x500 in LMDB on the
    default plan), not a profile's formats.
 3. Runs the ResNet-50 demand and the decode-on-device cases, then the CPU cores curve at the
    model's measured rate (the emulated one where none was measured), into
@@ -109,20 +109,20 @@ def run(*, runs: Path, data_dir: Path, profile: str, repeats: int | None,
     from .bench.runner import new_run_id, run_cases
     from .plots import save_figure
     from .results import Results
-    from .studies.gpu_decode import study
+    from .studies.gpu_decode import grid, report, study
     from .study import record_environment
 
     run_id = new_run_id()
     out = runs / run_id
-    study.prepare(profile=profile, data_dir=data_dir, progress=progress)
+    grid.prepare(profile=profile, data_dir=data_dir, progress=progress)
     record_environment(profile, data_dir, out, run_id=run_id)
-    rows = out / f"{study.NAME}.csv"
+    rows = out / f"{grid.NAME}.csv"
     common = {"profile": profile, "run_id": run_id, "timeout_s": case_timeout_s(profile),
               "progress": progress}
-    run_cases(study.grid(profile=profile, data_dir=data_dir, repeats=repeats,
+    run_cases(grid.grid(profile=profile, data_dir=data_dir, repeats=repeats,
                          families=("demand", "device")), rows, **common)
-    demand = study.model_demand(Results.load(out).df)
-    run_cases(study.grid(profile=profile, data_dir=data_dir, repeats=repeats, families=("cpu",),
+    demand = report.model_demand(Results.load(out).df)
+    run_cases(grid.grid(profile=profile, data_dir=data_dir, repeats=repeats, families=("cpu",),
                          demand_samples_per_s=demand,
                          demand_source="resnet50" if demand else None), rows, **common)
     results = Results.load(out)
@@ -160,11 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = run(runs=args.runs, data_dir=args.data / args.profile, profile=args.profile,
               repeats=args.repeats, progress=not args.quiet)
     from .results import Results
-    from .studies.gpu_decode import study
+    from .studies.gpu_decode import report
 
     results = Results.load(out)
     print(f"gpu-study: wrote {out}", flush=True)
-    for sentence in study.findings(results):
+    for sentence in report.findings(results):
         print(f"- {sentence}", flush=True)
     return 0
 

@@ -12,7 +12,7 @@ from storebench.bench.envinfo import collect_env, write_env
 from storebench.bench.limits import measure_limits
 from storebench.bench.runner import run_cases
 from storebench.formats import build_dataset
-from storebench.studies.formats.study import grid as formats_study
+from storebench.studies.formats.grid import grid as formats_study
 
 
 @pytest.fixture(scope="session")

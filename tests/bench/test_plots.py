@@ -22,7 +22,7 @@ from storebench.loaders.paths import LOADER_PATHS
 from storebench.report.figures import plot_all, study_figures
 from storebench.results import Results
 from storebench.studies import STUDIES
-from storebench.studies.formats.study import plot_sequential_read
+from storebench.studies.formats.report import plot_sequential_read
 
 REFERENCE = Path(__file__).resolve().parents[2] / "results" / "reference"
 SPECS = {spec.name: spec for study in STUDIES.values() for spec in study_figures(study)}

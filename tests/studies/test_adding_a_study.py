@@ -37,6 +37,25 @@ def study_folder(name: str) -> Path:
     return Path(sys.modules[STUDIES[name].grid.__module__].__file__).parent
 
 
+def folder_files() -> list[str]:
+    """The files the section's first item lists, one bullet each."""
+    first = guide_section().split("\n2. ", 1)[0]
+    return re.findall(r"^   - `(\w+\.py)`", first, flags=re.M)
+
+
+# The module of its folder that each job of a ``Study`` comes from.
+JOB_MODULES = {"grid": "grid", "findings": "report", "guide": "guide"}
+# Folders still one study.py, being reworked elsewhere; each to be split like the others.
+NOT_YET_SPLIT = ("remote", "out_of_core", "peers")
+
+
+def split_by_job(name: str) -> bool:
+    study = STUDIES[name]
+    return (all((STUDIES_DIR / name / f).is_file() for f in folder_files())
+            and all(getattr(study, job).__module__ == f"storebench.studies.{name}.{module}"
+                    for job, module in JOB_MODULES.items()))
+
+
 def independent_folders() -> list[str]:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     (contract,) = [c for c in config["tool"]["importlinter"]["contracts"]
@@ -53,9 +72,7 @@ def nav_pages() -> list[str]:
 # What each documented place must hold for a registered study ``name``, in the guide's order.
 PLACES: dict[str, Callable[[str], bool]] = {
     "lib/storebench/studies/<name>/": lambda name: (
-        study_folder(name) == STUDIES_DIR / name
-        and all((STUDIES_DIR / name / f).is_file()
-                for f in ("__init__.py", "cases.py", "study.py"))),
+        study_folder(name) == STUDIES_DIR / name and split_by_job(name)),
     "lib/storebench/studies/__init__.py": lambda name: name in STUDY_NAMES,
     "pyproject.toml": lambda name: f"storebench.studies.{name}" in independent_folders(),
     "notebooks/NN_<topic>.ipynb": lambda name: bool(
@@ -70,6 +87,8 @@ LISTS = ("lib/storebench/studies/__init__.py", "pyproject.toml", "mkdocs.yml")
 
 def test_the_guide_lists_the_places_and_says_how_many():
     assert documented_places() == list(PLACES)
+    assert {"__init__.py", "cases.py", "study.py"} | {f"{m}.py" for m in JOB_MODULES.values()} \
+        <= set(folder_files())
     stated = re.search(r"Adding a study touches (\w+) places", guide_section())
     assert stated is not None and COUNTS[stated[1]] == len(PLACES)
 
@@ -77,6 +96,9 @@ def test_the_guide_lists_the_places_and_says_how_many():
 @pytest.mark.parametrize("name", list(STUDIES))
 @pytest.mark.parametrize("place", list(PLACES))
 def test_each_place_holds_every_study(place, name):
+    if place == "lib/storebench/studies/<name>/" and name in NOT_YET_SPLIT:
+        assert not split_by_job(name), f"{name} is split now: take it off NOT_YET_SPLIT"
+        return
     assert PLACES[place](name), f"{name} is missing from {place}"
 
 

@@ -14,7 +14,9 @@ from PIL import Image
 from storebench.loaders import RandomResizedCropFlip
 from storebench.recipes import RECIPES
 from storebench.recipes.probe import CropBox, probe_pixels, recover_box
-from storebench.studies.correctness import cases, study
+from storebench.studies.correctness import cases
+from storebench.studies.correctness import grid as correctness_grid
+from storebench.studies.correctness import report as correctness
 from storebench.studies.correctness.measures import (
     correlated,
     count_deliveries,
@@ -177,7 +179,7 @@ def test_the_table_reads_the_audit_as_passing(thread_audit):
              "status": "ok", "error": "", "prefetcher": "thread",
              "params": json.dumps({"recipe": "storebench-thread-lmdb"})}
             for name, (value, unit) in thread_audit.items()]
-    table = study.correctness_table(pd.DataFrame(rows))
+    table = correctness.correctness_table(pd.DataFrame(rows))
     row = table.iloc[0]
     assert row["exactly_once"] == "pass" and "3 ranks" in row["exactly_once_text"]
     assert row["randomness"] == "pass" and "repeats the last one's" in row["randomness_text"]
@@ -207,27 +209,27 @@ def test_a_killed_worker_s_outcome_fails_a_silent_loss_or_a_hang_only():
         return {f"killed_worker.workers{cases.REFERENCE_WORKERS}.{k}": float(v)
                 for k, v in measures.items()}
 
-    loud = study.killed_worker_outcome(values(hung=0, worker_processes=2,
-                                              delivered_before_kill=16, raised=1,
-                                              delivered=24, duplicates=0, misses=40))
+    loud = correctness.killed_worker_outcome(values(hung=0, worker_processes=2,
+                                                    delivered_before_kill=16, raised=1,
+                                                    delivered=24, duplicates=0, misses=40))
     assert loud.verdict == "pass" and "stopped with an error after 24" in loud.text
-    silent = study.killed_worker_outcome(values(hung=0, worker_processes=2,
-                                                delivered_before_kill=16, raised=0,
-                                                delivered=56, duplicates=0, misses=8))
+    silent = correctness.killed_worker_outcome(values(hung=0, worker_processes=2,
+                                                      delivered_before_kill=16, raised=0,
+                                                      delivered=56, duplicates=0, misses=8))
     assert silent.verdict == "fail" and "carried on without an error, 8 missed" in silent.text
-    hung = study.killed_worker_outcome(values(hung=1, timeout_s=120))
+    hung = correctness.killed_worker_outcome(values(hung=1, timeout_s=120))
     assert hung.verdict == "fail" and hung.text.startswith("hung")
-    whole = study.killed_worker_outcome(values(hung=0, worker_processes=2,
-                                               delivered_before_kill=16, raised=0,
-                                               delivered=64, duplicates=0, misses=0))
+    whole = correctness.killed_worker_outcome(values(hung=0, worker_processes=2,
+                                                     delivered_before_kill=16, raised=0,
+                                                     delivered=64, duplicates=0, misses=0))
     assert whole.verdict == "pass" and "every sample exactly once" in whole.text
-    assert study.killed_worker_outcome({}).verdict == "not run"
+    assert correctness.killed_worker_outcome({}).verdict == "not run"
 
 
 def test_a_planted_duplicate_fails_the_table_and_names_the_setting():
     values = {"exactly_once.ranks3.duplicates": 2.0, "exactly_once.ranks3.padding": 1.0,
               "exactly_once.workers1.misses": 1.0}
-    outcome = study.exactly_once_outcome(values)
+    outcome = correctness.exactly_once_outcome(values)
     assert outcome.verdict == "fail"
     assert "3 ranks: 2 duplicated" in outcome.text and "1 worker: 1 missed" in outcome.text
     assert "1 padding at 3 ranks, counted apart" in outcome.text
@@ -248,17 +250,17 @@ def test_resume_rows_join_by_loader_path():
         row("webdataset", "webdataset", "same_workers", "case_seconds", 0.1, "skipped",
             "unsupported: no state"),
     ])
-    outcomes = study.resume_outcomes(df)
-    assert study.resume_for(RECIPES["storebench-process-lmdb"], outcomes).verdict == "fail"
-    assert study.resume_for(RECIPES["storebench-thread-lmdb"], outcomes).verdict == "pass"
-    assert study.resume_for(RECIPES["webdataset"], outcomes).verdict == "skipped"
-    assert study.resume_for(RECIPES["tf-data-tfrecord"], outcomes).verdict == "not run"
+    outcomes = correctness.resume_outcomes(df)
+    assert correctness.resume_for(RECIPES["storebench-process-lmdb"], outcomes).verdict == "fail"
+    assert correctness.resume_for(RECIPES["storebench-thread-lmdb"], outcomes).verdict == "pass"
+    assert correctness.resume_for(RECIPES["webdataset"], outcomes).verdict == "skipped"
+    assert correctness.resume_for(RECIPES["tf-data-tfrecord"], outcomes).verdict == "not run"
 
 
 def test_the_grid_has_one_audit_per_recipe_and_each_runs_ranks(tmp_path):
-    assert [c.param("recipe") for c in study.grid(profile="small", data_dir=tmp_path)] == list(
-        RECIPES)
-    grid = study.grid(profile="ci", data_dir=tmp_path)
+    assert [c.param("recipe") for c in correctness_grid.grid(profile="small",
+                                                             data_dir=tmp_path)] == list(RECIPES)
+    grid = correctness_grid.grid(profile="ci", data_dir=tmp_path)
     # The compact plan audits one recipe of an engine each run starts (Ray), not each.
     ray = [name for name, recipe in RECIPES.items() if "ray" in recipe.path.libraries]
     assert len(ray) > 1
@@ -277,7 +279,7 @@ def test_a_case_that_failed_reads_as_an_error_not_as_a_failed_property():
         "status": "failed", "prefetcher": "thread",
         "error": "Traceback (most recent call last):\n  ...\nRuntimeError: boom",
         "params": json.dumps({"recipe": "storebench-thread-lmdb"})}])
-    table = study.correctness_table(rows)
+    table = correctness.correctness_table(rows)
     assert len(table) == 1
     for prop in ("exactly_once", "randomness", "determinism", "shuffle"):
         assert table[prop].iloc[0] == "error"

@@ -8,7 +8,8 @@ from result_rows import build_case, case_rows, frame, read_case
 
 from storebench.formats import FORMATS
 from storebench.results import Results, default_builds
-from storebench.studies.formats import study as formats
+from storebench.studies.formats import guide as formats_guide
+from storebench.studies.formats import report as formats
 from storebench.studies.shared_rows import build_cost_table
 from storebench.text import format_ratio, format_value
 
@@ -111,7 +112,7 @@ def test_the_formats_guide_compares_every_measured_build():
                  for i, fmt in enumerate(FORMATS)),
                build_case("memmap", seconds=0.5, apparent=1_000_000, files=2),
                build_case("rawfiles", seconds=2.0, apparent=1_200_000, files=500))
-    rows = {row.question: row for row in formats.guide(Results(df, {}))}
+    rows = {row.question: row for row in formats_guide.guide(Results(df, {}))}
     (cold,) = [row for question, row in rows.items()
                if question.startswith("Reading every sample once from a guest-cold cache, "
                                       "undecoded, raw")]
@@ -169,7 +170,7 @@ def test_the_sequential_read_figure_answers_with_the_fastest_format_per_encoding
     and cold, against the slowest of the same cache state."""
     import pandas as pd
 
-    from storebench.studies.formats.study import sequential_read_takeaway
+    from storebench.studies.formats.report import sequential_read_takeaway
 
     rows = [("raw", "warm", "memmap", 2400.0), ("raw", "warm", "rawfiles", 100.0),
             ("raw", "cold", "memmap", 190.0), ("raw", "cold", "rawfiles", 10.0),

@@ -33,6 +33,9 @@ from storebench.loaders.device import (
 from storebench.loaders.transforms import ScaledJpegDecode
 from storebench.results import Results
 from storebench.studies.gpu_decode import cases, study
+from storebench.studies.gpu_decode import grid as decode_grid
+from storebench.studies.gpu_decode import guide as decode_guide
+from storebench.studies.gpu_decode import report as decode_report
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -44,18 +47,18 @@ RUN = "20260101T000000Z-aaaaaa"
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("gpu-decode")
-    study.prepare(profile="ci", data_dir=root)
+    decode_grid.prepare(profile="ci", data_dir=root)
     return root
 
 
 @pytest.fixture(scope="module")
 def encoded(data_dir) -> list[bytes]:
-    case = study.grid(profile="ci", data_dir=data_dir, families=("device",))[0]
+    case = decode_grid.grid(profile="ci", data_dir=data_dir, families=("device",))[0]
     return cases.load_encoded(case)
 
 
 def by_function(grid: list[Case], family: str) -> list[Case]:
-    return [c for c in grid if c.function.endswith(study.FUNCTIONS[family])]
+    return [c for c in grid if c.function.endswith(decode_grid.FUNCTIONS[family])]
 
 
 # -- the crop ---------------------------------------------------------------------------
@@ -114,7 +117,7 @@ def test_reduced_size_decode_keeps_at_least_the_crop_size(encoded):
 
 # -- the grid ---------------------------------------------------------------------------
 def test_the_grid_sweeps_the_hardware_decoder_load_and_names_every_family(tmp_path):
-    grid = study.grid(profile="ci", data_dir=tmp_path)
+    grid = decode_grid.grid(profile="ci", data_dir=tmp_path)
     dali = [dict(c.params)["hw_decoder_load"] for c in by_function(grid, "device")
             if dict(c.params)["library"] == "dali"]
     assert 0.0 in dali and "default" in dali
@@ -124,20 +127,20 @@ def test_the_grid_sweeps_the_hardware_decoder_load_and_names_every_family(tmp_pa
     assert demand.batch_size == 256 and dict(demand.params)["precision"] == "bf16"
     cpu = by_function(grid, "cpu")
     assert {dict(c.params)["decode"] for c in cpu} == {"full", "reduced"}
-    assert {c.workers for c in cpu} == set(study.core_counts(len(os.sched_getaffinity(0))))
-    assert {dict(c.params)["demand_samples_per_s"] for c in cpu} == {study.EMULATED_DEMAND}
+    assert {c.workers for c in cpu} == set(decode_grid.core_counts(len(os.sched_getaffinity(0))))
+    assert {dict(c.params)["demand_samples_per_s"] for c in cpu} == {decode_grid.EMULATED_DEMAND}
     assert all(c.dataset == str(tmp_path / "gpu_decode" / "lmdb-jpeg") for c in grid)
-    measured = study.grid(profile="ci", data_dir=tmp_path, families=("cpu",),
-                          demand_samples_per_s=2901.27, demand_source="resnet50")
+    measured = decode_grid.grid(profile="ci", data_dir=tmp_path, families=("cpu",),
+                                demand_samples_per_s=2901.27, demand_source="resnet50")
     assert {dict(c.params)["demand_samples_per_s"] for c in measured} == {2901.3}
     assert {dict(c.params)["demand_source"] for c in measured} == {"resnet50"}
 
 
 def test_core_counts_are_powers_of_two_below_the_cores_and_all_of_them():
-    assert study.core_counts(16) == (1, 2, 4, 8, 16)
-    assert study.core_counts(12) == (1, 2, 4, 8, 12)
-    assert study.core_counts(2) == (1, 2)
-    assert study.core_counts(1) == (1,)
+    assert decode_grid.core_counts(16) == (1, 2, 4, 8, 16)
+    assert decode_grid.core_counts(12) == (1, 2, 4, 8, 12)
+    assert decode_grid.core_counts(2) == (1, 2)
+    assert decode_grid.core_counts(1) == (1,)
 
 
 def test_timed_batches_are_whole_rounds_of_the_workers():
@@ -149,7 +152,7 @@ def test_timed_batches_are_whole_rounds_of_the_workers():
 
 # -- the device cases through a fake device ---------------------------------------------
 def device_case(data_dir, library="dali", **params) -> Case:
-    grid = by_function(study.grid(profile="ci", data_dir=data_dir), "device")
+    grid = by_function(decode_grid.grid(profile="ci", data_dir=data_dir), "device")
     case = next(c for c in grid if dict(c.params)["library"] == library)
     return dataclasses.replace(case, params={**dict(case.params), **params})
 
@@ -205,7 +208,7 @@ def test_a_device_decode_far_from_its_fallback_fails_the_case(data_dir, monkeypa
 def test_the_model_demand_times_its_steps_after_the_warm_up(data_dir, monkeypatch):
     fake = FakeDevice()
     monkeypatch.setattr(cases, "resolve", lambda path: lambda: fake)
-    (case,) = by_function(study.grid(profile="ci", data_dir=data_dir), "demand")
+    (case,) = by_function(decode_grid.grid(profile="ci", data_dir=data_dir), "demand")
     metrics = cases.model_demand_case(case, Trial(case, 0))
     _check_metrics(case, metrics, {})
     assert fake.calls == [
@@ -219,7 +222,7 @@ def test_the_model_demand_times_its_steps_after_the_warm_up(data_dir, monkeypatc
 def test_without_a_device_the_device_cases_are_skipped_saying_why(data_dir):
     with pytest.raises(DeviceUnavailableError, match="no NVIDIA driver on this machine"):
         open_device()
-    for case in study.grid(profile="ci", data_dir=data_dir, families=("device", "demand")):
+    for case in decode_grid.grid(profile="ci", data_dir=data_dir, families=("device", "demand")):
         function = getattr(cases, case.function.partition(":")[2])
         with pytest.raises(CaseSkipped, match="no NVIDIA driver on this machine"):
             function(case, Trial(case, 0))
@@ -229,7 +232,8 @@ def test_without_a_device_the_device_cases_are_skipped_saying_why(data_dir):
 @pytest.mark.timeout(300)
 def test_the_runner_writes_a_skipped_row_per_device_case_and_ok_rows_from_a_fake(data_dir,
                                                                                   tmp_path):
-    grid = study.grid(profile="ci", data_dir=data_dir, repeats=1, families=("device", "demand"))
+    grid = decode_grid.grid(profile="ci", data_dir=data_dir, repeats=1,
+                            families=("device", "demand"))
     results = tmp_path / "gpu_decode.csv"
     run_cases(grid, results, profile="ci", progress=False)
     rows = read_results(results)
@@ -252,7 +256,7 @@ def test_the_runner_writes_a_skipped_row_per_device_case_and_ok_rows_from_a_fake
 def test_the_cpu_decode_case_delivers_and_feeds_an_emulated_accelerator(data_dir, decode):
     import psutil
 
-    grid = by_function(study.grid(profile="ci", data_dir=data_dir), "cpu")
+    grid = by_function(decode_grid.grid(profile="ci", data_dir=data_dir), "cpu")
     case = next(c for c in grid if c.param("decode") == decode and c.workers == 1)
     # Servers other tests' session fixtures started are this process's children too.
     before = {p.pid for p in psutil.Process().children(recursive=True)}
@@ -263,7 +267,7 @@ def test_the_cpu_decode_case_delivers_and_feeds_an_emulated_accelerator(data_dir
     assert metrics["decoded_height"] == (height, "count")
     assert metrics["samples"][0] == cases.timed_batches(2, 1) * case.batch_size
     assert 0 < metrics["accelerator_utilisation"][0] <= 1
-    assert metrics["demand_samples_per_s"] == (study.EMULATED_DEMAND, "samples/s")
+    assert metrics["demand_samples_per_s"] == (decode_grid.EMULATED_DEMAND, "samples/s")
     assert metrics["device_copies"] == (0.0, "count")
     # The prefetch workers are gone (multiprocessing's resource tracker stays, by design).
     assert [p for p in psutil.Process().children(recursive=True)
@@ -280,7 +284,7 @@ def rows_of(case: Case, metrics: dict[str, float], *, status: str = "ok", error:
 
 
 def measured_rows(data_dir: Path) -> list[dict]:
-    grid = study.grid(profile="small", data_dir=data_dir)
+    grid = decode_grid.grid(profile="small", data_dir=data_dir)
     rows = []
     for k, case in enumerate(by_function(grid, "device")):
         rows += rows_of(case, {"samples_per_s": (4000.0 + 700 * k, "samples/s"),
@@ -291,9 +295,9 @@ def measured_rows(data_dir: Path) -> list[dict]:
                                "ours_mean_diff_levels": (0.75, "count")})
     (demand,) = by_function(grid, "demand")
     rows += rows_of(demand, {"samples_per_s": (2900.0, "samples/s")})
-    template = by_function(study.grid(profile="small", data_dir=data_dir, families=("cpu",),
-                                      demand_samples_per_s=2900.0,
-                                      demand_source="resnet50"), "cpu")[0]
+    template = by_function(decode_grid.grid(profile="small", data_dir=data_dir, families=("cpu",),
+                                            demand_samples_per_s=2900.0,
+                                            demand_source="resnet50"), "cpu")[0]
     for decode in ("full", "reduced"):
         for prefetcher in ("thread", "process"):
             for workers in (1, 2, 4, 8, 16):
@@ -309,7 +313,7 @@ def measured_rows(data_dir: Path) -> list[dict]:
 
 def skipped_rows(data_dir: Path) -> list[dict]:
     reason = "no NVIDIA driver on this machine (no /proc/driver/nvidia/version, no nvidia-smi)"
-    grid = study.grid(profile="ci", data_dir=data_dir)
+    grid = decode_grid.grid(profile="ci", data_dir=data_dir)
     return [row for case in grid for row in rows_of(case, {}, status="skipped", error=reason)]
 
 
@@ -332,12 +336,12 @@ def test_the_figures_draw_measured_rows(tmp_path):
         texts = [t.get_text() for ax in fig.axes for t in ax.texts]
         assert not any(t.startswith("not measured") for t in texts), spec.name
         assert save(fig, spec.name, tmp_path).stat().st_size > 10_000
-    cores = study.plot_cores(results.df)
+    cores = decode_report.plot_cores(results.df)
     (ax,) = cores.axes
     labels = [line.get_label() for line in ax.get_lines()]
     assert "demand: 2.93k samples/s (ResNet-50 step, measured)" in labels
     assert len(labels) == 5  # two decodes x two prefetchers, and the demand
-    bars = study.plot_gpu_vs_cpu(results.df)
+    bars = decode_report.plot_gpu_vs_cpu(results.df)
     assert len(bars.axes[0].patches) == 6 + 4 * 2  # six device paths, four CPU lines x2
 
 
@@ -353,7 +357,7 @@ def test_with_only_skipped_rows_every_figure_says_what_was_not_measured_and_why(
 
 def test_findings_and_guide_from_measured_rows(tmp_path):
     results = results_of(measured_rows(tmp_path))
-    sentences = study.findings(results)
+    sentences = decode_report.findings(results)
     assert sentences[0].startswith("ResNet-50 training steps (bf16 autocast, channels_last, "
                                    "batch 256) ran at 2.93k samples/s")
     assert "DALI mixed, hw_decoder_load=0.0 4.0" in sentences[1]
@@ -364,7 +368,7 @@ def test_findings_and_guide_from_measured_rows(tmp_path):
         "4 cores keep the accelerator at 2.93k samples/s")
     assert cores["simplejpeg reduced-size, ProcessPrefetcher"].split(": ")[1].startswith(
         "2 cores keep")
-    rows = study.guide(results)
+    rows = decode_guide.guide(results)
     assert [row.question.split(":")[0] for row in rows] == [
         "JPEG (375x500) decoded on the CPU with 16 cores", "JPEG (375x500) decoded, cropped "
         "and flipped on the GPU"]
@@ -373,12 +377,12 @@ def test_findings_and_guide_from_measured_rows(tmp_path):
 
 def test_findings_from_skipped_rows_say_why_and_the_guide_is_empty(tmp_path):
     results = results_of(skipped_rows(tmp_path))
-    sentences = study.findings(results)
+    sentences = decode_report.findings(results)
     assert sentences[0].startswith("The ResNet-50 step was not measured: no NVIDIA driver")
     assert "emulated at 1.79k samples/s" in sentences[0]
     assert sentences[1].startswith("Decode on the device was not measured: no NVIDIA driver")
     assert sentences[2].startswith("The CPU decode curve was not measured: no NVIDIA driver")
-    assert study.guide(results) == []
+    assert decode_guide.guide(results) == []
 
 
 # -- the one command --------------------------------------------------------------------

@@ -7,7 +7,9 @@ import pytest
 from result_rows import feed_case, frame
 
 from storebench.results import Results
-from storebench.studies.gpu_feed import study as gpu_feed
+from storebench.studies.gpu_feed import grid as feed_grid
+from storebench.studies.gpu_feed import guide as feed_guide
+from storebench.studies.gpu_feed import report as gpu_feed
 
 H100 = {"device": "cuda", "emulated": False, "device_name": "NVIDIA H100"}
 
@@ -19,9 +21,9 @@ def test_the_feed_device_is_read_from_the_rows_not_the_machine():
     assert gpu_feed.feed_device_text(real).startswith("Copies went to NVIDIA H100 (a real")
     assert gpu_feed.feed_devices(real).to_dict("records") == [
         {"device": "cuda", "device_name": "NVIDIA H100", "emulated": False}]
-    (row,) = gpu_feed.guide(Results(real, {}))
+    (row,) = feed_guide.guide(Results(real, {}))
     assert "emulated" not in row.question
-    (row,) = gpu_feed.guide(Results(emulated, {}))
+    (row,) = feed_guide.guide(Results(emulated, {}))
     assert "(emulated accelerator)" in row.question
     assert gpu_feed.feed_device_text(emulated.iloc[0:0]) == "No accelerator-feed results."
 
@@ -113,7 +115,7 @@ def test_the_newest_stored_run_on_a_cuda_device_is_found_and_an_emulated_one_is_
     from result_rows import write_results
 
     from storebench.studies.base import ReadmePlace
-    from storebench.studies.gpu_feed.study import cuda_feed_text
+    from storebench.studies.gpu_feed.report import cuda_feed_text
 
     root = tmp_path / "results" / "gpu-runs"
     assert gpu_feed.latest_cuda_run(root) is None  # no such folder
@@ -205,13 +207,13 @@ def test_copies_are_compared_within_each_worker_count_of_a_loader():
 
 
 def test_the_feed_grid_adds_one_prefetch_process_per_core_where_there_are_more_than_two():
-    loaders = gpu_feed.FEED_LOADERS
+    loaders = feed_grid.FEED_LOADERS
     # The small profile's 78 batches of 256: 16 processes read 32 ahead, 42 leave 8 to time.
-    assert gpu_feed.feed_loaders(1, 78) == gpu_feed.feed_loaders(2, 78) == loaders
-    assert gpu_feed.feed_loaders(16, 78) == (*loaders, ("process", 16))
+    assert feed_grid.feed_loaders(1, 78) == feed_grid.feed_loaders(2, 78) == loaders
+    assert feed_grid.feed_loaders(16, 78) == (*loaders, ("process", 16))
     # More cores than the epoch can time past their read-ahead: as many as it can.
-    assert gpu_feed.feed_loaders(64, 78) == (*loaders, ("process", 34))
-    assert gpu_feed.feed_loaders(8, 12) == loaders
+    assert feed_grid.feed_loaders(64, 78) == (*loaders, ("process", 34))
+    assert feed_grid.feed_loaders(8, 12) == loaders
 
 
 def test_rows_timed_before_the_read_ahead_was_used_up_say_what_that_overstates():
@@ -229,13 +231,13 @@ def test_rows_timed_before_the_read_ahead_was_used_up_say_what_that_overstates()
 def test_a_small_set_is_fed_in_smaller_batches_so_that_every_loader_times_some():
     """36 images of your own in batches of 8 left 4 batches, fewer than two prefetch
     processes read ahead: their batches shrink until the epoch holds enough."""
-    needed = gpu_feed.min_feed_batches()
-    assert needed == gpu_feed.batches_before_timing(2) + gpu_feed.TIMED_BATCHES == 8
-    assert gpu_feed.feed_batch_size(20_000) == 256
-    assert gpu_feed.feed_batch_size(512) == 64
-    assert gpu_feed.feed_batch_size(36) == 4
-    assert gpu_feed.feed_batch_size(needed) == 1
-    assert gpu_feed.feed_batch_size(needed - 1) is None
+    needed = feed_grid.min_feed_batches()
+    assert needed == feed_grid.batches_before_timing(2) + feed_grid.TIMED_BATCHES == 8
+    assert feed_grid.feed_batch_size(20_000) == 256
+    assert feed_grid.feed_batch_size(512) == 64
+    assert feed_grid.feed_batch_size(36) == 4
+    assert feed_grid.feed_batch_size(needed) == 1
+    assert feed_grid.feed_batch_size(needed - 1) is None
 
 
 def test_the_feed_figure_gives_each_loader_a_panel_and_splits_time_only_where_paths_differ():
@@ -281,7 +283,7 @@ def test_on_the_imagenet_family_the_feed_reads_the_224_copy_and_its_caption_says
     data_dir = family_data_dir(tmp_path, "imagenet")
     build_profile("ci", data_dir, formats=["memmap"], family="imagenet", knob_variants=False,
                   progress=False)
-    cases = gpu_feed.grid(profile="ci", data_dir=data_dir)
+    cases = feed_grid.grid(profile="ci", data_dir=data_dir)
     assert cases and {c.param("sample_shape") for c in cases} == {"224x224x3"}
     assert {(c.param("device"), c.param("emulated")) for c in cases} == {("cpu", True)}
     rows = gpu_feed.feed_rows(frame(feed_case("process", 2, 10.0, au=0.9,

@@ -10,7 +10,8 @@ from result_rows import frame, prefetch_case
 
 from storebench.loaders.paths import LOADER_PATHS
 from storebench.plots import summarise
-from storebench.studies.prefetch import study as prefetch
+from storebench.studies.prefetch import guide as prefetch_guide
+from storebench.studies.prefetch import report as prefetch
 from storebench.text import format_ratio, format_value
 
 
@@ -167,7 +168,7 @@ def test_guide_names_the_start_method_of_every_process_path():
     by tens of percent, so the row must not read as the path's answer under every method."""
     from storebench.results import Results
 
-    (row,) = prefetch.guide(Results(paths_frame(), {"cpus_usable": 2}))
+    (row,) = prefetch_guide.guide(Results(paths_frame(), {"cpus_usable": 2}))
     labels = {candidate.key: candidate.label for candidate in row.candidates}
     assert labels["process/w2/fork"] == "ProcessPrefetcher \u00d72 (fork)"
     assert labels["process/w2/spawn"] == "ProcessPrefetcher \u00d72 (spawn)"
@@ -190,7 +191,7 @@ def test_the_surprises_are_explained_from_cpu_per_sample_and_busy_cores():
     with the CPU the rows measured per sample and the cores kept busy."""
     import pandas as pd
 
-    from storebench.studies.prefetch.study import (
+    from storebench.studies.prefetch.report import (
         decoder_findings,
         threads_vs_processes_findings,
     )

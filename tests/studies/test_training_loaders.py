@@ -14,10 +14,14 @@ from storebench.bench.plan import family_data_dir
 from storebench.formats import knob_variants
 from storebench.formats.traits import KnobVariant
 from storebench.studies import captions
-from storebench.studies.formats import study as formats
+from storebench.studies.formats import grid as formats_grid
+from storebench.studies.formats import report as formats_report
 from storebench.studies.grid import TRAINING_BATCH_SIZE
-from storebench.studies.lazy_vs_preloaded import study as lazy
-from storebench.studies.prefetch import study as prefetch
+from storebench.studies.lazy_vs_preloaded import grid as lazy_grid
+from storebench.studies.lazy_vs_preloaded import report as lazy_report
+from storebench.studies.prefetch import grid as prefetch_grid
+from storebench.studies.prefetch import guide as prefetch_guide
+from storebench.studies.prefetch import report as prefetch_report
 from storebench.studies.shared_rows import build_cost_table
 from storebench.study import build_profile
 
@@ -59,10 +63,10 @@ def manifest(fmt, encoding, knobs=None, *, kind="photo"):
 def test_formats_reads_a_training_variant_only_on_its_knobs_measure(tmp_path):
     both = (("sequential", "cold"), ("sequential", "warm"))
     # A default build of the raw copy: random batches cold only.
-    assert formats.read_plan(tmp_path / "parquet-raw", manifest("parquet", "raw"),
-                             compact=False) == (*both, ("shuffle", "cold"))
-    assert formats.read_plan(tmp_path / "lmdb-jpeg", manifest("lmdb", "jpeg"),
-                             compact=False) == both
+    assert formats_grid.read_plan(tmp_path / "parquet-raw", manifest("parquet", "raw"),
+                                  compact=False) == (*both, ("shuffle", "cold"))
+    assert formats_grid.read_plan(tmp_path / "lmdb-jpeg", manifest("lmdb", "jpeg"),
+                                  compact=False) == both
     cases = {
         "parquet-raw-row_group_size=64": (("shuffle", "cold"),),
         "parquet-raw-compression=zstd": (),
@@ -73,23 +77,24 @@ def test_formats_reads_a_training_variant_only_on_its_knobs_measure(tmp_path):
         fmt, _, rest = name.partition("-raw-")
         knob, _, value = rest.partition("=")
         build = manifest(fmt, "raw", {knob: value if knob == "compression" else int(value)})
-        assert formats.read_plan(tmp_path / name, build, compact=False) == wanted, name
+        assert formats_grid.read_plan(tmp_path / name, build, compact=False) == wanted, name
     # The synthetic sets' variants keep every read, warm random batches too.
     synthetic = manifest("parquet", "raw", {"row_group_size": 64}, kind="")
-    assert formats.read_plan(tmp_path / "parquet-raw-row_group_size=64", synthetic,
-                             compact=False) == (*both, ("shuffle", "cold"), ("shuffle", "warm"))
+    assert formats_grid.read_plan(tmp_path / "parquet-raw-row_group_size=64", synthetic,
+                                  compact=False) == (*both, ("shuffle", "cold"),
+                                                     ("shuffle", "warm"))
 
 
 def test_formats_leaves_out_a_variant_dropped_for_the_family(tmp_path):
     dropped = manifest("parquet", "raw", {"row_group_size": 1024})
-    assert not formats.built_for_family(tmp_path / "parquet-raw-row_group_size=1024", dropped)
-    assert formats.built_for_family(tmp_path / "parquet-raw-row_group_size=1024",
-                                    {**dropped, "spec": {}})
-    assert formats.built_for_family(tmp_path / "parquet-raw", manifest("parquet", "raw"))
+    assert not formats_grid.built_for_family(tmp_path / "parquet-raw-row_group_size=1024", dropped)
+    assert formats_grid.built_for_family(tmp_path / "parquet-raw-row_group_size=1024",
+                                         {**dropped, "spec": {}})
+    assert formats_grid.built_for_family(tmp_path / "parquet-raw", manifest("parquet", "raw"))
 
 
 def test_formats_random_batches_of_the_training_set_are_few_and_cold(imagenet_dir):
-    cases = formats.grid(profile="ci", data_dir=imagenet_dir)
+    cases = formats_grid.grid(profile="ci", data_dir=imagenet_dir)
     random = [c for c in cases if c.function.endswith("random_read_case")]
     assert {c.format for c in random} == {"memmap", "lmdb", "rawfiles", "tfrecord"}
     assert {(c.cache, c.batch_size, c.param("random_samples")) for c in random} == {
@@ -97,7 +102,7 @@ def test_formats_random_batches_of_the_training_set_are_few_and_cold(imagenet_di
 
 
 def test_lazy_vs_preloaded_on_the_training_set(imagenet_dir):
-    cases = lazy.grid(profile="ci", data_dir=imagenet_dir)
+    cases = lazy_grid.grid(profile="ci", data_dir=imagenet_dir)
     expected = Counter()
     for fmt, encoding in (("memmap", "raw"), ("lmdb", "raw"), ("lmdb", "jpeg"),
                           ("rawfiles", "jpeg")):
@@ -117,20 +122,20 @@ def test_lazy_vs_preloaded_on_the_training_set(imagenet_dir):
 
 
 def test_prefetch_on_the_training_set(imagenet_dir):
-    cases = prefetch.grid(profile="ci", data_dir=imagenet_dir)
+    cases = prefetch_grid.grid(profile="ci", data_dir=imagenet_dir)
     by_decode = Counter(c.param("decode") for c in cases)
-    assert by_decode == {None: len(prefetch.COMPACT_RAW),
-                         "simplejpeg": len(prefetch.TRAINING_JPEG),
-                         "pil": len(prefetch.COMPACT_CORE),
-                         "reduced": len(prefetch.COMPACT_CORE),
-                         "window": len(prefetch.COMPACT_CORE), "tf": 1}
+    assert by_decode == {None: len(prefetch_grid.COMPACT_RAW),
+                         "simplejpeg": len(prefetch_grid.TRAINING_JPEG),
+                         "pil": len(prefetch_grid.COMPACT_CORE),
+                         "reduced": len(prefetch_grid.COMPACT_CORE),
+                         "window": len(prefetch_grid.COMPACT_CORE), "tf": 1}
     for case in cases:
         assert case.param("transform") == "train", case.case_id
     raw = [c for c in cases if c.param("decode") is None]
     assert {(c.format, c.encoding) for c in raw} == {("memmap", "raw")}
     native = [c for c in cases if c.prefetcher == "tf_data"]
     assert [(c.format, c.param("shuffle_buffer")) for c in native] == [
-        ("tfrecord", prefetch.TRAINING_SHUFFLE_BUFFER)]
+        ("tfrecord", prefetch_grid.TRAINING_SHUFFLE_BUFFER)]
     spawn = [c for c in cases if c.param("start_method") == "spawn"]
     assert [(c.prefetcher, c.workers, c.param("decode")) for c in spawn] == [
         ("process", 2, "simplejpeg")]
@@ -154,11 +159,11 @@ def test_lazy_vs_preloaded_peaks_leave_out_repeats_too_short_to_sample():
     df = frame(build_case("memmap", seconds=0.5, apparent=100e6, files=1),
                peak_case("lazy", pss=50e6, reliable=1.0),
                peak_case("preloaded", pss=900e6, reliable=0.0))
-    table = lazy.loader_table(df).set_index("loader")
+    table = lazy_report.loader_table(df).set_index("loader")
     assert table.loc["lazy", "peak_pss_bytes"] == 50e6
     assert table["peak_pss_bytes"].isna()["preloaded"]
     # The figure draws the lazy peak only: no preloaded bar, so no takeaway from it.
-    fig = lazy.plot_loader_memory(df)
+    fig = lazy_report.plot_loader_memory(df)
     heights = [p.get_height() for ax in fig.axes for p in ax.patches if p.get_height() > 0]
     assert heights == [pytest.approx(50.0)]
     assert "Preloaded peaks" not in figure_text(fig)
@@ -167,7 +172,7 @@ def test_lazy_vs_preloaded_peaks_leave_out_repeats_too_short_to_sample():
 def test_lazy_vs_preloaded_peak_figure_says_when_no_repeat_could_sample_a_peak():
     df = frame(peak_case("lazy", pss=50e6, reliable=0.0),
                peak_case("preloaded", pss=900e6, reliable=0.0))
-    assert "too briefly to sample a peak" in figure_text(lazy.plot_loader_memory(df))
+    assert "too briefly to sample a peak" in figure_text(lazy_report.plot_loader_memory(df))
 
 
 def test_formats_counts_a_builds_samples_from_its_row_not_a_profile_shape():
@@ -178,9 +183,9 @@ def test_formats_counts_a_builds_samples_from_its_row_not_a_profile_shape():
         "raw_bytes": [1e6], "size_ratio": [1.2], "file_count": [10], "samples": [10]},
         format="rawfiles", encoding="jpeg")
     df = frame(rows)
-    assert formats.allocated_per_sample(df, "rawfiles-jpeg").median == 150_000.0
+    assert formats_report.allocated_per_sample(df, "rawfiles-jpeg").median == 150_000.0
     table = build_cost_table(df).iloc[0]
-    assert formats._per_sample(df, table) == 150_000.0
+    assert formats_report._per_sample(df, table) == 150_000.0
 
 
 def training_prefetch_case(prefetcher, workers, value, *, decode=None, fmt="lmdb",
@@ -209,13 +214,13 @@ def training_prefetch_frame():
 
 
 def test_prefetch_findings_on_the_training_set_name_the_crop_and_the_reduced_decode():
-    sentences = prefetch.prefetch_findings(training_prefetch_frame())
+    sentences = prefetch_report.prefetch_findings(training_prefetch_frame())
     assert any(s.startswith("memmap-raw (crop-bound, each sample through the training crop, "
                             "2 paths): one thread delivers 2.00k samples/s") for s in sentences)
     assert ("lmdb-jpeg, one thread, no prefetcher: decoding each JPEG at the smallest DCT "
             "scale that covers its training crop (decode='reduced') runs 1.50\u00d7 faster "
             "than the full simplejpeg decode (600 samples/s vs 400 samples/s).") in sentences
-    fig = prefetch.plot_decoders(training_prefetch_frame())
+    fig = prefetch_report.plot_decoders(training_prefetch_frame())
     assert "each through the training crop" in fig._suptitle.get_text()
     (ax,) = fig.axes
     assert [t.get_text() for t in ax.get_xticklabels()] == [
@@ -226,7 +231,7 @@ def test_prefetch_findings_on_the_training_set_name_the_crop_and_the_reduced_dec
 def test_prefetch_guide_on_the_training_set_says_the_crop():
     from storebench.results import Results
 
-    rows = prefetch.guide(Results(training_prefetch_frame(), {"cpus_usable": 2}))
+    rows = prefetch_guide.guide(Results(training_prefetch_frame(), {"cpus_usable": 2}))
     questions = [row.question for row in rows]
     assert any(q.startswith("Decoded raw arrays through the training crop from a cached "
                             "memmap-raw") for q in questions)
@@ -235,12 +240,12 @@ def test_prefetch_guide_on_the_training_set_says_the_crop():
 
 
 def test_prefetch_scaling_draws_only_panels_whose_workers_were_swept():
-    unswept = prefetch.plot_prefetch_scaling(training_prefetch_frame())
+    unswept = prefetch_report.plot_prefetch_scaling(training_prefetch_frame())
     assert figure_text(unswept) == "no worker count was swept\n"
     swept = frame(*[training_prefetch_case("thread", w, 100.0 * w, decode="simplejpeg")
                     for w in (1, 2, 4)],
                   training_prefetch_case("thread", 2, 300.0, fmt="memmap", encoding="raw"))
-    (ax,) = prefetch.plot_prefetch_scaling(swept).axes
+    (ax,) = prefetch_report.plot_prefetch_scaling(swept).axes
     assert ax.get_title().startswith("lmdb-jpeg, simplejpeg decoder")
 
 
@@ -263,6 +268,6 @@ def test_titles_and_questions_name_the_recorded_workload():
     assert captions.question_caption(recorded, "prefetch", df, "jpeg") == ""
     assert captions.question_caption(Results(df, {}), "prefetch", df, "jpeg") == (
         " (256 samples, 64\u00d764\u00d73, jpeg)")
-    rows = prefetch.guide(recorded)
+    rows = prefetch_guide.guide(recorded)
     assert all("64\u00d764" not in row.question for row in rows if
                row.facets.get("encoding") == "jpeg")

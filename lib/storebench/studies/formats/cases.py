@@ -1,6 +1,6 @@
 """The formats study's case functions (build cost from the manifest, timed sequential and
 random batched reads), apart from its figures and findings so that a case worker imports
-numpy and the readers only. The grid lives in ``storebench.studies.formats``."""
+numpy and the readers only. The grid lives in ``storebench.studies.formats.grid``."""
 
 from __future__ import annotations
 

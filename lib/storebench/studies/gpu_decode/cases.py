@@ -109,7 +109,7 @@ def opened(decoder):
 
 # -- the data ----------------------------------------------------------------------------
 def require_built(case: Case) -> None:
-    """``CaseSkipped`` where the case's set is not built (``study.prepare`` builds it)."""
+    """``CaseSkipped`` where the case's set is not built (``grid.prepare`` builds it)."""
     from storebench.formats import MANIFEST_NAME
 
     if not (Path(case.dataset) / MANIFEST_NAME).is_file():

@@ -1,5 +1,5 @@
 """The gpu_feed study's case function, apart from its figures and findings so that a case
-worker imports only what it runs. The grid lives in ``storebench.studies.gpu_feed``."""
+worker imports only what it runs. The grid lives in ``storebench.studies.gpu_feed.grid``."""
 
 from __future__ import annotations
 

@@ -1,1 +1,2 @@
-"""The prefetch study: its grid (``study``) and case functions (``cases``)."""
+"""The prefetch study: its grid (``grid``), tables, figures and findings (``report``), guide
+rows (``guide``), case functions (``cases``) and ``STUDY`` (``study``)."""

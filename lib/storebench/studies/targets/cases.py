@@ -1,6 +1,6 @@
 """The performance targets as data (``Target``, ``TARGETS``), their measure functions and the
 case functions that run them, apart from the study's figures and findings so that a case
-worker imports only what it runs. The grid lives in ``storebench.studies.targets``."""
+worker imports only what it runs. The grid lives in ``storebench.studies.targets.grid``."""
 
 from __future__ import annotations
 
