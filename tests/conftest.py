@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -11,7 +13,12 @@ import pytest
 import data_gen
 from storebench.formats import FORMATS, build_dataset, unavailable_reason
 
-CI_STUDY_TIMEOUT_S = 880
+# The ci study runs beside the other tests (``ci_study_run``), sharing the cores with them:
+# its limit, from its start, allows for that.
+CI_STUDY_TIMEOUT_S = 1500
+# Test modules that compare the whole of /dev/shm before and after a case: they run first,
+# before the ci study starts beside the others (its cases make segments there too).
+BEFORE_CI_STUDY_MODULES = frozenset({"test_runner.py"})
 
 
 # Session fixtures that run a whole product command (a study), and the test modules that
@@ -41,7 +48,7 @@ def pytest_collection_modifyitems(items) -> None:
     """pytest-timeout counts a session fixture's setup against the first test that asks for
     it: a test that may start the ci study gets the study's own limit plus its own share.
     A test that runs a product command, through a fixture or itself, or that is listed in
-    ``slow_tests.txt``, is marked ``slow``."""
+    ``slow_tests.txt``, is marked ``slow``. The modules that read the ci study run last."""
     listed = slow_tests()
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
@@ -50,6 +57,12 @@ def pytest_collection_modifyitems(items) -> None:
         if (fixtures & PRODUCT_RUN_FIXTURES or item.path.name in PRODUCT_RUN_MODULES
                 or item.nodeid in listed or item.nodeid.split("[")[0] in listed):
             item.add_marker(pytest.mark.slow)
+    # The modules that read the ci study run last, each whole and in its order: the study,
+    # started once the modules that must not run beside it are done (first), runs beside
+    # every other module meanwhile.
+    readers = {item.path for item in items if "ci_study" in getattr(item, "fixturenames", ())}
+    items.sort(key=lambda item: 2 if item.path in readers
+               else 0 if item.path.name in BEFORE_CI_STUDY_MODULES else 1)
 
 
 class _Durations:
@@ -152,24 +165,69 @@ def ci_dataset(ci_data_root):
     return path
 
 
+class CiStudyRun:
+    """``storebench study --profile ci`` into ``root``, started at most once (``start``),
+    detached (``detached_run``: not a descendant of this process, whose tests count their
+    own children) and with a temporary directory of its own (tests compare what theirs
+    holds)."""
+
+    def __init__(self, root: Path, env: dict[str, str]) -> None:
+        self.root, self.env, self.run = root, env, None
+        self.temp = Path(tempfile.mkdtemp(prefix="sb-ci-"))  # short: socket paths under it
+
+    def start(self):
+        import sys
+
+        from detached_run import DetachedRun
+
+        from storebench.study import REPO_ROOT
+
+        if self.run is None:
+            self.run = DetachedRun(
+                [str(Path(sys.executable).with_name("storebench")), "study", "--profile",
+                 "ci", "--data", str(self.root / "data"), "--results",
+                 str(self.root / "results"), "--quiet"],
+                self.root / "run", env={**self.env, "TMPDIR": str(self.temp)}, cwd=REPO_ROOT)
+        return self.run
+
+    def close(self) -> None:
+        if self.run is not None:
+            self.run.stop()
+        shutil.rmtree(self.temp, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
-def ci_study(tmp_path_factory) -> tuple[Path, object]:
-    """``storebench study --profile ci`` run once, as ``make study`` runs it (build, every
-    study, plots, notebooks), in a subprocess: (the ci results directory, the completed
-    process). The notebook and study-contract tests read what it wrote."""
+def ci_study_run(request, tmp_path_factory, trust_marks):
+    """The session's ci study (``CiStudyRun``) where a selected test reads it (``ci_study``),
+    else None; stopped at the session's end if still running."""
     import os
-    import subprocess
-    import sys
 
-    from storebench.study import REPO_ROOT
+    if not any("ci_study" in getattr(item, "fixturenames", ())
+               for item in request.session.items):
+        yield None
+        return
+    study = CiStudyRun(tmp_path_factory.mktemp("ci-study"),
+                       {**os.environ, "MPLBACKEND": "Agg"})
+    try:
+        yield study
+    finally:
+        study.close()
 
-    root = tmp_path_factory.mktemp("ci-study")
-    data, results = root / "data", root / "results"
-    completed = subprocess.run(
-        [str(Path(sys.executable).with_name("storebench")), "study", "--profile", "ci",
-         "--data", str(data), "--results", str(results), "--quiet"],
-        capture_output=True, text=True, timeout=CI_STUDY_TIMEOUT_S, cwd=REPO_ROOT,
-        env={**os.environ, "MPLBACKEND": "Agg"},
-    )
+
+@pytest.fixture(autouse=True)
+def ci_study_started_beside(request, ci_study_run) -> None:
+    """Starts the ci study with the first test outside ``BEFORE_CI_STUDY_MODULES``, so that
+    it runs beside the modules that do not read it (they run before those that do)."""
+    if ci_study_run is not None and request.node.path.name not in BEFORE_CI_STUDY_MODULES:
+        ci_study_run.start()
+
+
+@pytest.fixture(scope="session")
+def ci_study(ci_study_run) -> tuple[Path, object]:
+    """``storebench study --profile ci`` run once, as ``make study`` runs it (build, every
+    study, plots, notebooks), in a detached process started early in the session
+    (``ci_study_run``): (the ci results directory, the completed process). The notebook and
+    study-contract tests read what it wrote."""
+    completed = ci_study_run.start().wait(CI_STUDY_TIMEOUT_S)
     assert completed.returncode == 0, completed.stderr[-4000:]
-    return results / "ci", completed
+    return ci_study_run.root / "results" / "ci", completed

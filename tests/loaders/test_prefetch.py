@@ -725,10 +725,15 @@ def test_a_deadline_far_ahead_changes_nothing(memmap_raw, batches):
 @pytest.mark.parametrize("cls", [ThreadPrefetcher, ProcessPrefetcher])
 def test_a_prefetcher_asked_to_pin_its_slots_without_cuda_refuses_before_any_worker(
         memmap_raw, batches, cls):
+    from storebench.bench.runner import shm_segments_of
     from storebench.loaders import AcceleratorUnavailableError
+    from storebench.processes import SHM_PREFIX
 
     children, threads = our_children(), set(threading.enumerate())
-    segments = set(Path("/dev/shm").iterdir())
+    # This process's segments (others' studies may run beside this test): the ones it maps
+    # or holds open, and the ones named for it, which it made.
+    held = shm_segments_of([os.getpid()])
+    segments = set(Path("/dev/shm").glob(f"{SHM_PREFIX}{os.getpid()}_*"))
     with pytest.raises(AcceleratorUnavailableError,
                        match=rf"^{cls.__name__}\(pin_memory=True\) page-locks its batch memory "
                              r"for CUDA copies, but torch \S+ reports "
@@ -736,7 +741,8 @@ def test_a_prefetcher_asked_to_pin_its_slots_without_cuda_refuses_before_any_wor
                              r"use pin_memory=False$"):
         cls(LazyDataset(memmap_raw), batches, pin_memory=True)
     assert our_children() == children and set(threading.enumerate()) == threads
-    assert set(Path("/dev/shm").iterdir()) <= segments
+    assert shm_segments_of([os.getpid()]) <= held
+    assert set(Path("/dev/shm").glob(f"{SHM_PREFIX}{os.getpid()}_*")) <= segments
 
 
 def test_a_loader_path_that_cannot_pin_its_batches_refuses_pin_memory_by_name(memmap_raw):

@@ -102,10 +102,11 @@ PLANS: dict[str, StudyPlan] = {
     # Fixed 3 repeats: ci exercises every path quickly, its numbers are not the reference.
     # Whole epochs: its sets (a few hundred samples) are smaller than any cap. A steady
     # window of a few batches and no minimum time: every path runs in seconds. A top-up
-    # budget of a few cases, so that the top-up runs too, and no floor of decision repeats.
+    # budget of one or two questions' planned case seconds (each under a second there), so
+    # that a top-up round runs, and no floor of decision repeats.
     "ci": StudyPlan(repeats=3, adaptive=None, timeout_s=300.0, compact=True,
                     epoch_samples=None, index_entries=50_000, steady_batches=3,
-                    steady_seconds=0.0, topup_budget_s=5.0, decision_repeats=None),
+                    steady_seconds=0.0, topup_budget_s=1.5, decision_repeats=None),
 }
 
 
