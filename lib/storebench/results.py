@@ -109,7 +109,14 @@ class Results:
         if self.env.get("run_id") == run_id:
             return self.env
         path = self.directory / f"env-{run_id}.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+        if path.exists():
+            return json.loads(path.read_text())
+        # A file named for the first of several runs made together holds the last run's id.
+        for other in sorted(self.directory.glob("env-*.json")):
+            env = json.loads(other.read_text())
+            if env.get("run_id") == run_id:
+                return env
+        return {}
 
 
 def latest_runs(df: pd.DataFrame) -> pd.DataFrame:
@@ -283,6 +290,12 @@ def resident_fractions(df: pd.DataFrame) -> pd.DataFrame:
     return rows.drop_duplicates(["run_id", "case_id", "repeat"])
 
 
+# What a row of ``resident_fraction_rows`` holds, for the table under its figure.
+RESIDENT_ROWS_CAPTION = ("One row per cache state: the median of the repeats' resident "
+                         "fractions at their start, their spread (lowest to highest), n (the "
+                         "repeats that ran) and the cases.")
+
+
 def resident_fraction_rows(df: pd.DataFrame) -> pd.DataFrame:
     """Per cache state, what the resident-fraction figure draws (a point per repeat of
     ``resident_fractions``): the median, the spread (min to max) and the count of the
@@ -400,19 +413,24 @@ def medians_table(df: pd.DataFrame, metrics: Sequence[str], by: Sequence[str]) -
 
 
 def ratio_interval(top: Stat, other: Stat, *, resamples: int = BOOTSTRAP_RESAMPLES,
-                   level: float = INTERVAL_LEVEL, seed: int = 0) -> tuple[float, float, float]:
+                   level: float = INTERVAL_LEVEL, seed: int = 0,
+                   paired: bool | None = None) -> tuple[float, float, float]:
     """(ratio of medians, low, high): the bootstrap interval of ``top.median /
-    other.median``. With equal repeat counts, repeat pairs are resampled (repeat i with
-    repeat i: the same moment of a paired measurement); with different counts (adaptive
-    repeats stop each case on its own) each side's repeats are resampled on their own, all of
-    them, so that the interval is about the same medians as the ratio. With fewer than
+    other.median``. Paired (repeat pairs resampled: repeat i with repeat i, the same moment
+    of one measurement) only for two figures of one case's repeats (``one_case``; ``paired``
+    None, the default) or where ``paired`` says so, and then with equal repeat counts;
+    otherwise each side's repeats are resampled on their own, all of them: two cases run at
+    different times, so repeat i of one says nothing of repeat i of the other. Figures
+    built without sources (no case behind them) pair with equal counts. With fewer than
     ``MIN_PAIRED_REPEATS`` repeats on either side the interval is (-inf, inf): undecided."""
     ratio = top.median / other.median if other.median else float("nan")
     a, b = np.asarray(top.values, dtype=float), np.asarray(other.values, dtype=float)
     if min(len(a), len(b)) < MIN_PAIRED_REPEATS:
         return ratio, float("-inf"), float("inf")
     rng = np.random.default_rng(seed)
-    if len(a) == len(b):
+    if paired is None:
+        paired = one_case(top, other) or not (top.sources or other.sources)
+    if paired and len(a) == len(b):
         picks = rng.integers(0, len(a), size=(resamples, len(a)))
         picks_a = picks_b = picks
     else:
@@ -423,6 +441,20 @@ def ratio_interval(top: Stat, other: Stat, *, resamples: int = BOOTSTRAP_RESAMPL
     tail = (1 - level) / 2
     low, high = np.quantile(ratios, [tail, 1 - tail])
     return ratio, float(low), float(high)
+
+
+def one_case(top: Stat, other: Stat) -> bool:
+    """Both figures are read from the same one case's rows (two metrics of its repeats):
+    only then was repeat i of one taken together with repeat i of the other."""
+    cases = {(study, case) for study, case, _ in (*top.sources, *other.sources)}
+    return len(cases) == 1 and bool(top.sources) and bool(other.sources)
+
+
+def unpaired_ratio_interval(top: Stat, other: Stat, **options) -> tuple[float, float, float]:
+    """``ratio_interval`` with each side's repeats resampled on their own: for two cases,
+    whose repeats were taken at different times, so that repeat i of one says nothing of
+    repeat i of the other."""
+    return ratio_interval(top, other, paired=False, **options)
 
 
 def default_builds(df: pd.DataFrame) -> pd.DataFrame:

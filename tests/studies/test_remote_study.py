@@ -188,13 +188,15 @@ def test_on_the_imagenet_like_set_the_grid_reads_at_the_targets_rtts_in_small_ba
     monkeypatch.setattr(remote, "plan_for", lambda profile: full)
     cases = remote.remote_grid(profile="ci", data_dir=root)
     s3 = [c for c in cases if c.param("source") == "s3"]
-    assert {c.param("rtt_ms") for c in s3} == set(remote.TRAINING_RTTS_MS)
+    # The targets' RTTs, and the far point's (``test_remote_sweep``).
+    assert {c.param("rtt_ms") for c in s3} == {*remote.TRAINING_RTTS_MS, remote.FAR_RTT_MS}
     assert {c.batch_size for c in cases} == {min(remote.TRAINING_BATCH, 64 // 8)}
     assert {c.param("transform") for c in cases} == {"train"}
     capped = [c for c in s3 if c.param("bandwidth_mbit")]
     assert [c.param("bandwidth_mbit") for c in capped] == [remote.TRAINING_CAPPED_MBIT]
-    assert {(c.format, c.access, c.param("concurrency"), c.workers)
-            for c in s3} == {p for p in remote.TRAINING_PATHS if p[0] == "tfrecord"}
+    sweep = {(*remote.SWEEP_PATH[:2], n, remote.SWEEP_PATH[2]) for n in remote.SWEEP_IN_FLIGHT}
+    assert {(c.format, c.access, c.param("concurrency"), c.workers) for c in s3} == {
+        p for p in (*remote.TRAINING_PATHS, *sweep, remote.FAR_PATH) if p[0] == "tfrecord"}
 
 
 # -- start-up apart from the steady rate (``cases._metrics``), on fabricated rank results ---

@@ -14,6 +14,9 @@ START, END = "<!-- findings:start -->", "<!-- findings:end -->"
 COMMANDS_START, COMMANDS_END = "<!-- commands:start -->", "<!-- commands:end -->"
 # The methodology page's block on cold reads under a virtual machine (``report.cold``).
 COLD_START, COLD_END = "<!-- cold:start -->", "<!-- cold:end -->"
+# A study page's generated block (``Study.page_text``), in ``STUDY_PAGES/<name>.md``.
+STUDY_START, STUDY_END = "<!-- study:start -->", "<!-- study:end -->"
+STUDY_PAGES = "docs/studies"
 # Committed runs of ``make quick``, one directory per run id, relative to the README.
 QUICK_RUNS = "results/quick-runs"
 
@@ -213,6 +216,27 @@ def _fill(path: Path, block: str, start: str = START, end: str = END) -> bool:
     return new != text
 
 
+def render_study_page_block(results_dir: Path | str, name: str) -> str:
+    """Study ``name``'s docs page block (``Study.page_text``) from ``results_dir``."""
+    from ..results import Results
+    from ..studies import STUDIES
+
+    return STUDIES[name].page_text(Results.load(results_dir))
+
+
+def _fill_study_pages(base: Path, results_dir: Path | str) -> bool:
+    """Fill the generated block of every study page whose study writes one."""
+    from ..studies import STUDIES
+
+    changed = False
+    for name, study in STUDIES.items():
+        page = base / STUDY_PAGES / f"{name}.md"
+        if study.page_text is not None and page.exists():
+            changed = _fill(page, render_study_page_block(results_dir, name), STUDY_START,
+                            STUDY_END) or changed
+    return changed
+
+
 def update_readme(readme: Path | str, results_dir: Path | str) -> bool:
     """Rewrite the README's findings block, and those of the docs' home page, the guide
     page, the methodology page and the advise examples page beside it (``HOME_PAGE``,
@@ -235,6 +259,7 @@ def update_readme(readme: Path | str, results_dir: Path | str) -> bool:
     if methodology.exists():
         changed = _fill(methodology, render_calibration_block(results_dir)) or changed
         changed = _fill(methodology, cold_block(results_dir), COLD_START, COLD_END) or changed
+    changed = _fill_study_pages(readme.resolve().parent, results_dir) or changed
     examples = readme.resolve().parent / EXAMPLES_PAGE
     if examples.exists():
         changed = _fill(examples, render_examples_page(

@@ -147,10 +147,26 @@ def _make_loader_class():
     return tracked_loader_class(StreamingDataLoader)
 
 
+def allow_plain_http(storage_options: dict) -> None:
+    """Let LitData's obstore downloads reach an ``http://`` endpoint (an S3-compatible
+    server without TLS, as a local one is): LitData builds obstore's client options from a
+    fixed dict without obstore's ``allow_http``, so its chunk downloads refuse such an
+    endpoint while its boto3 calls reach it. Changes nothing for https endpoints."""
+    endpoint = str(storage_options.get("endpoint_url") or "")
+    if not endpoint.startswith("http://"):
+        return
+    from litdata.streaming import downloader
+
+    options = getattr(downloader, "_OBSTORE_CLIENT_OPTIONS", None)
+    if isinstance(options, dict) and "allow_http" not in options:
+        downloader._OBSTORE_CLIENT_OPTIONS = {**options, "allow_http": "true"}
+
+
 class LitDataBatches:
     """Re-iterable epochs of ``Batch``es from LitData's pipeline (see the module doc)."""
 
-    def __init__(self, root: Path, options: PathOptions) -> None:
+    def __init__(self, root: Path, options: PathOptions, *, remote: str | None = None,
+                 storage_options: dict | None = None, cache_dir: str | None = None) -> None:
         _, self.spec = open_peer_dataset(root, FORMAT_NAME, what="LitData chunks")
         self.root = root
         self.options = options
@@ -163,10 +179,20 @@ class LitDataBatches:
             from ..transforms import Resize
 
             resize = Resize(*options.resize)
-        self._cache_dir = tempfile.mkdtemp(prefix="storebench-litdata-cache-")
+        # A caller's cache dir is the caller's to remove; the path's own, close()'s.
+        self._owns_cache = cache_dir is None
+        self._cache_dir = cache_dir or tempfile.mkdtemp(prefix="storebench-litdata-cache-")
         try:
+            if remote is not None:
+                allow_plain_http(storage_options or {})
+            # ``remote`` (``s3://...``): LitData downloads index.json and each chunk into
+            # the (new, empty) cache dir before reading it there; later epochs read the
+            # downloaded chunks. ``storage_options`` go to its boto3 client (endpoint_url,
+            # keys), whose settings its obstore downloads copy.
             self.dataset = _make_dataset_class()(
-                input_dir=str(root), cache_dir=self._cache_dir, shuffle=bool(options.shuffle),
+                input_dir=str(remote or root), cache_dir=self._cache_dir,
+                **({"storage_options": storage_options} if storage_options else {}),
+                shuffle=bool(options.shuffle),
                 seed=int(options.seed), drop_last=False, decode=decode,
                 channels=self.spec.channels, resize=resize, crop=crop,
             )
@@ -186,7 +212,8 @@ class LitDataBatches:
                     "under a label that says otherwise"
                 )
         except BaseException:
-            shutil.rmtree(self._cache_dir, ignore_errors=True)
+            if self._owns_cache:
+                shutil.rmtree(self._cache_dir, ignore_errors=True)
             raise
         self.workers = workers
 
@@ -213,7 +240,8 @@ class LitDataBatches:
     def close(self) -> None:
         """Stop the current epoch's workers (if any are left) and remove the cache dir."""
         self._stop_workers()
-        shutil.rmtree(self._cache_dir, ignore_errors=True)
+        if self._owns_cache:
+            shutil.rmtree(self._cache_dir, ignore_errors=True)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({str(self.root)!r}, workers={self.workers})"

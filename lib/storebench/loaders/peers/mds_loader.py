@@ -184,13 +184,20 @@ def _make_loader_class():
 class MDSBatches:
     """Re-iterable epochs of ``Batch``es from streaming's pipeline (see the module doc)."""
 
-    def __init__(self, root: Path, options: PathOptions) -> None:
+    def __init__(self, root: Path, options: PathOptions, *, remote: str | None = None,
+                 cache_dir: str | None = None) -> None:
         _, self.spec = open_peer_dataset(root, FORMAT_NAME, what="MDS shards")
         self.root = root
         self.num_samples = self.spec.num_samples
         decode, resize = self._check_decode(options)
+        if remote is not None and not cache_dir:
+            raise ValueError(f"{root}: reading MDS shards from {remote} needs a cache_dir")
+        # ``remote`` (``s3://...``, reached through S3_ENDPOINT_URL): streaming downloads
+        # index.json and each shard into ``cache_dir`` before reading it there, as its
+        # docs' remote/local pair does; later epochs read the downloaded shards.
         self.dataset = _make_dataset_class()(
-            local=str(root), remote=None, shuffle=bool(options.shuffle),
+            local=str(cache_dir if remote is not None else root), remote=remote,
+            shuffle=bool(options.shuffle),
             shuffle_algo=SHUFFLE_ALGO, shuffle_seed=int(options.seed),
             batch_size=int(options.batch_size), num_canonical_nodes=1,
             decode=decode, channels=self.spec.channels, resize=resize,

@@ -141,12 +141,20 @@ class CroppedSample:
 class WebDatasetBatches:
     """Re-iterable epochs of ``Batch``es from WebDataset's pipeline (see the module doc)."""
 
-    def __init__(self, root: Path, options: PathOptions) -> None:
+    def __init__(self, root: Path, options: PathOptions, *, urls=None,
+                 cache_dir: str | None = None) -> None:
         manifest, self.spec = open_peer_dataset(root, FORMAT_NAME, what="tar shards")
         self.root = root
         self._manifest = manifest
         self.options = options
-        self.urls = [str(path) for path in shard_paths(root, manifest)]
+        local = [str(path) for path in shard_paths(root, manifest)]
+        if urls is not None and len(urls) != len(local):
+            raise ValueError(f"{root}: {len(urls)} shard URLs for {len(local)} shards")
+        # Remote shards (``urls``, in the order of the local build's): WebDataset opens
+        # each with gopen (curl for http(s)); with ``cache_dir`` its FileCache downloads a
+        # shard whole before reading it, and later epochs read the cached copy.
+        self.urls = list(urls) if urls is not None else local
+        self.cache_dir = cache_dir
         if options.world_size > 1:
             import webdataset as wds
 
@@ -178,7 +186,7 @@ class WebDatasetBatches:
         nodes = wds.split_by_node if self.options.world_size > 1 else wds.single_node_only
         dataset = wds.WebDataset(
             self.urls, shardshuffle=len(self.urls) if shuffle else False, seed=seed,
-            nodesplitter=nodes,
+            nodesplitter=nodes, **({"cache_dir": self.cache_dir} if self.cache_dir else {}),
         )
         if shuffle:
             dataset = dataset.shuffle(SHUFFLE_BUFFER, seed=seed)

@@ -260,6 +260,8 @@ def _metrics(case: Case, per_rank: list[dict], ranks: int, max_batches) -> dict:
     } if requests else {}
     return traffic | {
         "samples": (samples, "count"),
+        # The set's size: the pass's counts scaled to one epoch of it (``cost_rows``).
+        "dataset_samples": (per_rank[0]["num_samples"], "count"),
         "samples_per_s": (sum(r["steady_samples"] for r in per_rank) / slowest_window,
                           "samples/s"),
         "per_rank_samples_per_s": (float(np.median(per_rank_rates)), "samples/s"),

@@ -15,7 +15,10 @@ that window holds the plan's steady minimum: ``studies.steady``), time to first 
 from it (opening included: manifest, listing, fingerprints and indexes are round trips too),
 GET requests and bytes per request over the whole pass, and the measured RTT.
 The capacity model (``remote.capacity``) predicts each path's rate at 2 and 20 ms from its
-0 ms measurement; the figure draws both.
+0 ms measurement; the figure draws both. One path is swept over the GETs a rank keeps in
+flight at 20 ms and read once at 150 ms (``SWEEP_IN_FLIGHT``, ``FAR_PATH``), beside the
+model's Little's-law prediction; every S3 row also says what an epoch costs: GETs and bytes
+(the pass's, scaled to the set) and the S3 server's CPU a sample (``cost_rows``).
 """
 
 from __future__ import annotations
@@ -35,16 +38,19 @@ from ...bench.plan import plan_for
 from ...plots import empty_figure, legend_below, log_axis, question_title
 from ...remote.capacity import Pipeline, predicted_rate, scale_out, workers_to_keep
 from ...results import (
+    DECISION_MARGIN,
     MIN_PAIRED_REPEATS,
     Results,
+    mark_drawn,
     medians_table,
+    ok_repeats,
     params_of,
     ratio_interval,
     select,
     stat,
     summary_table,
 )
-from ...text import format_percent, format_ratio, format_value
+from ...text import format_percent, format_ratio, format_value, markdown_table
 from ..base import FigureSpec, LiveComparison, Study, TargetMeasure, TargetSpec
 from ..grid import (
     batch_size_for,
@@ -56,6 +62,7 @@ from ..grid import (
     profile_datasets,
     repeat_fields,
 )
+from .peer_cases import prepare_streaming_peers, streaming_peer_findings
 
 NAME = "remote"
 CASES = "storebench.studies.remote.cases"
@@ -92,6 +99,19 @@ TRAINING_CAPPED_MBIT = 400
 PREFETCHER = "thread"
 TARGET_KEEP = 0.8  # of a path's own 0 ms rate, at 20 ms
 TARGET_PEER = 1.2  # over the best streaming peer reading the same store at the same RTT
+# The in-flight sweep: the target path (format, order, prefetch threads) at TARGET_RTT_MS
+# with each of these GETs in flight. ``concurrency`` sizes the reader's pool of request
+# threads, one pool a rank shared by its prefetch threads, so it bounds a rank's GETs in
+# flight. Little's law (in flight = request rate x round trip): a few hundred samples/s at
+# 20 ms, a sample a GET, need fewer than ten; the sweep brackets that.
+SWEEP_PATH = ("tfrecord", "shuffle", 2)
+SWEEP_IN_FLIGHT = (1, 2, 4, 8, 16, 64)
+COMPACT_SWEEP_IN_FLIGHT = (8, 64)
+# One point far away (not on compact plans). At 150 ms Little's law asks about 60 samples
+# in flight of a few hundred samples/s: 4 threads each waiting on a whole batch of 32 hold
+# 128, and 128 GETs in flight let every thread's batch go out in one round.
+FAR_RTT_MS = 150
+FAR_PATH = ("tfrecord", "shuffle", 128, 4)
 BUCKET = "storebench"
 
 
@@ -112,9 +132,11 @@ def remote_grid(*, profile: str, data_dir: Path | str, repeats: int | None = Non
                 ) -> list[Case]:
     """One rank over S3 for every path of ``PATHS`` at every RTT of ``RTTS_MS``;
     ``RANKED_PATH`` also with 2 ranks, and from local disk with 1 and 2; ``RANKED_PATH`` at
-    20 ms under a ``CAPPED_MBIT`` tbf cap.
+    20 ms under a ``CAPPED_MBIT`` tbf cap; ``SWEEP_PATH`` at ``TARGET_RTT_MS`` with each of
+    ``SWEEP_IN_FLIGHT`` GETs in flight, and ``FAR_PATH`` at ``FAR_RTT_MS``.
     On an ImageNet-like set, ``TRAINING_PATHS`` at ``TRAINING_RTTS_MS``, the cap
-    ``TRAINING_CAPPED_MBIT``. Compact plans (ci): ``COMPACT_PATHS`` at ``COMPACT_RTTS_MS``."""
+    ``TRAINING_CAPPED_MBIT``. Compact plans (ci): ``COMPACT_PATHS`` at ``COMPACT_RTTS_MS``,
+    the sweep at ``COMPACT_SWEEP_IN_FLIGHT``, no far point."""
     plan = plan_for(profile)
     fields = {**repeat_fields(profile, repeats), **epoch_fields(profile),
               "timeout_s": plan.timeout_s}
@@ -127,17 +149,24 @@ def remote_grid(*, profile: str, data_dir: Path | str, repeats: int | None = Non
     paths = COMPACT_PATHS if plan.compact else TRAINING_PATHS if training else PATHS
     rtts = COMPACT_RTTS_MS if plan.compact else TRAINING_RTTS_MS if training else RTTS_MS
     cap = TRAINING_CAPPED_MBIT if training else CAPPED_MBIT
+    # (format, order, in flight, threads, RTT, ranks): every path at every RTT, then the
+    # sweep and the far point, each once.
+    runs = {(*path, rtt, ranks): None for path in paths for rtt in rtts
+            for ranks in ((1, 2) if path == RANKED_PATH else (1,))}
+    fmt, access, workers = SWEEP_PATH
+    for concurrency in COMPACT_SWEEP_IN_FLIGHT if plan.compact else SWEEP_IN_FLIGHT:
+        runs.setdefault((fmt, access, concurrency, workers, TARGET_RTT_MS, 1))
+    if not plan.compact:
+        runs.setdefault((*FAR_PATH, FAR_RTT_MS, 1))
     cases = []
-    for fmt, access, concurrency, workers in paths:
+    for fmt, access, concurrency, workers, rtt, ranks in runs:
         found = _encoded(datasets, fmt)
         if found is None:
             continue
-        for rtt in rtts:
-            for ranks in (1, 2) if (fmt, access, concurrency, workers) == RANKED_PATH else (1,):
-                cases.append(_case(*found, access=access, workers=workers,
-                                   fields=target_fields if ranks == 1 else fields,
-                                   params={"source": "s3", "rtt_ms": rtt, "ranks": ranks,
-                                           "concurrency": concurrency}))
+        cases.append(_case(*found, access=access, workers=workers,
+                           fields=target_fields if ranks == 1 else fields,
+                           params={"source": "s3", "rtt_ms": rtt, "ranks": ranks,
+                                   "concurrency": concurrency}))
     found = _encoded(datasets, RANKED_PATH[0])
     if found is not None:
         fmt, access, concurrency, workers = RANKED_PATH
@@ -147,6 +176,7 @@ def remote_grid(*, profile: str, data_dir: Path | str, repeats: int | None = Non
         for ranks in (1, 2):
             cases.append(_case(*found, access=RANKED_PATH[1], fields=fields,
                                params={"source": "local", "ranks": ranks}))
+    cases += _streaming_peer_cases(profile=profile, data_dir=data_dir, repeats=repeats, paths=paths)
     return cases
 
 
@@ -178,9 +208,12 @@ def object_store(cases):
         yield {REMOTE_UNAVAILABLE_ENV: f"no S3 server: {err}".splitlines()[0]}
         return
     try:
-        root = f"s3://{BUCKET}/{Path(remote[0]).parent.name}"
+        from .peer_cases import data_dir_name, store_key
+
+        # The streaming peers' cut sets go under <root>/peers/ (``peer_cases.store_key``).
+        root = f"s3://{BUCKET}/{data_dir_name(remote)}"
         for dataset in remote:
-            upload_dataset(dataset, f"{root}/{Path(dataset).name}", s3=config)
+            upload_dataset(dataset, f"{root}/{store_key(dataset)}", s3=config)
         pid = server.process.pid if server.process is not None else None
         yield {**config.env(), REMOTE_ROOT_ENV: root,
                **({REMOTE_SERVER_PID_ENV: str(pid)} if pid else {})}
@@ -189,14 +222,20 @@ def object_store(cases):
 
 
 # -- the one table figures, findings and the guide read ---------------------------------
+def path_label(fmt: str, access: str, workers: int, concurrency: int | None = None) -> str:
+    """``"tfrecord, shuffle, 2 threads sharing 64 GETs in flight"``: a rank's prefetch
+    threads share its reader's ``concurrency`` request threads (None: local disk, no GETs)."""
+    label = f"{fmt}, {access.replace('_', ' ')}, {int(workers)} threads"
+    return label if concurrency is None else f"{label} sharing {concurrency} GETs in flight"
+
+
 def remote_rows(df: pd.DataFrame) -> pd.DataFrame:
     """The study's epoch rows with ``source``, ``rtt_ms``, ``ranks``, ``concurrency``,
     ``bandwidth_mbit`` (NaN: no cap), ``base_path`` (format, order, threads, requests in
     flight) and ``path`` (the base path, and its cap where it has one) columns."""
     rows = df[(df["study"] == NAME) & (df["case_id"].str.startswith("remote_epoch"))]
     params = params_of(rows) if not rows.empty else pd.Series(dtype=object)
-    base = [f"{f}, {a.replace('_', ' ')}, {int(w)} threads"
-            + (f", {p.get('concurrency')} in flight" if p.get("source", "s3") == "s3" else "")
+    base = [path_label(f, a, w, p.get("concurrency") if p.get("source", "s3") == "s3" else None)
             for f, a, w, p in zip(rows["format"], rows["access"], rows["workers"], params)]
     caps = params.map(lambda p: float(p.get("bandwidth_mbit") or np.nan))
     return rows.assign(
@@ -214,16 +253,55 @@ KEYS = ["path", "base_path", "format", "access", "source", "concurrency", "ranks
         "batch_size", "workers", "bandwidth_mbit"]
 
 
+# Per repeat, from its pass's rows (``cost_rows``): GETs and bytes scaled to one epoch of
+# the set, and the S3 server's CPU seconds per sample delivered.
+COST_METRICS = {"epoch_requests": "count", "epoch_bytes": "bytes",
+                "server_cpu_s_per_sample": "s"}
+
+
+def cost_rows(rows: pd.DataFrame) -> pd.DataFrame:
+    """Rows of ``COST_METRICS``, one a timed repeat that recorded their inputs, alike in
+    every other column to the repeat's ``samples`` row. A pass may stop once its steady
+    window is full, so its counts are scaled to one epoch: ``epoch_requests`` is
+    ``requests`` times ``dataset_samples`` over the pass's ``samples``, ``epoch_bytes``
+    that times ``bytes_per_request``; ``server_cpu_s_per_sample`` is ``server_cpu_s`` over
+    ``samples`` (opening included in both)."""
+    ok = ok_repeats(rows)
+    keys = ["run_id", "study", "case_id", "repeat"]
+    if ok.empty:
+        return rows.iloc[:0]
+    wide = ok.pivot_table(index=keys, columns="metric", values="value", aggfunc="first")
+    base = ok[ok["metric"] == "samples"].drop_duplicates(keys).set_index(keys)
+    derived = {}
+    if {"requests", "bytes_per_request", "dataset_samples", "samples"} <= set(wide.columns):
+        epoch = wide["requests"] * wide["dataset_samples"] / wide["samples"]
+        derived["epoch_requests"] = epoch
+        derived["epoch_bytes"] = epoch * wide["bytes_per_request"]
+    if {"server_cpu_s", "samples"} <= set(wide.columns):
+        derived["server_cpu_s_per_sample"] = wide["server_cpu_s"] / wide["samples"]
+    parts = []
+    for metric, values in derived.items():
+        values = values.dropna()
+        values = values[values.index.isin(base.index)]
+        parts.append(base.loc[values.index].assign(
+            metric=metric, value=values, unit=COST_METRICS[metric]).reset_index())
+    return pd.concat(parts, ignore_index=True)[rows.columns] if parts else rows.iloc[:0]
+
+
 def remote_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per path, RTT and rank count: medians of samples/s, per-rank samples/s, time to
-    first batch, samples and bytes per request, measured RTT; and the model's prediction
-    (from the same path's 0 ms row) with its ratio to the measurement."""
+    first batch, samples and bytes per request, measured RTT, and of ``COST_METRICS``
+    (GETs and bytes per epoch, the S3 server's CPU seconds per sample); and the model's
+    prediction (from the 0 ms row of the same path or, for a path measured at one RTT
+    only, the same format, order and threads: ``pipeline_at_zero``) with its ratio to the
+    measurement."""
     rows = remote_rows(df)
     metrics = ["samples_per_s", "per_rank_samples_per_s", "time_to_first_batch_s",
-               "samples_per_request", "bytes_per_request", "measured_rtt_s"]
+               "samples_per_request", "bytes_per_request", "measured_rtt_s", *COST_METRICS]
     if rows.empty:
         return pd.DataFrame(columns=[*KEYS, *metrics, "predicted_samples_per_s"])
-    table = medians_table(rows, metrics, KEYS)
+    table = medians_table(pd.concat([rows, cost_rows(rows)], ignore_index=True), metrics,
+                          KEYS)
     table["predicted_samples_per_s"] = [_predict(table, row) for _, row in table.iterrows()]
     table["predicted_over_measured"] = table["predicted_samples_per_s"] / table["samples_per_s"]
     return table.sort_values(["source", "path", "ranks", "rtt_ms"], ignore_index=True)
@@ -231,10 +309,16 @@ def remote_table(df: pd.DataFrame) -> pd.DataFrame:
 
 def pipeline_at_zero(table: pd.DataFrame, row) -> Pipeline | None:
     """The capacity model's inputs, from ``row``'s path measured at 0 ms without a cap
-    (same ranks); None where that row is missing or its requests were not counted."""
-    zero = table[(table["base_path"] == row["base_path"]) & (table["ranks"] == row["ranks"])
+    (same ranks), or where it was not (a point of the in-flight sweep), from the same
+    format, order and threads with the most GETs in flight: at 0 ms the CPU, not the
+    requests in flight, sets the rate. None where no such row is, or its requests were not
+    counted."""
+    zero = table[(table["format"] == row["format"]) & (table["access"] == row["access"])
+                 & (table["workers"] == row["workers"]) & (table["ranks"] == row["ranks"])
                  & (table["source"] == "s3") & (table["rtt_ms"] == 0)
                  & table["bandwidth_mbit"].isna()]
+    zero = zero.assign(own=zero["base_path"] == row["base_path"]).sort_values(
+        ["own", "concurrency"], ascending=False)
     if zero.empty or not np.isfinite(zero["samples_per_s"].iloc[0]):
         return None
     z = zero.iloc[0]
@@ -255,7 +339,140 @@ def _predict(table: pd.DataFrame, row) -> float:
         return float("nan")
     cap = row["bandwidth_mbit"]
     bandwidth = math.inf if np.isnan(cap) else cap * 1e6 / 8 / row["ranks"]
-    return row["ranks"] * predicted_rate(pipeline, row["rtt_ms"] / 1e3, bandwidth_Bps=bandwidth)
+    return row["ranks"] * predicted_rate(pipeline, row["rtt_ms"] / 1e3, bandwidth_Bps=bandwidth,
+                                         concurrency=int(row["concurrency"]))
+
+
+# -- the in-flight sweep and the far point ----------------------------------------------
+def in_flight_sweep(df: pd.DataFrame) -> pd.DataFrame:
+    """``remote_table``'s rows of ``SWEEP_PATH`` at ``TARGET_RTT_MS`` (one rank, no cap),
+    one per GETs in flight, fewest first, with ``stat`` (the repeats' samples/s)."""
+    table = remote_table(df)
+    fmt, access, workers = SWEEP_PATH
+    sweep = table[(table["source"] == "s3") & (table["ranks"] == 1)
+                  & (table["format"] == fmt) & (table["access"] == access)
+                  & (table["workers"] == workers) & (table["rtt_ms"] == TARGET_RTT_MS)
+                  & table["bandwidth_mbit"].isna()]
+    sweep = sweep.sort_values("concurrency", ignore_index=True)
+    return sweep.assign(stat=[_stat(df, path, TARGET_RTT_MS) for path in sweep["path"]])
+
+
+def far_point(df: pd.DataFrame) -> pd.Series | None:
+    """``remote_table``'s row of ``FAR_PATH`` at ``FAR_RTT_MS`` with its ``stat``; None
+    where these rows hold none."""
+    table = remote_table(df)
+    fmt, access, concurrency, workers = FAR_PATH
+    far = table[(table["source"] == "s3") & (table["ranks"] == 1)
+                & (table["base_path"] == path_label(fmt, access, workers, concurrency))
+                & (table["rtt_ms"] == FAR_RTT_MS) & table["bandwidth_mbit"].isna()]
+    if far.empty:
+        return None
+    row = far.iloc[0].copy()
+    row["stat"] = _stat(df, row["path"], FAR_RTT_MS)
+    return row
+
+
+def littles_law_in_flight(table: pd.DataFrame, row, rtt_ms: float) -> float:
+    """GETs in flight that carry ``row``'s path's 0 ms rate at ``rtt_ms`` by Little's law
+    (in flight = GETs a second x round trip); NaN where the model has no 0 ms inputs."""
+    pipeline = pipeline_at_zero(table, row)
+    if pipeline is None:
+        return float("nan")
+    return pipeline.rate0 / pipeline.samples_per_request * rtt_ms / 1e3
+
+
+def fewest_within_margin(sweep: pd.DataFrame) -> int | None:
+    """The fewest GETs in flight of ``sweep`` whose rate is within ``DECISION_MARGIN`` of
+    the most GETs' (the lower end of their ratio's interval clears 1 / (1 + margin), two
+    cases compared unpaired); None where none can be told (too few repeats)."""
+    if sweep.empty or sweep["stat"].iloc[-1] is None:
+        return None
+    most = sweep["stat"].iloc[-1]
+    for concurrency, found in zip(sweep["concurrency"], sweep["stat"]):
+        if found is not None and ratio_interval(found, most)[1] >= 1 / (
+                1 + DECISION_MARGIN):
+            return int(concurrency)
+    return None
+
+
+def sweep_takeaway(sweep: pd.DataFrame, table: pd.DataFrame) -> str:
+    """Little's law's count beside the fewest GETs in flight measured within the margin
+    of the most GETs' rate (``in_flight_sweep``'s rows, ``remote_table``)."""
+    needed = littles_law_in_flight(table, sweep.iloc[-1], TARGET_RTT_MS)
+    text = (f"Little's law from the 0 ms rate asks {needed:.1f} in flight; "
+            if np.isfinite(needed) else "")
+    fewest = fewest_within_margin(sweep)
+    most = int(sweep["concurrency"].iloc[-1])
+    margin = format_percent(DECISION_MARGIN)
+    text += (f"the fewest within {margin} of {most}'s rate: {fewest}." if fewest is not None
+             else f"which count comes within {margin} of {most}'s rate is undecided (fewer "
+                  f"than {MIN_PAIRED_REPEATS} repeats a side, or none does).")
+    return text[0].upper() + text[1:]
+
+
+def sweep_sentences(df: pd.DataFrame) -> list[str]:
+    """The sweep's findings: each point's rate beside the model's, Little's law's count,
+    the fewest GETs in flight within the margin of the most, what an epoch costs, and the
+    far point."""
+    sweep = in_flight_sweep(df)
+    out = []
+    if len(sweep) > 1:
+        table = remote_table(df)
+        label = path_label(*SWEEP_PATH)
+        points = "; ".join(
+            f"{int(row['concurrency'])}: {format_value(row['samples_per_s'], 'samples/s')}"
+            + (f" (model {format_value(row['predicted_samples_per_s'], 'samples/s')})"
+               if np.isfinite(row["predicted_samples_per_s"]) else "")
+            for _, row in sweep.iterrows())
+        out.append(f"Samples/s by GETs in flight at {TARGET_RTT_MS} ms ({label}, one rank): "
+                   f"{points}. {sweep_takeaway(sweep, table)}")
+        costs = sweep.iloc[-1]
+        if np.isfinite(costs["epoch_requests"]):
+            out.append(
+                f"An epoch of the set over S3 ({costs['path']}, {TARGET_RTT_MS} ms; the "
+                f"pass's counts scaled to the set's size) costs "
+                f"{format_value(costs['epoch_requests'], 'count')} GETs and "
+                f"{format_value(costs['epoch_bytes'], 'bytes')}"
+                + (f", and the S3 server "
+                   f"{format_value(costs['server_cpu_s_per_sample'], 's')} of CPU a "
+                   "sample" if np.isfinite(costs["server_cpu_s_per_sample"]) else "") + ".")
+    far = far_point(df)
+    if far is not None:
+        text = (f"At {FAR_RTT_MS} ms, {far['path']} reads "
+                f"{format_value(far['samples_per_s'], 'samples/s')}")
+        if np.isfinite(far["predicted_samples_per_s"]):
+            text += (f" (the model, from the same threads' 0 ms row: "
+                     f"{format_value(far['predicted_samples_per_s'], 'samples/s')})")
+        out.append(text + ".")
+    return out
+
+
+def in_flight_page_text(results: Results) -> str:
+    """The study page's generated block: the sweep and the far point as a table (rate,
+    the model's, what an epoch costs), then the sweep's sentences; where the rows hold no
+    sweep, a sentence saying so."""
+    df = results.df
+    sweep = in_flight_sweep(df)
+    far = far_point(df)
+    rows = [*sweep.to_dict("records"), *([far.to_dict()] if far is not None else [])]
+    if not rows:
+        return ("These results hold no in-flight sweep: `storebench study` with the remote "
+                "study measures it.\n")
+    table = pd.DataFrame({
+        "round trip": [f"{r['rtt_ms']:g} ms" for r in rows],
+        "path": [r["path"] for r in rows],
+        "samples/s (median, range, n)": [
+            f"{r['stat']} ({r['stat'].spread}, n = {r['stat'].count})" if r["stat"] else ""
+            for r in rows],
+        "capacity model": [format_value(r["predicted_samples_per_s"], "samples/s")
+                           for r in rows],
+        "GETs an epoch (scaled)": [format_value(r["epoch_requests"], "count") for r in rows],
+        "bytes an epoch (scaled)": [format_value(r["epoch_bytes"], "bytes") for r in rows],
+        "S3 server CPU a sample": [format_value(r["server_cpu_s_per_sample"], "s")
+                                   for r in rows],
+    })
+    sentences = "".join(f"- {line}\n" for line in sweep_sentences(df))
+    return markdown_table(table) + "\n" + (f"\n{sentences}" if sentences else "")
 
 
 def sample_caption(rows: pd.DataFrame) -> str:
@@ -276,11 +493,29 @@ def sample_caption(rows: pd.DataFrame) -> str:
 
 def _ranked_label() -> str:
     fmt, access, _, workers = RANKED_PATH
-    return f"{fmt}, {access.replace('_', ' ')}, {workers} threads"
+    return path_label(fmt, access, workers)
+
+
+def _ranked_args() -> tuple:
+    fmt, access, concurrency, workers = RANKED_PATH
+    return fmt, access, workers, concurrency
+
+
+def _at_every_rtt(table: pd.DataFrame) -> pd.DataFrame:
+    """The S3 rows of paths also measured at 0 ms (the same ranks, no cap): every path the
+    RTTs compare, without the in-flight sweep's and the far point's own paths."""
+    zero = table[(table["source"] == "s3") & (table["rtt_ms"] == 0)
+                 & table["bandwidth_mbit"].isna()]
+    measured = set(zip(zero["base_path"], zero["ranks"]))
+    keep = [(s == "s3" and (b, r) in measured) for s, b, r
+            in zip(table["source"], table["base_path"], table["ranks"])]
+    return table[np.asarray(keep, dtype=bool)]
 
 
 def _s3_one_rank(table: pd.DataFrame) -> pd.DataFrame:
-    return table[(table["source"] == "s3") & (table["ranks"] == 1)]
+    """One rank over S3, the paths measured at every RTT (``_at_every_rtt``)."""
+    table = _at_every_rtt(table)
+    return table[table["ranks"] == 1]
 
 
 def _stat(df: pd.DataFrame, path: str, rtt: float, ranks: int = 1, source: str = "s3",
@@ -292,7 +527,8 @@ def _stat(df: pd.DataFrame, path: str, rtt: float, ranks: int = 1, source: str =
 
 
 def keep_at(df: pd.DataFrame, path: str, rtt: float = TARGET_RTT_MS):
-    """(ratio, low, high) of ``path``'s rate at ``rtt`` over its own 0 ms rate."""
+    """(ratio, low, high) of ``path``'s rate at ``rtt`` over its own 0 ms rate: two cases,
+    so each side's repeats are resampled on their own (``ratio_interval``)."""
     far, near = _stat(df, path, rtt), _stat(df, path, 0)
     if far is None or near is None:
         return None
@@ -301,7 +537,7 @@ def keep_at(df: pd.DataFrame, path: str, rtt: float = TARGET_RTT_MS):
 
 def keep_target(results: Results) -> TargetMeasure | None:
     """The fastest one-rank S3 path at ``TARGET_RTT_MS``: its rate there over its own 0 ms
-    rate, paired repeats."""
+    rate (two cases: unpaired repeats)."""
     table = _s3_one_rank(remote_table(results.df))
     far = table[(table["rtt_ms"] == TARGET_RTT_MS) & table["bandwidth_mbit"].isna()]
     if far.empty:
@@ -334,19 +570,43 @@ KEEP = TargetSpec(
 
 def streaming_peer_target(results: Results) -> TargetMeasure | None:
     """Our fastest one-rank S3 path at ``TARGET_RTT_MS`` over the fastest streaming peer
-    reading the same store at the same RTT: None in every run of this build, since no
-    streaming peer reads through the study's S3 server (``PEER_UNMEASURED``)."""
-    return None
+    (WebDataset, MDS, LitData) reading the same images from the same store at the same RTT,
+    by epoch 1's rate from an empty cache (``peer_cases.streaming_peer_measure``); None
+    where either side has no row."""
+    from .peer_cases import streaming_peer_measure
+
+    return streaming_peer_measure(results.df)
 
 
-PEER_UNMEASURED = (
-    "no streaming peer reads over S3 here: the peers study runs WebDataset, LitData and MDS "
-    "over local files in the peers environment, and the remote study's S3 cases run only "
-    "storebench's readers")
+def _streaming_peer_cases(*, profile: str, data_dir: Path | str, repeats: int | None,
+                          paths) -> list[Case]:
+    """The streaming peers' rows and ours over the same cut set at ``TARGET_RTT_MS``
+    (``peer_cases.streaming_peer_cases``), cases made as the rest of the grid's."""
+    from .peer_cases import streaming_peer_cases
+
+    return streaming_peer_cases(
+        profile=profile, data_dir=data_dir, repeats=repeats, paths=paths, make_case=_case,
+        batch_size_of=_case_batch_size, rtt_ms=TARGET_RTT_MS)
+
+
+def _case_batch_size(manifest: dict) -> int:
+    """The batch size ``_case`` gives a case over a set of ``manifest``."""
+    preferred = TRAINING_BATCH if is_training_set(manifest) else 256
+    return batch_size_for(manifest["num_samples"], preferred)
+
+
+def _peer_unmeasured() -> str:
+    from .peer_cases import UNMEASURED
+
+    return UNMEASURED
+
+
+PEER_UNMEASURED = _peer_unmeasured()
 PEER = TargetSpec(
     key="remote_vs_streaming_peer", name=f"S3 at {TARGET_RTT_MS} ms vs the best streaming peer",
     description=f"the fastest one-rank S3 path at {TARGET_RTT_MS} ms over the fastest streaming "
-                "peer (WebDataset, LitData, MDS) reading the same store at the same RTT",
+                "peer (WebDataset, LitData, MDS) reading the same images from the same store "
+                "at the same RTT, by epoch 1 from an empty local cache",
     threshold=TARGET_PEER, is_fraction=False, measure=streaming_peer_target,
     unmeasured=PEER_UNMEASURED)
 
@@ -439,8 +699,9 @@ def remote_takeaway(df: pd.DataFrame) -> str:
             f"{format_value(far['samples_per_s'], 'samples/s')}")
     if kept is not None:
         text += f" ({format_percent(kept[0])} of its 0 ms rate)"
-    errors = (table.loc[(table["source"] == "s3") & (table["rtt_ms"] > 0),
-                        "predicted_over_measured"] - 1).abs().dropna()
+    modelled = _at_every_rtt(table)
+    errors = (modelled.loc[modelled["rtt_ms"] > 0, "predicted_over_measured"] - 1
+              ).abs().dropna()
     if not errors.empty:
         text += f"; the capacity model is off by a median {format_percent(float(errors.median()))}"
     return text + "."
@@ -556,6 +817,70 @@ def plot_remote_capacity(df: pd.DataFrame, *, cores: int | None = None) -> Figur
     return fig
 
 
+def plot_remote_in_flight(df: pd.DataFrame) -> Figure:
+    """Samples/s against GETs in flight at ``TARGET_RTT_MS`` (log2 x) for ``SWEEP_PATH``:
+    measured (dots, whiskers: the repeats' range) beside the capacity model from the 0 ms
+    row (dashed, crosses at the measured counts), the 0 ms rate, Little's law's count, and
+    the far point (``FAR_PATH`` at ``FAR_RTT_MS``) with its model."""
+    sweep = in_flight_sweep(df)
+    far = far_point(df)
+    if sweep.empty and far is None:
+        return empty_figure("no in-flight sweep rows")
+    table = remote_table(df)
+    fig = Figure(figsize=(8, 5.2), layout="constrained")
+    ax = fig.subplots()
+    stats = []
+    if not sweep.empty:
+        rows = remote_rows(df)
+        summary = summary_table(rows[rows["path"].isin(sweep["path"])
+                                     & (rows["rtt_ms"] == TARGET_RTT_MS)
+                                     & (rows["ranks"] == 1)],
+                                "samples_per_s", ["concurrency"]).sort_values("concurrency")
+        stats += list(summary["stat"])
+        ax.errorbar(summary["concurrency"], summary["median"],
+                    yerr=[summary["median"] - summary["low"],
+                          summary["high"] - summary["median"]],
+                    marker="o", linestyle="none", color="C0", capsize=3,
+                    label=f"measured at {TARGET_RTT_MS} ms (whiskers: the repeats' range)")
+        pipeline = pipeline_at_zero(table, sweep.iloc[-1])
+        if pipeline is not None:
+            counts = np.arange(1, int(sweep["concurrency"].max()) + 1)
+            ax.plot(counts, [predicted_rate(pipeline, TARGET_RTT_MS / 1e3, concurrency=int(c))
+                             for c in counts],
+                    linestyle="--", color="C0", alpha=0.7,
+                    label=f"capacity model at {TARGET_RTT_MS} ms, from the 0 ms row")
+            ax.plot(sweep["concurrency"], sweep["predicted_samples_per_s"], marker="x",
+                    linestyle="none", color="C0")
+            ax.axhline(pipeline.rate0, color="grey", linestyle=":", linewidth=1,
+                       label="0 ms rate (the model's ceiling)")
+            needed = littles_law_in_flight(table, sweep.iloc[-1], TARGET_RTT_MS)
+            ax.axvline(needed, color="C2", linestyle=":", linewidth=1,
+                       label=f"Little's law at {TARGET_RTT_MS} ms: {needed:.1f} in flight")
+    if far is not None:
+        stats.append(far["stat"])
+        ax.plot([far["concurrency"]], [far["samples_per_s"]], marker="D", linestyle="none",
+                color="C3", label=f"measured at {FAR_RTT_MS} ms ({far['path']})")
+        if np.isfinite(far["predicted_samples_per_s"]):
+            ax.plot([far["concurrency"]], [far["predicted_samples_per_s"]], marker="D",
+                    linestyle="none", color="C3", markerfacecolor="white",
+                    label=f"capacity model at {FAR_RTT_MS} ms")
+    mark_drawn(stats)
+    ax.set_xscale("log", base=2)
+    most = max([*sweep["concurrency"].astype(int),
+                *([int(far["concurrency"])] if far is not None else [])])
+    ticks = [2 ** i for i in range(int(math.log2(most)) + 1)]
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_xlabel("GETs in flight a rank (its reader's request threads, shared by its "
+                  "prefetch threads)")
+    ax.set_ylabel("samples per second")
+    ax.set_ylim(bottom=0)
+    legend_below(fig, [ax], fontsize="x-small", ncols=2)
+    question_title(fig, f"How many GETs in flight does one rank need at {TARGET_RTT_MS} ms? "
+                        f"({path_label(*SWEEP_PATH)}; {sample_caption(remote_rows(df))})",
+                   sweep_takeaway(sweep, table) if len(sweep) > 1 else "")
+    return fig
+
+
 FIGURES = (
     FigureSpec("remote_rtt", "Object storage at 0, 2 and 20 ms, by format: measured and "
                "modelled; 1 and 2 ranks beside local disk",
@@ -564,6 +889,9 @@ FIGURES = (
                "and scale-out, extrapolated from a machine whose S3 server shares its cores",
                lambda r: plot_remote_capacity(r.df,
                                               cores=r.study_env(NAME).get("cpus_usable"))),
+    FigureSpec("remote_in_flight", f"GETs in flight at {TARGET_RTT_MS} ms, measured beside "
+               f"the capacity model (Little's law), and one point at {FAR_RTT_MS} ms",
+               lambda r: plot_remote_in_flight(r.df)),
 )
 
 
@@ -600,7 +928,7 @@ def remote_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
             out.append(f"{row['path']}: {format_value(row['samples_per_s'], 'samples/s')} at "
                        f"{row['rtt_ms']:g} ms, {format_percent(kept[0])} of its 0 ms rate"
                        f"{per_get}.")
-    for source, path in (("s3", f"{_ranked_label()}, {RANKED_PATH[2]} in flight"),
+    for source, path in (("s3", path_label(*_ranked_args())),
                          ("local", _ranked_label())):
         rtts = sorted(table[(table["source"] == source) & (table["path"] == path)]["rtt_ms"]
                       .unique())
@@ -621,12 +949,15 @@ def remote_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
             f"{format_value(row['samples_per_s'], 'samples/s')}; the model, with the cap as "
             f"its bandwidth term, predicts "
             f"{format_value(row['predicted_samples_per_s'], 'samples/s')}.")
-    modelled = table[(table["source"] == "s3") & (table["rtt_ms"] > 0)]
+    modelled = _at_every_rtt(table)
+    modelled = modelled[modelled["rtt_ms"] > 0]
     errors = (modelled["predicted_over_measured"] - 1).abs().dropna()
     if not errors.empty:
         worst = modelled.loc[errors.idxmax()]
+        rtts = " and ".join(f"{r:g}" for r in sorted(modelled.loc[errors.index, "rtt_ms"]
+                                                      .unique()))
         out.append(
-            f"Capacity model vs measurement at 2 and 20 ms ({len(errors)} rows): median "
+            f"Capacity model vs measurement at {rtts} ms ({len(errors)} rows): median "
             f"error {format_percent(float(errors.median()))}, worst "
             f"{format_percent(float(errors.max()))} ({worst['path']}, {worst['ranks']} "
             f"rank(s), {worst['rtt_ms']:g} ms).")
@@ -638,9 +969,9 @@ def remote_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
             f"{format_value(float(ttfb[low_rtt].median()), 's')} at {low_rtt:g} ms to "
             f"{format_value(float(ttfb[high_rtt].median()), 's')} at {high_rtt:g} ms "
             "across paths: opening is a chain of round trips.")
+    out += sweep_sentences(df)
     out += local_gap_findings(df, cores=(env or {}).get("cpus_usable"))
-    out.append(f"Target {PEER.name} (\u2265 {format_ratio(TARGET_PEER)}): not measured: "
-               f"{PEER_UNMEASURED}.")
+    out += streaming_peer_findings(df, threshold=TARGET_PEER)
     return out
 
 
@@ -648,7 +979,7 @@ def local_gap_findings(df: pd.DataFrame, *, cores: int | None = None) -> list[st
     """Why S3 at 0 ms is slower than local disk: the ranked path's one-rank rate on both,
     and the cores the S3 server and the delaying proxy kept busy meanwhile (rows'
     ``server_cores``, ``proxy_cores``) beside the machine's usable cores."""
-    path = f"{_ranked_label()}, {RANKED_PATH[2]} in flight"
+    path = path_label(*_ranked_args())
     s3, local = _stat(df, path, 0), _stat(df, _ranked_label(), 0, source="local")
     if s3 is None or local is None:
         return []
@@ -671,11 +1002,12 @@ def local_gap_findings(df: pd.DataFrame, *, cores: int | None = None) -> list[st
 
 def guide(results: Results) -> list:
     """Per RTT: every one-rank S3 path measured without a bandwidth cap is a candidate, by
-    samples/s."""
+    samples/s (the in-flight sweep's too); not the far point, one path alone at its RTT."""
     from ...guide import Candidate, choose
 
     rows = remote_rows(results.df)
-    rows = rows[(rows["source"] == "s3") & (rows["ranks"] == 1) & rows["bandwidth_mbit"].isna()]
+    rows = rows[(rows["source"] == "s3") & (rows["ranks"] == 1) & rows["bandwidth_mbit"].isna()
+                & (rows["rtt_ms"] != FAR_RTT_MS)]
     out = []
     for rtt, part in rows.groupby("rtt_ms", sort=True):
         candidates = []
@@ -716,6 +1048,10 @@ STUDY = Study(
     guide=guide,
     notebook="07_remote.ipynb",
     services=object_store,
+    # The streaming peers' shards (and ours) of the peers study's cut set, built in the
+    # peers environment before the study runs.
+    prepare=prepare_streaming_peers,
+    page_text=in_flight_page_text,
     targets=(KEEP, PEER),
     live=LIVE,
 )
