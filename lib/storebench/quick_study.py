@@ -66,17 +66,20 @@ def expected_seconds(reference, cases, decision_repeats: int) -> dict[tuple[str,
 
 def _build(profile: str, data_dir: Path, cases, *, progress: bool) -> list:
     """Only the sets the cases read (and their knob variants where a case reads one), in
-    the studies' own data directory; a study that prepares its own sets (the peers study's
-    cut copies) builds just the formats its cases read."""
+    the studies' own data directory; the cut copies a study prepares itself (the peers
+    sets, ``Study.prepare``) are built by it, just the formats its cases read."""
+    from .bench.plan import peer_sets_dir
     from .studies import get_study
 
     built = []
     by_dir: dict[Path, list] = {}
     for case in cases:
         study = get_study(case.study)
-        if study.prepare is not None:
+        where = study_data_dir(case.study, profile, data_dir)
+        if study.prepare is not None and Path(case.dataset).is_relative_to(
+                peer_sets_dir(where)):
             continue
-        by_dir.setdefault(study_data_dir(case.study, profile, data_dir), []).append(case)
+        by_dir.setdefault(where, []).append(case)
     for where, mine in by_dir.items():
         family = study_family(mine[0].study, profile)
         built += build_profile(
@@ -86,7 +89,10 @@ def _build(profile: str, data_dir: Path, cases, *, progress: bool) -> list:
             progress=progress, family=family)
     for name in dict.fromkeys(c.study for c in cases):
         prepare = get_study(name).prepare
-        if prepare is None:
+        where = study_data_dir(name, profile, data_dir)
+        if prepare is None or not any(
+                c.study == name and Path(c.dataset).is_relative_to(peer_sets_dir(where))
+                for c in cases):
             continue
         options = {"profile": profile, "data_dir": study_data_dir(name, profile, data_dir),
                    "progress": progress}
@@ -168,8 +174,13 @@ def run_quick_study(
     for name in dict.fromkeys(c.study for c in cases):
         wanted = {c.case_id for c in cases if c.study == name}
         own_dir = study_data_dir(name, profile, data_dir)
-        planned = _decision_cases(
-            get_study(name).grid(profile=profile, data_dir=own_dir), wanted, profile, repeats)
+        study = get_study(name)
+        grid = study.grid(profile=profile, data_dir=own_dir)
+        if study.finalists is not None:
+            # A second stage's cases (whole-epochs finalists), laid out as the reference's
+            # first stage's rows chose them.
+            grid = [*grid, *study.finalists(reference, grid)]
+        planned = _decision_cases(grid, wanted, profile, repeats)
         missing = sorted(wanted - {case.case_id for case in planned})
         if missing:
             # Its sets could not be built here (a peer environment missing, say): the answer

@@ -448,19 +448,41 @@ def run_study(
 
         done = finished_case_ids(results_path)
         on_planned(name, [case.case_id for case in cases if case.case_id not in done])
-    return runner.run_cases(
-        cases,
-        results_path,
-        profile=label,
-        run_id=run_id,
-        resume=True,
-        drop_caches=drop_caches,
-        timeout_s=case_timeout_s(profile),
-        progress=progress,
-        on_case_done=on_case_done,
-        eta=eta,
-        services=study.services,
-    )
+    def run(stage_cases):
+        return runner.run_cases(
+            stage_cases,
+            results_path,
+            profile=label,
+            run_id=run_id,
+            resume=True,
+            drop_caches=drop_caches,
+            timeout_s=case_timeout_s(profile),
+            progress=progress,
+            on_case_done=on_case_done,
+            eta=eta,
+            services=study.services,
+        )
+
+    first = run(cases)
+    if study.finalists is None:
+        return first
+    return run_finalists(study, first, cases, results_dir, run)
+
+
+def run_finalists(study, first, cases, results_dir: Path, run):
+    """A two-stage study's second stage (``Study.finalists``), laid out from the rows of its
+    first (``first``, the run of ``cases``) and run by ``run(cases)`` into the same results;
+    one summary of both stages."""
+    from .results import Results
+
+    finals = study.finalists(Results.load(results_dir), list(cases))
+    if not finals:
+        return first
+    record_workloads(results_dir, study.name, [*cases, *finals])
+    second = run(finals)
+    return dataclasses.replace(
+        first, ran=first.ran + second.ran, skipped=first.skipped + second.skipped,
+        failed=first.failed + second.failed, seconds=first.seconds + second.seconds)
 
 
 def record_workloads(results_dir: Path, name: str, cases) -> dict:

@@ -268,7 +268,11 @@ def top_up(
 
     def grid(study: str) -> dict[str, Case]:
         if study not in grids:
-            cases = get_study(study).grid(profile=profile, data_dir=data_dir_of(study))
+            spec = get_study(study)
+            cases = spec.grid(profile=profile, data_dir=data_dir_of(study))
+            if spec.finalists is not None:
+                # Its second stage's cases, as its first stage's rows here chose them.
+                cases = [*cases, *spec.finalists(Results.load(results_dir), cases)]
             grids[study] = {case.case_id: case for case in cases}
         return grids[study]
 

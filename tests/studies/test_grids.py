@@ -24,10 +24,10 @@ from storebench.bench.stats import MIN_DECISION_REPEATS, AdaptiveRepeats  # noqa
 from storebench.formats import FORMATS, build_dataset, knob_variants
 from storebench.loaders.paths import LOADER_PATHS
 from storebench.studies import STUDIES
-from storebench.studies.formats.study import grid as formats_study
-from storebench.studies.gpu_feed.study import grid as gpu_feed_study
-from storebench.studies.lazy_vs_preloaded.study import grid as lazy_vs_preloaded_study
-from storebench.studies.prefetch.study import grid as prefetch_study
+from storebench.studies.formats.grid import grid as formats_study
+from storebench.studies.gpu_feed.grid import grid as gpu_feed_study
+from storebench.studies.lazy_vs_preloaded.grid import grid as lazy_vs_preloaded_study
+from storebench.studies.prefetch.grid import grid as prefetch_study
 from storebench.studies.targets.cases import TARGETS, get_target, summarise_target, target_ratio
 from storebench.studies.targets.grid import grid as targets_study
 
@@ -150,8 +150,8 @@ def test_a_random_read_stops_after_its_seconds_once_it_has_four_batches(variant_
 
 def test_only_warm_random_reads_are_cut_by_time(variant_data, monkeypatch):
     from storebench.bench.plan import StudyPlan
-    from storebench.studies.formats import study as formats
-    from storebench.studies.formats.study import RANDOM_READ_SECONDS
+    from storebench.studies.formats import grid as formats
+    from storebench.studies.formats.grid import RANDOM_READ_SECONDS
 
     root, _ = variant_data
     monkeypatch.setattr(formats, "plan_for", lambda profile: StudyPlan())  # warm ones too
@@ -226,7 +226,7 @@ def test_feed_grid_copies_every_way_and_reaches_below_2_ms_only_where_cuda_copie
     pageable and from its own page-locked buffers, and the sub-2 ms compute times; where it
     does not, pageable copies to the CPU at 0, 2 and 10 ms, and no thread loader."""
     from storebench.bench import envinfo, plan
-    from storebench.studies.gpu_feed.study import COMPUTE_MS, CUDA_COMPUTE_MS
+    from storebench.studies.gpu_feed.grid import COMPUTE_MS, CUDA_COMPUTE_MS
 
     monkeypatch.setitem(plan.PLANS, "ci", plan.StudyPlan(compact=False))
     monkeypatch.setattr(envinfo, "cuda_info", lambda: {
@@ -257,7 +257,7 @@ def test_the_feed_grid_adds_processes_per_core_only_where_the_epoch_can_time_the
     and the 16 that 8 processes read ahead: the grid stays the 2-core one."""
     import os
 
-    from storebench.studies.gpu_feed.study import batches_before_timing
+    from storebench.studies.gpu_feed.grid import batches_before_timing
 
     two = gpu_feed_study(profile="ci", data_dir=ci_data_root)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))

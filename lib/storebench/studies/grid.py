@@ -258,12 +258,15 @@ def cases_workloads(cases) -> dict[str, str]:
         if case.dataset not in manifests:
             manifests[case.dataset] = read_manifest(case.dataset)
         manifest = manifests[case.dataset]
-        entry = seen.setdefault(manifest["encoding"], {"sets": {}, "how": set()})
+        entry = seen.setdefault(manifest["encoding"], {"sets": {}, "how": set(),
+                                                       "subsets": set()})
         key = json.dumps(manifest["spec"], sort_keys=True)
         first, sizes = entry["sets"].setdefault(key, (manifest, {}))
         sizes[str(case.dataset)] = (float(manifest["bytes_apparent"])
                                     / max(int(manifest["num_samples"]), 1) / 1e3)
         params = dict(case.params or {})
+        if params.get("subset_samples"):  # a case reading its set's first n samples
+            entry["subsets"].add(int(params["subset_samples"]))
         if params.get("transform") == TRAINING_TRANSFORM:
             entry["how"].add("the training crop (random resized crop to 224, flip)")
         elif params.get("resize"):
@@ -271,5 +274,8 @@ def cases_workloads(cases) -> dict[str, str]:
     return {encoding: " or ".join(
         dataset_workload(manifest, list(sizes.values()))
         for manifest, sizes in entry["sets"].values()) + (
-        f"; read through {' or '.join(sorted(entry['how']))}" if entry["how"] else "")
+        f"; read through {' or '.join(sorted(entry['how']))}" if entry["how"] else "") + (
+        "; some cases read whole epochs of its first "
+        f"{' or '.join(f'{n:,}' for n in sorted(entry['subsets']))} samples"
+        if entry["subsets"] else "")
         for encoding, entry in seen.items()}

@@ -18,10 +18,26 @@ resident fraction at start and end (``mincore``). A ``preloaded`` case that does
 budget is a measured outcome, not a failure: ``PreloadedDataset`` refuses before reading and
 the row says ``does_not_fit = 1`` with the bytes it needed and had (status ``ok``: ``skipped``
 means "could not be measured here", which is not what happened).
+
+Under a cap the grid's passes are windows (``CAPPED_EPOCH_SECONDS_LIMIT``): they screen
+(param ``stage`` ``SCREEN``, labelled so) and never decide. A second stage
+(``finalist_cases``, run by the study runner through ``Study.finalists``) times the
+screen's fastest candidates at the largest k, ``FINALISTS`` per encoding, as whole epochs:
+one case each, a warming pass and then one whole pass per repeat in the same cgroup, so its
+``GUIDE_REPEATS`` passes are its repeats. An encoded set's finalist is also timed with the
+set cached and no cap, and read undecoded: the targets' pairs. A finalist reads the set's
+first ``SUBSET_SAMPLES`` samples where it has more, read in place: the set a build of that
+many samples of the same spec would hold, since a sample depends only on its spec's seed and
+index. Its cap is scaled to the subset's share of the stored bytes, not the whole set's.
+Every row records the page cache's peak against the room its cap left (``cache_fill``); a
+guide question calls its set k times the RAM only where every candidate's cache reached the
+cap (``CACHE_REACHED``). Results from before the screen carry no stage and are read as they
+are.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -32,7 +48,7 @@ from matplotlib.figure import Figure
 from ...bench.case import Case
 from ...bench.plan import plan_for
 from ...bench.stats import MIN_DECISION_REPEATS
-from ...formats import traits
+from ...formats import read_manifest, traits
 from ...plots import (
     empty_figure,
     format_colours,
@@ -75,7 +91,7 @@ from ..grid import (
     profile_datasets,
 )
 from ..shared_rows import ooc_rows
-from .cases import DEFAULT_EPOCHS
+from .cases import DEFAULT_EPOCHS, SCREEN, WHOLE_EPOCHS
 
 CASES = "storebench.studies.out_of_core.cases"
 NAME = "out_of_core"
@@ -104,6 +120,18 @@ CAPPED_EPOCH_SECONDS_LIMIT = 0.5
 PRELOADED_FORMAT = "memmap"
 MB_BYTES = 1e6
 GUIDE_REPEATS = MIN_DECISION_REPEATS
+# The largest k's second stage (``finalist_cases``): per encoding, how many of the screen's
+# best paths are timed over whole epochs (decoding paths for an encoded set), each as one
+# warming pass and ``GUIDE_REPEATS`` whole timed passes in one case.
+FINALISTS = {"raw": 5, "jpeg": 2}
+# A finalist reads the set's first this many samples where it has more (``cases.
+# subset_samples``), its cap scaled to their share of the stored bytes: a whole epoch of the
+# slowest finalist then takes minutes, not the whole set's tens of minutes.
+SUBSET_SAMPLES = 4000
+# The page cache reached the cap when its peak filled this much of the room above the
+# baseline (the cgroup reclaims before the room is quite full): below it, the set is not yet
+# k times the memory the case used, whatever its cap.
+CACHE_REACHED = 0.9
 # Pages of the set that other processes (or the kernel's read-around just before a
 # measurement) may hold outside the case's cgroup.
 RESIDENT_TOLERANCE = 0.05
@@ -129,11 +157,13 @@ def _case(path: Path, manifest: dict, *, access: str, k: int, repeats: int, time
     (``grid.decode_params``), else delivered as stored (undecoded: the I/O alone)."""
     decoding = {k: v for k, v in decode_params(manifest).items() if v} if decoded else {}
     limit = seconds_limit or (CAPPED_EPOCH_SECONDS_LIMIT if k else EPOCH_SECONDS_LIMIT)
+    # Under a cap, a window of each pass: a screen, which ranks paths and decides nothing.
+    staged = {"stage": SCREEN} if k else {}
     return Case(
         function=f"{CASES}:out_of_core_epochs_case", loader=loader, prefetcher=PREFETCHER,
         workers=WORKERS, batch_size=batch_size or batch_size_for(manifest["num_samples"]),
         access=access, cache="cold", repeats=repeats, warmup=False, timeout_s=timeout_s,
-        params={"k": k, "epoch_seconds_limit": limit, **decoding, **(params or {})},
+        params={"k": k, "epoch_seconds_limit": limit, **decoding, **staged, **(params or {})},
         **dataset_fields(NAME, path, manifest),
     )
 
@@ -236,6 +266,53 @@ def out_of_core_grid(
     return cases
 
 
+# -- the second stage: whole epochs of the screen's best paths -----------------------------
+def finalist_cases(results: Results, cases: list[Case]) -> list[Case]:
+    """The study's second stage (``Study.finalists``), from its screens' rows in ``results``
+    and the grid's ``cases``: at the largest k, per encoding, the ``FINALISTS`` fastest of
+    the guide's candidates by the screen's last-epoch samples/s, each as whole epochs
+    (``whole_epochs``); an encoded set's decoding path also with the set cached and no cap
+    (the rate the decoding target holds it to) and read undecoded (the I/O it can supply,
+    which the cold-read target reads too)."""
+    by_id = {case.case_id: case for case in cases}
+    screens = study_rows(results.df)
+    screens = screens[(screens["stage"] == SCREEN) & screens["case_id"].isin(by_id)]
+    rated = select(guide_candidates(screens), f"epoch{DEFAULT_EPOCHS}.samples_per_s")
+    if rated.empty:
+        return []
+    rated = rated[rated["k"] == rated["k"].max()]
+    finals: dict[str, Case] = {}
+    for encoding, part in rated.groupby("encoding", sort=True):
+        medians = part.groupby("case_id")["value"].median().sort_values(ascending=False,
+                                                                         kind="stable")
+        for case_id in medians.index[:FINALISTS.get(encoding, min(FINALISTS.values()))]:
+            case = by_id[case_id]
+            chosen = [case]
+            if encoding != "raw":
+                chosen += [_with_params(case, k=0, cached=True, stage=None),
+                           _with_params(case, decode=None, transform=None, resize=None)]
+            for final in map(whole_epochs, chosen):
+                finals.setdefault(final.case_id, final)
+    return list(finals.values())
+
+
+def _with_params(case: Case, **changes) -> Case:
+    """``case`` with params changed (a value of None removes the param)."""
+    params = {**dict(case.params), **changes}
+    return dataclasses.replace(case, params={k: v for k, v in params.items() if v is not None})
+
+
+def whole_epochs(case: Case) -> Case:
+    """``case`` as a finalist: one warming pass and ``GUIDE_REPEATS`` whole timed passes
+    (one per repeat) of its set's first ``SUBSET_SAMPLES`` samples, in one process, its
+    cache state set by the case itself (``cases._WholeEpochs``)."""
+    samples = int(read_manifest(case.dataset)["num_samples"])
+    changes = {"epoch_seconds_limit": None, "stage": WHOLE_EPOCHS,
+               "subset_samples": SUBSET_SAMPLES if samples > SUBSET_SAMPLES else None}
+    return dataclasses.replace(_with_params(case, **changes), repeats=GUIDE_REPEATS,
+                               min_repeats=None, cache="", warmup=False)
+
+
 # -- the one table figures, findings and the guide read ---------------------------------
 def set_caption(rows: pd.DataFrame, encoding: str | None = None) -> str:
     """``"12,000 samples, about 151 kB each stored, raw"`` per encoding of ``rows`` (or
@@ -260,17 +337,66 @@ def k_text(k: int) -> str:
     return "no cap (fits in RAM)" if k == 0 else f"k = {k}"
 
 
+def _stages(df: pd.DataFrame) -> pd.Series:
+    """Each row's stage (``SCREEN``, ``WHOLE_EPOCHS``; "" for a case of neither, and for
+    every row of results from before the study screened)."""
+    if df.empty:
+        return pd.Series("", index=df.index, dtype=object)
+    return params_of(df).map(lambda p: p.get("stage", ""))
+
+
+def study_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """``ooc_rows`` with each row's ``stage``; a screen's label says so."""
+    rows = ooc_rows(df)
+    stage = _stages(rows)
+    return rows.assign(stage=stage, label=[f"{label}, screen" if s == SCREEN else label
+                                           for label, s in zip(rows["label"], stage)])
+
+
+def _frame_stages(df: pd.DataFrame) -> pd.Series:
+    """``_stages`` of this study's rows of ``df``; "" for any other study's."""
+    stage = pd.Series("", index=df.index, dtype=object)
+    mine = df["study"] == NAME
+    stage[mine] = _stages(df[mine])
+    return stage
+
+
+def grid_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """``df`` less the whole-epochs finalists: the grid's rows, each measured alike (the
+    figures and findings that set every path beside the others read these)."""
+    return df[_frame_stages(df) != WHOLE_EPOCHS]
+
+
+def screened(df: pd.DataFrame) -> bool:
+    """Whether ``df`` holds this study's rows of a screened run (rows with a stage), not
+    only rows from before the screen."""
+    return bool((_frame_stages(df) != "").any())
+
+
+def decision_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows a decision (a guide row, a target) may rest on: this study's whole-epochs
+    finalists where the results screened (a screen's window never decides); results from
+    before the screen, whose rows carry no stage, as they are."""
+    stage = _frame_stages(df)
+    if not (stage != "").any():
+        return df
+    return df[(df["study"] != NAME) | (stage == WHOLE_EPOCHS)]
+
+
 def ooc_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per case: medians of each epoch's samples/s and delivered MB/s, epoch 2 over epoch 1,
-    the highest resident fraction at an epoch's end, the budget and the cgroup's peak, and
-    whether a preload did not fit."""
-    rows = ooc_rows(df)
-    keys = ["format", "encoding", "loader", "access", "setting", "k", "reads", "label"]
+    the highest resident fraction at an epoch's end, the budget and the cgroup's peak, the
+    page cache's peak against the room the cap left it (``cache_fill``), the samples read
+    (of ``set_samples`` where a subset), and whether a preload did not fit."""
+    rows = study_rows(df)
+    keys = ["format", "encoding", "loader", "access", "setting", "k", "reads", "stage",
+            "label"]
     metrics = [f"epoch{n}.samples_per_s" for n in range(1, DEFAULT_EPOCHS + 1)] + [
         f"epoch{DEFAULT_EPOCHS}.read_MBps", "epoch2_over_epoch1", "budget_bytes",
         "cgroup_limit_bytes", "cgroup_peak_bytes", "effective_k", "does_not_fit",
         "device_read_bytes", f"epoch{DEFAULT_EPOCHS}.device_read_bytes",
-        f"epoch{DEFAULT_EPOCHS}.seconds"]
+        f"epoch{DEFAULT_EPOCHS}.seconds", f"epoch{DEFAULT_EPOCHS}.samples", "samples",
+        "set_samples", "cache_room_bytes", "file_cache_peak_bytes", "cache_fill"]
     if rows.empty:
         return pd.DataFrame(columns=[*keys, *metrics, "resident_end_max"])
     table = medians_table(rows, metrics, keys).set_index(keys)
@@ -287,7 +413,7 @@ def ooc_findings(df: pd.DataFrame, env: Mapping | None = None) -> list[str]:
     """What changes when the dataset no longer fits: the best and worst shuffled raw path
     at each k, what epoch 2 gains over epoch 1 at each k, whether the readahead knobs
     reverse, whether a preload fits, the cap's evidence, and the cold-read target."""
-    table = ooc_table(df)
+    table = ooc_table(grid_frame(df))
     sentences = []
     if table.empty:
         return sentences
@@ -388,7 +514,7 @@ def io_limit_text(row) -> str:
 
 
 def _last_epoch_table(results: Results) -> pd.DataFrame:
-    table = ooc_table(results.df)
+    table = ooc_table(decision_frame(results.df))
     return table[(table["loader"] == "lazy") & (table["access"] != "sequential")]
 
 
@@ -398,7 +524,7 @@ def cold_read_target(results: Results) -> TargetMeasure | None:
     sequential read limit (its repeats' range over the one limit)."""
     env = results.study_env(NAME)
     limit = ((env or {}).get("limits") or {}).get("cold_seq_read_GBps")
-    rows = ooc_rows(results.df)
+    rows = study_rows(decision_frame(results.df))
     top = int(rows["k"].max()) if not rows.empty else 0
     rows = rows[(rows["k"] == top) & (top > 0) & (rows["loader"] == "lazy")
                 & (rows["reads"] == "undecoded") & (rows["access"] != "sequential")]
@@ -422,8 +548,9 @@ def cold_read_target(results: Results) -> TargetMeasure | None:
 
 def decode_pairs(results: Results) -> list[tuple[str, object, object]]:
     """(format, its decoding path's Stat at the largest k from cold, the same path's Stat
-    with the set cached and no cap), for every decoding path measured both ways."""
-    rows = ooc_rows(results.df)
+    with the set cached and no cap), for every decoding path measured both ways
+    (``decision_frame``'s rows)."""
+    rows = study_rows(decision_frame(results.df))
     rows = rows[(rows["loader"] == "lazy") & (rows["reads"] == "decoded")
                 & (rows["encoding"] != "raw")]
     capped = rows[(rows["k"] > 0) & ~rows["cached"]]
@@ -537,8 +664,8 @@ def epochs_takeaway(rows: pd.DataFrame) -> str:
 def plot_ooc_epochs(df: pd.DataFrame) -> Figure:
     """Samples/s in each epoch (``DEFAULT_EPOCHS``) of raw arrays read lazily, one line per format
     (default knobs), one panel per access order (rows) and k (columns): where the cache
-    helps epoch 2, and where it cannot."""
-    rows = ooc_rows(df)
+    helps epoch 2, and where it cannot (the grid's cases: under a cap, screens)."""
+    rows = study_rows(grid_frame(df))
     rows = rows[(rows["encoding"] == "raw") & (rows["loader"] == "lazy")
                 & (rows["setting"] == "default")]
     if rows.empty:
@@ -600,6 +727,7 @@ def plot_ooc_knobs(df: pd.DataFrame) -> Figure:
     once per format and access), where the set fits and at every k measured: epoch-2
     samples/s on a log axis, a dot per k joined by a line; labels carry each case's repeats
     (n), n = 1 meaning a single measurement with no spread."""
+    df = grid_frame(df)
     table = ooc_table(df)
     table = table[(table["loader"] == "lazy") & (table["encoding"] == "raw")]
     knobbed = table[table["setting"] != "default"]
@@ -648,7 +776,7 @@ def knob_rows(df: pd.DataFrame) -> pd.DataFrame:
     the same access order, at each k, with its epoch-2 samples/s (median, spread, n)."""
     column = f"epoch{DEFAULT_EPOCHS}.samples_per_s"
     keys = ["format", "access", "setting", "k"]
-    table = summary_table(ooc_rows(df).query("encoding == 'raw' and loader == 'lazy'"),
+    table = summary_table(ooc_rows(grid_frame(df)).query("encoding == 'raw' and loader == 'lazy'"),
                           column, keys)
     knobbed = set(zip(table.loc[table["setting"] != "default", "format"],
                       table.loc[table["setting"] != "default", "access"]))
@@ -705,7 +833,7 @@ def _unmeasured_cases(df: pd.DataFrame) -> dict[tuple, str]:
     """Why each case that failed or was skipped (``results.failed_cases``) has no rate,
     keyed by (encoding, format, access, setting, k): a case the kernel killed for outgrowing
     its memory budget says so, any other its status and the first clause of its error."""
-    cases = ooc_rows(df).drop_duplicates("case_id").set_index("case_id")
+    cases = ooc_rows(grid_frame(df)).drop_duplicates("case_id").set_index("case_id")
     found = {}
     for failure in failed_cases(df, study=NAME).itertuples():
         if failure.case_id not in cases.index:
@@ -771,42 +899,161 @@ def plot_ooc_budget(df: pd.DataFrame) -> Figure:
     return fig
 
 
+def cache_fill_points(df: pd.DataFrame) -> pd.DataFrame:
+    """Per capped lazy case a decision rests on (``decision_frame``: the finalists, or
+    every case of results from before the screen), the most page cache its cgroup held
+    against the room the cap left it above the baseline (``fill``, 1: the cap reached),
+    and the samples its timed epochs read of those it reads (``epoch_samples_min``,
+    ``samples``). Rows from before ``cache_fill`` was recorded take the page cache held at
+    an epoch's end."""
+    rows = study_rows(decision_frame(df))
+    rows = rows[(rows["k"] > 0) & (rows["loader"] == "lazy")]
+    keys = ["format", "encoding", "access", "setting", "k", "reads", "stage", "label"]
+    table = medians_table(rows, ["cache_fill", "cgroup_limit_bytes", "baseline_bytes",
+                                 "cache_room_bytes", "samples"], keys)
+    if table.empty:
+        return table.assign(fill=[], file_cache_peak_bytes=[], room_bytes=[],
+                            epoch_samples_min=[])
+    table = table.set_index(keys)
+    cached = rows[rows["metric"].str.fullmatch(r"file_cache_peak_bytes|(epoch\d+\.)?"
+                                               r"file_cache_bytes")]
+    peak = select(cached).groupby(keys)["value"].max().rename("file_cache_peak_bytes")
+    read = select(rows[rows["metric"].str.fullmatch(r"epoch\d+\.samples")])
+    least = read.groupby(keys)["value"].min().rename("epoch_samples_min")
+    table = table.join(peak, how="left").join(least, how="left").reset_index()
+    room = table["cache_room_bytes"].fillna(table["cgroup_limit_bytes"]
+                                            - table["baseline_bytes"])
+    fill = select(rows, "cache_fill").groupby(keys)["value"].max()
+    table["room_bytes"] = room
+    table["fill"] = [fill.get(tuple(row[k] for k in keys), np.nan) for _, row in
+                     table.iterrows()]
+    table["fill"] = table["fill"].fillna(table["file_cache_peak_bytes"] / room)
+    return sort_rows(table)
+
+
+def cache_fill_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per bar of the cache-fill figure: the case, k, its page cache's peak, the
+    room the cap left it, their ratio, whether it reached the cap (``CACHE_REACHED``), and
+    whether every timed epoch read the whole of what the case reads."""
+    table = cache_fill_points(df)
+    return pd.DataFrame({
+        "label": table["label"], "k": [k_text(k) for k in table["k"]],
+        "file_cache_peak": [format_value(v, "bytes") for v in table["file_cache_peak_bytes"]],
+        "room": [format_value(v, "bytes") for v in table["room_bytes"]],
+        "fill": [format_percent(v) for v in table["fill"]],
+        "reached": np.where(table["fill"] >= CACHE_REACHED, "yes", "no"),
+        "whole_epochs": np.where(table["epoch_samples_min"] >= table["samples"], "yes", "no"),
+    }).reset_index(drop=True)
+
+
+def plot_ooc_cache_fill(df: pd.DataFrame) -> Figure:
+    """The regime's condition, per capped case a decision rests on: the page cache's peak
+    over the room the cap left it, a bar per case in its format's colour; the line at 1 is
+    the cap (a set is k times the memory only where its bar reaches it)."""
+    table = cache_fill_points(df)
+    if table.empty:
+        return empty_figure("no capped out-of-core rows")
+    colours = format_colours(table["format"].unique())
+    fig = Figure(figsize=(7.5, 0.34 * len(table) + 2.2), layout="constrained")
+    ax = fig.add_subplot()
+    y = np.arange(len(table))
+    ax.barh(y, table["fill"], color=[colours[f] for f in table["format"]], height=0.6)
+    ax.axvline(1.0, color="black", linestyle="--", linewidth=1, label="the cap (room full)")
+    ax.axvline(CACHE_REACHED, color="grey", linestyle=":", linewidth=1,
+               label=f"reached ({format_percent(CACHE_REACHED)} of the room)")
+    ax.set_yticks(y, [f"{label} ({k_text(k)})" for label, k in zip(table["label"],
+                                                                    table["k"])],
+                  fontsize="small")
+    ax.set_ylim(len(table) - 0.5, -0.5)
+    ax.set_xlim(0, max(1.1, float(table["fill"].max()) * 1.05))
+    ax.set_xlabel("page cache's peak / room the cap left above the baseline")
+    legend_below(fig, [ax])
+    reached = int((table["fill"] >= CACHE_REACHED).sum())
+    whole = int((table["epoch_samples_min"] >= table["samples"]).sum())
+    caption = set_caption(study_rows(decision_frame(df))).replace("; ", ";\n")
+    titled(fig, f"Did the page cache fill the room its cap left?\n({caption})",
+           f"{reached} of {len(table)} cases reached it; {whole} of {len(table)} read whole "
+           "epochs of their set")
+    return fig
+
+
 FIGURES = (
     FigureSpec("out_of_core_epochs", "Epoch by epoch, fits vs k times larger than memory",
                lambda r: plot_ooc_epochs(r.df)),
     FigureSpec("out_of_core_knobs", "Readahead, chunk and shard knobs out of core",
-               lambda r: plot_ooc_knobs(r.df), rows=lambda r: knob_rows(r.df)),
+               lambda r: plot_ooc_knobs(r.df), rows=lambda r: knob_rows(r.df),
+               rows_caption="One row per dot: a knob's case or its format's default, on the "
+                            "same access order and k, with its epoch-2 rate (median, spread "
+                            "and n, the repeats that ran)."),
     FigureSpec("out_of_core_budget", "Evidence that the memory cap held",
-               lambda r: plot_ooc_budget(r.df), rows=lambda r: budget_rows(r.df)),
+               lambda r: plot_ooc_budget(r.df), rows=lambda r: budget_rows(r.df),
+               rows_caption="One row per point: the case, the most of the set resident at an "
+                            "epoch's end, what the cap allows, and whether the cap held."),
+    FigureSpec("out_of_core_cache_fill", "Page cache's peak against the room each cap left",
+               lambda r: plot_ooc_cache_fill(r.df), rows=lambda r: cache_fill_rows(r.df),
+               rows_caption="One row per bar: the case, k, its page cache's peak, the room "
+                            "the cap left it and their ratio, whether it reached the cap, and "
+                            "whether every timed epoch read all it reads."),
 )
 
 
 # -- guide ------------------------------------------------------------------------------
+def guide_candidates(rows: pd.DataFrame) -> pd.DataFrame:
+    """Of ``rows`` (``study_rows``), the guide's candidates at a capped k: every lazy
+    shuffled path measured (format, order, knob); an encoded set's decoding paths (its
+    undecoded reads are the cold-read target's, not a way to train)."""
+    return rows[(rows["loader"] == "lazy") & (rows["access"] != "sequential")
+                & ((rows["encoding"] == "raw") | (rows["reads"] == "decoded"))
+                & (rows["k"] > 0)]
+
+
+def cache_reached(rows: pd.DataFrame) -> bool:
+    """Whether every case of ``rows`` (``study_rows``) filled the room its cap left for page
+    cache (``CACHE_REACHED``): only then is its set k times the memory it could use.
+    Results from before the fill was recorded say nothing against it."""
+    fill = select(rows, "cache_fill")
+    if fill.empty:
+        return True
+    return bool((fill.groupby("case_id")["value"].max() >= CACHE_REACHED).all())
+
+
+def subset_text(rows: pd.DataFrame) -> str:
+    """", whole epochs of the first 4,000 of 12,000 samples" where ``rows`` (study_rows)
+    read a subset of their set; ", whole epochs" for whole-epochs rows of whole sets."""
+    whole = rows[rows["stage"] == WHOLE_EPOCHS]
+    if whole.empty:
+        return ""
+    count, total = select(whole, "samples"), select(whole, "set_samples")
+    if count.empty or total.empty:
+        return ", whole epochs"
+    return (f", whole epochs of the first {count['value'].max():,.0f} of "
+            f"{total['value'].max():,.0f} samples (cap scaled to them)")
+
+
 def guide(results: Results) -> list:
-    """Per capped k and encoding: every lazy shuffled path measured (format, order, knob)
-    is a candidate, by its last epoch's samples/s; encoded sets by their decoding paths
-    (the undecoded reads of an encoded set are the cold-read target's, not a way to train)."""
+    """Per capped k and encoding: the candidates of ``guide_candidates``, by their last
+    epoch's samples/s. A question says the set is k times the RAM only where every
+    candidate's page cache reached its cap (``cache_reached``)."""
     from ...guide import Candidate, choose
 
-    rows = ooc_rows(results.df)
     metric = f"epoch{DEFAULT_EPOCHS}.samples_per_s"
-    picked = select(rows, metric)
-    picked = picked[(picked["loader"] == "lazy") & (picked["access"] != "sequential")
-                    & ((picked["encoding"] == "raw") | (picked["reads"] == "decoded"))]
+    decided = study_rows(decision_frame(results.df))
+    picked = guide_candidates(decided)
     out = []
     for (encoding, k), part in picked.groupby(["encoding", "k"], sort=True):
-        if k == 0:
-            continue
-        candidates = [Candidate(label, label, stat(part, metric, label=label))
-                      for label in dict.fromkeys(part["label"])]
+        rated = select(part, metric)
+        candidates = [Candidate(label, label, stat(rated, metric, label=label))
+                      for label in dict.fromkeys(rated["label"])]
         name = ENCODING_NAMES.get(encoding, encoding)
         how = ("read undecoded" if encoding == "raw" else "decoded"
                + (" with the training transform" if _transformed(part) else ""))
+        scale = (f"{k}\u00d7 larger than the RAM left for the page cache"
+                 if cache_reached(part) else
+                 f"capped at 1/{k} of the set, its page cache never filling the cap")
         out.append(choose(
-            NAME, f"{name[0].upper() + name[1:]} {k}\u00d7 larger than the RAM left for the "
-            f"page cache, shuffled epochs, {how}: which format, order and knob? (epoch "
-            f"{DEFAULT_EPOCHS}; {set_caption(ooc_rows(results.df), encoding)})", metric,
-            candidates,
+            NAME, f"{name[0].upper() + name[1:]} {scale}, shuffled epochs, {how}: which "
+            f"format, order and knob? (epoch {DEFAULT_EPOCHS}{subset_text(part)}; "
+            f"{set_caption(decided, encoding)})", metric, candidates,
             facets={"encoding": encoding, "k": int(k)}))
     return [row for row in out if row is not None]
 
@@ -847,7 +1094,7 @@ def default_knob_findings(df: pd.DataFrame) -> list[str]:
     """Why memmap's and LMDB's defaults win where the set fits and lose out of core: their
     shuffled rank among the formats' defaults at no cap and at the largest k, and the bytes
     the device read per byte delivered (read-around) beside their out-of-core knob's."""
-    table = ooc_table(df)
+    table = ooc_table(grid_frame(df))
     lazy = table[(table["loader"] == "lazy") & (table["encoding"] == "raw")
                  & (table["access"] == "shuffle")]
     if lazy.empty or lazy["k"].max() == 0:
@@ -903,6 +1150,7 @@ STUDY = Study(
     guide=guide,
     notebook="06_out_of_core.ipynb",
     targets=(COLD_READ, DECODE_KEEP),
+    finalists=finalist_cases,
     live=LIVE,
     cold_rate_metric="epoch1.samples_per_s",
 )
