@@ -52,7 +52,16 @@ def test_each_row_is_what_advise_answers_for_its_situation(reference):
         assert shown["load with"].startswith(answer.short_choice(advice.loader))
         assert shown["load with"].endswith(f", {advice.parallelism_text}")
         assert shown["how sure"] == (f"store: {answer.sureness(advice.store)}; "
-                                     f"load: {answer.sureness(advice.loader)}")
+                                     f"load: {answer.load_sureness(advice)}")
+        if row.storage == "local" and row.ram_ratio <= answer.FIT_FRACTION:
+            # One recipe, store and loader timed together.
+            assert advice.store.study == advice.loader.study == "peers"
+            assert advice.store.key == advice.loader.key
+        else:
+            # The loader path the store's own case ran, never one timed only in RAM.
+            path = adv.case_knobs(advice.store.evidence[0][1])["path"]
+            assert advice.loader.key.startswith(path)
+            assert shown["how sure"].endswith("load: as timed with the store")
         assert f"[{advice.store.study}](docs/studies/{advice.store.study}.md)" in (
             shown["evidence"])
 
@@ -74,17 +83,23 @@ def test_the_default_effect_says_not_measured_without_the_default_path(reference
     assert answer.default_effect(without, "jpeg") == "not measured"
 
 
-def test_the_default_effect_is_the_peers_study_query(reference):
-    from storebench.studies.peers.study import versus_default
+def test_the_default_effect_is_the_answer_s_own_guide_row(reference):
+    from storebench.studies.peers.study import DEFAULT_PATH
     from storebench.text import format_ratio
 
     for images in ("jpeg", "raw"):
-        found = versus_default(reference.df, images)
+        row = adv.recipe_row_in_ram(reference, images)
+        default = None if row is None else next(
+            (c for c in row.candidates if c.key == ":".join(DEFAULT_PATH)), None)
         shown = answer.default_effect(reference, images)
-        if found is None:
+        if default is None:
             assert shown == "not measured"
-        else:
-            assert shown.startswith(f"{format_ratio(found[2][0])} (")
+            continue
+        # The same row the answer names its recipe from: the rate and the ratio are one run's.
+        answered = adv.advise(answer.situation_for(answer.AnswerSituation(images), reference),
+                              reference)
+        assert answered.loader.key == row.best.key and answered.loader.study == "peers"
+        assert shown.startswith(f"{format_ratio(row.best.stat.median / default.stat.median)} (")
 
 
 def test_a_situation_no_study_read_is_a_not_measured_row(reference):

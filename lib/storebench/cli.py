@@ -219,7 +219,7 @@ def _advise(args: argparse.Namespace) -> int:
                   storage=args.storage, rtt_ms=args.rtt_ms, disk=args.disk,
                   ram_gb=args.ram_gb, cores=args.cores, accelerators=args.accelerators,
                   nodes=args.nodes, demand=args.demand, workload=args.workload,
-                  dataset=args.dataset)
+                  dataset=args.dataset, resize=args.resize)
     if args.measure_samples is not None and not args.measure:
         raise ValueError("--measure-samples goes with --measure")
     if args.measure:
@@ -518,7 +518,7 @@ def _recipes_parser(sub) -> None:
 
 
 def _advise_parser(sub) -> None:
-    from .report.advise import DISK_KINDS, IMAGE_KINDS, STORAGES, WORKLOADS
+    from .report.advise import DISK_KINDS, IMAGE_KINDS, RESIZE_FILTERS, STORAGES, WORKLOADS
 
     a = sub.add_parser(
         "advise", help="which format, loader and cores for your images, storage and "
@@ -534,6 +534,10 @@ def _advise_parser(sub) -> None:
     a.add_argument("--rtt-ms", type=float, help="round trip to nfs or s3 storage, ms")
     a.add_argument("--disk", choices=DISK_KINDS,
                    help="the local disk's kind; not given, the measured disk's is assumed")
+    a.add_argument("--resize", choices=RESIZE_FILTERS, default="antialiased",
+                   help="the training crop's resize filter: antialiased (Pillow's and "
+                        "torchvision's, the default) or plain (tf.image.resize's); recipes "
+                        "are compared within one filter")
     a.add_argument("--ram-gb", type=float, help="RAM per node, GB")
     a.add_argument("--cores", type=int, help="CPU cores per node")
     a.add_argument("--accelerators", type=int, default=1, help="accelerators per node")

@@ -24,6 +24,9 @@ from ..results import DECISION_MARGIN
 from ..text import ENCODING_NAMES, GUEST_COLD, format_percent, format_value
 
 IMAGE_KINDS = ("jpeg", "png", "raw")
+# The training crop's resize filter classes (``recipes.base``): recipes are compared within
+# one; antialiased is torchvision's and Pillow's, plain is ``tf.image.resize``'s default.
+RESIZE_FILTERS = ("antialiased", "plain")
 STORAGES = ("local", "nfs", "s3")
 # Local disk kinds, as ``--disk`` names them and as the results' env.json implies them: a
 # disk's bandwidth and queue depth are its own, so one kind's rows never answer for another.
@@ -106,8 +109,13 @@ class Situation:
     nodes: int = 1
     demand: float
     workload: str | None = None
+    # The resize filter the user's training crop uses (``RESIZE_FILTERS``).
+    resize: str = "antialiased"
 
     def __post_init__(self) -> None:
+        if self.resize not in RESIZE_FILTERS:
+            raise AdviceError(f"--resize must be one of {', '.join(RESIZE_FILTERS)}, "
+                              f"got {self.resize!r}")
         if self.images not in IMAGE_KINDS:
             raise AdviceError(f"--images must be one of {', '.join(IMAGE_KINDS)}, "
                               f"got {self.images!r}")
@@ -164,7 +172,8 @@ class Situation:
                 "fits_in_ram": self.fits_in_ram,
                 "ram_ratio": self.ram_ratio, "cores": self.cores,
                 "accelerators": self.accelerators, "nodes": self.nodes,
-                "demand_samples_per_s": self.demand, "workload": self.workload}
+                "demand_samples_per_s": self.demand, "workload": self.workload,
+                "resize": self.resize}
 
     def text(self) -> str:
         disk = "disk" if self.disk is None else DISK_NAMES[self.disk].split(" ", 1)[1]
@@ -180,7 +189,9 @@ class Situation:
                 f"({format_value(self.dataset_bytes, 'bytes')}) {where}; "
                 f"{self.ram_gb:g} GB RAM ({ram}), {self.cores} cores and "
                 f"{self.accelerators} accelerator(s) per node, {self.nodes} node(s); "
-                f"{demand} per accelerator")
+                f"{demand} per accelerator"
+                + ("; the training crop resizes plain (no antialiasing)"
+                   if self.resize == "plain" else ""))
 
 
 def dataset_situation(path: Path | str) -> dict:
@@ -381,6 +392,8 @@ JSON_UNITS = {
     "situation.demand_samples_per_s": "samples/s",
     "store.facets.k": "ratio (dataset bytes / RAM left for the page cache)",
     "store.facets.rtt_ms": "ms",
+    # A recipe row's workers, as its study ran them on the reference's cores.
+    "store.facets.workers": "workers", "loader.facets.workers": "workers",
     "loader.workers": "workers per accelerator",
     "in_flight_per_node": "requests",
     "busy.utilisation": "fraction of the demand", "busy.target": "fraction of the demand",
@@ -491,7 +504,8 @@ class Advice:
         declared (the pipeline is then the two rows above, not one recipe)."""
         recipe = recipe_of(self.loader, None if self.decoder is None else self.decoder.key)
         path = loader_path_of(self.loader)
-        if recipe is None or (path is not None and path.reads_dataset_files):
+        if recipe is None or self.store.key == self.loader.key or (
+                path is not None and path.reads_dataset_files):
             return recipe
         # The store's key names its format first: "memmap/preloaded", "tfrecord, shuffle".
         layout = re.split(r"[/,\s-]", self.store.key, maxsplit=1)[0]
@@ -690,18 +704,70 @@ class _Draft:
     notes: list[str] = field(default_factory=list)
 
 
+def recipe_row_in_ram(results, images: str, resize: str = "antialiased"):
+    """The peers study's guide row for ``images`` in RAM: whole pipelines (layout, reader,
+    decoder, training crop and loader), each timed end to end over the cached set, warm,
+    epochs 2 and on, their crops resizing with the ``resize`` filter class; None where the
+    results hold none."""
+    if not (results.df["study"] == "peers").any():
+        return None
+    rows = guide_rows(results, "peers", encoding=images, cache="warm", filter=resize)
+    if not rows and images == "raw":
+        # Raw arrays' crops all resize one way: their row names no filter class.
+        rows = guide_rows(results, "peers", encoding=images, cache="warm")
+    return rows[0] if rows else None
+
+
+def recipe_versus_default(results, images: str):
+    """(the in-RAM answer's guide row, the tuned DataLoader's candidate in it, (ratio, low,
+    high, verdict) of the answer over it under the decision rule): both read from the one
+    row, so the rate and the ratio come from the same run; None where either is missing."""
+    from ..guide import compare
+    from ..studies.peers.study import DEFAULT_PATH
+
+    row = recipe_row_in_ram(results, images)
+    default = None if row is None else next(
+        (c for c in row.candidates if c.key == ":".join(DEFAULT_PATH)), None)
+    if default is None:
+        return None
+    return row, default, compare(row.best.stat, default.stat, lower_is_better=False)
+
+
+def recipe_store(row) -> Choice:
+    """The store half of a recipe answer: ``row``'s choice, each recipe named by the layout
+    it reads, cached in RAM; a runner-up on the same layout leaves nothing to choose."""
+    from ..studies.peers.study import key_parts
+
+    layout = {c.label: f"{key_parts(c.key)[1]} (in RAM)" for c in row.candidates}
+    choice = Choice.of(row)
+    label = layout[choice.label]
+    tied = tuple(t for t in dict.fromkeys(layout[t] for t in choice.tied) if t != label)
+    runner_up = layout.get(choice.runner_up) if choice.runner_up else None
+    return dataclasses.replace(choice, label=label, tied=tied,
+                               runner_up=None if runner_up == label else runner_up,
+                               worst=None, worst_median=math.nan)
+
+
+def _first_epoch_notes(results, s: Situation, encoding: str, draft: _Draft) -> None:
+    """What the first epoch, read from disk before the set is cached, adds to an answer in
+    RAM."""
+    first = guide_rows(results, "lazy_vs_preloaded", epochs="first", encoding=encoding)
+    if first:
+        draft.notes.append(f"for the first epoch from a {GUEST_COLD} cache: "
+                           f"{Choice.of(first[0]).text}")
+    if s.disk is not None and s.disk != disk_kind(results.env.get("storage", {})):
+        draft.notes.append(f"the first epoch reads {DISK_NAMES[s.disk]}, not measured "
+                           f"(measured: {disk_text(results)}); later epochs read RAM")
+
+
 def _store_local(results, s: Situation, draft: _Draft) -> tuple[Choice, float]:
     """(the format choice, the samples/s node bound beyond the cores) on local disk."""
     if s.fits_in_ram:
         rows = rows_for_kind(results, "lazy_vs_preloaded", s.images, epochs="later")
-        first = guide_rows(results, "lazy_vs_preloaded", epochs="first",
-                           encoding=rows[0].facets["encoding"])
-        if first:
-            draft.notes.append(f"for the first epoch from a {GUEST_COLD} cache: "
-                                   f"{Choice.of(first[0]).text}")
-        if s.disk is not None and s.disk != disk_kind(results.env.get("storage", {})):
-            draft.notes.append(f"the first epoch reads {DISK_NAMES[s.disk]}, not measured "
-                               f"(measured: {disk_text(results)}); later epochs read RAM")
+        _first_epoch_notes(results, s, rows[0].facets["encoding"], draft)
+        draft.notes.append(
+            "the store and the loader answer two questions measured apart (the peers study, "
+            "which times whole pipelines in RAM, is not in these results)")
         return Choice.of(rows[0]), math.inf
     rows = rows_for_kind(results, "out_of_core", s.images)
     by_k = sorted(rows, key=lambda r: r.facets["k"])
@@ -820,10 +886,16 @@ def serving(row, situation: str, notes: list[str],
 
 def _loader(results, kind: str, situation: str | None = None,
             notes: list[str] | None = None,
-            measured: tuple[str, set[str]] | None = None) -> tuple[Choice, Choice | None]:
+            measured: tuple[str, set[str]] | None = None,
+            decode: str | None = None,
+            timed_with: str | None = None) -> tuple[Choice, Choice | None]:
     """(the loader path, the decoder or None for raw arrays): the guide's choice among the
     prefetch study's paths whose recipe can serve ``situation`` (all where None; why a
-    faster one cannot goes to ``notes``), and among decoders by their best paths."""
+    faster one cannot goes to ``notes``), and among decoders by their best paths; with
+    ``decode`` (what the situation's study decoded with), that decoder's row, since no
+    other was measured there (a faster one in RAM goes to ``notes``); with ``timed_with``
+    (the path that study ran, a candidate key prefix such as ``"thread/w2/"``), that path,
+    so the answer names the pipeline that was timed."""
     from ..guide import Candidate, choose
 
     rows = loader_rates(rows_for_kind(results, "prefetch", kind))
@@ -834,13 +906,21 @@ def _loader(results, kind: str, situation: str | None = None,
         raise AdviceError(f"{results.directory}: the prefetch study has no loader rates "
                           f"(samples/s) for {ENCODING_NAMES[kind]}")
     if rows[0].facets["decode"] == "none":
-        return Choice.of(rows[0]), None
+        return _timed_path(rows[0], timed_with, situation, notes), None
     picked = choose("prefetch", "which decoder, by each decoder's best loader path?",
                     "samples_per_s", [Candidate(r.facets["decode"], r.facets["decode"],
                                                 r.best.stat) for r in rows])
+    if decode is not None and picked.best.key != decode and any(
+            r.facets["decode"] == decode for r in rows):
+        if notes is not None:
+            notes.append(f"not the {picked.best.label} decoder, the fastest in RAM: not "
+                         f"measured {situation}, where the rate above decodes with {decode}")
+        measured_decoder = [c for c in picked.candidates if c.key == decode]
+        picked = choose("prefetch", f"which decoder {situation}? (the one measured there)",
+                        "samples_per_s", measured_decoder)
     decoder = Choice.of(picked)
     best = next(r for r in rows if r.facets["decode"] == decoder.key)
-    loader = Choice.of(best)
+    loader = _timed_path(best, timed_with, situation, notes)
     path = loader_path_of(loader)
     if path is not None and path.decoder_text:
         # The path decodes itself (tf.data with TensorFlow): that, not the decoder of the
@@ -849,17 +929,41 @@ def _loader(results, kind: str, situation: str | None = None,
     return loader, decoder
 
 
+def _timed_path(row, timed_with: str | None, situation: str | None,
+                notes: list[str] | None) -> Choice:
+    """``row``'s choice or, given ``timed_with``, its candidate on that path alone (a faster
+    one in RAM goes to ``notes``)."""
+    from ..guide import choose
+
+    timed = [c for c in row.candidates if timed_with and c.key.startswith(timed_with)]
+    if not timed:
+        return Choice.of(row)
+    if timed[0] is not row.best and notes is not None:
+        notes.append(f"not {row.best.label}, the fastest in RAM: {situation}, the rate above "
+                     f"was timed through {timed[0].label}")
+    return Choice.of(choose(row.study, row.question, row.metric, timed[:1],
+                            facets=row.facets))
+
+
 def loader_path_of(choice: Choice):
     """The ``LoaderPath`` a loader choice's key names (``tf_data/w0/``, ``lazy/thread``),
     or None."""
     from ..loaders.paths import LOADER_PATHS
 
-    return next((LOADER_PATHS[part] for part in choice.key.split("/")
+    return next((LOADER_PATHS[part] for part in re.split(r"[/:]", choice.key)
                  if part in LOADER_PATHS), None)
 
 
 def recipe_of(loader: Choice, decode: str | None = None):
-    """The recipe (``storebench.recipes``) of a loader choice (``recipe_for``)."""
+    """The recipe (``storebench.recipes``) of a loader choice (``recipe_for``); a peers
+    study's choice names its path, layout and variant in its key (``thread:lmdb:window``)."""
+    if loader.study == "peers":
+        from ..studies.peers.study import decode_for, key_parts
+
+        path, layout, variant = key_parts(loader.key)
+        encoding = str(loader.facets.get("encoding", "jpeg"))
+        decode = "window" if "window" in variant.split("+") else decode_for(encoding)
+        return recipe_for(path, f"{layout}-{encoding}", decode)
     return recipe_for(loader.key, str(loader.facets.get("dataset", "")), decode)
 
 
@@ -889,7 +993,7 @@ def _workers(loader: Choice, cores: float, ref_cores: int) -> int | None:
     if path is not None and path.parallelism:
         return None
     parts = [p for p in loader.key.split("/") if p.startswith("w") and p[1:].isdigit()]
-    measured = int(parts[0][1:]) if parts else 1
+    measured = int(parts[0][1:]) if parts else int(loader.facets.get("workers", 1))
     return max(1, round(max(measured, 1) * cores / ref_cores))
 
 
@@ -926,14 +1030,31 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None,
     if refused:
         raise NotMeasuredError("; also ".join(refused))
     draft = _Draft()
-    store, bound = (_store_local if s.storage == "local" else _store_remote)(results, s, draft)
-    loader, decoder = _loader(results, s.images, recipe_situation(s), draft.notes,
-                              measured_paths(results, s))
+    # In RAM the answer is one recipe, store and loader timed together; elsewhere the
+    # situation's study times the stores through one loader path, chosen in RAM.
+    recipe_row = (recipe_row_in_ram(results, s.images, s.resize)
+                  if s.storage == "local" and s.fits_in_ram else None)
+    if recipe_row is not None:
+        _first_epoch_notes(results, s, s.images, draft)
+        store, bound = recipe_store(recipe_row), math.inf
+        loader, decoder = Choice.of(recipe_row), None
+        path = loader_path_of(loader)
+        if path is not None and path.decoder_text:
+            # The path decodes itself (tf.data with TensorFlow): its decoder is named.
+            decoder = dataclasses.replace(loader, key=path.decode, label=path.decoder_text,
+                                          tied=(), runner_up=None, worst=None)
+    else:
+        store, bound = (_store_local if s.storage == "local" else _store_remote)(
+            results, s, draft)
+        timed = case_knobs(store.evidence[0][1]) if store.evidence else {}
+        loader, decoder = _loader(results, s.images, recipe_situation(s), draft.notes,
+                                  measured_paths(results, s), timed.get("decode"),
+                                  timed.get("path"))
     draft.notes += [c.avoid for c in (store, loader) if c.avoid]
     path = loader_path_of(loader)
     store_format = store.facets.get("format") or store.key.partition(":")[0]
-    if path is not None and path.dataset_format and not str(store_format).startswith(
-            path.dataset_format):
+    if recipe_row is None and path is not None and path.dataset_format and not str(
+            store_format).startswith(path.dataset_format):
         # Store and loader come from different questions: say where they do not fit.
         draft.notes.append(
             f"{path.label} reads {path.dataset_format} files only: to load with it, store as "
@@ -974,7 +1095,8 @@ def _advise(situation: Situation, results, *, dataset: Path | str | None,
     draft.numbers[:0] = [
         Number(f"{basis.label}, {ENCODING_NAMES[encoding]} samples of "
                f"{format_value(ref_bytes, 'bytes')}", basis.median, basis.unit, "measured",
-               f"{basis.study} study, {ref_cores} cores, median of its repeats"),
+               f"{basis.study} study, {ref_cores} cores, median of its repeats"
+               + basis_run_text(results, basis.study, encoding)),
         Number("per core at your sample size", per_core, "samples/s", "extrapolated",
                per_core_basis, reference=reference_per_core),
         Number("per accelerator on your cores", per_accelerator, "samples/s", "extrapolated",
@@ -1099,6 +1221,19 @@ def evidence_median(results, choice: Choice, metric: str) -> float:
         return math.nan
 
 
+def basis_run_text(results, study: str, encoding: str) -> str:
+    """Where ``study``'s rows of ``encoding`` were measured, where not by the run the
+    results are named for: its workload, run and machine (``Results.study_env``)."""
+    from ..text import machine_text
+
+    env = results.study_env(study)
+    if not env or env.get("run_id") == results.env.get("run_id"):
+        return ""
+    workload = results.workload(study, encoding)
+    return ((f"; on {workload}" if workload else "")
+            + f"; run {env.get('run_id', '?')}: {machine_text(env)}")
+
+
 def _loader_cores(results, basis: Choice, ref_cores: int, draft: _Draft) -> float:
     """The cores the loader had in ``basis``'s case: the reference's, less what the S3
     server and the delaying proxy used on the same machine (measured per case)."""
@@ -1152,7 +1287,7 @@ class CoreCalibration:
 def loader_table(results, encoding: str):
     """The prefetch study's table (``prefetch_table``) of the set of ``encoding``, with a
     ``start_method`` column."""
-    from ..studies.prefetch.study import prefetch_table
+    from ..studies.prefetch.report import prefetch_table
 
     table = prefetch_table(results.df)
     table = table[table["dataset"].str.endswith(f"-{encoding}")]
@@ -1480,6 +1615,8 @@ def recipes_to_measure(advice: Advice, results) -> tuple[MeasureTarget, ...]:
     answer = recipe_of(advice.loader, decode)
     if answer is None:
         return ()
+    if advice.loader.study == "peers":
+        return _recipes_of_row(advice, answer)
     dataset = str(advice.loader.facets.get("dataset", ""))
     workers = key_workers(advice.loader.key)
     found = [MeasureTarget("answer", answer, workers,
@@ -1501,6 +1638,20 @@ def recipes_to_measure(advice: Advice, results) -> tuple[MeasureTarget, ...]:
         found.append(MeasureTarget("runner-up", recipe, runs,
                                    reference_rate(results, recipe, runs, fallback)))
         break
+    return tuple(found)
+
+
+def _recipes_of_row(advice: Advice, answer) -> tuple[MeasureTarget, ...]:
+    """The answer's recipe and the runner-up's of one recipe row (the peers study's), each
+    at the row's workers, with its median in that row as the reference's rate."""
+    workers = int(advice.loader.facets.get("workers", 1))
+    found = [MeasureTarget("answer", answer, workers, advice.loader.median)]
+    second = advice.loader.runner_up_key
+    recipe = None if second is None else recipe_of(dataclasses.replace(advice.loader,
+                                                                       key=second))
+    if recipe is not None and recipe.name != answer.name:
+        found.append(MeasureTarget("runner-up", recipe, workers,
+                                   advice.loader.runner_up_median))
     return tuple(found)
 
 
@@ -1537,7 +1688,8 @@ def situation_from(*, images: str | None = None, count: int | None = None,
                    ram_gb: float | None = None,
                    cores: int | None = None, accelerators: int = 1, nodes: int = 1,
                    demand: float | None = None, workload: str | None = None,
-                   dataset: Path | str | None = None) -> Situation:
+                   dataset: Path | str | None = None,
+                   resize: str = "antialiased") -> Situation:
     """A ``Situation`` from the command line's values: ``dataset`` fills in the image kind,
     count and mean bytes that are not given; ``workload`` the demand."""
     if demand is not None and workload is not None:
@@ -1558,7 +1710,7 @@ def situation_from(*, images: str | None = None, count: int | None = None,
                              "--images" in missing else ""))
     return Situation(**given, storage=storage, rtt_ms=rtt_ms, disk=disk,
                      accelerators=accelerators,
-                     nodes=nodes, workload=workload)
+                     nodes=nodes, workload=workload, resize=resize)
 
 
 def advise_command(results_dir: Path | str, *, as_json: bool = False, **values) -> str:

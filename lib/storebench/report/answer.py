@@ -23,6 +23,7 @@ from .advise import (
     Situation,
     advise,
     get_workload,
+    recipe_versus_default,
     sample_bytes,
 )
 
@@ -85,6 +86,14 @@ def short_choice(choice: Choice) -> str:
     return choice.label
 
 
+def load_sureness(advice) -> str:
+    """How sure the loader is: outside RAM, the one path the store was timed with, chosen
+    with it rather than against others."""
+    if advice.loader.study != advice.store.study and advice.loader.runner_up is None:
+        return "as timed with the store"
+    return sureness(advice.loader)
+
+
 def sureness(choice: Choice) -> str:
     if choice.tied:
         return f"equivalent within {DECISION_MARGIN:.0%}"
@@ -94,16 +103,18 @@ def sureness(choice: Choice) -> str:
 
 
 def default_effect(results: Results, images: str) -> str:
-    """storebench's best loader path against the common default, from the peers study's
-    rows (one query: ``versus_default``), with the verdict of the decision rule."""
-    from ..studies.peers.study import versus_default
-
-    found = versus_default(results.df, images)
+    """The in-RAM answer's recipe against the tuned DataLoader recipe, both from the one
+    guide row the answer is read from (``recipe_versus_default``), with the verdict of the
+    decision rule."""
+    found = recipe_versus_default(results, images)
     if found is None:
         return "not measured"
-    ours, default, (ratio, low, high, verdict) = found
+    row, default, (ratio, low, high, verdict) = found
+    if default is row.best:
+        return "1× (the answer is the DataLoader)"
     interval = (f"95% interval {format_ratio(low)}\u2013{format_ratio(high)}"
-                if math.isfinite(low) else f"n = {ours[3].count} and {default[3].count}")
+                if math.isfinite(low) else f"n = {row.best.stat.count} and "
+                                           f"{default.stat.count}")
     word = {"better": "faster", "equivalent": f"equivalent within {DECISION_MARGIN:.0%}",
             "undecided": "undecided"}[verdict]
     return f"{format_ratio(ratio)} ({word}; {interval})"
@@ -141,14 +152,14 @@ def answer_rows(results: Results, *, docs: str = DOCS) -> pd.DataFrame:
             **base,
             "store as": short_choice(advice.store),
             "load with": f"{load}, {advice.parallelism_text}",
-            # The peers study reads cached sets: its effect answers the in-RAM rows only.
+            # The DataLoader recipe was timed over cached sets: in RAM only.
             "vs torch DataLoader over files": (
                 default_effect(results, row.images)
                 if row.storage == "local" and row.ram_ratio <= FIT_FRACTION
-                else "not measured (the peers study reads sets in RAM)"),
+                else "not measured (the DataLoader recipe was timed over sets in RAM)"),
             # "yes" needs the headroom the GPU evidence covers: the feed over the demand.
             "busy": f"{advice.busy} (the feed {format_ratio(advice.headroom)} the demand)",
-            "how sure": f"store: {sureness(advice.store)}; load: {sureness(advice.loader)}",
+            "how sure": f"store: {sureness(advice.store)}; load: {load_sureness(advice)}",
             "evidence": ", ".join(f"[{s}]({docs}studies/{s}.md)" for s in studies),
         })
     table = pd.DataFrame(out)
@@ -167,8 +178,12 @@ def answer_markdown(results: Results, *, docs: str = DOCS) -> str:
     return (markdown_table(table) + "\n\nEach row is `storebench advise` for that situation on "
             f"a node of {NODE_RAM_GB} GB RAM, {NODE_CORES} cores and one accelerator running "
             f"{workload.name} ({workload.samples_per_s:,.0f} samples/s), at the measured "
-            "set's sample size; \"vs torch DataLoader over files\" is storebench's best "
-            "loader path over the common default (torch's DataLoader over one file per "
-            "sample, as an ImageFolder reads), warm, epochs 2 and on, in the peers study's "
-            f"rows{peers_set}. \"undecided\": the rows could not split the two named under "
-            f"the decision rule ([methodology]({docs}methodology.md)).")
+            "set's sample size. In RAM, a row names one recipe (layout, reader, decoder, "
+            "training crop and loader) timed end to end over the cached set, warm, epochs 2 "
+            f"and on, in the peers study{peers_set}; \"vs torch DataLoader over files\" is "
+            "that recipe over the tuned DataLoader recipe (torch's DataLoader over one file "
+            "per sample, as an ImageFolder reads, decoding and cropping with Pillow) in the "
+            "same rows. Larger than RAM and in object storage, the situation's study timed "
+            "each store through one loader path, and the row names that path. "
+            "\"undecided\": the rows could not split the two named under the decision rule "
+            f"([methodology]({docs}methodology.md)).")

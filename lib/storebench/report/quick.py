@@ -20,7 +20,7 @@ import pandas as pd
 
 from ..results import Results, default_builds, params_of, select, stat
 from ..text import DASH, ENCODING_NAMES, format_ratio, format_value, machine_text, markdown_table
-from .advise import AdviceError, advise
+from .advise import AdviceError, advise, recipe_versus_default
 from .answer import ANSWER_SITUATIONS, FIT_FRACTION, answer_markdown, answer_rows, situation_for
 
 # What each case is measured again for, in the order the answer table reads them.
@@ -50,8 +50,6 @@ def quick_cases(results: Results) -> tuple[QuickCase, ...]:
     default it is set against in RAM, and the builds the answer reads sample sizes from.
     Rows no study measured (an image kind the sets lack) and rows the reference could not
     answer add nothing: they have no cases to measure."""
-    from ..studies.peers.study import versus_default
-
     found: dict[tuple[str, str], tuple[str, list[str]]] = {}
 
     def add(sources, decision: str) -> None:
@@ -74,10 +72,11 @@ def quick_cases(results: Results) -> tuple[QuickCase, ...]:
             if choice is not None:
                 add(choice.evidence, f"{row.text}: {part}")
         if row.storage == "local" and row.ram_ratio <= FIT_FRACTION:
-            versus = versus_default(results.df, row.images)
+            versus = recipe_versus_default(results, row.images)
             if versus is not None:
-                ours, default, _ = versus
-                add(ours[3].sources + default[3].sources, f"{row.text}: vs torch DataLoader")
+                recipe_row, default, _ = versus
+                add(recipe_row.best.stat.sources + default.stat.sources,
+                    f"{row.text}: vs torch DataLoader")
         sizes = select(builds, "bytes_apparent", format="rawfiles", encoding=row.images)
         add([("formats", case_id, "bytes_apparent") for case_id in sizes["case_id"]],
             f"{row.text}: sample size")

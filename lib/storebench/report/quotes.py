@@ -116,22 +116,32 @@ def guide_quotes(rows: Sequence) -> list[Quote]:
     return found
 
 
-def peers_quotes(df: pd.DataFrame, encodings: Iterable[str]) -> list[Quote]:
-    """storebench's best path against the common default (the answer table's "vs torch
-    DataLoader" column) and against the best peer (the README's peers findings)."""
-    from ..studies.peers.study import best_against_peers, versus_default
+def peers_quotes(results: Results, encodings: Iterable[str]) -> list[Quote]:
+    """The in-RAM answer's recipe against the tuned DataLoader recipe (the answer table's
+    "vs torch DataLoader" column) and storebench's best path against the best peer (the
+    README's peers findings)."""
+    from ..studies.peers.study import best_against_peers
+    from .advise import recipe_versus_default
 
     found = []
     for encoding in encodings:
-        for place, compared in ((ANSWER_PLACE, versus_default(df, encoding)),
-                                (PEERS_PLACE, best_against_peers(df, encoding))):
+        versus = recipe_versus_default(results, encoding)
+        answered = None if versus is None else (
+            (versus[0].best.label, versus[0].best.stat), (versus[1].label, versus[1].stat),
+            versus[2][0])
+        peer = best_against_peers(results.df, encoding)
+        against_peer = None if peer is None else (
+            (peer[0][1], peer[0][3]), (peer[1][1], peer[1][3]), peer[2][0])
+        for place, compared in ((ANSWER_PLACE, answered), (PEERS_PLACE, against_peer)):
             if compared is None:
                 continue
-            ours, other, (ratio, *_rest) = compared
-            found += [stat_quote(place, f"{encoding}: {ours[1]}", ours[3]),
-                      stat_quote(place, f"{encoding}: {other[1]}", other[3]),
-                      ratio_quote(place, f"{encoding}: {ours[1]} against {other[1]}",
-                                  ratio, ours[3], other[3])]
+            (label, value), (other_label, other), ratio = compared
+            if label == other_label:
+                continue
+            found += [stat_quote(place, f"{encoding}: {label}", value),
+                      stat_quote(place, f"{encoding}: {other_label}", other),
+                      ratio_quote(place, f"{encoding}: {label} against {other_label}",
+                                  ratio, value, other)]
     return found
 
 
@@ -155,7 +165,7 @@ def quotes(results: Results) -> list[Quote]:
     from .guide import decision_guide
 
     encodings = [e for e in dict.fromkeys(results.df["encoding"].dropna()) if e]
-    return [*guide_quotes(decision_guide(results)), *peers_quotes(results.df, encodings),
+    return [*guide_quotes(decision_guide(results)), *peers_quotes(results, encodings),
             *target_quotes(results)]
 
 

@@ -446,21 +446,6 @@ def best_against_peers(df: pd.DataFrame, encoding: str, filter: str = "antialias
     return ours[0], peers[0], ratio_interval(ours[0][3], peers[0][3])
 
 
-def versus_default(df: pd.DataFrame, encoding: str):
-    """(ours, default, (ratio, low, high, verdict)): storebench's best path against the
-    common default (``DEFAULT_PATH``), warm, epochs 2 and on, under the guide's decision
-    rule; None where either side is missing."""
-    from ...guide import compare
-
-    found = [c for c in candidates(df, encoding, "warm", RATE)
-             if filter_class(c[0]) == "antialiased"]
-    ours = [c for c in found if is_storebench_over_core(c[0], c[2])]
-    default = [c for c in found if c[0] == ":".join(DEFAULT_PATH)]
-    if not ours or not default:
-        return None
-    return ours[0], default[0], compare(ours[0][3], default[0][3], lower_is_better=False)
-
-
 def ours_over_peers_target(encoding: str, filter: str = "antialiased"):
     """``measure`` of the target for ``encoding``: storebench's best path over the best
     peer path of the same filter class, warm, epochs 2 and on."""
@@ -940,8 +925,13 @@ def guide(results: Results) -> list:
                 question = (f"{what}, {cache} cache, {epoch}, shuffled, {WORKERS} workers"
                             f"{resize}: which loader library and format? "
                             f"({sets_caption(rows, encoding)})")
+                # The situation each row answers, for ``storebench advise``: whole
+                # pipelines over a set in RAM.
+                facets = {"encoding": encoding, "cache": cache, "filter": filter,
+                          "workers": WORKERS}
                 row = choose(NAME, question, metric,
-                             [Candidate(key, label, value) for key, label, _, value in found])
+                             [Candidate(key, label, value) for key, label, _, value in found],
+                             facets=facets)
                 if row is not None:
                     out.append(row)
     return out
