@@ -92,6 +92,25 @@ def test_every_figure_has_rows_and_a_short_table_says_what_it_leaves_out(
             assert shown.note == "" and shown.table.equals(whole.table), name
 
 
+def test_each_rows_table_says_what_its_rows_hold(reference_figure_rows):
+    import html
+
+    from storebench.report.figures import MEDIAN_ROWS_CAPTION
+    from storebench.studies import FigureSpec
+
+    for study in STUDIES.values():
+        for spec in study_figures(study):
+            if spec.name not in reference_figure_rows:
+                continue
+            shown = reference_figure_rows[spec.name][0]
+            caption = spec.rows_caption if spec.rows is not None else MEDIAN_ROWS_CAPTION
+            assert shown.caption == caption, spec.name
+            assert repr(shown).startswith(caption)
+            assert shown._repr_html_().startswith(f"<p>{html.escape(caption)}")
+    with pytest.raises(ValueError, match=r"^figure f: a rows table needs a rows_caption"):
+        FigureSpec("f", "a figure", lambda results: None, rows=lambda results: None)
+
+
 def test_figures_not_drawn_from_medians_give_what_they_draw(reference_figure_rows):
     # The verdict grids: a row per recipe (path), a column per property (scenario).
     verdicts = reference_figure_rows["correctness_properties"][1].table

@@ -76,13 +76,21 @@ def plot_all(results_dir: Path | str, *, workers: int | None = None) -> list[Pat
 FIGURE_ROWS_LIMIT = 40
 
 
+# What a row of a figure drawn from medians holds.
+MEDIAN_ROWS_CAPTION = ("One row per median the figure draws: what was measured, the median, "
+                       "the spread of its repeats (lowest to highest) and n, the repeats "
+                       "that ran.")
+
+
 @dataclass(frozen=True)
 class FigureRows:
     """A figure's rows as a notebook shows them: ``table``, the first ``len(table)`` of
-    ``total`` rows, and above it, where some are left out, a line saying how many."""
+    ``total`` rows, and above it ``caption``, what each row holds, and, where some are left
+    out, a line saying how many."""
 
     table: pd.DataFrame
     total: int
+    caption: str = MEDIAN_ROWS_CAPTION
 
     @property
     def note(self) -> str:
@@ -91,18 +99,21 @@ class FigureRows:
         return (f"showing {len(self.table)} of {self.total}; figure_rows(..., limit=None) "
                 "for all")
 
+    @property
+    def heading(self) -> str:
+        return self.caption + (f" ({self.note})" if self.note else "")
+
     def __len__(self) -> int:
         return len(self.table)
 
-    # Shown as the table itself, with the note above it where there is one.
+    # Shown as the table itself, under what a row holds and the note where there is one.
     def _repr_html_(self) -> str:
         from html import escape
 
-        note = f"<p>{escape(self.note)}</p>" if self.note else ""
-        return note + self.table._repr_html_()
+        return f"<p>{escape(self.heading)}</p>" + self.table._repr_html_()
 
     def __repr__(self) -> str:
-        return f"{self.note}\n{self.table!r}" if self.note else repr(self.table)
+        return f"{self.heading}\n{self.table!r}"
 
 
 def figure_rows(spec: FigureSpec, results: Results, *,
@@ -115,8 +126,9 @@ def figure_rows(spec: FigureSpec, results: Results, *,
     layer (``results.Stat``) is reported, so the table holds what the bars and points were
     drawn from. Beyond ``limit`` rows (None: no limit) only the first are shown, medians
     ordered by metric and then largest first."""
+    caption = MEDIAN_ROWS_CAPTION
     if spec.rows is not None:
-        table = spec.rows(results).reset_index(drop=True)
+        table, caption = spec.rows(results).reset_index(drop=True), spec.rows_caption
     else:
         table = _median_rows(spec, results)
         if limit is not None and len(table) > limit:
@@ -124,7 +136,7 @@ def figure_rows(spec: FigureSpec, results: Results, *,
                                       kind="stable")
         table = table.drop(columns="_value").reset_index(drop=True)
     shown = table if limit is None else table.head(limit)
-    return FigureRows(shown, len(table))
+    return FigureRows(shown, len(table), caption)
 
 
 def _median_rows(spec: FigureSpec, results: Results) -> pd.DataFrame:

@@ -240,4 +240,7 @@ def target_rows(results: Results) -> pd.DataFrame:
 TARGETS_MET = FigureSpec("targets_met", "Every performance target against its threshold: met, "
                          "unmet or undecided",
                          lambda r: plot_target_ratios(all_targets_table(r), r.df),
-                         rows=target_rows)
+                         rows=target_rows,
+                         rows_caption="One row per target (a bar): its verdict, its median, "
+                                      "95% interval and n, the repeats that ran, against its "
+                                      "threshold.")

@@ -29,6 +29,14 @@ class FigureSpec:
     # a scatter. None: the medians the figure reads are its rows
     # (``report.figures.figure_rows``).
     rows: Callable[[Results], pd.DataFrame] | None = None
+    # What one of ``rows``'s rows holds, for the line above the table (a figure drawn from
+    # medians needs none: its rows are each a median, its spread and n).
+    rows_caption: str = ""
+
+    def __post_init__(self) -> None:
+        if self.rows is not None and not self.rows_caption:
+            raise ValueError(f"figure {self.name}: a rows table needs a rows_caption saying "
+                             "what each of its rows holds")
 
 
 @dataclass(frozen=True)
@@ -189,6 +197,14 @@ class Study:
     # ``caveats(results)``: sentences on what the results cover (any study's rows), stated
     # with the machine.
     caveats: Callable[[Results], list[str]] = no_sentences
+    # ``page_text(results)``: the markdown ``storebench readme`` writes between the
+    # ``<!-- study:start -->`` and ``<!-- study:end -->`` markers of its docs page. None: none.
+    page_text: Callable | None = None
+    # ``finalists(results, cases) -> list[Case]``: a second stage, laid out from the rows its
+    # first stage (``cases``, the grid) wrote, which the runner runs after the grid into the
+    # same results (the out_of_core study times whole epochs of its screen's best paths).
+    # None: the grid is the whole study.
+    finalists: Callable | None = None
     # ``prepare(*, profile, data_dir, progress)``: builds what the study needs beyond the
     # profile's core formats (the peers study: the peer formats, in the peers environment),
     # called by ``storebench study`` before the grid is laid out. None: nothing more.

@@ -161,7 +161,9 @@ FIGURES = (
                "restored from its last checkpoint delivered (exact, or samples lost and "
                "duplicated), and each path's checkpoint size.",
                lambda results: plot_resume(results.df),
-               rows=lambda results: resume_rows(results.df)),
+               rows=lambda results: resume_rows(results.df),
+               rows_caption="One row per loader path: each scenario's outcome (a cell of the "
+                            "left panel) and its checkpoint size (a bar of the right)."),
 )
 
 def findings(results: Results) -> list[str]:
