@@ -51,13 +51,14 @@ def test_each_row_is_what_advise_answers_for_its_situation(reference):
         assert shown["store as"] == answer.short_choice(advice.store)
         assert shown["load with"].startswith(answer.short_choice(advice.loader))
         assert shown["load with"].endswith(f", {advice.parallelism_text}")
-        assert shown["how sure"] == (f"store: {answer.sureness(advice.store)}; "
-                                     f"load: {answer.load_sureness(advice)}")
         if row.storage == "local" and row.ram_ratio <= answer.FIT_FRACTION:
-            # One recipe, store and loader timed together.
+            # One recipe, store and loader timed together, decided as one.
             assert advice.store.study == advice.loader.study == "peers"
             assert advice.store.key == advice.loader.key
+            assert shown["how sure"] == f"recipe: {answer.sureness(advice.loader)}"
         else:
+            assert shown["how sure"] == (f"store: {answer.sureness(advice.store)}; "
+                                         f"load: {answer.load_sureness(advice)}")
             # The loader path the store's own case ran, never one timed only in RAM.
             path = adv.case_knobs(advice.store.evidence[0][1])["path"]
             assert advice.loader.key.startswith(path)

@@ -159,7 +159,9 @@ def answer_rows(results: Results, *, docs: str = DOCS) -> pd.DataFrame:
                 else "not measured (the DataLoader recipe was timed over sets in RAM)"),
             # "yes" needs the headroom the GPU evidence covers: the feed over the demand.
             "busy": f"{advice.busy} (the feed {format_ratio(advice.headroom)} the demand)",
-            "how sure": f"store: {sureness(advice.store)}; load: {load_sureness(advice)}",
+            "how sure": (f"recipe: {sureness(advice.loader)}"
+                         if advice.store.key == advice.loader.key else
+                         f"store: {sureness(advice.store)}; load: {load_sureness(advice)}"),
             "evidence": ", ".join(f"[{s}]({docs}studies/{s}.md)" for s in studies),
         })
     table = pd.DataFrame(out)
