@@ -1231,7 +1231,7 @@ def basis_run_text(results, study: str, encoding: str) -> str:
         return ""
     workload = results.workload(study, encoding)
     return ((f"; on {workload}" if workload else "")
-            + f"; run {env.get('run_id', '?')}: {machine_text(env)}")
+            + f"; measured in a run of its own: {machine_text(env)}")
 
 
 def _loader_cores(results, basis: Choice, ref_cores: int, draft: _Draft) -> float:

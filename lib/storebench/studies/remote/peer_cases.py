@@ -192,8 +192,12 @@ def streaming_peer_cases(*, profile: str, data_dir: Path | str, repeats: int | N
         else:
             # More batches than an epoch holds: the steady window never stops the epoch, so
             # every repeat reads the whole cut, as a peer's epoch does.
+            # It times whole epochs of the cut, not the whole set's steady window: a key
+            # of its own (``results.measurement_key``).
             case = dataclasses.replace(case, function=OURS_FUNCTION,
-                                       steady_batches=batches + 1, steady_seconds=0.0)
+                                       steady_batches=batches + 1, steady_seconds=0.0,
+                                       params={**dict(case.params),
+                                               "timed_region": "whole epochs of the cut"})
         cases.append(case)
     return cases
 
@@ -529,10 +533,15 @@ def streaming_peer_findings(df, *, threshold: float) -> list[str]:
 
     rows = streaming_peer_rows(df)
     out = []
-    skipped = rows[rows["status"] == "skipped"] if "status" in rows else rows.iloc[:0]
+    skipped = rows[rows["status"] != "ok"] if "status" in rows else rows.iloc[:0]
     for label in dict.fromkeys(skipped["label"]):
-        reason = str(skipped[skipped["label"] == label]["error"].iloc[0]).splitlines()[0]
-        out.append(f"{label} over S3 could not run here: {reason}.")
+        row = skipped[skipped["label"] == label].iloc[0]
+        lines = [line for line in str(row["error"]).splitlines() if line.strip()] or [""]
+        if row["status"] == "skipped":
+            out.append(f"{label} over S3 could not run here: {lines[0]}.")
+        else:
+            # A failed case's error ends with what the library raised.
+            out.append(f"{label} over S3 {row['status']} here: {lines[-1].strip()}")
     for _, row in streaming_peer_table(df).iterrows():
         if not np.isfinite(row[RATE]):
             continue
