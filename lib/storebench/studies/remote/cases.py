@@ -34,8 +34,9 @@ RANK_TIMEOUT_S = 240.0
 RTT_PROBES = 5
 
 
-def remote_url(case: Case) -> str:
-    """Where the case's dataset was uploaded, or ``CaseSkipped`` with why there is none."""
+def store_root() -> str:
+    """The prefix the study uploaded its datasets under, or ``CaseSkipped`` with why there
+    is none."""
     reason = os.environ.get(REMOTE_UNAVAILABLE_ENV)
     if reason:
         raise CaseSkipped(reason)
@@ -43,7 +44,12 @@ def remote_url(case: Case) -> str:
     if not root:
         raise CaseSkipped(f"no object store: {REMOTE_ROOT_ENV} is not set (storebench study "
                           "starts SeaweedFS and uploads the datasets)")
-    return f"{root.rstrip('/')}/{Path(case.dataset).name}"
+    return root.rstrip("/")
+
+
+def remote_url(case: Case) -> str:
+    """Where the case's dataset was uploaded, or ``CaseSkipped`` with why there is none."""
+    return f"{store_root()}/{Path(case.dataset).name}"
 
 
 def remote_epoch_case(case: Case, trial: Trial) -> dict[str, tuple[float, str]]:

@@ -88,16 +88,9 @@ def data_dir_name(datasets) -> str:
 
 
 def _store_root() -> str:
-    from .cases import REMOTE_ROOT_ENV, REMOTE_UNAVAILABLE_ENV
+    from .cases import store_root
 
-    reason = os.environ.get(REMOTE_UNAVAILABLE_ENV)
-    if reason:
-        raise CaseSkipped(reason)
-    root = os.environ.get(REMOTE_ROOT_ENV)
-    if not root:
-        raise CaseSkipped(f"no object store: {REMOTE_ROOT_ENV} is not set (storebench study "
-                          "starts SeaweedFS and uploads the datasets)")
-    return root.rstrip("/")
+    return store_root()
 
 
 @contextlib.contextmanager
