@@ -3,9 +3,10 @@
 Every guide candidate whose figure names its result rows (``Stat.sources``) is read again
 from ``results/reference/*.csv`` with plain pandas, and every verdict between the best and
 the runner-up is decided again by the rule the README states, written out here without
-storebench's statistics code: the ratio of medians; a paired percentile bootstrap (4,000
-resamples, seed 0, 95%) when both sides have as many repeats, else each side resampled on
-its own; no interval below 5 repeats a side; "better" only when the interval's lower end
+storebench's statistics code: the ratio of medians; a percentile bootstrap (4,000 resamples,
+seed 0, 95%), paired only when both figures are one case's and have as many repeats (or
+neither names its rows), else each side resampled on its own; no interval below 5 repeats
+a side; "better" only when the interval's lower end
 exceeds 1 and the ratio exceeds 1.05; "equivalent" when the interval lies within
 [1/1.05, 1.05]; else "undecided". Sizes and counts identical in every repeat compare
 exactly.
@@ -51,12 +52,13 @@ def values_from_csv(rows: pd.DataFrame, sources) -> np.ndarray:
     return chosen["value"].astype(float).to_numpy()
 
 
-def bootstrap_ratio(top: np.ndarray, other: np.ndarray) -> tuple[float, float, float]:
+def bootstrap_ratio(top: np.ndarray, other: np.ndarray,
+                    paired: bool) -> tuple[float, float, float]:
     ratio = float(np.median(top) / np.median(other))
     if min(len(top), len(other)) < MIN_REPEATS:
         return ratio, -np.inf, np.inf
     rng = np.random.default_rng(0)
-    if len(top) == len(other):
+    if paired and len(top) == len(other):
         picks_top = picks_other = rng.integers(0, len(top), size=(4000, len(top)))
     else:
         picks_top = rng.integers(0, len(top), size=(4000, len(top)))
@@ -66,13 +68,23 @@ def bootstrap_ratio(top: np.ndarray, other: np.ndarray) -> tuple[float, float, f
     return ratio, float(low), float(high)
 
 
-def verdict(top: np.ndarray, other: np.ndarray, *, lower_is_better: bool, unit: str):
+def one_case(top_sources, other_sources) -> bool:
+    """Both figures read from one case's rows (repeat i of each taken together), or neither
+    names its rows."""
+    if not top_sources and not other_sources:
+        return True
+    cases = {(s[0], s[1]) for s in (*top_sources, *other_sources)}
+    return bool(top_sources) and bool(other_sources) and len(cases) == 1
+
+
+def verdict(top: np.ndarray, other: np.ndarray, *, lower_is_better: bool, unit: str,
+            paired: bool):
     if lower_is_better:
         top, other = other, top
     if unit in ("bytes", "count") and np.ptp(top) == 0 and np.ptp(other) == 0:
         ratio = float(np.median(top) / np.median(other))
         return ratio, ratio, ratio, "better" if ratio > MARGIN else "equivalent"
-    ratio, low, high = bootstrap_ratio(top, other)
+    ratio, low, high = bootstrap_ratio(top, other, paired)
     if low > 1.0 and ratio > MARGIN:
         return ratio, low, high, "better"
     if low >= 1.0 / MARGIN and high <= MARGIN:
@@ -102,8 +114,9 @@ def test_every_verdict_follows_the_stated_rule(reference_rows, guide_rows):
         best, runner_up = row["candidates"][0], row["candidates"][1]
         top = np.asarray(best["values"], dtype=float)
         other = np.asarray(runner_up["values"], dtype=float)
-        ratio, low, high, expected = verdict(top, other, lower_is_better=row["lower_is_better"],
-                                             unit=best["unit"])
+        ratio, low, high, expected = verdict(
+            top, other, lower_is_better=row["lower_is_better"], unit=best["unit"],
+            paired=one_case(best["sources"], runner_up["sources"]))
         assert row["ratio"] == pytest.approx(ratio, rel=1e-9), row["question"]
         if np.isfinite(low):
             assert row["interval"] == pytest.approx([low, high], rel=1e-9), row["question"]

@@ -282,3 +282,9 @@ def test_a_peer_that_failed_over_s3_is_named_with_what_its_library_raised():
     sentences = peer_cases.streaming_peer_findings(frame(failed), threshold=1.2)
     label = peer_cases.streaming_peer_rows(frame(failed))["label"].iloc[0]
     assert sentences[0] == f"{label} over S3 failed here: RuntimeError: boom"
+    # The file it names lay in the case's temporary cache: its name only.
+    rows = frame(failed).assign(error="Traceback ...\nDatasetError: /tmp/case-1/cache/"
+                                      "mds/shard.00008.mds: sample 661: cannot read it")
+    assert peer_cases.streaming_peer_findings(rows, threshold=1.2)[0] == (
+        f"{label} over S3 failed here: DatasetError: shard.00008.mds: sample 661: cannot "
+        "read it")

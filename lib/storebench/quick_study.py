@@ -66,20 +66,19 @@ def expected_seconds(reference, cases, decision_repeats: int) -> dict[tuple[str,
 
 def _build(profile: str, data_dir: Path, cases, *, progress: bool) -> list:
     """Only the sets the cases read (and their knob variants where a case reads one), in
-    the studies' own data directory; the cut copies a study prepares itself (the peers
-    sets, ``Study.prepare``) are built by it, just the formats its cases read."""
-    from .bench.plan import peer_sets_dir
+    the studies' own data directory; a study that prepares its own sets (``Study.prepare``:
+    the peers study's cut copies, the remote study's streaming peers) prepares them, just
+    the formats its cases read where it can say, and a study that reads no profile set
+    (``Study.reads_profile_sets``) gets none built."""
     from .studies import get_study
 
     built = []
     by_dir: dict[Path, list] = {}
     for case in cases:
         study = get_study(case.study)
-        where = study_data_dir(case.study, profile, data_dir)
-        if study.prepare is not None and Path(case.dataset).is_relative_to(
-                peer_sets_dir(where)):
+        if not study.reads_profile_sets:
             continue
-        by_dir.setdefault(where, []).append(case)
+        by_dir.setdefault(study_data_dir(case.study, profile, data_dir), []).append(case)
     for where, mine in by_dir.items():
         family = study_family(mine[0].study, profile)
         built += build_profile(
@@ -89,10 +88,7 @@ def _build(profile: str, data_dir: Path, cases, *, progress: bool) -> list:
             progress=progress, family=family)
     for name in dict.fromkeys(c.study for c in cases):
         prepare = get_study(name).prepare
-        where = study_data_dir(name, profile, data_dir)
-        if prepare is None or not any(
-                c.study == name and Path(c.dataset).is_relative_to(peer_sets_dir(where))
-                for c in cases):
+        if prepare is None:
             continue
         options = {"profile": profile, "data_dir": study_data_dir(name, profile, data_dir),
                    "progress": progress}

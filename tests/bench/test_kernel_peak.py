@@ -41,8 +41,11 @@ def _run_case_rows(**env) -> dict[str, float]:
 
 
 def _case_cgroups() -> set[str]:
+    """This process's case cgroups (another's, a study running beside the tests, come and
+    go on their own)."""
     parent = own_memory_cgroup()
-    return {p.name for p in parent.path.iterdir() if p.name.endswith("-case")}
+    return {p.name for p in parent.path.iterdir()
+            if p.name.endswith("-case") and p.name.startswith(f"storebench-{os.getpid()}-")}
 
 
 @needs_cgroup

@@ -980,6 +980,8 @@ STUDY = Study(
     readme_figures=("peers_rate",),
     readme_text=readme_text,
     prepare=prepare,
+    # It reads its cut sets only, which ``prepare`` builds.
+    reads_profile_sets=False,
     targets=PEER_TARGETS,
     live=LIVE,
 )

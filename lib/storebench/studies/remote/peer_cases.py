@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -533,8 +534,10 @@ def streaming_peer_findings(df, *, threshold: float) -> list[str]:
         if row["status"] == "skipped":
             out.append(f"{label} over S3 could not run here: {lines[0]}.")
         else:
-            # A failed case's error ends with what the library raised.
-            out.append(f"{label} over S3 {row['status']} here: {lines[-1].strip()}")
+            # A failed case's error ends with what the library raised; the file it names
+            # lay in the case's temporary cache, so only its name is kept.
+            raised = re.sub(r"(?<![\w.])/(?:[^\s/:]+/)+", "", lines[-1].strip())
+            out.append(f"{label} over S3 {row['status']} here: {raised}")
     for _, row in streaming_peer_table(df).iterrows():
         if not np.isfinite(row[RATE]):
             continue

@@ -57,6 +57,7 @@ from ..grid import (
     dataset_fields,
     decode_params,
     epoch_fields,
+    is_imported_manifest,
     is_training_set,
     pick,
     profile_datasets,
@@ -176,7 +177,10 @@ def remote_grid(*, profile: str, data_dir: Path | str, repeats: int | None = Non
         for ranks in (1, 2):
             cases.append(_case(*found, access=RANKED_PATH[1], fields=fields,
                                params={"source": "local", "ranks": ranks}))
-    cases += _streaming_peer_cases(profile=profile, data_dir=data_dir, repeats=repeats, paths=paths)
+    # The streaming peers read the profile's cut set: a study of your own images has none.
+    if not any(is_imported_manifest(manifest) for _, manifest in datasets):
+        cases += _streaming_peer_cases(profile=profile, data_dir=data_dir, repeats=repeats,
+                                       paths=paths)
     return cases
 
 
